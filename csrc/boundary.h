@@ -1,0 +1,36 @@
+/* Helpers for the csrc/py_*.c files: the only code that sees PyObjects. */
+#pragma once
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "gemsops/status.h"
+#include "gemsops/tensor.h"
+
+/* Fills *t with a borrowed view of `obj` (torch tensor, NumPy array, any
+ * DLPack producer). The view is valid while `obj` is alive. On failure sets
+ * a Python exception naming fn and arg, and returns -1. If `stream` is not
+ * NULL and obj is a CUDA tensor whose type offers the DLPack C exchange API,
+ * *stream receives the producer's current stream for its device. */
+int gemsops_tensor_from_object(PyObject *obj, const char *fn, const char *arg,
+                               struct gemsops_tensor *t, void **stream);
+
+/* Like gemsops_tensor_from_object, but Py_None gives *present = 0. */
+int gemsops_optional_tensor(PyObject *obj, const char *fn, const char *arg,
+                            struct gemsops_tensor *t, int *present);
+
+/* Sets the Python exception that st describes; returns NULL. */
+PyObject *gemsops_raise(const gemsops_status *st);
+
+/* 1 when the extension was built with CUDA kernels. */
+int gemsops_built_with_cuda(void);
+int gemsops_cuda_device_count(int *count);
+
+/* Bytes spanned by t's elements, from its lowest to its highest address. */
+void gemsops_tensor_extent(const struct gemsops_tensor *t, char **lo,
+                           char **hi);
+/* 1 when the address ranges of a and b intersect. */
+int gemsops_tensors_overlap(const struct gemsops_tensor *a,
+                            const struct gemsops_tensor *b);
+
+extern PyMethodDef gemsops_layer_norm_methods[];

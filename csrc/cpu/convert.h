@@ -1,0 +1,54 @@
+/* Element access for the CPU backend: whole rows to and from a double
+ * buffer, whatever the storage dtype. */
+#pragma once
+
+#include "gemsops/half.h"
+#include "gemsops/tensor.h"
+
+static inline double
+gemsops_load_f64(const void *base, gemsops_dtype dt, int64_t i)
+{
+    switch (dt) {
+    case GEMSOPS_FLOAT32: return ((const float *)base)[i];
+    case GEMSOPS_FLOAT64: return ((const double *)base)[i];
+    case GEMSOPS_FLOAT16: return gemsops_half_to_float(((const uint16_t *)base)[i]);
+    case GEMSOPS_BFLOAT16: return gemsops_bf16_to_float(((const uint16_t *)base)[i]);
+    case GEMSOPS_BOOL: return ((const uint8_t *)base)[i] != 0;
+    case GEMSOPS_UINT8: return ((const uint8_t *)base)[i];
+    case GEMSOPS_INT8: return ((const int8_t *)base)[i];
+    case GEMSOPS_INT16: return ((const int16_t *)base)[i];
+    case GEMSOPS_INT32: return ((const int32_t *)base)[i];
+    case GEMSOPS_INT64: return (double)((const int64_t *)base)[i];
+    default: return 0;
+    }
+}
+
+/* Float types only (the result of a float op). Half types round once from
+ * float, as the CUDA kernels do. */
+static inline void
+gemsops_store_f64(void *base, gemsops_dtype dt, int64_t i, double v)
+{
+    switch (dt) {
+    case GEMSOPS_FLOAT32: ((float *)base)[i] = (float)v; break;
+    case GEMSOPS_FLOAT64: ((double *)base)[i] = v; break;
+    case GEMSOPS_FLOAT16: ((uint16_t *)base)[i] = gemsops_float_to_half((float)v); break;
+    case GEMSOPS_BFLOAT16: ((uint16_t *)base)[i] = gemsops_float_to_bf16((float)v); break;
+    default: break;
+    }
+}
+
+static inline void
+gemsops_load_row(const void *src, gemsops_dtype dt, int64_t n, double *dst)
+{
+    for (int64_t i = 0; i < n; i++) {
+        dst[i] = gemsops_load_f64(src, dt, i);
+    }
+}
+
+static inline void
+gemsops_store_row(const double *src, gemsops_dtype dt, int64_t n, void *dst)
+{
+    for (int64_t i = 0; i < n; i++) {
+        gemsops_store_f64(dst, dt, i, src[i]);
+    }
+}

@@ -1,0 +1,54 @@
+// Per-device facts, read once per device and cached: the SM count and
+// resident-thread limit size persistent grids.
+#include <mutex>
+
+#include "common.cuh"
+
+namespace gemsops {
+
+namespace {
+constexpr int kMaxDevices = 64;
+device_facts g_facts[kMaxDevices];
+bool g_known[kMaxDevices];
+std::mutex g_lock;
+} // namespace
+
+int get_device_facts(int device, device_facts *out, gemsops_status *st)
+{
+    if (device < 0 || device >= kMaxDevices) {
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                            "CUDA device %d is out of range", device);
+    }
+    std::lock_guard<std::mutex> hold(g_lock);
+    if (!g_known[device]) {
+        device_facts f;
+        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
+                                   &f.sm_count, cudaDevAttrMultiProcessorCount,
+                                   device));
+        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
+                                   &f.max_threads_per_sm,
+                                   cudaDevAttrMaxThreadsPerMultiProcessor,
+                                   device));
+        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
+                                   &f.cc_major,
+                                   cudaDevAttrComputeCapabilityMajor, device));
+        g_facts[device] = f;
+        g_known[device] = true;
+    }
+    *out = g_facts[device];
+    return GEMSOPS_OK;
+}
+
+} // namespace gemsops
+
+extern "C" int gemsops_cuda_device_count(int *count)
+{
+    cudaError_t e = cudaGetDeviceCount(count);
+    if (e != cudaSuccess) {
+        *count = 0;
+        cudaGetLastError(); // no driver / no device is not sticky
+    }
+    return 0;
+}
+
+extern "C" int gemsops_built_with_cuda(void) { return 1; }

@@ -1,0 +1,528 @@
+// LayerNorm backward, fused: dx for every row and dW/dB in ONE kernel.
+//
+//   xhat = (x - mean) * rstd,  g = w * dy
+//   dx = rstd * (g - (xhat * c1 + c2) / N),  c1 = sum g*xhat, c2 = sum g
+//   dW[c] = sum_rows dy * xhat,  dB[c] = sum_rows dy
+//
+// Work split: as in the forward (layer_norm_plan.cuh), TPR threads own a row
+// (or a slab of it), E elements each in registers. A thread always owns the
+// same columns, so while the CTA walks its rows in a grid-stride loop it
+// keeps dW/dB partial sums for those columns in fp32 registers. At the end
+// the CTA sums its row groups' partials in shared memory and issues one
+// atomicAdd per column per CTA (dW and dB) into fp32 accumulators: the
+// classic second kernel that re-reads x and dy for dW/dB disappears.
+// Accumulators are the outputs themselves when the parameters are fp32;
+// otherwise a zeroed fp32 workspace, converted by the last CTA to finish.
+//
+// Deterministic mode: each row group stores its partials to
+// workspace[group][2N] instead, and a column-parallel second kernel sums
+// them in group order, so repeated runs are bitwise identical.
+//
+// Rows longer than 1024 * E are split over co-resident CTAs that exchange
+// their (c1, c2) partials through global memory (split_exchange): x and dy
+// are still read once. This is the long-row path; there is no re-read.
+//
+// Bytes: read x and dy once, write dx once (3 * N * sizeof(T) per row);
+// mean/rstd per row; dW/dB: 2 * N atomics per CTA (grid ~ #SMs * occupancy).
+#include "layer_norm_plan.cuh"
+#include "gemsops/layer_norm.h"
+
+namespace gemsops {
+namespace {
+
+// Elements per thread: x, dy and the dW/dB accumulators all live in
+// registers, so fewer than in the forward (1024-thread CTAs get 64 regs).
+template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
+
+template <typename T, typename P> struct bwd_args {
+    const T *dy;
+    const T *x;
+    const P *w;
+    const acc_t<T> *mean;
+    const acc_t<T> *rstd;
+    T *dx;               // NULL: no dx wanted
+    P *dw;               // outputs, NULL when not wanted
+    P *db;
+    acc_t<T> *acc_dw;    // atomic targets (== dw/db when P is acc_t<T>)
+    acc_t<T> *acc_db;
+    acc_t<T> *partials;  // deterministic: [groups][2 * cols]
+    acc_t<T> *exchange;  // split > 1: [rows][split][2]
+    unsigned *counters;  // split > 1: [rows]
+    unsigned *done;      // CTAs finished (last one converts)
+    int64_t rows, cols, dy_stride, x_stride, dx_stride;
+    int split;
+    bool deterministic;
+};
+
+template <typename T, typename P, int TPR, int VEC>
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
+    layer_norm_bwd_fused_atomic(const bwd_args<T, P> a)
+{
+    using A = acc_t<T>;
+    constexpr int E = bwd_elems<T>();
+    constexpr int ITEMS = E / VEC;
+    constexpr int BLOCK = TPR < 128 ? 128 : TPR;
+    constexpr int ROWS_PER_CTA = BLOCK / TPR;
+    constexpr int SLAB = TPR * E;
+    constexpr int STEP = TPR * VEC;
+    __shared__ A red[2 * 32 * 2];
+    __shared__ A merged[2];
+    __shared__ A colsum[ROWS_PER_CTA > 1 ? ROWS_PER_CTA * SLAB : 1];
+    __shared__ bool is_last;
+    int parity = 0;
+
+    const int lane = threadIdx.x % TPR;
+    const int slab = blockIdx.x % a.split;
+    const int64_t group = blockIdx.x / a.split;
+    const int64_t groups = gridDim.x / a.split;
+    const int64_t slab0 = (int64_t)slab * SLAB;
+    const int64_t col0 = slab0 + lane * VEC;
+    const int64_t col_end = min(slab0 + SLAB, a.cols);
+    const int lim = (int)(col_end - col0); // item i valid: i * STEP < lim
+    const bool want_dwb = a.dw || a.db;
+    const A inv_n = A(1) / (A)a.cols;
+
+    A dw[ITEMS][VEC], db[ITEMS][VEC];
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            dw[i][v] = 0;
+            db[i][v] = 0;
+        }
+    }
+    // Weights are the same for every row: keep them in registers.
+    vec_t<P, VEC> wv[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            wv[i].v[v] = from_acc<P>(A(1));
+        }
+        if (a.w && i * STEP < lim) {
+            wv[i] = load_vec<P, VEC>(a.w + col0 + i * STEP);
+        }
+    }
+
+    for (int64_t base = group * ROWS_PER_CTA; base < a.rows;
+         base += groups * ROWS_PER_CTA) {
+        const int64_t row = base + threadIdx.x / TPR;
+        const bool row_ok = row < a.rows;
+        const A mean = row_ok ? a.mean[row] : A(0);
+        const A rstd = row_ok ? a.rstd[row] : A(0);
+        // x and dy stay in their storage type; xhat and g are recomputed
+        // in the second pass instead of being held as fp32.
+        vec_t<T, VEC> xv[ITEMS], dv[ITEMS];
+        A c[2] = {0, 0};
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (row_ok && i * STEP < lim) {
+                xv[i] = load_vec<T, VEC>(a.x + row * a.x_stride + col0 + i * STEP);
+                dv[i] = load_vec<T, VEC>(a.dy + row * a.dy_stride + col0 + i * STEP);
+            }
+            else {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    xv[i].v[v] = from_acc<T>(A(0));
+                    dv[i].v[v] = from_acc<T>(A(0));
+                }
+            }
+        }
+        if (a.dx) {
+#pragma unroll
+            for (int i = 0; i < ITEMS; i++) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
+                    const A g = to_acc<A>(dv[i].v[v]) * to_acc<A>(wv[i].v[v]);
+                    c[0] += g * xh;
+                    c[1] += g;
+                }
+            }
+            row_sum<TPR, 2>(c, red, parity);
+            if (a.split > 1) {
+                if (threadIdx.x == 0) {
+                    const A *all = split_exchange(a.exchange, a.counters, row,
+                                                  slab, a.split, c);
+                    A s0 = 0, s1 = 0;
+                    for (int k = 0; k < a.split; k++) {
+                        s0 += __ldcg(all + 2 * k);
+                        s1 += __ldcg(all + 2 * k + 1);
+                    }
+                    merged[0] = s0;
+                    merged[1] = s1;
+                }
+                __syncthreads();
+                c[0] = merged[0];
+                c[1] = merged[1];
+                __syncthreads(); // merged[] is rewritten for the next row
+            }
+        }
+        if (!row_ok) {
+            continue; // (masked loads made this row's dW/dB terms zero)
+        }
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (i * STEP >= lim) {
+                continue;
+            }
+            vec_t<T, VEC> out;
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
+                const A d = to_acc<A>(dv[i].v[v]);
+                const A g = d * to_acc<A>(wv[i].v[v]);
+                out.v[v] = from_acc<T>(rstd * (g - (xh * c[0] + c[1]) * inv_n));
+                dw[i][v] += d * xh;
+                db[i][v] += d;
+            }
+            if (a.dx) {
+                store_vec<T, VEC>(a.dx + row * a.dx_stride + col0 + i * STEP, out);
+            }
+        }
+    }
+    if (!want_dwb) {
+        return;
+    }
+
+    // One value per column per CTA: sum the CTA's row groups, then emit.
+    auto emit = [&](int64_t col, A vw, A vb) {
+        if (a.deterministic) {
+            A *part = a.partials + group * 2 * a.cols;
+            part[col] = vw;
+            part[a.cols + col] = vb;
+        }
+        else {
+            if (a.dw) {
+                atomicAdd(a.acc_dw + col, vw);
+            }
+            if (a.db) {
+                atomicAdd(a.acc_db + col, vb);
+            }
+        }
+    };
+    if constexpr (ROWS_PER_CTA == 1) {
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                if (i * STEP + v < lim) {
+                    emit(col0 + i * STEP + v, dw[i][v], db[i][v]);
+                }
+            }
+        }
+    }
+    else {
+        const int sub = threadIdx.x / TPR;
+        A totals[2][(SLAB + BLOCK - 1) / BLOCK];
+#pragma unroll
+        for (int which = 0; which < 2; which++) {
+#pragma unroll
+            for (int i = 0; i < ITEMS; i++) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    colsum[sub * SLAB + (i * TPR + lane) * VEC + v] =
+                        which == 0 ? dw[i][v] : db[i][v];
+                }
+            }
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < (SLAB + BLOCK - 1) / BLOCK; k++) {
+                const int j = threadIdx.x + k * BLOCK;
+                A s = 0;
+                if (j < SLAB) {
+                    for (int r = 0; r < ROWS_PER_CTA; r++) {
+                        s += colsum[r * SLAB + j];
+                    }
+                }
+                totals[which][k] = s;
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int k = 0; k < (SLAB + BLOCK - 1) / BLOCK; k++) {
+            const int j = threadIdx.x + k * BLOCK;
+            if (j < SLAB && slab0 + j < col_end) {
+                emit(slab0 + j, totals[0][k], totals[1][k]);
+            }
+        }
+    }
+
+    // Half-precision parameters: the last CTA to finish converts the fp32
+    // sums. __threadfence orders this CTA's atomics before its ticket.
+    if (a.deterministic || (void *)a.acc_dw == (void *)a.dw ||
+        (void *)a.acc_db == (void *)a.db) {
+        return;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        is_last = atomicAdd(a.done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!is_last) {
+        return;
+    }
+    __threadfence();
+    for (int64_t col = threadIdx.x; col < a.cols; col += BLOCK) {
+        if (a.dw) {
+            a.dw[col] = from_acc<P>(__ldcg(a.acc_dw + col));
+        }
+        if (a.db) {
+            a.db[col] = from_acc<P>(__ldcg(a.acc_db + col));
+        }
+    }
+}
+
+// Deterministic mode's second kernel: column c sums its groups in order.
+template <typename A, typename P>
+__global__ void layer_norm_bwd_sum_partials(const A *partials, int64_t groups,
+                                            int64_t cols, P *dw, P *db)
+{
+    const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (j >= 2 * cols) {
+        return;
+    }
+    A s = 0;
+    for (int64_t gi = 0; gi < groups; gi++) {
+        s += partials[gi * 2 * cols + j];
+    }
+    P *out = j < cols ? dw : db;
+    if (out) {
+        out[j < cols ? j : j - cols] = from_acc<P>(s);
+    }
+}
+
+template <typename T, typename P, int TPR, int VEC>
+int ctas_per_sm(int device, gemsops_status *st, int *out)
+{
+    static int cache[64];
+    if (device < 64 && cache[device] > 0) {
+        *out = cache[device];
+        return GEMSOPS_OK;
+    }
+    GEMSOPS_CUDA_CHECK(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                               out, layer_norm_bwd_fused_atomic<T, P, TPR, VEC>,
+                               layer_norm_block_threads(TPR), 0));
+    if (*out < 1) {
+        return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                            "layer_norm_bwd: kernel cannot be resident on "
+                            "device %d",
+                            device);
+    }
+    if (device < 64) {
+        cache[device] = *out;
+    }
+    return GEMSOPS_OK;
+}
+
+inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// Workspace: [done counter][fp32 accumulators][split exchange] are zeroed
+// by one memset; [deterministic partials] follow and need no zeroing.
+struct bwd_layout {
+    int64_t accum, exchange, counters, partials, zeroed, total;
+};
+
+template <typename T, typename P>
+bwd_layout plan_layout(const gemsops_layer_norm_bwd_params *p,
+                       layer_norm_shape s, int64_t grid)
+{
+    using A = acc_t<T>;
+    const bool want_dwb = p->dweight || p->dbias;
+    bwd_layout l;
+    l.accum = 16;
+    int64_t at = l.accum;
+    if (want_dwb && !p->deterministic && sizeof(P) != sizeof(A)) {
+        at += round16(2 * p->cols * (int64_t)sizeof(A));
+    }
+    l.exchange = at;
+    if (p->dx && s.split > 1) {
+        at += round16(p->rows * s.split * 2 * (int64_t)sizeof(A));
+        l.counters = at;
+        at += round16(p->rows * 4);
+    }
+    else {
+        l.counters = at;
+    }
+    l.zeroed = at;
+    l.partials = at;
+    if (want_dwb && p->deterministic) {
+        at += round16((grid / s.split) * 2 * p->cols * (int64_t)sizeof(A));
+    }
+    l.total = at;
+    return l;
+}
+
+template <typename T, typename P, int TPR, int VEC>
+int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
+        int64_t *workspace_bytes, gemsops_status *st)
+{
+    using A = acc_t<T>;
+    device_facts f;
+    int occ;
+    int occ_scalar;
+    // Both access widths get the same grid, so the workspace plan does not
+    // depend on pointer alignment, and split rows stay co-resident.
+    if (get_device_facts(p->device_id, &f, st) ||
+        ctas_per_sm<T, P, TPR, 16 / sizeof(T)>(p->device_id, st, &occ) ||
+        ctas_per_sm<T, P, TPR, 1>(p->device_id, st, &occ_scalar)) {
+        return st->code;
+    }
+    occ = occ < occ_scalar ? occ : occ_scalar;
+    const int64_t grid = layer_norm_grid(p->rows, shape, occ, f.sm_count);
+    const bwd_layout l = plan_layout<T, P>(p, shape, grid);
+    if (workspace_bytes) {
+        *workspace_bytes = l.total;
+        return GEMSOPS_OK;
+    }
+    if (grid < shape.split) {
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                            "layer_norm_bwd: a row of %lld elements needs %d "
+                            "co-resident CTAs; device %d holds fewer",
+                            (long long)p->cols, shape.split, p->device_id);
+    }
+    if (p->workspace_bytes < l.total) {
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                            "layer_norm_bwd: workspace has %lld bytes, the "
+                            "launch needs %lld",
+                            (long long)p->workspace_bytes, (long long)l.total);
+    }
+    char *ws = static_cast<char *>(p->workspace);
+    cudaStream_t stream = (cudaStream_t)p->stream;
+    bwd_args<T, P> a;
+    a.dy = static_cast<const T *>(p->dy);
+    a.x = static_cast<const T *>(p->x);
+    a.w = static_cast<const P *>(p->weight);
+    a.mean = static_cast<const A *>(p->mean);
+    a.rstd = static_cast<const A *>(p->rstd);
+    a.dx = static_cast<T *>(p->dx);
+    a.dw = static_cast<P *>(p->dweight);
+    a.db = static_cast<P *>(p->dbias);
+    const bool direct = sizeof(P) == sizeof(A);
+    a.acc_dw = direct ? reinterpret_cast<A *>(a.dw)
+                      : reinterpret_cast<A *>(ws + l.accum);
+    a.acc_db = direct ? reinterpret_cast<A *>(a.db)
+                      : reinterpret_cast<A *>(ws + l.accum) + p->cols;
+    a.partials = reinterpret_cast<A *>(ws + l.partials);
+    a.exchange = reinterpret_cast<A *>(ws + l.exchange);
+    a.counters = reinterpret_cast<unsigned *>(ws + l.counters);
+    a.done = reinterpret_cast<unsigned *>(ws);
+    a.rows = p->rows;
+    a.cols = p->cols;
+    a.dy_stride = p->dy_row_stride;
+    a.x_stride = p->x_row_stride;
+    a.dx_stride = p->dx_row_stride;
+    a.split = shape.split;
+    a.deterministic = p->deterministic != 0;
+
+    GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws, 0, l.zeroed, stream));
+    if (direct && !a.deterministic) {
+        if (a.dw) {
+            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(a.dw, 0,
+                                                   p->cols * sizeof(P),
+                                                   stream));
+        }
+        if (a.db) {
+            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(a.db, 0,
+                                                   p->cols * sizeof(P),
+                                                   stream));
+        }
+    }
+    layer_norm_bwd_fused_atomic<T, P, TPR, VEC>
+        <<<(unsigned)grid, layer_norm_block_threads(TPR), 0, stream>>>(a);
+    GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_fused_atomic");
+    if (a.deterministic && (a.dw || a.db)) {
+        const int64_t n = 2 * p->cols;
+        layer_norm_bwd_sum_partials<A, P>
+            <<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
+                a.partials, grid / shape.split, p->cols, a.dw, a.db);
+        GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_sum_partials");
+    }
+    return GEMSOPS_OK;
+}
+
+template <typename T, typename P>
+bool vector_ok(const gemsops_layer_norm_bwd_params *p)
+{
+    constexpr int V = 16 / sizeof(T);
+    constexpr uintptr_t PA = sizeof(P) * V;
+    auto al = [](const void *q, uintptr_t n) {
+        return q == nullptr || ((uintptr_t)q % n) == 0;
+    };
+    return p->cols % V == 0 && p->x_row_stride % V == 0 &&
+           p->dy_row_stride % V == 0 && p->dx_row_stride % V == 0 &&
+           al(p->x, 16) && al(p->dy, 16) && al(p->dx, 16) &&
+           al(p->weight, PA);
+}
+
+template <typename T, typename P, int VEC>
+int dispatch_tpr(const gemsops_layer_norm_bwd_params *p, layer_norm_shape s,
+                 int64_t *ws, gemsops_status *st)
+{
+    switch (s.tpr) {
+    case 4: return run<T, P, 4, VEC>(p, s, ws, st);
+    case 8: return run<T, P, 8, VEC>(p, s, ws, st);
+    case 16: return run<T, P, 16, VEC>(p, s, ws, st);
+    case 32: return run<T, P, 32, VEC>(p, s, ws, st);
+    case 128: return run<T, P, 128, VEC>(p, s, ws, st);
+    case 256: return run<T, P, 256, VEC>(p, s, ws, st);
+    case 512: return run<T, P, 512, VEC>(p, s, ws, st);
+    case 1024: return run<T, P, 1024, VEC>(p, s, ws, st);
+    default:
+        return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                            "layer_norm_bwd: no kernel for %d threads/row",
+                            s.tpr);
+    }
+}
+
+template <typename T, typename P>
+int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
+           gemsops_status *st)
+{
+    device_guard guard;
+    GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
+    layer_norm_shape s = layer_norm_choose_shape(p->cols, bwd_elems<T>());
+    if (vector_ok<T, P>(p)) {
+        return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, st);
+    }
+    return dispatch_tpr<T, P, 1>(p, s, ws, st);
+}
+
+int dispatch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
+             gemsops_status *st)
+{
+    const bool same = p->param_dtype == p->dtype;
+    switch (p->dtype) {
+    case GEMSOPS_FLOAT32:
+        return launch<float, float>(p, ws, st);
+    case GEMSOPS_FLOAT64:
+        return launch<double, double>(p, ws, st);
+    case GEMSOPS_FLOAT16:
+        return same ? launch<__half, __half>(p, ws, st)
+                    : launch<__half, float>(p, ws, st);
+    case GEMSOPS_BFLOAT16:
+        return same ? launch<__nv_bfloat16, __nv_bfloat16>(p, ws, st)
+                    : launch<__nv_bfloat16, float>(p, ws, st);
+    default:
+        return gemsops_fail(st, GEMSOPS_ERR_TYPE,
+                            "layer_norm_bwd: unsupported dtype %s on CUDA",
+                            gemsops_dtype_name(p->dtype));
+    }
+}
+
+} // namespace
+} // namespace gemsops
+
+extern "C" int gemsops_layer_norm_bwd_cuda(
+    const struct gemsops_layer_norm_bwd_params *p, gemsops_status *st)
+{
+    return gemsops::dispatch(p, nullptr, st);
+}
+
+extern "C" int gemsops_layer_norm_bwd_workspace_cuda(
+    const struct gemsops_layer_norm_bwd_params *p, int64_t *bytes,
+    gemsops_status *st)
+{
+    return gemsops::dispatch(p, bytes, st);
+}

@@ -1,0 +1,91 @@
+// How a LayerNorm launch is shaped, shared by the forward and backward
+// launchers and by the workspace queries (which must agree exactly).
+//
+// A row is handled by TPR consecutive threads, each holding E elements in
+// registers (E/VEC accesses of VEC elements). Short rows: TPR < 128, several
+// rows per 128-thread CTA. A row longer than 1024*E is split into `split`
+// slabs, one CTA each; the CTAs of a row group exchange partial sums through
+// global memory (they are co-resident: the grid never exceeds what fits).
+#pragma once
+
+#include "common.cuh"
+
+namespace gemsops {
+
+constexpr int kLayerNormTprChoices[] = {4, 8, 16, 32, 128, 256, 512, 1024};
+
+struct layer_norm_shape {
+    int tpr;   // threads per row (slab)
+    int split; // CTAs per row
+};
+
+inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e)
+{
+    layer_norm_shape s = {1024, 1};
+    if (cols <= 1024 * (int64_t)e) {
+        for (int tpr : kLayerNormTprChoices) {
+            if ((int64_t)tpr * e >= cols) {
+                s.tpr = tpr;
+                break;
+            }
+        }
+        return s;
+    }
+    // Split: the fewest padded columns, then the fewest CTAs per row.
+    int64_t best_padded = INT64_MAX;
+    for (int tpr = 1024; tpr >= 128; tpr /= 2) {
+        int64_t slab = (int64_t)tpr * e;
+        int64_t k = (cols + slab - 1) / slab;
+        if (k * slab < best_padded) {
+            best_padded = k * slab;
+            s.tpr = tpr;
+            s.split = (int)k;
+        }
+    }
+    return s;
+}
+
+inline int layer_norm_block_threads(int tpr) { return tpr < 128 ? 128 : tpr; }
+
+// Persistent grid: row groups (of `split` CTAs) up to what is co-resident.
+inline int64_t layer_norm_grid(int64_t rows, layer_norm_shape s,
+                               int ctas_per_sm, int sm_count)
+{
+    int64_t rows_per_cta = layer_norm_block_threads(s.tpr) / s.tpr;
+    int64_t groups_needed = (rows + rows_per_cta - 1) / rows_per_cta;
+    int64_t resident_groups = (int64_t)ctas_per_sm * sm_count / s.split;
+    int64_t groups = groups_needed < resident_groups ? groups_needed
+                                                     : resident_groups;
+    return groups * s.split;
+}
+
+// Workspace for split rows: per (row, slab) two partials, then per-row
+// arrival counters.
+inline int64_t layer_norm_split_exchange_bytes(int64_t rows, int split,
+                                               size_t acc_size)
+{
+    if (split <= 1) {
+        return 0;
+    }
+    return rows * split * 2 * (int64_t)acc_size + rows * 4;
+}
+
+// Publishes this CTA's two partials for `row`, waits until every slab of
+// the row has published, and returns the row's partials [split][2]. Called
+// by one thread; callers combine them in slab order, so every CTA of the
+// group computes the same bits.
+template <typename A>
+__device__ const A *split_exchange(A *partials, unsigned *counters,
+                                   int64_t row, int slab, int split,
+                                   const A (&v)[2])
+{
+    A *mine = partials + (row * split + slab) * 2;
+    __stcg(mine, v[0]);
+    __stcg(mine + 1, v[1]);
+    release_add(counters + row, 1u);
+    while (acquire_load(counters + row) < (unsigned)split) {
+    }
+    return partials + row * split * 2;
+}
+
+} // namespace gemsops

@@ -1,0 +1,283 @@
+/* DLPack consumer: any producer's tensor becomes a struct gemsops_tensor.
+ *
+ * Fast path: the DLPack C exchange API (`type(t).__dlpack_c_exchange_api__`,
+ * DLPack 1.2, torch >= 2.10): one C call fills a DLTensor without creating
+ * Python objects, and gives the producer's current stream. The capsule is
+ * looked up once per type and cached.
+ * Fallback: `obj.__dlpack__(max_version=(1, 0))` (or plain `__dlpack__()`
+ * for older producers), either capsule name, byte_offset honoured, NULL
+ * strides read as contiguous. Tensors that require grad are exported through
+ * `detach()`, which shares storage. */
+#include <string.h>
+
+#include "boundary.h"
+#include "dlpack_abi.h"
+
+#define TYPE_CACHE_SIZE 8
+
+static struct {
+    PyTypeObject *type; /* strong reference */
+    const gemsops_dl_exchange_api *api; /* NULL: type has none */
+} type_cache[TYPE_CACHE_SIZE];
+static int type_cache_next;
+
+static const gemsops_dl_exchange_api *
+exchange_api_of(PyTypeObject *type)
+{
+    for (int i = 0; i < TYPE_CACHE_SIZE; i++) {
+        if (type_cache[i].type == type) {
+            return type_cache[i].api;
+        }
+    }
+    const gemsops_dl_exchange_api *api = NULL;
+    PyObject *cap = PyObject_GetAttrString((PyObject *)type,
+                                           "__dlpack_c_exchange_api__");
+    if (cap == NULL) {
+        PyErr_Clear();
+    }
+    else {
+        if (PyCapsule_IsValid(cap, "dlpack_exchange_api")) {
+            const gemsops_dl_exchange_api *a =
+                PyCapsule_GetPointer(cap, "dlpack_exchange_api");
+            /* the table must outlive the process (spec); we keep the type */
+            if (a != NULL && a->header.version.major == 1 &&
+                a->dltensor_from_py_object_no_sync != NULL) {
+                api = a;
+            }
+        }
+        Py_DECREF(cap);
+        PyErr_Clear();
+    }
+    int slot = type_cache_next++ % TYPE_CACHE_SIZE;
+    Py_XDECREF(type_cache[slot].type);
+    Py_INCREF(type);
+    type_cache[slot].type = type;
+    type_cache[slot].api = api;
+    return api;
+}
+
+static gemsops_dtype
+dtype_from_dl(gemsops_dl_dtype d)
+{
+    if (d.lanes != 1) {
+        return GEMSOPS_DTYPE_UNSUPPORTED;
+    }
+    switch (d.code) {
+    case GEMSOPS_DL_FLOAT:
+        return d.bits == 32   ? GEMSOPS_FLOAT32
+               : d.bits == 64 ? GEMSOPS_FLOAT64
+               : d.bits == 16 ? GEMSOPS_FLOAT16
+                              : GEMSOPS_DTYPE_UNSUPPORTED;
+    case GEMSOPS_DL_BFLOAT:
+        return d.bits == 16 ? GEMSOPS_BFLOAT16 : GEMSOPS_DTYPE_UNSUPPORTED;
+    case GEMSOPS_DL_BOOL:
+        return d.bits == 8 ? GEMSOPS_BOOL : GEMSOPS_DTYPE_UNSUPPORTED;
+    case GEMSOPS_DL_UINT:
+        return d.bits == 8 ? GEMSOPS_UINT8 : GEMSOPS_DTYPE_UNSUPPORTED;
+    case GEMSOPS_DL_INT:
+        return d.bits == 8    ? GEMSOPS_INT8
+               : d.bits == 16 ? GEMSOPS_INT16
+               : d.bits == 32 ? GEMSOPS_INT32
+               : d.bits == 64 ? GEMSOPS_INT64
+                              : GEMSOPS_DTYPE_UNSUPPORTED;
+    default:
+        return GEMSOPS_DTYPE_UNSUPPORTED;
+    }
+}
+
+static int
+fill_view(const gemsops_dl_tensor *dl, const char *fn, const char *arg,
+          struct gemsops_tensor *t)
+{
+    if (dl->ndim < 0 || dl->ndim > GEMSOPS_MAX_DIMS) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s(): argument '%s' has %d dimensions; at most %d are "
+                     "supported",
+                     fn, arg, (int)dl->ndim, GEMSOPS_MAX_DIMS);
+        return -1;
+    }
+    t->data = (char *)dl->data + dl->byte_offset;
+    t->dtype = dtype_from_dl(dl->dtype);
+    t->device_type = dl->device.device_type;
+    t->device_id = dl->device.device_id;
+    t->ndim = dl->ndim;
+    int64_t expected = 1;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        t->sizes[i] = dl->shape[i];
+        t->strides[i] = dl->strides ? dl->strides[i] : expected;
+        expected *= dl->shape[i];
+    }
+    if (t->device_type == GEMSOPS_DL_CUDA_HOST) {
+        t->device_type = GEMSOPS_CPU; /* pinned host memory is host memory */
+    }
+    return 0;
+}
+
+/* Calls obj.__dlpack__ asking for a versioned capsule, then the old way. */
+static PyObject *
+call_dunder_dlpack(PyObject *obj)
+{
+    PyObject *meth = PyObject_GetAttrString(obj, "__dlpack__");
+    if (meth == NULL) {
+        return NULL;
+    }
+    PyObject *args = PyTuple_New(0);
+    PyObject *kwargs = Py_BuildValue("{s:(ii)}", "max_version", 1, 0);
+    PyObject *cap = NULL;
+    if (args && kwargs) {
+        cap = PyObject_Call(meth, args, kwargs);
+        if (cap == NULL && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear(); /* producer predates max_version */
+            cap = PyObject_CallNoArgs(meth);
+        }
+    }
+    Py_XDECREF(args);
+    Py_XDECREF(kwargs);
+    Py_DECREF(meth);
+    return cap;
+}
+
+static int
+from_capsule_protocol(PyObject *obj, const char *fn, const char *arg,
+                      struct gemsops_tensor *t)
+{
+    PyObject *cap = call_dunder_dlpack(obj);
+    if (cap == NULL && PyErr_ExceptionMatches(PyExc_BufferError) &&
+        PyObject_HasAttrString(obj, "detach")) {
+        /* torch refuses tensors that require grad; a detached alias
+         * shares the storage and is fine for reading and writing. */
+        PyErr_Clear();
+        PyObject *det = PyObject_CallMethod(obj, "detach", NULL);
+        if (det == NULL) {
+            return -1;
+        }
+        cap = call_dunder_dlpack(det);
+        Py_DECREF(det);
+    }
+    if (cap == NULL) {
+        return -1;
+    }
+    int rc = -1;
+    /* The capsule stays unconsumed: dropping it runs the producer's
+     * deleter. We only borrow the view while `obj` keeps the data alive. */
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        gemsops_dl_managed_versioned *m =
+            PyCapsule_GetPointer(cap, "dltensor_versioned");
+        if (m->version.major != 1) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s(): argument '%s' uses DLPack %u.%u; only 1.x is "
+                         "understood",
+                         fn, arg, m->version.major, m->version.minor);
+        }
+        else {
+            rc = fill_view(&m->dl_tensor, fn, arg, t);
+        }
+    }
+    else if (PyCapsule_IsValid(cap, "dltensor")) {
+        gemsops_dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
+        rc = fill_view(&m->dl_tensor, fn, arg, t);
+    }
+    else {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): argument '%s': __dlpack__ returned %R, not a "
+                     "DLPack capsule",
+                     fn, arg, cap);
+    }
+    Py_DECREF(cap);
+    return rc;
+}
+
+int
+gemsops_tensor_from_object(PyObject *obj, const char *fn, const char *arg,
+                           struct gemsops_tensor *t, void **stream)
+{
+    const gemsops_dl_exchange_api *api = exchange_api_of(Py_TYPE(obj));
+    if (api != NULL) {
+        gemsops_dl_tensor dl;
+        if (api->dltensor_from_py_object_no_sync(obj, &dl) == 0) {
+            if (fill_view(&dl, fn, arg, t) != 0) {
+                return -1;
+            }
+            if (stream != NULL && t->device_type == GEMSOPS_CUDA &&
+                api->current_work_stream != NULL &&
+                api->current_work_stream(GEMSOPS_DL_CUDA, t->device_id,
+                                         stream) != 0) {
+                return -1;
+            }
+            return 0;
+        }
+        PyErr_Clear(); /* try the capsule protocol, which explains itself */
+    }
+    if (!PyObject_HasAttrString(obj, "__dlpack__")) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): argument '%s' must be a tensor (an object with "
+                     "__dlpack__), not %.100s",
+                     fn, arg, Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (from_capsule_protocol(obj, fn, arg, t) != 0) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError)) {
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_Format(PyExc_TypeError,
+                         "%s(): argument '%s' cannot be exported through "
+                         "DLPack: %S",
+                         fn, arg, value ? value : Py_None);
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+        }
+        return -1;
+    }
+    if (stream != NULL) {
+        *stream = NULL; /* legacy default stream: the producer named none */
+    }
+    return 0;
+}
+
+int
+gemsops_optional_tensor(PyObject *obj, const char *fn, const char *arg,
+                        struct gemsops_tensor *t, int *present)
+{
+    *present = obj != Py_None;
+    if (!*present) {
+        memset(t, 0, sizeof *t);
+        return 0;
+    }
+    return gemsops_tensor_from_object(obj, fn, arg, t, NULL);
+}
+
+void
+gemsops_tensor_extent(const struct gemsops_tensor *t, char **lo, char **hi)
+{
+    size_t es = gemsops_dtype_size(t->dtype);
+    int64_t low = 0, high = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->sizes[i] == 0) {
+            *lo = *hi = t->data;
+            return;
+        }
+        int64_t span = (t->sizes[i] - 1) * t->strides[i];
+        if (span < 0) {
+            low += span;
+        }
+        else {
+            high += span;
+        }
+    }
+    *lo = (char *)t->data + low * (int64_t)es;
+    *hi = (char *)t->data + (high + 1) * (int64_t)es;
+}
+
+int
+gemsops_tensors_overlap(const struct gemsops_tensor *a,
+                        const struct gemsops_tensor *b)
+{
+    if (a->device_type != b->device_type || a->device_id != b->device_id) {
+        return 0;
+    }
+    char *alo, *ahi, *blo, *bhi;
+    gemsops_tensor_extent(a, &alo, &ahi);
+    gemsops_tensor_extent(b, &blo, &bhi);
+    return alo < bhi && blo < ahi;
+}

@@ -1,0 +1,21 @@
+"""gemsops: fast LayerNorm (forward + fused atomic backward), prod and
+Stream-K matmul for PyTorch tensors, on CUDA and on the CPU."""
+from . import _C
+from .ops.layer_norm import layer_norm, layer_norm_backward, native_layer_norm
+from . import nn
+
+__version__ = "0.1.0"
+
+
+def cuda_available():
+    """True when the extension has CUDA kernels and a GPU is visible."""
+    return _C.cuda_available()
+
+
+def backends():
+    """Backends this build can run: ('cpu',) or ('cpu', 'cuda')."""
+    return ("cpu", "cuda") if _C.built_with_cuda() else ("cpu",)
+
+
+__all__ = ["layer_norm", "native_layer_norm", "layer_norm_backward", "nn",
+           "cuda_available", "backends"]

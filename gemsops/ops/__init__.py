@@ -1,0 +1,1 @@
+"""One module per op: the autograd Function and the functional wrapper."""

@@ -1,0 +1,204 @@
+"""LayerNorm: torch.nn.functional.layer_norm / torch.native_layer_norm
+semantics over gemsops._C's forward and fused backward kernels.
+
+The Python layer allocates every output and workspace with torch (so they
+come from torch's caching allocator on the right device) and passes them
+down; the C side validates and launches on torch's current stream."""
+import math
+import numbers
+
+import torch
+
+from .. import _C
+
+_ws_cache = {}
+
+
+def _normalized_shape(normalized_shape):
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    return tuple(int(s) for s in normalized_shape)
+
+
+def _check_shape(x, shape):
+    if len(shape) == 0:
+        raise ValueError(
+            "layer_norm(): Expected normalized_shape to be at least "
+            "1-dimensional, i.e., containing at least one element, but got "
+            f"normalized_shape = {list(shape)}")
+    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
+        raise ValueError(
+            f"layer_norm(): Given normalized_shape={list(shape)}, expected "
+            f"input with shape [*, {', '.join(map(str, shape))}], but got "
+            f"input of size{list(x.shape)}")
+
+
+def _rows_view_ok(x, nd):
+    """True when x is [rows, cols] with contiguous rows of one stride, the
+    layout the kernels read in place (mirrors csrc/py_layer_norm.c)."""
+    shape, strides = x.shape, x.stride()
+    expect = 1
+    for i in range(x.dim() - 1, x.dim() - nd - 1, -1):
+        if shape[i] != 1 and strides[i] != expect:
+            return False
+        expect *= shape[i]
+    row_stride = inner = None
+    for i in range(x.dim() - nd - 1, -1, -1):
+        if shape[i] == 1:
+            continue
+        if row_stride is None:
+            row_stride, inner = strides[i], shape[i] * strides[i]
+        elif strides[i] != inner:
+            return False
+        else:
+            inner *= shape[i]
+    return row_stride is None or row_stride >= expect
+
+
+def _rows(x, nd):
+    if x.is_contiguous() or _rows_view_ok(x, nd):
+        return x
+    return x.contiguous()
+
+
+def _param(p):
+    if p is None or p.is_contiguous():
+        return p
+    return p.contiguous()
+
+
+def _workspace(kind, key, device, size_fn):
+    nbytes = _ws_cache.get(key)
+    if nbytes is None:
+        nbytes = size_fn()
+        _ws_cache[key] = nbytes
+    if nbytes == 0:
+        return None
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+def _stats_dtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _forward(x, shape, weight, bias, eps):
+    """Returns (out, mean, rstd) with mean/rstd of shape [M] (flat)."""
+    nd = len(shape)
+    x = _rows(x, nd)
+    rows = math.prod(x.shape[:x.dim() - nd])
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    sd = _stats_dtype(x.dtype)
+    mean = torch.empty(rows, dtype=sd, device=x.device)
+    rstd = torch.empty(rows, dtype=sd, device=x.device)
+    ws = None
+    if x.is_cuda:
+        key = ("fwd", x.device.index, x.dtype, rows, math.prod(shape))
+        ws = _workspace("fwd", key, x.device, lambda: _C.layer_norm_fwd_workspace(
+            x, weight, bias, nd))
+        if ws is not None:
+            ws.zero_()
+    if x.numel() == 0:
+        # torch gives NaN statistics for empty rows (0/0), nothing to write
+        mean.fill_(float("nan"))
+        rstd.fill_(float("nan"))
+        return out, mean, rstd
+    _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, ws)
+    return out, mean, rstd
+
+
+def _backward(grad_out, x, shape, weight, mean, rstd, want_dx, want_dw,
+              want_db, deterministic=None):
+    nd = len(shape)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    x = _rows(x, nd)
+    grad_out = _rows(grad_out, nd)
+    pdtype = weight.dtype if weight is not None else x.dtype
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
+    dw = torch.empty(shape, dtype=pdtype, device=x.device) if want_dw else None
+    db = torch.empty(shape, dtype=pdtype, device=x.device) if want_db else None
+    if not (want_dx or want_dw or want_db):
+        return dx, dw, db
+    ws = None
+    if x.is_cuda:
+        rows = math.prod(x.shape[:x.dim() - nd])
+        key = ("bwd", x.device.index, x.dtype, pdtype, rows, math.prod(shape),
+               bool(deterministic), want_dx, want_dw, want_db)
+        ws = _workspace("bwd", key, x.device,
+                        lambda: _C.layer_norm_bwd_workspace(
+                            x, weight, nd, deterministic, want_dx, want_dw,
+                            want_db))
+    _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
+                      dx, dw, db, ws)
+    return dx, dw, db
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """Forward through layer_norm_fwd; backward through the ONE fused
+    kernel (dx + atomic dW/dB), computing only the gradients autograd
+    asks for."""
+
+    @staticmethod
+    def forward(ctx, x, shape, weight, bias, eps):
+        out, mean, rstd = _forward(x, shape, weight, bias, eps)
+        ctx.shape = shape
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, mean, rstd = ctx.saved_tensors
+        want_dx, _, want_dw, want_db, _ = ctx.needs_input_grad
+        dx, dw, db = _backward(grad_out, x, ctx.shape, weight, mean, rstd,
+                               want_dx, want_dw and weight is not None,
+                               want_db and ctx.has_bias)
+        return dx, None, dw, db, None
+
+
+def _prepare(input, normalized_shape, weight, bias):
+    if not isinstance(input, torch.Tensor):
+        raise TypeError("layer_norm(): argument 'input' must be a Tensor, "
+                        f"not {type(input).__name__}")
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is not None and not isinstance(p, torch.Tensor):
+            raise TypeError(f"layer_norm(): argument '{name}' must be a "
+                            f"Tensor or None, not {type(p).__name__}")
+    shape = _normalized_shape(normalized_shape)
+    _check_shape(input, shape)
+    return shape, _param(weight), _param(bias)
+
+
+def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Drop-in for torch.nn.functional.layer_norm. weight/bias may be fp32
+    with fp16/bf16 input (mixed precision); the output has input's dtype."""
+    shape, weight, bias = _prepare(input, normalized_shape, weight, bias)
+    if torch.is_grad_enabled() and (
+            input.requires_grad
+            or (weight is not None and weight.requires_grad)
+            or (bias is not None and bias.requires_grad)):
+        return LayerNormFunction.apply(input, shape, weight, bias, eps)
+    return _forward(input, shape, weight, bias, eps)[0]
+
+
+def native_layer_norm(input, normalized_shape, weight=None, bias=None,
+                      eps=1e-5):
+    """Like torch.native_layer_norm: (out, mean, rstd), statistics in fp32
+    (fp64 for fp64 input) of shape input.shape[:-k] + (1,) * k. Not
+    differentiable (use layer_norm for autograd)."""
+    shape, weight, bias = _prepare(input, normalized_shape, weight, bias)
+    out, mean, rstd = _forward(input, shape, weight, bias, eps)
+    stat_shape = tuple(input.shape[:input.dim() - len(shape)]) + (1,) * len(shape)
+    return out, mean.view(stat_shape), rstd.view(stat_shape)
+
+
+def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
+                        weight=None, bias=None,
+                        output_mask=(True, True, True), deterministic=None):
+    """Like torch.ops.aten.native_layer_norm_backward: (grad_input,
+    grad_weight, grad_bias), each None where output_mask says so."""
+    shape, weight, bias = _prepare(input, normalized_shape, weight, bias)
+    return _backward(grad_out, input, shape, weight, mean.reshape(-1),
+                     rstd.reshape(-1), bool(output_mask[0]),
+                     bool(output_mask[1]) and weight is not None,
+                     bool(output_mask[2]) and bias is not None, deterministic)

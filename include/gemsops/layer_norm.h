@@ -1,0 +1,86 @@
+/* LayerNorm over the last `cols` elements of each of `rows` rows.
+ *
+ *   mean_r = (1/N) sum_c x[r,c]          rstd_r = 1/sqrt(var_r + eps)
+ *   var_r  = (1/N) sum_c (x[r,c] - mean_r)^2   (two-pass or Welford, never
+ *            E[x^2] - mean^2, which cancels catastrophically)
+ *   y[r,c] = (x[r,c] - mean_r) * rstd_r * w[c] + b[c]
+ *
+ * Backward, with xhat = (x - mean) * rstd and g = w * dy:
+ *   dx[r,c] = rstd_r * (g[r,c] - (xhat[r,c] * c1_r + c2_r) / N)
+ *   c1_r = sum_c g * xhat,   c2_r = sum_c g
+ *   dW[c] = sum_r dy * xhat, dB[c] = sum_r dy
+ *
+ * Tensors are validated at the Python boundary (csrc/py_layer_norm.c);
+ * backends may assume every pointer, size and stride here is consistent.
+ * Rows are `row_stride` elements apart; columns are contiguous. */
+#pragma once
+
+#include "gemsops/status.h"
+#include "gemsops/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gemsops_layer_norm_fwd_params {
+    const void *x;        /* [rows, cols] input, dtype `dtype`             */
+    void *y;              /* [rows, cols] output, dtype `dtype`            */
+    const void *weight;   /* [cols] contiguous, `param_dtype`, or NULL     */
+    const void *bias;     /* [cols] contiguous, `param_dtype`, or NULL     */
+    void *mean;           /* [rows] statistics: fp64 for fp64 x, else fp32 */
+    void *rstd;           /* [rows] 1/sqrt(var + eps), same dtype as mean  */
+    void *workspace;      /* zeroed, >= workspace_bytes; NULL if that is 0 */
+    int64_t workspace_bytes; /* size the caller passed                     */
+    int64_t rows;         /* M: product of the leading dimensions          */
+    int64_t cols;         /* N: product of the normalized dimensions       */
+    int64_t x_row_stride; /* elements between rows of x                    */
+    int64_t y_row_stride; /* elements between rows of y                    */
+    gemsops_dtype dtype;       /* x and y                                   */
+    gemsops_dtype param_dtype; /* weight and bias: dtype, or fp32 if half  */
+    double eps;
+    int device_id;        /* CUDA ordinal of every tensor                  */
+    void *stream;         /* cudaStream_t to launch on                     */
+};
+
+struct gemsops_layer_norm_bwd_params {
+    const void *dy;       /* [rows, cols] upstream gradient, dtype `dtype` */
+    const void *x;        /* [rows, cols] forward input                    */
+    const void *weight;   /* [cols] or NULL (then w = 1)                   */
+    const void *mean;     /* [rows] from the forward                       */
+    const void *rstd;     /* [rows] from the forward                       */
+    void *dx;             /* [rows, cols] or NULL: input needs no grad     */
+    void *dweight;        /* [cols] param_dtype, or NULL: no grad wanted   */
+    void *dbias;          /* [cols] param_dtype, or NULL                   */
+    void *workspace;      /* zeroed, >= the planned size                   */
+    int64_t workspace_bytes;
+    int64_t rows, cols;
+    int64_t dy_row_stride, x_row_stride, dx_row_stride;
+    gemsops_dtype dtype;
+    gemsops_dtype param_dtype;
+    int deterministic;    /* dW/dB summed in a fixed order, no atomics     */
+    int device_id;
+    void *stream;
+};
+
+/* Bytes of zeroed workspace the launch will need (0: pass NULL). The CUDA
+ * plan depends on the device's SM count and occupancy, so ask, then
+ * allocate, then launch with the same params. */
+int gemsops_layer_norm_fwd_workspace_cuda(
+    const struct gemsops_layer_norm_fwd_params *p, int64_t *bytes,
+    gemsops_status *st);
+int gemsops_layer_norm_bwd_workspace_cuda(
+    const struct gemsops_layer_norm_bwd_params *p, int64_t *bytes,
+    gemsops_status *st);
+
+int gemsops_layer_norm_fwd_cuda(const struct gemsops_layer_norm_fwd_params *p,
+                                gemsops_status *st);
+int gemsops_layer_norm_bwd_cuda(const struct gemsops_layer_norm_bwd_params *p,
+                                gemsops_status *st);
+int gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
+                               gemsops_status *st);
+int gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
+                               gemsops_status *st);
+
+#ifdef __cplusplus
+}
+#endif

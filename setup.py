@@ -1,0 +1,136 @@
+"""Builds gemsops._C: C sources with the C compiler, CUDA sources with nvcc.
+
+Environment:
+  GEMSOPS_CUDA=0          build the CPU-only extension even if nvcc exists
+  GEMSOPS_CUDA_ARCHS      ';'-separated SASS targets (default "80;90a"); PTX
+                          for the newest listed (compute_90) is added so newer
+                          GPUs can JIT it
+  CUDA_HOME / CUDA_PATH   toolkit root when nvcc is not on PATH
+  GEMSOPS_NVCC_THREADS    parallel nvcc jobs (default: CPU count)
+No torch is needed to build: tensors cross the boundary through DLPack.
+"""
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+def find_nvcc():
+    if os.environ.get("GEMSOPS_CUDA", "1") == "0":
+        return None
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and (Path(home) / "bin" / "nvcc").exists():
+            return str(Path(home) / "bin" / "nvcc")
+    return shutil.which("nvcc")
+
+
+def cuda_lib_dir(nvcc):
+    """The toolkit's library folder: from CUDA_HOME, from nvcc's real
+    location, or from what nvcc itself reports (it may be a wrapper)."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+             str(Path(nvcc).resolve().parent.parent), "/usr/local/cuda"]
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull,
+                              "-o", os.devnull],
+                             capture_output=True, text=True).stderr
+        for line in out.splitlines():
+            if "TOP=" in line:
+                homes.insert(0, line.split("TOP=", 1)[1].strip())
+    except OSError:
+        pass
+    for home in filter(None, homes):
+        for cand in ("lib64", "lib", "targets/x86_64-linux/lib",
+                     "targets/sbsa-linux/lib"):
+            if (Path(home) / cand / "libcudart_static.a").exists():
+                return str(Path(home) / cand)
+    raise RuntimeError(f"libcudart_static.a not found under {homes}")
+
+
+def gencode_flags():
+    archs = os.environ.get("GEMSOPS_CUDA_ARCHS", "80;90a").split(";")
+    flags = []
+    for arch in filter(None, (a.strip() for a in archs)):
+        flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
+    newest = max(int("".join(c for c in a if c.isdigit())) for a in archs if a)
+    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
+    return flags
+
+
+C_FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fopenmp",
+           "-fvisibility=hidden"]
+NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-Wall,-Wextra",
+              "-Xptxas", "-warn-spills,-warn-lmem-usage",
+              "-lineinfo"]
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        nvcc = find_nvcc()
+        ext = self.extensions[0]
+        if nvcc is None:
+            print("gemsops: nvcc not found (or GEMSOPS_CUDA=0): building the "
+                  "CPU-only extension", file=sys.stderr)
+            ext.sources.append("csrc/cuda_absent.c")
+        else:
+            print(f"gemsops: building CUDA kernels with {nvcc} "
+                  f"({' '.join(gencode_flags())})", file=sys.stderr)
+            ext.extra_objects += self.compile_cuda(nvcc)
+            ext.library_dirs.append(cuda_lib_dir(nvcc))
+            ext.libraries += ["cudart_static", "rt", "pthread", "dl"]
+            ext.extra_link_args.append("-lstdc++")
+        super().build_extensions()
+
+    def compile_cuda(self, nvcc):
+        sources = sorted((ROOT / "csrc" / "cuda").glob("*.cu"))
+        out_dir = Path(self.build_temp) / "cuda"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        include = ["-I" + str(ROOT / "include"), "-I" + str(ROOT / "csrc")]
+
+        def compile_one(src):
+            obj = out_dir / (src.stem + ".o")
+            deps = [src] + list((ROOT / "csrc" / "cuda").glob("*.cuh")) + \
+                list((ROOT / "include" / "gemsops").glob("*.h"))
+            if obj.exists() and obj.stat().st_mtime > max(
+                    d.stat().st_mtime for d in deps):
+                return str(obj)
+            cmd = [nvcc, "-c", str(src), "-o", str(obj), *NVCC_FLAGS,
+                   *gencode_flags(), *include]
+            res = subprocess.run(cmd, capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"nvcc failed on {src.name}:\n"
+                                   f"{' '.join(cmd)}\n{res.stdout}{res.stderr}")
+            noise = [line for line in (res.stdout + res.stderr).splitlines()
+                     if line.strip()]
+            if noise:
+                print(f"nvcc {src.name}:\n" + "\n".join(noise),
+                      file=sys.stderr)
+            return str(obj)
+
+        jobs = int(os.environ.get("GEMSOPS_NVCC_THREADS", os.cpu_count() or 1))
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            return list(pool.map(compile_one, sources))
+
+
+C_SOURCES = sorted(str(p.relative_to(ROOT)) for p in
+                   list((ROOT / "csrc").glob("*.c")) +
+                   list((ROOT / "csrc" / "cpu").glob("*.c"))
+                   if p.name != "cuda_absent.c")
+
+setup(
+    ext_modules=[Extension(
+        "gemsops._C",
+        sources=C_SOURCES,
+        include_dirs=["include", "csrc"],
+        extra_compile_args=C_FLAGS,
+        extra_link_args=["-fopenmp"],
+    )],
+    cmdclass={"build_ext": BuildExt},
+)
