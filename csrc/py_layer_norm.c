@@ -1,6 +1,9 @@
 /* Python boundary of LayerNorm: parse, validate every tensor, build the
  * params struct, dispatch to the CUDA or CPU backend. Nothing is launched
  * on a pointer that was not checked here. */
+#include <stdio.h>
+#include <string.h>
+
 #include "boundary.h"
 #include "checks.h"
 #include "gemsops/layer_norm.h"
@@ -238,7 +241,9 @@ parse_fwd(PyObject *const *args, Py_ssize_t nargs, int with_outputs,
         return -1;
     }
     if (!(eps >= 0.0)) {
-        PyErr_Format(PyExc_ValueError, "%s(): eps=%g must be >= 0", fn, eps);
+        char text[32]; /* PyErr_Format has no %g */
+        snprintf(text, sizeof text, "%g", eps);
+        PyErr_Format(PyExc_ValueError, "%s(): eps=%s must be >= 0", fn, text);
         return -1;
     }
     p->eps = eps;

@@ -54,8 +54,11 @@ template <typename T, typename P> struct bwd_args {
     bool deterministic;
 };
 
+// At most 64 registers (1024 resident threads per SM): enough bytes in
+// flight to cover memory latency.
 template <typename T, typename P, int TPR, int VEC>
-__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
+                                  TPR < 128 ? 8 : (TPR >= 1024 ? 1 : 1024 / TPR))
     layer_norm_bwd_fused_atomic(const bwd_args<T, P> a)
 {
     using A = acc_t<T>;
@@ -91,18 +94,21 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
             db[i][v] = 0;
         }
     }
-    // Weights are the same for every row: keep them in registers.
-    vec_t<P, VEC> wv[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-#pragma unroll
-        for (int v = 0; v < VEC; v++) {
-            wv[i].v[v] = from_acc<P>(A(1));
+    // Weights are re-read (from L1) in each pass rather than pinned in
+    // registers: the registers go to the dW/dB accumulators.
+    auto load_w = [&](int i) {
+        vec_t<P, VEC> wv;
+        if (a.w) {
+            wv = load_vec<P, VEC>(a.w + col0 + i * STEP);
         }
-        if (a.w && i * STEP < lim) {
-            wv[i] = load_vec<P, VEC>(a.w + col0 + i * STEP);
+        else {
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                wv.v[v] = from_acc<P>(A(1));
+            }
         }
-    }
+        return wv;
+    };
 
     for (int64_t base = group * ROWS_PER_CTA; base < a.rows;
          base += groups * ROWS_PER_CTA) {
@@ -131,10 +137,11 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
         if (a.dx) {
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
+                const vec_t<P, VEC> wv = i * STEP < lim ? load_w(i) : vec_t<P, VEC>{};
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
                     const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
-                    const A g = to_acc<A>(dv[i].v[v]) * to_acc<A>(wv[i].v[v]);
+                    const A g = to_acc<A>(dv[i].v[v]) * to_acc<A>(wv.v[v]);
                     c[0] += g * xh;
                     c[1] += g;
                 }
@@ -143,7 +150,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
             if (a.split > 1) {
                 if (threadIdx.x == 0) {
                     const A *all = split_exchange(a.exchange, a.counters, row,
-                                                  slab, a.split, c);
+                                                  slab, a.split, c[0], c[1]);
                     A s0 = 0, s1 = 0;
                     for (int k = 0; k < a.split; k++) {
                         s0 += __ldcg(all + 2 * k);
@@ -166,12 +173,13 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
             if (i * STEP >= lim) {
                 continue;
             }
+            const vec_t<P, VEC> wv = load_w(i);
             vec_t<T, VEC> out;
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
                 const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
                 const A d = to_acc<A>(dv[i].v[v]);
-                const A g = d * to_acc<A>(wv[i].v[v]);
+                const A g = d * to_acc<A>(wv.v[v]);
                 out.v[v] = from_acc<T>(rstd * (g - (xh * c[0] + c[1]) * inv_n));
                 dw[i][v] += d * xh;
                 db[i][v] += d;

@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
             // combine: M2 = sum_k m2_k + n_k * (mean_k - mean)^2
             if (threadIdx.x == 0) {
                 const A *all = split_exchange(a.partials, a.counters, row,
-                                              slab, a.split, s);
+                                              slab, a.split, s[0], s[1]);
                 A total = 0;
                 for (int k = 0; k < a.split; k++) {
                     total += __ldcg(all + 2 * k);

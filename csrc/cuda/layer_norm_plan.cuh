@@ -76,12 +76,12 @@ inline int64_t layer_norm_split_exchange_bytes(int64_t rows, int split,
 // group computes the same bits.
 template <typename A>
 __device__ const A *split_exchange(A *partials, unsigned *counters,
-                                   int64_t row, int slab, int split,
-                                   const A (&v)[2])
+                                   int64_t row, int slab, int split, A v0,
+                                   A v1)
 {
     A *mine = partials + (row * split + slab) * 2;
-    __stcg(mine, v[0]);
-    __stcg(mine + 1, v[1]);
+    __stcg(mine, v0);
+    __stcg(mine + 1, v1);
     release_add(counters + row, 1u);
     while (acquire_load(counters + row) < (unsigned)split) {
     }

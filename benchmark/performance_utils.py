@@ -1,0 +1,167 @@
+"""A FlagGems-style benchmark harness: a Benchmark names an op, the torch
+reference, the gemsops version (and optional peers), an input generator,
+dtypes and shapes; run() times every provider on every case, prints one row
+per case and appends the rows to a JSON file under benchmark/results/.
+
+Kernel time: triton.testing.do_bench median (L2 flushed between reps) when
+Triton imports, CUDA events around repeated calls otherwise. GB/s counts the
+fewest bytes the op must move; the copy bandwidth of this GPU is measured
+once per run and every GB/s is also given as a fraction of it.
+"""
+import datetime
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+_copy_gbps = None
+_rows = []
+
+
+def do_bench(fn, warmup_ms=25, rep_ms=100):
+    """Median milliseconds of fn() on the current stream."""
+    try:
+        import triton.testing
+        return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
+                                       return_mode="median")
+    except ImportError:
+        pass
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(50):
+        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_bandwidth_gbps():
+    """Device-to-device copy of 1 GiB, bytes read + written, GB/s."""
+    global _copy_gbps
+    if _copy_gbps is None:
+        src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
+        dst = torch.empty_like(src)
+        ms = do_bench(lambda: dst.copy_(src))
+        _copy_gbps = 2 * src.numel() * 4 / ms / 1e6
+        del src, dst
+    return _copy_gbps
+
+
+def commit():
+    env = os.environ.get("GEMSOPS_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        return "unknown"
+
+
+def dtype_name(d):
+    return str(d).replace("torch.", "")
+
+
+class Benchmark:
+    """op_name: row label; torch_op / gems_op: callables taking the
+    generator's args; arg_func(dtype, shape) -> tuple of args; bytes_func(
+    dtype, shape) -> bytes the op must move; flops_func likewise (optional);
+    is_backward: time the backward (autograd.grad of the output) instead of
+    the forward; peers: {name: callable} timed beside torch where they
+    import."""
+
+    def __init__(self, op_name, torch_op, gems_op, arg_func, dtypes, shapes,
+                 bytes_func=None, flops_func=None, is_backward=False,
+                 peers=None, result_file=None):
+        self.op_name = op_name
+        self.torch_op = torch_op
+        self.gems_op = gems_op
+        self.arg_func = arg_func
+        self.dtypes = dtypes
+        self.shapes = shapes
+        self.bytes_func = bytes_func
+        self.flops_func = flops_func
+        self.is_backward = is_backward
+        self.peers = peers or {}
+        self.result_file = result_file or op_name
+
+    def _timed(self, op, args):
+        if not self.is_backward:
+            return do_bench(lambda: op(*args))
+        inputs = [a for a in args
+                  if isinstance(a, torch.Tensor) and a.requires_grad]
+        out = op(*args)
+        grad = torch.randn_like(out)
+        return do_bench(lambda: torch.autograd.grad(
+            out, inputs, grad, retain_graph=True))
+
+    def run(self):
+        copy = copy_bandwidth_gbps()
+        gpu = torch.cuda.get_device_name()
+        pass_name = "bwd" if self.is_backward else "fwd"
+        print(f"\n{self.op_name} {pass_name} on {gpu}; copy bandwidth "
+              f"{copy:.0f} GB/s; commit {commit()}")
+        head = (f"{'dtype':>9} {'shape':>18} {'torch ms':>9} {'gems ms':>9} "
+                f"{'speedup':>7} {'torch GB/s':>10} {'gems GB/s':>9} "
+                f"{'gems/copy':>9}")
+        for peer in self.peers:
+            head += f" {peer + ' GB/s':>12}"
+        if self.flops_func:
+            head += f" {'gems TFLOP/s':>12}"
+        print(head)
+        for dtype in self.dtypes:
+            for shape in self.shapes:
+                args = self.arg_func(dtype, shape)
+                t_torch = self._timed(self.torch_op, args)
+                t_gems = self._timed(self.gems_op, args)
+                nbytes = self.bytes_func(dtype, shape) if self.bytes_func else 0
+                row = dict(op=self.op_name, pass_=pass_name,
+                           dtype=dtype_name(dtype), shape=list(shape),
+                           torch_ms=t_torch, gems_ms=t_gems,
+                           speedup=t_torch / t_gems,
+                           torch_gbps=nbytes / t_torch / 1e6,
+                           gems_gbps=nbytes / t_gems / 1e6)
+                row["gems_copy_fraction"] = row["gems_gbps"] / copy
+                row["torch_copy_fraction"] = row["torch_gbps"] / copy
+                line = (f"{row['dtype']:>9} {'x'.join(map(str, shape)):>18} "
+                        f"{t_torch:9.4f} {t_gems:9.4f} {row['speedup']:7.2f} "
+                        f"{row['torch_gbps']:10.0f} {row['gems_gbps']:9.0f} "
+                        f"{row['gems_copy_fraction']:9.1%}")
+                for peer, fn in self.peers.items():
+                    try:
+                        t = self._timed(fn, args)
+                        row[f"{peer}_ms"] = t
+                        row[f"{peer}_gbps"] = nbytes / t / 1e6
+                        line += f" {row[f'{peer}_gbps']:12.0f}"
+                    except Exception as e:  # a peer refusing a case is data
+                        row[f"{peer}_error"] = f"{type(e).__name__}: {e}"[:200]
+                        line += f" {'-':>12}"
+                if self.flops_func:
+                    row["gems_tflops"] = self.flops_func(dtype, shape) / t_gems / 1e9
+                    line += f" {row['gems_tflops']:12.1f}"
+                print(line, flush=True)
+                _rows.append(row)
+                del args
+                torch.cuda.empty_cache()
+        self._save(gpu, copy)
+
+    def _save(self, gpu, copy):
+        RESULTS.mkdir(exist_ok=True)
+        tag = gpu.replace(" ", "_").replace("/", "_")
+        path = RESULTS / f"{self.result_file}_{tag}.json"
+        doc = dict(gpu=gpu, copy_gbps=copy, torch=torch.__version__,
+                   cuda=torch.version.cuda, commit=commit(),
+                   date=datetime.datetime.now(datetime.timezone.utc)
+                   .isoformat(timespec="seconds"),
+                   rows=[r for r in _rows if r["op"] == self.op_name])
+        path.write_text(json.dumps(doc, indent=1))

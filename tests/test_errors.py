@@ -1,0 +1,157 @@
+"""Every check at the C boundary raises the right exception type with a
+message that names the function and the argument."""
+import numpy as np
+import pytest
+import torch
+
+import gemsops
+from gemsops import _C
+
+
+def fwd_args(device="cpu", rows=8, cols=16, dtype=torch.float32):
+    x = torch.randn(rows, cols, dtype=dtype, device=device)
+    w = torch.randn(cols, dtype=dtype, device=device)
+    b = torch.randn(cols, dtype=dtype, device=device)
+    sd = torch.float64 if dtype == torch.float64 else torch.float32
+    out = torch.empty_like(x)
+    mean = torch.empty(rows, dtype=sd, device=device)
+    rstd = torch.empty(rows, dtype=sd, device=device)
+    return dict(x=x, w=w, b=b, nd=1, eps=1e-5, out=out, mean=mean, rstd=rstd,
+                ws=None)
+
+
+def call_fwd(a):
+    return _C.layer_norm_fwd(a["x"], a["w"], a["b"], a["nd"], a["eps"],
+                             a["out"], a["mean"], a["rstd"], a["ws"])
+
+
+def test_valid_call_passes():
+    call_fwd(fwd_args())
+
+
+@pytest.mark.parametrize("field,value,exc,words", [
+    ("x", [1.0, 2.0], TypeError, "'input' must be a tensor"),
+    ("x", torch.ones(8, 16, dtype=torch.int64), TypeError, "floating point"),
+    ("x", torch.ones(8, 16, dtype=torch.complex64), TypeError, "input"),
+    ("w", torch.ones(15), ValueError, "weight of shape [15]"),
+    ("w", torch.ones(16, dtype=torch.float64), TypeError, "'weight' has dtype float64"),
+    ("w", "weight", TypeError, "'weight' must be a tensor"),
+    ("b", torch.ones(2, 16)[:, 0], ValueError, "bias"),
+    ("b", torch.ones(32)[::2], ValueError, "'bias' must be contiguous"),
+    ("nd", 0, ValueError, "normalized_ndim=0"),
+    ("nd", 3, ValueError, "normalized_ndim=3"),
+    ("eps", -1.0, ValueError, "eps=-1"),
+    ("out", torch.empty(8, 15), ValueError, "'out' has shape [8, 15]"),
+    ("out", torch.empty(8, 16, dtype=torch.float64), TypeError, "'out' has dtype float64"),
+    ("mean", torch.empty(7), ValueError, "'mean' has 7 elements"),
+    ("mean", torch.empty(8, dtype=torch.float16), TypeError, "'mean' has dtype float16"),
+    ("rstd", torch.empty(16)[::2], ValueError, "'rstd' must be contiguous"),
+    ("ws", torch.empty(16), TypeError, "'workspace' must be uint8"),
+])
+def test_forward_argument_checks(field, value, exc, words):
+    a = fwd_args()
+    a[field] = value
+    with pytest.raises(exc) as info:
+        call_fwd(a)
+    assert words in str(info.value)
+    assert str(info.value).startswith("layer_norm(")
+
+
+def test_output_overlapping_input_is_refused():
+    a = fwd_args()
+    a["out"] = a["x"]
+    with pytest.raises(ValueError, match="'out' overlaps input 'input'"):
+        call_fwd(a)
+    a = fwd_args()
+    a["rstd"] = a["mean"]
+    with pytest.raises(ValueError, match="overlap"):
+        call_fwd(a)
+
+
+def test_rows_that_overlap_are_refused():
+    a = fwd_args()
+    a["x"] = torch.randn(16).expand(8, 16)  # every row is the same memory
+    with pytest.raises(ValueError, match="overlap"):
+        call_fwd(a)
+
+
+def test_misaligned_tensor_is_refused():
+    buf = np.zeros(4 * 16 * 8 + 1, dtype=np.uint8)
+    x = np.frombuffer(buf.data, dtype=np.float32, count=128, offset=1)
+    a = fwd_args()
+    a["x"] = x.reshape(8, 16)
+    with pytest.raises((ValueError, TypeError), match="input"):
+        call_fwd(a)
+
+
+def test_wrong_argument_count():
+    with pytest.raises(TypeError, match="takes 9 arguments"):
+        _C.layer_norm_fwd(1, 2)
+
+
+def test_functional_checks():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="at least 1-dimensional"):
+        gemsops.layer_norm(x, [])
+    with pytest.raises(ValueError, match=r"expected input with shape \[\*, 7\]"):
+        gemsops.layer_norm(x, [7])
+    with pytest.raises(TypeError, match="'input' must be a Tensor"):
+        gemsops.layer_norm([[1.0]], [1])
+    with pytest.raises(TypeError, match="'weight' must be a Tensor"):
+        gemsops.layer_norm(x, [8], weight=[1.0] * 8)
+    with pytest.raises(TypeError, match="weight .* and bias .* one dtype"):
+        gemsops.layer_norm(x.bfloat16(), [8], torch.ones(8),
+                           torch.ones(8, dtype=torch.bfloat16))
+
+
+def test_backward_argument_checks():
+    a = fwd_args()
+    call_fwd(a)
+    g = torch.randn_like(a["x"])
+    dx = torch.empty_like(a["x"])
+    dw = torch.empty(16)
+    db = torch.empty(16)
+
+    def bwd(**over):
+        kw = dict(g=g, x=a["x"], w=a["w"], nd=1, det=False, mean=a["mean"],
+                  rstd=a["rstd"], dx=dx, dw=dw, db=db, ws=None)
+        kw.update(over)
+        return _C.layer_norm_bwd(*kw.values())
+
+    bwd()
+    with pytest.raises(ValueError, match="grad_weight was given but weight is None"):
+        bwd(w=None)
+    with pytest.raises(ValueError, match="'grad_out' has shape"):
+        bwd(g=torch.randn(8, 15))
+    with pytest.raises(TypeError, match="'grad_weight' has dtype float64"):
+        bwd(dw=torch.empty(16, dtype=torch.float64))
+    with pytest.raises(ValueError, match="'grad_input' overlaps input 'grad_out'"):
+        bwd(dx=g)
+    with pytest.raises(TypeError, match="takes 11 arguments"):
+        _C.layer_norm_bwd(g)
+
+
+@pytest.mark.cuda
+def test_cuda_device_mismatch():
+    a = fwd_args("cuda")
+    a["w"] = a["w"].cpu()
+    with pytest.raises(ValueError, match="same device.*'weight' is on cpu"):
+        call_fwd(a)
+    a = fwd_args("cuda")
+    a["out"] = a["out"].cpu()
+    with pytest.raises(ValueError, match="'out' is on cpu"):
+        call_fwd(a)
+    with pytest.raises(ValueError, match="same device"):
+        gemsops.layer_norm(torch.randn(4, 8, device="cuda"), [8],
+                           torch.ones(8))
+
+
+@pytest.mark.cuda
+def test_cuda_workspace_too_small():
+    n = 1 << 20  # split over several CTAs: needs a workspace
+    a = fwd_args("cuda", rows=2, cols=n, dtype=torch.bfloat16)
+    need = _C.layer_norm_fwd_workspace(a["x"], a["w"], a["b"], 1)
+    assert need > 0
+    a["ws"] = torch.zeros(need - 16, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="workspace has"):
+        call_fwd(a)

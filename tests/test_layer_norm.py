@@ -1,0 +1,317 @@
+"""LayerNorm forward and fused backward against float64 references, on the
+CPU (CI) and on CUDA (the `cuda` twins of the same tests)."""
+import pytest
+import torch
+
+import gemsops
+from gemsops.testing import assert_close, layer_norm_reference, poison_
+
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# (input shape, number of normalized trailing dims)
+SHAPES = [
+    ((200, 36), 1),
+    ((4096, 100), 1),
+    ((1, 40999), 1),
+    ((100, 40499), 1),
+    ((4096, 256), 1),
+    ((8, 128, 768), 1),
+    ((2, 3, 4, 5), 1),
+    ((2, 3, 4, 5), 2),
+    ((2, 3, 4, 5), 3),
+    ((37, 1), 1),
+    ((3, 131072), 1),
+    ((70000, 16), 1),
+]
+
+
+def make(shape, nd, dtype, device, affine="both", requires_grad=False):
+    x = torch.randn(shape, dtype=dtype, device=device) * 2 + 0.5
+    pshape = shape[len(shape) - nd:]
+    pdtype = torch.float32 if affine == "fp32" else dtype
+    w = b = None
+    if affine in ("both", "weight", "fp32"):
+        w = torch.randn(pshape, dtype=pdtype, device=device)
+    if affine in ("both", "fp32"):
+        b = torch.randn(pshape, dtype=pdtype, device=device)
+    for t in (x, w, b):
+        if t is not None:
+            t.requires_grad_(requires_grad)
+    return x, pshape, w, b
+
+
+def torch_layer_norm(x, pshape, w, b):
+    """torch's own result in the same dtype, or None where torch refuses
+    (fp32 parameters with half input)."""
+    if w is not None and w.dtype != x.dtype:
+        return None
+    try:
+        return torch.nn.functional.layer_norm(x, pshape, w, b)
+    except RuntimeError:
+        return None
+
+
+def n_rows(x, nd):
+    r = 1
+    for s in x.shape[:x.dim() - nd]:
+        r *= s
+    return r
+
+
+@pytest.mark.parametrize("shape,nd", SHAPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward(shape, nd, dtype, device):
+    x, pshape, w, b = make(shape, nd, dtype, device)
+    out, mean, rstd = gemsops.native_layer_norm(x, pshape, w, b)
+    ref, rmean, rrstd = layer_norm_reference(x, pshape, w, b)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close(out, ref, dtype, torch_out=torch_layer_norm(x, pshape, w, b))
+    stat_shape = x.shape[:x.dim() - nd] + (1,) * nd
+    assert mean.shape == stat_shape and mean.dtype == torch.float32
+    assert_close(mean, rmean.view(stat_shape), torch.float32, name="mean")
+    assert_close(rstd, rrstd.view(stat_shape), torch.float32, name="rstd")
+
+
+@pytest.mark.parametrize("affine", ["none", "weight", "both", "fp32"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.float64])
+def test_forward_affine_variants(affine, dtype, device):
+    if affine == "fp32" and dtype not in (torch.float16, torch.bfloat16):
+        pytest.skip("fp32 parameters are the mixed-precision case")
+    x, pshape, w, b = make((300, 1000), 1, dtype, device, affine)
+    out = gemsops.layer_norm(x, pshape, w, b)
+    ref, _, _ = layer_norm_reference(x, pshape, w, b)
+    assert out.dtype == dtype
+    assert_close(out, ref, dtype, torch_out=torch_layer_norm(x, pshape, w, b))
+
+
+@pytest.mark.parametrize("shape,nd", SHAPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward(shape, nd, dtype, device):
+    x, pshape, w, b = make(shape, nd, dtype, device, requires_grad=True)
+    g = torch.randn(shape, dtype=dtype, device=device)
+    gemsops.layer_norm(x, pshape, w, b).backward(g)
+    ours = [x.grad, w.grad, b.grad]
+
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref = layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0]
+    ref.backward(g.double())
+
+    theirs = [None] * 3
+    tl = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+    torch.nn.functional.layer_norm(tl[0], pshape, tl[1], tl[2]).backward(g)
+    theirs = [t.grad for t in tl]
+
+    rows = n_rows(x, nd)
+    for name, o, leaf, t in zip(("dx", "dw", "db"), ours, leaves, theirs):
+        assert o is not None and o.dtype == dtype, name
+        assert_close(o, leaf.grad, dtype, torch_out=t, name=name,
+                     reduce_len=rows if name != "dx" else 1)
+
+
+@pytest.mark.parametrize("affine", ["none", "weight", "both", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_backward_affine_variants(affine, dtype, device):
+    if affine == "fp32" and dtype != torch.bfloat16:
+        pytest.skip("fp32 parameters are the mixed-precision case")
+    x, pshape, w, b = make((513, 768), 1, dtype, device, affine, True)
+    g = torch.randn_like(x)
+    gemsops.layer_norm(x, pshape, w, b).backward(g)
+    leaves = [None if t is None else t.detach().double().requires_grad_()
+              for t in (x, w, b)]
+    layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0].backward(
+        g.double())
+    for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
+        if t is None:
+            continue
+        assert t.grad.dtype == t.dtype, name
+        assert_close(t.grad, leaf.grad, t.dtype, name=name,
+                     reduce_len=513 if name != "dx" else 1)
+
+
+@pytest.mark.parametrize("wants", [(True, False, False), (False, True, True),
+                                   (False, True, False), (True, True, True)])
+def test_backward_computes_only_what_is_asked(wants, device):
+    x, pshape, w, b = make((64, 200), 1, torch.float32, device)
+    mean_rstd = gemsops.native_layer_norm(x, pshape, w, b)[1:]
+    g = torch.randn_like(x)
+    dx, dw, db = gemsops.layer_norm_backward(g, x, pshape, *mean_rstd, w, b,
+                                             output_mask=wants)
+    assert [t is not None for t in (dx, dw, db)] == list(wants)
+    leaves = [t.double().requires_grad_() for t in (x, w, b)]
+    layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0].backward(
+        g.double())
+    for t, leaf in zip((dx, dw, db), leaves):
+        if t is not None:
+            assert_close(t, leaf.grad, torch.float32, reduce_len=64)
+
+
+def test_autograd_needs_input_grad(device):
+    # weight needs grad, input does not: only dW/dB are computed
+    x, pshape, w, b = make((128, 96), 1, torch.float32, device)
+    w.requires_grad_()
+    gemsops.layer_norm(x, pshape, w, b).sum().backward()
+    assert x.grad is None and b.grad is None and w.grad is not None
+
+
+def test_non_contiguous_rows_read_in_place(device):
+    base = torch.randn(300, 1000 + 24, device=device)
+    x = base[:, 8:1008]  # rows with a stride, last dim contiguous
+    w = torch.randn(1000, device=device)
+    out = torch.empty(300, 1000, device=device)
+    mean = torch.empty(300, device=device)
+    rstd = torch.empty(300, device=device)
+    poison_(out)
+    gemsops._C.layer_norm_fwd(x, w, None, 1, 1e-5, out, mean, rstd, None)
+    assert_close(out, layer_norm_reference(x, (1000,), w)[0], torch.float32)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "offset", "sliced3d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_strided_and_offset_inputs(layout, dtype, device):
+    if layout == "transposed":
+        x = torch.randn(512, 300, dtype=dtype, device=device).t()
+    elif layout == "offset":  # storage offset: not 16-byte aligned
+        x = torch.randn(300 * 512 + 3, dtype=dtype, device=device)[3:]
+        x = x.view(300, 512)
+    else:
+        x = torch.randn(4, 80, 2, 512, dtype=dtype, device=device)[:, ::2, 1]
+    x.requires_grad_()
+    w = torch.randn(512, dtype=dtype, device=device, requires_grad=True)
+    g = torch.randn(x.shape, dtype=dtype, device=device)
+    out = gemsops.layer_norm(x, (512,), w)
+    out.backward(g)
+    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    ref = layer_norm_reference(xd, (512,), wd)[0]
+    ref.backward(g.double())
+    assert_close(out, ref, dtype)
+    assert_close(x.grad, xd.grad, dtype, name="dx")
+    assert_close(w.grad, wd.grad, dtype, name="dw", reduce_len=x.shape[0])
+
+
+def test_empty_input(device):
+    x = torch.randn(0, 64, device=device, requires_grad=True)
+    w = torch.randn(64, device=device, requires_grad=True)
+    out = gemsops.layer_norm(x, (64,), w)
+    assert out.shape == (0, 64)
+    out.sum().backward()
+    assert torch.equal(w.grad, torch.zeros_like(w))
+
+
+def test_deterministic_mode_is_bitwise_repeatable(device):
+    x, pshape, w, b = make((3000, 384), 1, torch.float32, device, "both", True)
+    g = torch.randn_like(x)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        grads = []
+        for _ in range(3):
+            for t in (x, w, b):
+                t.grad = None
+            gemsops.layer_norm(x, pshape, w, b).backward(g)
+            grads.append([t.grad.clone() for t in (x, w, b)])
+    finally:
+        torch.use_deterministic_algorithms(was)
+    for later in grads[1:]:
+        for a, c in zip(grads[0], later):
+            assert torch.equal(a, c)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    layer_norm_reference(*[leaves[0], pshape, leaves[1], leaves[2]])[0].backward(
+        g.double())
+    for a, leaf in zip(grads[0], leaves):
+        assert_close(a, leaf.grad, torch.float32, reduce_len=3000)
+
+
+def test_nn_layer_norm_is_a_drop_in(device):
+    ref = torch.nn.LayerNorm(768, eps=1e-6).to(device)
+    with torch.no_grad():
+        ref.weight.normal_()
+        ref.bias.normal_()
+    ours = gemsops.nn.LayerNorm(768, eps=1e-6).to(device)
+    assert set(ours.state_dict()) == set(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    back = torch.nn.LayerNorm(768, eps=1e-6).to(device)
+    back.load_state_dict(ours.state_dict())
+    x = torch.randn(4, 33, 768, device=device)
+    assert_close(ours(x), ref(x).double(), torch.float32)
+    fresh_t, fresh_o = torch.nn.LayerNorm((3, 5)), gemsops.nn.LayerNorm((3, 5))
+    for k, v in fresh_t.state_dict().items():
+        assert torch.equal(v, fresh_o.state_dict()[k])  # same init
+    assert gemsops.nn.LayerNorm(8, elementwise_affine=False).weight is None
+    assert gemsops.nn.LayerNorm(8, bias=False).bias is None
+
+
+def test_numpy_arrays_through_C():
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((50, 37)).astype(np.float32)
+    w = rng.standard_normal(37).astype(np.float32)
+    y = np.full_like(x, np.nan)
+    mean = np.full(50, np.nan, np.float32)
+    rstd = np.full(50, np.nan, np.float32)
+    gemsops._C.layer_norm_fwd(x, w, None, 1, 1e-5, y, mean, rstd, None)
+    ref, rmean, _ = layer_norm_reference(torch.from_numpy(x), (37,),
+                                         torch.from_numpy(w))
+    assert_close(torch.from_numpy(y), ref, torch.float32)
+    assert_close(torch.from_numpy(mean), rmean.view(50), torch.float32)
+
+
+@pytest.mark.cuda
+def test_cuda_more_than_2_31_elements():
+    # 65537 rows x 32768 bf16: 2^31 + 2^15 elements (4 GiB)
+    x = torch.randn(65537, 32768, dtype=torch.bfloat16, device="cuda")
+    out = gemsops.layer_norm(x, (32768,))
+    for r in (0, 65535, 65536):
+        ref = layer_norm_reference(x[r:r + 1], (32768,))[0]
+        assert_close(out[r:r + 1], ref, torch.bfloat16)
+    del x, out
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [1, 7, 64, 1000, 4097, 65536, 262144, 1048576])
+def test_cuda_row_lengths_up_to_2_20(n):
+    rows = max(2, min(300, (1 << 22) // n))
+    x, pshape, w, b = make((rows, n), 1, torch.bfloat16, "cuda", "both", True)
+    g = torch.randn_like(x)
+    out = gemsops.layer_norm(x, pshape, w, b)
+    out.backward(g)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref = layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0]
+    ref.backward(g.double())
+    assert_close(out, ref, torch.bfloat16)
+    for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
+        assert_close(t.grad, leaf.grad, torch.bfloat16, name=name,
+                     reduce_len=rows if name != "dx" else 1)
+
+
+@pytest.mark.cuda
+def test_cuda_runs_on_current_stream_and_other_device():
+    x, pshape, w, b = make((1024, 1024), 1, torch.float32, "cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        out = gemsops.layer_norm(x, pshape, w, b)
+    s.synchronize()
+    assert_close(out, layer_norm_reference(x, pshape, w, b)[0], torch.float32)
+    if torch.cuda.device_count() > 1:
+        x1 = x.to("cuda:1")
+        out1 = gemsops.layer_norm(x1, pshape, w.to("cuda:1"), b.to("cuda:1"))
+        assert out1.device == x1.device
+        assert_close(out1, layer_norm_reference(x, pshape, w, b)[0],
+                     torch.float32)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture():
+    x, pshape, w, b = make((512, 768), 1, torch.bfloat16, "cuda", "both", True)
+    g = torch.randn_like(x)
+    for _ in range(2):  # warm-up: workspace sizes cached, kernels loaded
+        gemsops.layer_norm(x, pshape, w, b).backward(g)
+    graph = torch.cuda.CUDAGraph()
+    x.grad = w.grad = b.grad = None
+    with torch.cuda.graph(graph):
+        out = gemsops.layer_norm(x, pshape, w, b)
+        out.backward(g)
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close(out, layer_norm_reference(x, pshape, w, b)[0], torch.bfloat16)

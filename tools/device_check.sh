@@ -1,0 +1,25 @@
+#!/bin/bash
+# Everything one device call does: build for Hopper, run the CUDA tests,
+# then the benchmarks. Logs land in $OUT (the device tool brings them back).
+# usage: GEMSOPS_COMMIT=<sha> bash tools/device_check.sh [tests|bench|all] [pytest -k expr]
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gemsops_out}
+mkdir -p "$OUT"
+what=${1:-all}
+kexpr=${2:-}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+t0=$(date +%s)
+GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a} python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+grep -iE "warning|error" "$OUT/build.log" | grep -v Setuptools | head -20
+export PYTHONPATH=$PWD:$PYTHONPATH
+if [ "$what" = tests ] || [ "$what" = all ]; then
+    python3 -m pytest tests -m cuda -q -x ${kexpr:+-k "$kexpr"} 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+    python3 benchmark/host_cost.py 2>&1 | tee "$OUT/host_cost.log"
+    (cd benchmark && python3 -m pytest test_layer_norm_perf.py ${kexpr:+-k "$kexpr"} 2>&1) | tee "$OUT/bench.log" | grep -vE "^(platform|rootdir|configfile|plugins|collected)"
+    cp benchmark/results/*.json "$OUT/" 2>/dev/null
+fi
