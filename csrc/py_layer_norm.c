@@ -199,13 +199,13 @@ check_input(const struct gemsops_tensor *x, const char *fn, const char *arg)
 /* ---- forward ---------------------------------------------------------- */
 
 static int
-parse_fwd(PyObject *const *args, Py_ssize_t nargs, int with_outputs,
+parse_fwd(PyObject *const *args, int with_outputs,
           struct gemsops_layer_norm_fwd_params *p,
           struct gemsops_tensor *x_out)
 {
     const char *fn = "layer_norm";
     struct gemsops_tensor x, w, b, y, mean, rstd, ws;
-    int has_w, has_b, has_ws = 0, nd;
+    int has_w, has_b, has_ws = 0, has_mean = 0, has_rstd = 0, nd;
     void *stream = NULL;
     memset(p, 0, sizeof *p);
     if (gemsops_tensor_from_object(args[0], fn, "input", &x, &stream) ||
@@ -249,25 +249,32 @@ parse_fwd(PyObject *const *args, Py_ssize_t nargs, int with_outputs,
     p->eps = eps;
     if (gemsops_tensor_from_object(args[5], fn, "out", &y, NULL) ||
         check_like_x(&y, &x, nd, fn, "out", &p->y_row_stride) ||
-        gemsops_tensor_from_object(args[6], fn, "mean", &mean, NULL) ||
-        check_stats(&mean, &x, p->rows, fn, "mean") ||
-        gemsops_tensor_from_object(args[7], fn, "rstd", &rstd, NULL) ||
-        check_stats(&rstd, &x, p->rows, fn, "rstd") ||
+        gemsops_optional_tensor(args[6], fn, "mean", &mean, &has_mean) ||
+        (has_mean && check_stats(&mean, &x, p->rows, fn, "mean")) ||
+        gemsops_optional_tensor(args[7], fn, "rstd", &rstd, &has_rstd) ||
+        (has_rstd && check_stats(&rstd, &x, p->rows, fn, "rstd")) ||
         gemsops_optional_tensor(args[8], fn, "workspace", &ws, &has_ws) ||
         (has_ws && gemsops_check_workspace(&ws, &x, fn))) {
         return -1;
     }
-    const struct gemsops_tensor *written[] = {&y, &mean, &rstd};
+    if (has_mean != has_rstd) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s(): mean and rstd must both be tensors or both None",
+                     fn);
+        return -1;
+    }
+    const struct gemsops_tensor *written[] = {&y, has_mean ? &mean : NULL,
+                                              has_rstd ? &rstd : NULL};
     const char *wnames[] = {"out", "mean", "rstd"};
     const struct gemsops_tensor *read[] = {&x, has_w ? &w : NULL,
-                                           has_b ? &b : NULL, &mean, &rstd};
+                                           has_b ? &b : NULL, NULL, NULL};
     const char *rnames[] = {"input", "weight", "bias", "mean", "rstd"};
     if (gemsops_check_no_overlap(written, wnames, 3, read, rnames, 5, fn)) {
         return -1;
     }
     p->y = y.data;
-    p->mean = mean.data;
-    p->rstd = rstd.data;
+    p->mean = has_mean ? mean.data : NULL;
+    p->rstd = has_rstd ? rstd.data : NULL;
     p->workspace = has_ws ? ws.data : NULL;
     p->workspace_bytes =
         has_ws ? gemsops_tensor_numel(&ws) * (int64_t)gemsops_dtype_size(ws.dtype)
@@ -280,7 +287,8 @@ PyDoc_STRVAR(layer_norm_fwd_doc,
 "               workspace) -> None\n\n"
 "LayerNorm of `input` over its last `normalized_ndim` dimensions into the\n"
 "caller-allocated `out` (input's shape and dtype), `mean` and `rstd` (one\n"
-"per row; float32, or float64 for float64 input). weight/bias may be None;\n"
+"per row; float32, or float64 for float64 input; both may be None when the\n"
+"statistics are not wanted). weight/bias may be None;\n"
 "for float16/bfloat16 input they may be float32. `workspace` (None or a\n"
 "zero-filled uint8 tensor of layer_norm_fwd_workspace() bytes) serves rows\n"
 "split across CTAs. Runs on the current CUDA stream, or on the CPU.");
@@ -296,7 +304,7 @@ layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     struct gemsops_layer_norm_fwd_params p;
     struct gemsops_tensor x;
-    if (parse_fwd(args, nargs, 1, &p, &x)) {
+    if (parse_fwd(args, 1, &p, &x)) {
         return NULL;
     }
     if (p.rows * p.cols == 0) {
@@ -334,7 +342,7 @@ layer_norm_fwd_workspace(PyObject *module, PyObject *const *args,
     }
     struct gemsops_layer_norm_fwd_params p;
     struct gemsops_tensor x;
-    if (parse_fwd(args, nargs, 0, &p, &x)) {
+    if (parse_fwd(args, 0, &p, &x)) {
         return NULL;
     }
     int64_t bytes = 0;

@@ -91,8 +91,10 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
             }
             gemsops_store_row(buf, p->dtype, n,
                               (char *)p->y + r * p->y_row_stride * es);
-            gemsops_store_f64(p->mean, stats_dtype(p->dtype), r, mean);
-            gemsops_store_f64(p->rstd, stats_dtype(p->dtype), r, rstd);
+            if (p->mean != NULL) {
+                gemsops_store_f64(p->mean, stats_dtype(p->dtype), r, mean);
+                gemsops_store_f64(p->rstd, stats_dtype(p->dtype), r, rstd);
+            }
         }
         free(buf);
     }

@@ -32,6 +32,10 @@ namespace {
 
 // Elements per thread: x, dy and the dW/dB accumulators all live in
 // registers, so fewer than in the forward (1024-thread CTAs get 64 regs).
+// Each CTA adds 2 * cols atomics; owning at least this many rows keeps
+// them a small fraction of the 3 * cols * rows elements moved.
+constexpr int64_t kMinRowsPerCta = 16;
+
 template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
 template <typename T, typename P> struct bwd_args {
@@ -54,11 +58,9 @@ template <typename T, typename P> struct bwd_args {
     bool deterministic;
 };
 
-// At most 64 registers (1024 resident threads per SM): enough bytes in
-// flight to cover memory latency.
 template <typename T, typename P, int TPR, int VEC>
 __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
-                                  TPR < 128 ? 8 : (TPR >= 1024 ? 1 : 1024 / TPR))
+                                  layer_norm_min_ctas(TPR < 128 ? 128 : TPR))
     layer_norm_bwd_fused_atomic(const bwd_args<T, P> a)
 {
     using A = acc_t<T>;
@@ -66,10 +68,11 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     constexpr int ITEMS = E / VEC;
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
+    constexpr int R = layer_norm_rows_at_once(VEC, BLOCK);
     constexpr int SLAB = TPR * E;
     constexpr int STEP = TPR * VEC;
-    __shared__ A red[2 * 32 * 2];
-    __shared__ A merged[2];
+    __shared__ A red[2 * 32 * 2 * R];
+    __shared__ A merged[R][2];
     __shared__ A colsum[ROWS_PER_CTA > 1 ? ROWS_PER_CTA * SLAB : 1];
     __shared__ bool is_last;
     int parity = 0;
@@ -110,63 +113,84 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         return wv;
     };
 
-    for (int64_t base = group * ROWS_PER_CTA; base < a.rows;
-         base += groups * ROWS_PER_CTA) {
-        const int64_t row = base + threadIdx.x / TPR;
-        const bool row_ok = row < a.rows;
-        const A mean = row_ok ? a.mean[row] : A(0);
-        const A rstd = row_ok ? a.rstd[row] : A(0);
+    for (int64_t base = group * ROWS_PER_CTA * R; base < a.rows;
+         base += groups * ROWS_PER_CTA * R) {
+        int64_t row[R];
+        bool row_ok[R];
+        A mean[R], rstd[R], c[2 * R];
         // x and dy stay in their storage type; xhat and g are recomputed
         // in the second pass instead of being held as fp32.
-        vec_t<T, VEC> xv[ITEMS], dv[ITEMS];
-        A c[2] = {0, 0};
+        vec_t<T, VEC> xv[R][ITEMS], dv[R][ITEMS];
 #pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            if (row_ok && i * STEP < lim) {
-                xv[i] = load_vec<T, VEC>(a.x + row * a.x_stride + col0 + i * STEP);
-                dv[i] = load_vec<T, VEC>(a.dy + row * a.dy_stride + col0 + i * STEP);
-            }
-            else {
+        for (int r = 0; r < R; r++) {
+            row[r] = base + r * ROWS_PER_CTA + threadIdx.x / TPR;
+            row_ok[r] = row[r] < a.rows;
+            mean[r] = row_ok[r] ? a.mean[row[r]] : A(0);
+            rstd[r] = row_ok[r] ? a.rstd[row[r]] : A(0);
 #pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    xv[i].v[v] = from_acc<T>(A(0));
-                    dv[i].v[v] = from_acc<T>(A(0));
+            for (int i = 0; i < ITEMS; i++) {
+                if (row_ok[r] && i * STEP < lim) {
+                    xv[r][i] = load_vec<T, VEC>(a.x + row[r] * a.x_stride +
+                                                col0 + i * STEP);
+                    dv[r][i] = load_vec<T, VEC>(a.dy + row[r] * a.dy_stride +
+                                                col0 + i * STEP);
+                }
+                else {
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        xv[r][i].v[v] = from_acc<T>(A(0));
+                        dv[r][i].v[v] = from_acc<T>(A(0));
+                    }
                 }
             }
         }
         if (a.dx) {
 #pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
-                const vec_t<P, VEC> wv = i * STEP < lim ? load_w(i) : vec_t<P, VEC>{};
+            for (int r = 0; r < 2 * R; r++) {
+                c[r] = 0;
+            }
 #pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
-                    const A g = to_acc<A>(dv[i].v[v]) * to_acc<A>(wv.v[v]);
-                    c[0] += g * xh;
-                    c[1] += g;
+            for (int i = 0; i < ITEMS; i++) {
+                const vec_t<P, VEC> wv =
+                    i * STEP < lim ? load_w(i) : vec_t<P, VEC>{};
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        const A xh = (to_acc<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
+                        const A g = to_acc<A>(dv[r][i].v[v]) * to_acc<A>(wv.v[v]);
+                        c[2 * r] += g * xh;
+                        c[2 * r + 1] += g;
+                    }
                 }
             }
-            row_sum<TPR, 2>(c, red, parity);
+            row_sum<TPR, 2 * R>(c, red, parity);
             if (a.split > 1) {
                 if (threadIdx.x == 0) {
-                    const A *all = split_exchange(a.exchange, a.counters, row,
-                                                  slab, a.split, c[0], c[1]);
-                    A s0 = 0, s1 = 0;
-                    for (int k = 0; k < a.split; k++) {
-                        s0 += __ldcg(all + 2 * k);
-                        s1 += __ldcg(all + 2 * k + 1);
+                    for (int r = 0; r < R; r++) {
+                        if (!row_ok[r]) {
+                            continue;
+                        }
+                        const A *all = split_exchange(a.exchange, a.counters,
+                                                      row[r], slab, a.split,
+                                                      c[2 * r], c[2 * r + 1]);
+                        A s0 = 0, s1 = 0;
+                        for (int k = 0; k < a.split; k++) {
+                            s0 += __ldcg(all + 2 * k);
+                            s1 += __ldcg(all + 2 * k + 1);
+                        }
+                        merged[r][0] = s0;
+                        merged[r][1] = s1;
                     }
-                    merged[0] = s0;
-                    merged[1] = s1;
                 }
                 __syncthreads();
-                c[0] = merged[0];
-                c[1] = merged[1];
-                __syncthreads(); // merged[] is rewritten for the next row
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    c[2 * r] = merged[r][0];
+                    c[2 * r + 1] = merged[r][1];
+                }
+                __syncthreads(); // merged[] is rewritten for the next rows
             }
-        }
-        if (!row_ok) {
-            continue; // (masked loads made this row's dW/dB terms zero)
         }
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
@@ -174,18 +198,27 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                 continue;
             }
             const vec_t<P, VEC> wv = load_w(i);
-            vec_t<T, VEC> out;
 #pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
-                const A d = to_acc<A>(dv[i].v[v]);
-                const A g = d * to_acc<A>(wv.v[v]);
-                out.v[v] = from_acc<T>(rstd * (g - (xh * c[0] + c[1]) * inv_n));
-                dw[i][v] += d * xh;
-                db[i][v] += d;
-            }
-            if (a.dx) {
-                store_vec<T, VEC>(a.dx + row * a.dx_stride + col0 + i * STEP, out);
+            for (int r = 0; r < R; r++) {
+                if (!row_ok[r]) {
+                    continue; // (masked loads make its dW/dB terms zero)
+                }
+                vec_t<T, VEC> out;
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    const A xh = (to_acc<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
+                    const A d = to_acc<A>(dv[r][i].v[v]);
+                    const A g = d * to_acc<A>(wv.v[v]);
+                    out.v[v] = from_acc<T>(
+                        rstd[r] * (g - (xh * c[2 * r] + c[2 * r + 1]) * inv_n));
+                    dw[i][v] += d * xh;
+                    db[i][v] += d;
+                }
+                if (a.dx) {
+                    store_vec<T, VEC>(a.dx + row[r] * a.dx_stride + col0 +
+                                          i * STEP,
+                                      out);
+                }
             }
         }
     }
@@ -378,7 +411,8 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         return st->code;
     }
     occ = occ < occ_scalar ? occ : occ_scalar;
-    const int64_t grid = layer_norm_grid(p->rows, shape, occ, f.sm_count);
+    const int64_t grid = layer_norm_grid(p->rows, shape, occ, f.sm_count,
+                                         kMinRowsPerCta);
     const bwd_layout l = plan_layout<T, P>(p, shape, grid);
     if (workspace_bytes) {
         *workspace_bytes = l.total;
@@ -476,7 +510,6 @@ int dispatch_tpr(const gemsops_layer_norm_bwd_params *p, layer_norm_shape s,
     case 128: return run<T, P, 128, VEC>(p, s, ws, st);
     case 256: return run<T, P, 256, VEC>(p, s, ws, st);
     case 512: return run<T, P, 512, VEC>(p, s, ws, st);
-    case 1024: return run<T, P, 1024, VEC>(p, s, ws, st);
     default:
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "layer_norm_bwd: no kernel for %d threads/row",
@@ -490,7 +523,9 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
 {
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
-    layer_norm_shape s = layer_norm_choose_shape(p->cols, bwd_elems<T>());
+    // 512 threads at most: a 1024-thread CTA would have 64 registers for
+    // two rows of x and dy plus the dW/dB accumulators, and spill.
+    layer_norm_shape s = layer_norm_choose_shape(p->cols, bwd_elems<T>(), 512);
     if (vector_ok<T, P>(p)) {
         return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, st);
     }

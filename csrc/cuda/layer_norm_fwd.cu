@@ -40,7 +40,8 @@ template <typename T, typename P> struct fwd_args {
 };
 
 template <typename T, typename P, int TPR, int VEC>
-__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
+                                  layer_norm_min_ctas(TPR < 128 ? 128 : TPR))
     layer_norm_fwd_registers(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
@@ -48,10 +49,11 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
     constexpr int ITEMS = E / VEC;
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
+    constexpr int R = layer_norm_rows_at_once(VEC, BLOCK);
     constexpr int SLAB = TPR * E;
     constexpr int STEP = TPR * VEC; // columns between a thread's items
-    __shared__ A red[2 * 32];
-    __shared__ A merged[2];
+    __shared__ A red[2 * 32 * R];
+    __shared__ A merged[R][2];
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
@@ -63,76 +65,105 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
     const int slab_cols = (int)min((int64_t)SLAB, a.cols - (int64_t)slab * SLAB);
     const int lim = slab_cols - lane * VEC;
 
-    for (int64_t base = group * ROWS_PER_CTA; base < a.rows;
-         base += groups * ROWS_PER_CTA) {
-        const int64_t row = base + threadIdx.x / TPR;
-        const bool row_ok = row < a.rows;
-        const T *xr = a.x + row * a.x_stride + col0;
-        vec_t<T, VEC> xv[ITEMS];
-        A s[2] = {0, 0};
+    // Each step covers R * ROWS_PER_CTA rows: R independent rows per thread
+    // keep twice the bytes in flight and share each reduction's barriers.
+    for (int64_t base = group * ROWS_PER_CTA * R; base < a.rows;
+         base += groups * ROWS_PER_CTA * R) {
+        int64_t row[R];
+        bool row_ok[R];
+        vec_t<T, VEC> xv[R][ITEMS];
+        A s[R];
 #pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            if (row_ok && i * STEP < lim) {
-                xv[i] = load_vec<T, VEC>(xr + i * STEP);
+        for (int r = 0; r < R; r++) {
+            row[r] = base + r * ROWS_PER_CTA + threadIdx.x / TPR;
+            row_ok[r] = row[r] < a.rows;
+            const T *xr = a.x + row[r] * a.x_stride + col0;
+#pragma unroll
+            for (int i = 0; i < ITEMS; i++) {
+                if (row_ok[r] && i * STEP < lim) {
+                    xv[r][i] = load_vec<T, VEC>(xr + i * STEP);
+                }
+                else {
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        xv[r][i].v[v] = from_acc<T>(A(0));
+                    }
+                }
             }
-            else {
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            s[r] = 0;
+#pragma unroll
+            for (int i = 0; i < ITEMS; i++) {
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    xv[i].v[v] = from_acc<T>(A(0));
+                    s[r] += to_acc<A>(xv[r][i].v[v]);
                 }
             }
+        }
+        row_sum<TPR, R>(s, red, parity);
+        A slab_mean[R], m2[R];
 #pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                s[0] += to_acc<A>(xv[i].v[v]);
+        for (int r = 0; r < R; r++) {
+            slab_mean[r] = s[r] / (A)slab_cols;
+            m2[r] = 0;
+#pragma unroll
+            for (int i = 0; i < ITEMS; i++) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    const A d = to_acc<A>(xv[r][i].v[v]) - slab_mean[r];
+                    m2[r] += (i * STEP + v < lim) ? d * d : A(0);
+                }
             }
         }
-        s[0] = row_sum1<TPR>(s[0], red, parity);
-        const A slab_mean = s[0] / (A)slab_cols;
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-#pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                const A d = to_acc<A>(xv[i].v[v]) - slab_mean;
-                s[1] += (i * STEP + v < lim) ? d * d : A(0);
-            }
-        }
-        s[1] = row_sum1<TPR>(s[1], red, parity);
+        row_sum<TPR, R>(m2, red, parity);
 
-        A mean, m2;
-        if (a.split == 1) {
-            mean = slab_mean;
-            m2 = s[1];
+        A mean[R], rstd[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            mean[r] = slab_mean[r];
         }
-        else {
-            // s = (slab sum, slab squared deviations about the slab mean);
-            // combine: M2 = sum_k m2_k + n_k * (mean_k - mean)^2
+        if (a.split > 1) {
+            // (slab sum, slab squared deviations about the slab mean) ->
+            // M2 = sum_k m2_k + n_k * (mean_k - mean)^2, in slab order
             if (threadIdx.x == 0) {
-                const A *all = split_exchange(a.partials, a.counters, row,
-                                              slab, a.split, s[0], s[1]);
-                A total = 0;
-                for (int k = 0; k < a.split; k++) {
-                    total += __ldcg(all + 2 * k);
+                for (int r = 0; r < R; r++) {
+                    if (!row_ok[r]) {
+                        continue;
+                    }
+                    const A *all = split_exchange(a.partials, a.counters,
+                                                  row[r], slab, a.split, s[r],
+                                                  m2[r]);
+                    A total = 0;
+                    for (int k = 0; k < a.split; k++) {
+                        total += __ldcg(all + 2 * k);
+                    }
+                    const A mu = total / (A)a.cols;
+                    A dev = 0;
+                    for (int k = 0; k < a.split; k++) {
+                        const A n_k =
+                            (A)min((int64_t)SLAB, a.cols - (int64_t)k * SLAB);
+                        const A d = __ldcg(all + 2 * k) / n_k - mu;
+                        dev += __ldcg(all + 2 * k + 1) + n_k * d * d;
+                    }
+                    merged[r][0] = mu;
+                    merged[r][1] = dev;
                 }
-                const A mu = total / (A)a.cols;
-                A dev = 0;
-                for (int k = 0; k < a.split; k++) {
-                    const A n_k = (A)min((int64_t)SLAB, a.cols - (int64_t)k * SLAB);
-                    const A d = __ldcg(all + 2 * k) / n_k - mu;
-                    dev += __ldcg(all + 2 * k + 1) + n_k * d * d;
-                }
-                merged[0] = mu;
-                merged[1] = dev;
             }
             __syncthreads();
-            mean = merged[0];
-            m2 = merged[1];
-            __syncthreads(); // merged[] is rewritten for the next row
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                mean[r] = merged[r][0];
+                m2[r] = merged[r][1];
+            }
+            __syncthreads(); // merged[] is rewritten for the next rows
         }
-        const A rstd = A(1) / sqrt(m2 / (A)a.cols + a.eps);
-        if (!row_ok) {
-            continue;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            rstd[r] = A(1) / sqrt(m2[r] / (A)a.cols + a.eps);
         }
-        T *yr = a.y + row * a.y_stride + col0;
+
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             if (i * STEP >= lim) {
@@ -145,23 +176,35 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR)
             if (a.b) {
                 bv = load_vec<P, VEC>(a.b + col0 + i * STEP);
             }
-            vec_t<T, VEC> out;
 #pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                A r = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
-                if (a.w) {
-                    r *= to_acc<A>(wv.v[v]);
+            for (int r = 0; r < R; r++) {
+                if (!row_ok[r]) {
+                    continue;
                 }
-                if (a.b) {
-                    r += to_acc<A>(bv.v[v]);
+                vec_t<T, VEC> out;
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    A y = (to_acc<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
+                    if (a.w) {
+                        y *= to_acc<A>(wv.v[v]);
+                    }
+                    if (a.b) {
+                        y += to_acc<A>(bv.v[v]);
+                    }
+                    out.v[v] = from_acc<T>(y);
                 }
-                out.v[v] = from_acc<T>(r);
+                store_vec<T, VEC>(a.y + row[r] * a.y_stride + col0 + i * STEP,
+                                  out);
             }
-            store_vec<T, VEC>(yr + i * STEP, out);
         }
-        if (slab == 0 && lane == 0) {
-            a.mean[row] = mean;
-            a.rstd[row] = rstd;
+        if (slab == 0 && lane == 0 && a.mean) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                if (row_ok[r]) {
+                    a.mean[row[r]] = mean[r];
+                    a.rstd[row[r]] = rstd[r];
+                }
+            }
         }
     }
 }

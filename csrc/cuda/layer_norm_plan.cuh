@@ -14,15 +14,33 @@ namespace gemsops {
 
 constexpr int kLayerNormTprChoices[] = {4, 8, 16, 32, 128, 256, 512, 1024};
 
+// Rows each thread group works on per loop step (independent loads in
+// flight; one set of barriers per reduction for all of them). Two, except
+// where registers are short: the scalar (unaligned) variants hold E
+// separate elements, and a 1024-thread CTA has 64 registers a thread.
+constexpr int kLayerNormRowsAtOnce = 2;
+__host__ __device__ constexpr int layer_norm_rows_at_once(int vec, int block)
+{
+    return (vec == 1 || block >= 1024) ? 1 : kLayerNormRowsAtOnce;
+}
+
 struct layer_norm_shape {
     int tpr;   // threads per row (slab)
     int split; // CTAs per row
 };
 
-inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e)
+// Register budget: at least 768 resident threads per SM (<= 85 registers),
+// except a lone 512- or 1024-thread CTA, which gets what the SM has.
+constexpr int layer_norm_min_ctas(int block)
 {
-    layer_norm_shape s = {1024, 1};
-    if (cols <= 1024 * (int64_t)e) {
+    return block >= 512 ? 1 : 768 / block;
+}
+
+inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e,
+                                                int max_tpr = 1024)
+{
+    layer_norm_shape s = {max_tpr, 1};
+    if (cols <= max_tpr * (int64_t)e) {
         for (int tpr : kLayerNormTprChoices) {
             if ((int64_t)tpr * e >= cols) {
                 s.tpr = tpr;
@@ -33,7 +51,7 @@ inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e)
     }
     // Split: the fewest padded columns, then the fewest CTAs per row.
     int64_t best_padded = INT64_MAX;
-    for (int tpr = 1024; tpr >= 128; tpr /= 2) {
+    for (int tpr = max_tpr; tpr >= 128; tpr /= 2) {
         int64_t slab = (int64_t)tpr * e;
         int64_t k = (cols + slab - 1) / slab;
         if (k * slab < best_padded) {
@@ -47,11 +65,18 @@ inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e)
 
 inline int layer_norm_block_threads(int tpr) { return tpr < 128 ? 128 : tpr; }
 
-// Persistent grid: row groups (of `split` CTAs) up to what is co-resident.
+// Persistent grid: row groups (of `split` CTAs) up to what is co-resident,
+// and no more than one per `min_rows` rows (the backward's atomics cost
+// grid * cols, so each CTA must own enough rows to amortise them).
 inline int64_t layer_norm_grid(int64_t rows, layer_norm_shape s,
-                               int ctas_per_sm, int sm_count)
+                               int ctas_per_sm, int sm_count,
+                               int64_t min_rows = 1)
 {
-    int64_t rows_per_cta = layer_norm_block_threads(s.tpr) / s.tpr;
+    int64_t rows_per_cta =
+        layer_norm_block_threads(s.tpr) / s.tpr * kLayerNormRowsAtOnce;
+    if (rows_per_cta < min_rows) {
+        rows_per_cta = min_rows;
+    }
     int64_t groups_needed = (rows + rows_per_cta - 1) / rows_per_cta;
     int64_t resident_groups = (int64_t)ctas_per_sm * sm_count / s.split;
     int64_t groups = groups_needed < resident_groups ? groups_needed

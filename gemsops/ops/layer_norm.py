@@ -11,7 +11,9 @@ import torch
 
 from .. import _C
 
-_ws_cache = {}
+# workspace bytes per (dtype, shape, ...): planned once by C, then reused
+_fwd_ws = {}
+_bwd_ws = {}
 
 
 def _normalized_shape(normalized_shape):
@@ -67,41 +69,36 @@ def _param(p):
     return p.contiguous()
 
 
-def _workspace(kind, key, device, size_fn):
-    nbytes = _ws_cache.get(key)
-    if nbytes is None:
-        nbytes = size_fn()
-        _ws_cache[key] = nbytes
-    if nbytes == 0:
-        return None
-    return torch.empty(nbytes, dtype=torch.uint8, device=device)
-
-
 def _stats_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _forward(x, shape, weight, bias, eps):
-    """Returns (out, mean, rstd) with mean/rstd of shape [M] (flat)."""
+def _forward(x, shape, weight, bias, eps, want_stats=True):
+    """Returns (out, mean, rstd); mean/rstd flat [M], or None when not
+    wanted (inference skips allocating them)."""
     nd = len(shape)
-    x = _rows(x, nd)
-    rows = math.prod(x.shape[:x.dim() - nd])
+    if not x.is_contiguous() and not _rows_view_ok(x, nd):
+        x = x.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    sd = _stats_dtype(x.dtype)
-    mean = torch.empty(rows, dtype=sd, device=x.device)
-    rstd = torch.empty(rows, dtype=sd, device=x.device)
+    mean = rstd = None
+    if want_stats:
+        rows = math.prod(x.shape[:x.dim() - nd])
+        stats = torch.empty(2, rows, dtype=_stats_dtype(x.dtype),
+                            device=x.device)
+        mean, rstd = stats[0], stats[1]
+    if x.numel() == 0:
+        if want_stats:
+            stats.fill_(float("nan"))  # 0/0, as torch reports for empty rows
+        return out, mean, rstd
     ws = None
     if x.is_cuda:
-        key = ("fwd", x.device.index, x.dtype, rows, math.prod(shape))
-        ws = _workspace("fwd", key, x.device, lambda: _C.layer_norm_fwd_workspace(
-            x, weight, bias, nd))
-        if ws is not None:
-            ws.zero_()
-    if x.numel() == 0:
-        # torch gives NaN statistics for empty rows (0/0), nothing to write
-        mean.fill_(float("nan"))
-        rstd.fill_(float("nan"))
-        return out, mean, rstd
+        key = (x.dtype, x.shape, nd, x.device.index)
+        nbytes = _fwd_ws.get(key)
+        if nbytes is None:
+            nbytes = _fwd_ws[key] = _C.layer_norm_fwd_workspace(
+                x, weight, bias, nd)
+        if nbytes:
+            ws = torch.zeros(nbytes, dtype=torch.uint8, device=x.device)
     _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, ws)
     return out, mean, rstd
 
@@ -115,19 +112,24 @@ def _backward(grad_out, x, shape, weight, mean, rstd, want_dx, want_dw,
     grad_out = _rows(grad_out, nd)
     pdtype = weight.dtype if weight is not None else x.dtype
     dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if want_dx else None
+    if x.numel() == 0:  # sums over no rows
+        dw = torch.zeros(shape, dtype=pdtype, device=x.device) if want_dw else None
+        db = torch.zeros(shape, dtype=pdtype, device=x.device) if want_db else None
+        return dx, dw, db
     dw = torch.empty(shape, dtype=pdtype, device=x.device) if want_dw else None
     db = torch.empty(shape, dtype=pdtype, device=x.device) if want_db else None
     if not (want_dx or want_dw or want_db):
         return dx, dw, db
     ws = None
     if x.is_cuda:
-        rows = math.prod(x.shape[:x.dim() - nd])
-        key = ("bwd", x.device.index, x.dtype, pdtype, rows, math.prod(shape),
+        key = (x.dtype, pdtype, x.shape, nd, x.device.index,
                bool(deterministic), want_dx, want_dw, want_db)
-        ws = _workspace("bwd", key, x.device,
-                        lambda: _C.layer_norm_bwd_workspace(
-                            x, weight, nd, deterministic, want_dx, want_dw,
-                            want_db))
+        nbytes = _bwd_ws.get(key)
+        if nbytes is None:
+            nbytes = _bwd_ws[key] = _C.layer_norm_bwd_workspace(
+                x, weight, nd, deterministic, want_dx, want_dw, want_db)
+        if nbytes:
+            ws = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
     _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
                       dx, dw, db, ws)
     return dx, dw, db
@@ -178,7 +180,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
             or (weight is not None and weight.requires_grad)
             or (bias is not None and bias.requires_grad)):
         return LayerNormFunction.apply(input, shape, weight, bias, eps)
-    return _forward(input, shape, weight, bias, eps)[0]
+    return _forward(input, shape, weight, bias, eps, want_stats=False)[0]
 
 
 def native_layer_norm(input, normalized_shape, weight=None, bias=None,

@@ -27,8 +27,8 @@ struct gemsops_layer_norm_fwd_params {
     void *y;              /* [rows, cols] output, dtype `dtype`            */
     const void *weight;   /* [cols] contiguous, `param_dtype`, or NULL     */
     const void *bias;     /* [cols] contiguous, `param_dtype`, or NULL     */
-    void *mean;           /* [rows] statistics: fp64 for fp64 x, else fp32 */
-    void *rstd;           /* [rows] 1/sqrt(var + eps), same dtype as mean  */
+    void *mean;           /* [rows] fp64 for fp64 x, else fp32; or NULL    */
+    void *rstd;           /* [rows] 1/sqrt(var + eps); NULL with mean      */
     void *workspace;      /* zeroed, >= workspace_bytes; NULL if that is 0 */
     int64_t workspace_bytes; /* size the caller passed                     */
     int64_t rows;         /* M: product of the leading dimensions          */
