@@ -8,6 +8,7 @@ Triton imports, CUDA events around repeated calls otherwise. GB/s counts the
 fewest bytes the op must move; the copy bandwidth of this GPU is measured
 once per run and every GB/s is also given as a fraction of it.
 """
+import contextlib
 import datetime
 import json
 import os
@@ -77,8 +78,9 @@ class Benchmark:
     generator's args; arg_func(dtype, shape) -> tuple of args; bytes_func(
     dtype, shape) -> bytes the op must move; flops_func likewise (optional);
     is_backward: time the backward (autograd.grad of the output) instead of
-    the forward; peers: {name: callable} timed beside torch where they
-    import."""
+    the forward; peers: {name: callable or (callable, context factory)}
+    timed beside torch where they import (the context, e.g. FlagGems'
+    use_gems, wraps both the forward and the timed backward)."""
 
     def __init__(self, op_name, torch_op, gems_op, arg_func, dtypes, shapes,
                  bytes_func=None, flops_func=None, is_backward=False,
@@ -96,14 +98,18 @@ class Benchmark:
         self.result_file = result_file or op_name
 
     def _timed(self, op, args):
-        if not self.is_backward:
-            return do_bench(lambda: op(*args))
-        inputs = [a for a in args
-                  if isinstance(a, torch.Tensor) and a.requires_grad]
-        out = op(*args)
-        grad = torch.randn_like(out)
-        return do_bench(lambda: torch.autograd.grad(
-            out, inputs, grad, retain_graph=True))
+        ctx = contextlib.nullcontext
+        if isinstance(op, tuple):
+            op, ctx = op
+        with ctx():
+            if not self.is_backward:
+                return do_bench(lambda: op(*args))
+            inputs = [a for a in args
+                      if isinstance(a, torch.Tensor) and a.requires_grad]
+            out = op(*args)
+            grad = torch.randn_like(out)
+            return do_bench(lambda: torch.autograd.grad(
+                out, inputs, grad, retain_graph=True))
 
     def run(self):
         copy = copy_bandwidth_gbps()

@@ -24,15 +24,15 @@ if os.environ.get("GEMSOPS_BENCH_QUICK"):
 def peers():
     found = {}
     try:
-        import flag_gems.ops as fg
-        found["flaggems"] = lambda x, s, w, b: fg.layer_norm(x, s, w, b)
-    except Exception:
-        pass
+        import flag_gems
+        found["flaggems"] = (torch.nn.functional.layer_norm, flag_gems.use_gems)
+    except Exception as e:
+        print(f"FlagGems not timed: {type(e).__name__}: {e}")
     try:
         from liger_kernel.transformers.functional import liger_layer_norm
         found["liger"] = lambda x, s, w, b: liger_layer_norm(x, w, b, 1e-5)
-    except Exception:
-        pass
+    except Exception as e:
+        print(f"Liger not timed: {type(e).__name__}: {e}")
     return found
 
 

@@ -10,11 +10,16 @@ what=${1:-all}
 kexpr=${2:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+# peers (FlagGems, Liger) travel as wheels in .whl/ (see README, Benchmarks)
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site
+fi
 t0=$(date +%s)
 GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a} python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 grep -iE "warning|error" "$OUT/build.log" | grep -v Setuptools | head -20
-export PYTHONPATH=$PWD:$PYTHONPATH
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "$what" = tests ] || [ "$what" = all ]; then
     python3 -m pytest tests -m cuda -q -x ${kexpr:+-k "$kexpr"} 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
 fi
