@@ -56,6 +56,16 @@ exchange_api_of(PyTypeObject *type)
     return api;
 }
 
+static PyObject *
+detach_name(void)
+{
+    static PyObject *name; /* interned once, kept for the process */
+    if (name == NULL) {
+        name = PyUnicode_InternFromString("detach");
+    }
+    return name;
+}
+
 static gemsops_dtype
 dtype_from_dl(gemsops_dl_dtype d)
 {
@@ -187,17 +197,44 @@ from_capsule_protocol(PyObject *obj, const char *fn, const char *arg,
     return rc;
 }
 
+/* The fast path: 0 on success; -1 with no exception set when the caller
+ * should try the capsule protocol; -1 with an exception on a hard error. */
+static int
+from_exchange_api(const gemsops_dl_exchange_api *api, PyObject *obj,
+                  const char *fn, const char *arg, struct gemsops_tensor *t)
+{
+    gemsops_dl_tensor dl;
+    if (api->dltensor_from_py_object_no_sync(obj, &dl) == 0) {
+        return fill_view(&dl, fn, arg, t);
+    }
+    if (!PyErr_ExceptionMatches(PyExc_BufferError)) {
+        PyErr_Clear();
+        return -1;
+    }
+    /* torch refuses tensors that require grad: a detached alias shares the
+     * storage. Its shape/strides die with it, so copy them first; `obj`
+     * keeps the storage alive afterwards. */
+    PyErr_Clear();
+    PyObject *det = PyObject_CallMethodNoArgs(obj, detach_name());
+    int rc = -1;
+    if (det != NULL && Py_TYPE(det) == Py_TYPE(obj) &&
+        api->dltensor_from_py_object_no_sync(det, &dl) == 0) {
+        rc = fill_view(&dl, fn, arg, t);
+    }
+    Py_XDECREF(det);
+    if (rc != 0 && !PyErr_ExceptionMatches(PyExc_ValueError)) {
+        PyErr_Clear();
+    }
+    return rc;
+}
+
 int
 gemsops_tensor_from_object(PyObject *obj, const char *fn, const char *arg,
                            struct gemsops_tensor *t, void **stream)
 {
     const gemsops_dl_exchange_api *api = exchange_api_of(Py_TYPE(obj));
     if (api != NULL) {
-        gemsops_dl_tensor dl;
-        if (api->dltensor_from_py_object_no_sync(obj, &dl) == 0) {
-            if (fill_view(&dl, fn, arg, t) != 0) {
-                return -1;
-            }
+        if (from_exchange_api(api, obj, fn, arg, t) == 0) {
             if (stream != NULL && t->device_type == GEMSOPS_CUDA &&
                 api->current_work_stream != NULL &&
                 api->current_work_stream(GEMSOPS_DL_CUDA, t->device_id,
@@ -206,7 +243,9 @@ gemsops_tensor_from_object(PyObject *obj, const char *fn, const char *arg,
             }
             return 0;
         }
-        PyErr_Clear(); /* try the capsule protocol, which explains itself */
+        if (PyErr_Occurred()) {
+            return -1; /* e.g. too many dimensions */
+        }
     }
     if (!PyObject_HasAttrString(obj, "__dlpack__")) {
         PyErr_Format(PyExc_TypeError,

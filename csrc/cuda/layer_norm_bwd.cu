@@ -34,7 +34,7 @@ namespace {
 // registers, so fewer than in the forward (1024-thread CTAs get 64 regs).
 // Each CTA adds 2 * cols atomics; owning at least this many rows keeps
 // them a small fraction of the 3 * cols * rows elements moved.
-constexpr int64_t kMinRowsPerCta = 16;
+constexpr int64_t kMinRowsPerCta = 8;
 
 template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
@@ -411,8 +411,11 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         return st->code;
     }
     occ = occ < occ_scalar ? occ : occ_scalar;
-    const int64_t grid = layer_norm_grid(p->rows, shape, occ, f.sm_count,
-                                         kMinRowsPerCta);
+    const int64_t grid =
+        layer_norm_grid(p->rows, shape,
+                        layer_norm_rows_at_once(16 / sizeof(T),
+                                                layer_norm_block_threads(TPR)),
+                        occ, f.sm_count, kMinRowsPerCta);
     const bwd_layout l = plan_layout<T, P>(p, shape, grid);
     if (workspace_bytes) {
         *workspace_bytes = l.total;
@@ -510,6 +513,7 @@ int dispatch_tpr(const gemsops_layer_norm_bwd_params *p, layer_norm_shape s,
     case 128: return run<T, P, 128, VEC>(p, s, ws, st);
     case 256: return run<T, P, 256, VEC>(p, s, ws, st);
     case 512: return run<T, P, 512, VEC>(p, s, ws, st);
+    case 1024: return run<T, P, 1024, VEC>(p, s, ws, st);
     default:
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "layer_norm_bwd: no kernel for %d threads/row",
@@ -523,9 +527,17 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
 {
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
-    // 512 threads at most: a 1024-thread CTA would have 64 registers for
-    // two rows of x and dy plus the dW/dB accumulators, and spill.
+    // 512 threads at most: a 1024-thread CTA has 64 registers a thread and
+    // so takes one row per step. Only rows so long that 512-thread slabs
+    // would need more CTAs than the SMs hold use 1024.
     layer_norm_shape s = layer_norm_choose_shape(p->cols, bwd_elems<T>(), 512);
+    device_facts f;
+    if (get_device_facts(p->device_id, &f, st)) {
+        return st->code;
+    }
+    if (s.split > f.sm_count) {
+        s = layer_norm_choose_shape(p->cols, bwd_elems<T>(), 1024);
+    }
     if (vector_ok<T, P>(p)) {
         return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, st);
     }

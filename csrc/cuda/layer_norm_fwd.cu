@@ -12,18 +12,27 @@
 //
 // Bytes: read x once (N * sizeof(T) per row), write y once, plus 2 stats
 // per row; weight and bias (N elements each) come from L2 for all rows.
+#include <algorithm>
+
 #include "layer_norm_plan.cuh"
 #include "gemsops/layer_norm.h"
 
 namespace gemsops {
 namespace {
 
-// Elements per thread in the forward: two 16-byte accesses (enough bytes
-// in flight at full occupancy, few registers).
+// Elements per thread in the forward: four 16-byte accesses in flight.
 template <typename T> __host__ __device__ constexpr int fwd_elems()
 {
-    return 2 * 16 / sizeof(T);
+    return 4 * 16 / sizeof(T);
 }
+
+// One row per loop step: four accesses a thread already keep enough bytes
+// in flight, and registers go to occupancy.
+__host__ __device__ constexpr int fwd_rows_at_once(int, int) { return 1; }
+
+// Widest thread group per row: 1024-thread CTAs spend too long in
+// barriers; longer rows are split over CTAs instead.
+constexpr int kFwdMaxTpr = 512;
 
 template <typename T, typename P> struct fwd_args {
     const T *x;
@@ -49,7 +58,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     constexpr int ITEMS = E / VEC;
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
-    constexpr int R = layer_norm_rows_at_once(VEC, BLOCK);
+    constexpr int R = fwd_rows_at_once(TPR, VEC);
     constexpr int SLAB = TPR * E;
     constexpr int STEP = TPR * VEC; // columns between a thread's items
     __shared__ A red[2 * 32 * R];
@@ -248,7 +257,18 @@ int run(const gemsops_layer_norm_fwd_params *p, layer_norm_shape shape,
         return st->code;
     }
     occ = occ < occ_scalar ? occ : occ_scalar;
-    const int64_t grid = layer_norm_grid(p->rows, shape, occ, f.sm_count);
+    // Rows that fit one CTA: a CTA per row group, not persistent, so the
+    // SM overlaps one CTA's reductions with others' loads. Split rows: a
+    // persistent grid, since a row's CTAs must be co-resident.
+    const int64_t grid =
+        shape.split == 1
+            ? std::min<int64_t>((p->rows + layer_norm_rows_per_step(
+                                               shape, fwd_rows_at_once(TPR, VEC)) -
+                                 1) / layer_norm_rows_per_step(
+                                          shape, fwd_rows_at_once(TPR, VEC)),
+                                (int64_t)1 << 30)
+            : layer_norm_grid(p->rows, shape, fwd_rows_at_once(TPR, VEC), occ,
+                              f.sm_count);
     const int64_t exchange =
         layer_norm_split_exchange_bytes(p->rows, shape.split, sizeof(A));
     if (workspace_bytes) {
@@ -318,7 +338,6 @@ int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, layer_norm_shape s,
     case 128: return run<T, P, 128, VEC>(p, s, ws, st);
     case 256: return run<T, P, 256, VEC>(p, s, ws, st);
     case 512: return run<T, P, 512, VEC>(p, s, ws, st);
-    case 1024: return run<T, P, 1024, VEC>(p, s, ws, st);
     default:
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "layer_norm_fwd: no kernel for %d threads/row",
@@ -332,7 +351,8 @@ int launch(const gemsops_layer_norm_fwd_params *p, int64_t *ws,
 {
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
-    layer_norm_shape s = layer_norm_choose_shape(p->cols, fwd_elems<T>());
+    layer_norm_shape s =
+        layer_norm_choose_shape(p->cols, fwd_elems<T>(), kFwdMaxTpr);
     if (vector_ok<T, P>(p)) {
         return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, st);
     }

@@ -17,11 +17,11 @@ constexpr int kLayerNormTprChoices[] = {4, 8, 16, 32, 128, 256, 512, 1024};
 // Rows each thread group works on per loop step (independent loads in
 // flight; one set of barriers per reduction for all of them). Two, except
 // where registers are short: the scalar (unaligned) variants hold E
-// separate elements, and a 1024-thread CTA has 64 registers a thread.
-constexpr int kLayerNormRowsAtOnce = 2;
+// separate elements, fp64 (vec 2) has twice the bytes per element, and a
+// 1024-thread CTA has 64 registers a thread.
 __host__ __device__ constexpr int layer_norm_rows_at_once(int vec, int block)
 {
-    return (vec == 1 || block >= 1024) ? 1 : kLayerNormRowsAtOnce;
+    return (vec <= 2 || block >= 1024) ? 1 : 2;
 }
 
 struct layer_norm_shape {
@@ -65,15 +65,20 @@ inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e,
 
 inline int layer_norm_block_threads(int tpr) { return tpr < 128 ? 128 : tpr; }
 
+// Rows one CTA covers per loop step.
+inline int64_t layer_norm_rows_per_step(layer_norm_shape s, int rows_at_once)
+{
+    return (int64_t)(layer_norm_block_threads(s.tpr) / s.tpr) * rows_at_once;
+}
+
 // Persistent grid: row groups (of `split` CTAs) up to what is co-resident,
 // and no more than one per `min_rows` rows (the backward's atomics cost
 // grid * cols, so each CTA must own enough rows to amortise them).
 inline int64_t layer_norm_grid(int64_t rows, layer_norm_shape s,
-                               int ctas_per_sm, int sm_count,
-                               int64_t min_rows = 1)
+                               int rows_at_once, int ctas_per_sm,
+                               int sm_count, int64_t min_rows = 1)
 {
-    int64_t rows_per_cta =
-        layer_norm_block_threads(s.tpr) / s.tpr * kLayerNormRowsAtOnce;
+    int64_t rows_per_cta = layer_norm_rows_per_step(s, rows_at_once);
     if (rows_per_cta < min_rows) {
         rows_per_cta = min_rows;
     }
