@@ -36,6 +36,10 @@ namespace {
 // them a small fraction of the 3 * cols * rows elements moved.
 constexpr int64_t kMinRowsPerCta = 8;
 
+// One row per step: the next step's row is prefetched into registers
+// (software pipeline), which takes the registers a second row would.
+__host__ __device__ constexpr int bwd_rows_at_once(int, int) { return 1; }
+
 template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
 template <typename T, typename P> struct bwd_args {
@@ -68,7 +72,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     constexpr int ITEMS = E / VEC;
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
-    constexpr int R = layer_norm_rows_at_once(VEC, BLOCK);
+    constexpr int R = bwd_rows_at_once(VEC, BLOCK);
     constexpr int SLAB = TPR * E;
     constexpr int STEP = TPR * VEC;
     __shared__ A red[2 * 32 * 2 * R];
@@ -113,36 +117,69 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         return wv;
     };
 
+    // Software pipeline: the next step's rows are loaded into registers
+    // before this step's reductions and barriers, so the loads are in
+    // flight while the CTA synchronises.
+    const int64_t step_rows = groups * ROWS_PER_CTA * R;
+    // (Half types only: fp32/fp64 rows hold twice the registers per element,
+    // and a 1024-thread CTA has 64 registers; those load at the step's top.)
+    constexpr bool PREFETCH = sizeof(T) == 2 && BLOCK < 1024;
+    vec_t<T, VEC> xn[R][ITEMS], dn[R][ITEMS];
+    A mean_n[R], rstd_n[R];
+    auto load_rows = [&](int64_t first) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int64_t rr = first + r * ROWS_PER_CTA + threadIdx.x / TPR;
+            const bool ok = rr < a.rows;
+            mean_n[r] = ok ? a.mean[rr] : A(0);
+            rstd_n[r] = ok ? a.rstd[rr] : A(0);
+#pragma unroll
+            for (int i = 0; i < ITEMS; i++) {
+                if (ok && i * STEP < lim) {
+                    xn[r][i] = load_vec<T, VEC>(a.x + rr * a.x_stride + col0 +
+                                                i * STEP);
+                    dn[r][i] = load_vec<T, VEC>(a.dy + rr * a.dy_stride +
+                                                col0 + i * STEP);
+                }
+                else {
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        xn[r][i].v[v] = from_acc<T>(A(0));
+                        dn[r][i].v[v] = from_acc<T>(A(0));
+                    }
+                }
+            }
+        }
+    };
+    if constexpr (PREFETCH) {
+        load_rows(group * ROWS_PER_CTA * R);
+    }
+
     for (int64_t base = group * ROWS_PER_CTA * R; base < a.rows;
-         base += groups * ROWS_PER_CTA * R) {
+         base += step_rows) {
         int64_t row[R];
         bool row_ok[R];
         A mean[R], rstd[R], c[2 * R];
         // x and dy stay in their storage type; xhat and g are recomputed
         // in the second pass instead of being held as fp32.
         vec_t<T, VEC> xv[R][ITEMS], dv[R][ITEMS];
+        if constexpr (!PREFETCH) {
+            load_rows(base);
+        }
 #pragma unroll
         for (int r = 0; r < R; r++) {
             row[r] = base + r * ROWS_PER_CTA + threadIdx.x / TPR;
             row_ok[r] = row[r] < a.rows;
-            mean[r] = row_ok[r] ? a.mean[row[r]] : A(0);
-            rstd[r] = row_ok[r] ? a.rstd[row[r]] : A(0);
+            mean[r] = mean_n[r];
+            rstd[r] = rstd_n[r];
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
-                if (row_ok[r] && i * STEP < lim) {
-                    xv[r][i] = load_vec<T, VEC>(a.x + row[r] * a.x_stride +
-                                                col0 + i * STEP);
-                    dv[r][i] = load_vec<T, VEC>(a.dy + row[r] * a.dy_stride +
-                                                col0 + i * STEP);
-                }
-                else {
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) {
-                        xv[r][i].v[v] = from_acc<T>(A(0));
-                        dv[r][i].v[v] = from_acc<T>(A(0));
-                    }
-                }
+                xv[r][i] = xn[r][i];
+                dv[r][i] = dn[r][i];
             }
+        }
+        if (PREFETCH && base + step_rows < a.rows) {
+            load_rows(base + step_rows);
         }
         if (a.dx) {
 #pragma unroll
@@ -413,8 +450,8 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     occ = occ < occ_scalar ? occ : occ_scalar;
     const int64_t grid =
         layer_norm_grid(p->rows, shape,
-                        layer_norm_rows_at_once(16 / sizeof(T),
-                                                layer_norm_block_threads(TPR)),
+                        bwd_rows_at_once(16 / sizeof(T),
+                                         layer_norm_block_threads(TPR)),
                         occ, f.sm_count, kMinRowsPerCta);
     const bwd_layout l = plan_layout<T, P>(p, shape, grid);
     if (workspace_bytes) {

@@ -31,8 +31,10 @@ template <typename T> __host__ __device__ constexpr int fwd_elems()
 __host__ __device__ constexpr int fwd_rows_at_once(int, int) { return 1; }
 
 // Widest thread group per row: 1024-thread CTAs spend too long in
-// barriers; longer rows are split over CTAs instead.
-constexpr int kFwdMaxTpr = 512;
+// barriers, and 512 threads holding 32 half elements each need more than
+// the 64 registers two such CTAs per SM leave; longer rows are split over
+// CTAs instead.
+template <typename T> constexpr int fwd_max_tpr() { return sizeof(T) == 2 ? 256 : 512; }
 
 template <typename T, typename P> struct fwd_args {
     const T *x;
@@ -48,9 +50,14 @@ template <typename T, typename P> struct fwd_args {
     acc_t<T> eps;
 };
 
+// Register budget: 768 resident threads per SM (<= 85 registers), and at
+// least two CTAs of 512 (64 registers), so that one CTA's barriers overlap
+// another's loads.
+constexpr int fwd_min_ctas(int block) { return block >= 512 ? 2 : 768 / block; }
+
 template <typename T, typename P, int TPR, int VEC>
 __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
-                                  layer_norm_min_ctas(TPR < 128 ? 128 : TPR))
+                                  fwd_min_ctas(TPR < 128 ? 128 : TPR))
     layer_norm_fwd_registers(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
@@ -337,7 +344,11 @@ int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, layer_norm_shape s,
     case 32: return run<T, P, 32, VEC>(p, s, ws, st);
     case 128: return run<T, P, 128, VEC>(p, s, ws, st);
     case 256: return run<T, P, 256, VEC>(p, s, ws, st);
-    case 512: return run<T, P, 512, VEC>(p, s, ws, st);
+    case 512:
+        if constexpr (fwd_max_tpr<T>() >= 512) {
+            return run<T, P, 512, VEC>(p, s, ws, st);
+        }
+        [[fallthrough]];
     default:
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "layer_norm_fwd: no kernel for %d threads/row",
@@ -352,7 +363,7 @@ int launch(const gemsops_layer_norm_fwd_params *p, int64_t *ws,
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
     layer_norm_shape s =
-        layer_norm_choose_shape(p->cols, fwd_elems<T>(), kFwdMaxTpr);
+        layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>());
     if (vector_ok<T, P>(p)) {
         return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, st);
     }

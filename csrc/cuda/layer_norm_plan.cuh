@@ -14,16 +14,6 @@ namespace gemsops {
 
 constexpr int kLayerNormTprChoices[] = {4, 8, 16, 32, 128, 256, 512, 1024};
 
-// Rows each thread group works on per loop step (independent loads in
-// flight; one set of barriers per reduction for all of them). Two, except
-// where registers are short: the scalar (unaligned) variants hold E
-// separate elements, fp64 (vec 2) has twice the bytes per element, and a
-// 1024-thread CTA has 64 registers a thread.
-__host__ __device__ constexpr int layer_norm_rows_at_once(int vec, int block)
-{
-    return (vec <= 2 || block >= 1024) ? 1 : 2;
-}
-
 struct layer_norm_shape {
     int tpr;   // threads per row (slab)
     int split; // CTAs per row
