@@ -36,9 +36,12 @@ namespace {
 // them a small fraction of the 3 * cols * rows elements moved.
 constexpr int64_t kMinRowsPerCta = 8;
 
-// One row per step: the next step's row is prefetched into registers
-// (software pipeline), which takes the registers a second row would.
-__host__ __device__ constexpr int bwd_rows_at_once(int, int) { return 1; }
+// Two rows per step (loads in flight, barriers shared), except where
+// registers are short: scalar variants, fp64, 1024-thread CTAs.
+__host__ __device__ constexpr int bwd_rows_at_once(int vec, int block)
+{
+    return (vec > 2 && block < 1024) ? 2 : 1;
+}
 
 template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
@@ -117,13 +120,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         return wv;
     };
 
-    // Software pipeline: the next step's rows are loaded into registers
-    // before this step's reductions and barriers, so the loads are in
-    // flight while the CTA synchronises.
     const int64_t step_rows = groups * ROWS_PER_CTA * R;
-    // (Half types only: fp32/fp64 rows hold twice the registers per element,
-    // and a 1024-thread CTA has 64 registers; those load at the step's top.)
-    constexpr bool PREFETCH = sizeof(T) == 2 && BLOCK < 1024;
     vec_t<T, VEC> xn[R][ITEMS], dn[R][ITEMS];
     A mean_n[R], rstd_n[R];
     auto load_rows = [&](int64_t first) {
@@ -151,10 +148,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             }
         }
     };
-    if constexpr (PREFETCH) {
-        load_rows(group * ROWS_PER_CTA * R);
-    }
-
     for (int64_t base = group * ROWS_PER_CTA * R; base < a.rows;
          base += step_rows) {
         int64_t row[R];
@@ -163,9 +156,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         // x and dy stay in their storage type; xhat and g are recomputed
         // in the second pass instead of being held as fp32.
         vec_t<T, VEC> xv[R][ITEMS], dv[R][ITEMS];
-        if constexpr (!PREFETCH) {
-            load_rows(base);
-        }
+        load_rows(base);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             row[r] = base + r * ROWS_PER_CTA + threadIdx.x / TPR;
@@ -177,9 +168,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                 xv[r][i] = xn[r][i];
                 dv[r][i] = dn[r][i];
             }
-        }
-        if (PREFETCH && base + step_rows < a.rows) {
-            load_rows(base + step_rows);
         }
         if (a.dx) {
 #pragma unroll
