@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "gemsops/status.h"
 #include "gemsops/tensor.h"
 
@@ -56,21 +58,83 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(flo
 template <typename T> __device__ __forceinline__ T from_acc(double v) { return (T)v; }
 
 // VEC elements moved as one access: 16 bytes when the caller proved the
-// alignment, one element otherwise.
+// alignment, one element otherwise. Copies go through raw words: the half
+// types' class assignment would otherwise split a vector into 2-byte
+// accesses.
 template <typename T, int VEC> struct alignas(sizeof(T) * VEC) vec_t {
     T v[VEC];
+};
+
+template <int BYTES> struct raw_word;
+template <> struct raw_word<16> { using type = uint4; };
+template <> struct raw_word<8> { using type = uint2; };
+template <> struct raw_word<4> { using type = unsigned; };
+template <> struct raw_word<2> { using type = unsigned short; };
+template <> struct raw_word<32> {
+    struct alignas(32) type {
+        uint4 lo, hi;
+    };
 };
 
 template <typename T, int VEC>
 __device__ __forceinline__ vec_t<T, VEC> load_vec(const T *p)
 {
-    return *reinterpret_cast<const vec_t<T, VEC> *>(p);
+    using W = typename raw_word<sizeof(T) * VEC>::type;
+    vec_t<T, VEC> out;
+    *reinterpret_cast<W *>(&out) = *reinterpret_cast<const W *>(p);
+    return out;
 }
 
 template <typename T, int VEC>
 __device__ __forceinline__ void store_vec(T *p, const vec_t<T, VEC> &v)
 {
-    *reinterpret_cast<vec_t<T, VEC> *>(p) = v;
+    using W = typename raw_word<sizeof(T) * VEC>::type;
+    *reinterpret_cast<W *>(p) = *reinterpret_cast<const W *>(&v);
+}
+
+// Rounds VEC accumulator values to T and stores them as one access. Half
+// types are packed in pairs into 32-bit words first (the paired conversion
+// instructions); element-by-element construction would be stored as 2-byte
+// pieces.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void store_rounded(T *p, const A (&o)[VEC])
+{
+    if constexpr ((std::is_same_v<T, __nv_bfloat16> ||
+                   std::is_same_v<T, __half>) && VEC % 2 == 0) {
+        unsigned w[VEC / 2];
+#pragma unroll
+        for (int k = 0; k < VEC / 2; k++) {
+            if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+                __nv_bfloat162 h = __floats2bfloat162_rn(o[2 * k], o[2 * k + 1]);
+                w[k] = *reinterpret_cast<unsigned *>(&h);
+            }
+            else {
+                __half2 h = __floats2half2_rn(o[2 * k], o[2 * k + 1]);
+                w[k] = *reinterpret_cast<unsigned *>(&h);
+            }
+        }
+        // one explicit 16-byte store: the compiler otherwise splits the
+        // packed words into separate 4-byte stores
+        if constexpr (VEC == 8) {
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p),
+                         "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+                         : "memory");
+        }
+        else if constexpr (VEC == 4) {
+            *reinterpret_cast<uint2 *>(p) = make_uint2(w[0], w[1]);
+        }
+        else {
+            *reinterpret_cast<unsigned *>(p) = w[0];
+        }
+    }
+    else {
+        vec_t<T, VEC> out;
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            out.v[v] = from_acc<T>(o[v]);
+        }
+        store_vec<T, VEC>(p, out);
+    }
 }
 
 // Sum over the TPR consecutive threads that share a row. TPR <= 32: xor

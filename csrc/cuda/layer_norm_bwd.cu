@@ -228,21 +228,20 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                 if (!row_ok[r]) {
                     continue; // (masked loads make its dW/dB terms zero)
                 }
-                vec_t<T, VEC> out;
+                A out[VEC];
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
                     const A xh = (to_acc<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
                     const A d = to_acc<A>(dv[r][i].v[v]);
                     const A g = d * to_acc<A>(wv.v[v]);
-                    out.v[v] = from_acc<T>(
-                        rstd[r] * (g - (xh * c[2 * r] + c[2 * r + 1]) * inv_n));
+                    out[v] = rstd[r] * (g - (xh * c[2 * r] + c[2 * r + 1]) * inv_n);
                     dw[i][v] += d * xh;
                     db[i][v] += d;
                 }
                 if (a.dx) {
-                    store_vec<T, VEC>(a.dx + row[r] * a.dx_stride + col0 +
-                                          i * STEP,
-                                      out);
+                    store_rounded<T, VEC>(a.dx + row[r] * a.dx_stride + col0 +
+                                              i * STEP,
+                                          out);
                 }
             }
         }

@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                 if (!row_ok[r]) {
                     continue;
                 }
-                vec_t<T, VEC> out;
+                A out[VEC];
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
                     A y = (to_acc<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
@@ -207,10 +207,11 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                     if (a.b) {
                         y += to_acc<A>(bv.v[v]);
                     }
-                    out.v[v] = from_acc<T>(y);
+                    out[v] = y;
                 }
-                store_vec<T, VEC>(a.y + row[r] * a.y_stride + col0 + i * STEP,
-                                  out);
+                store_rounded<T, VEC>(a.y + row[r] * a.y_stride + col0 +
+                                          i * STEP,
+                                      out);
             }
         }
         if (slab == 0 && lane == 0 && a.mean) {
