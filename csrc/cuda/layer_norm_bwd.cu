@@ -11,11 +11,13 @@
 // the CTA sums its row groups' partials in shared memory and issues one
 // atomicAdd per column per CTA (dW and dB) into fp32 accumulators: the
 // classic second kernel that re-reads x and dy for dW/dB disappears.
-// Accumulators are the outputs themselves when the parameters are fp32;
-// otherwise a zeroed fp32 workspace, converted by the last CTA to finish.
+// Same-address atomics serialise, so the accumulators come in stripes (row
+// group g adds into stripe g % S, ~16 groups per stripe); a tiny
+// column-parallel kernel sums the S stripes and rounds to the parameters'
+// dtype (2 * N * S fp32 reads, not a pass over x or dy).
 //
 // Deterministic mode: each row group stores its partials to
-// workspace[group][2N] instead, and a column-parallel second kernel sums
+// workspace[group][2N] instead (no atomics), and the same small kernel sums
 // them in group order, so repeated runs are bitwise identical.
 //
 // Rows longer than 1024 * E are split over co-resident CTAs that exchange
@@ -54,12 +56,11 @@ template <typename T, typename P> struct bwd_args {
     T *dx;               // NULL: no dx wanted
     P *dw;               // outputs, NULL when not wanted
     P *db;
-    acc_t<T> *acc_dw;    // atomic targets (== dw/db when P is acc_t<T>)
-    acc_t<T> *acc_db;
+    acc_t<T> *stripes;   // atomics: [n_stripes][2 * cols] (dW then dB)
+    int n_stripes;       // row group g adds into stripe g % n_stripes
     acc_t<T> *partials;  // deterministic: [groups][2 * cols]
     acc_t<T> *exchange;  // split > 1: [rows][split][2]
     unsigned *counters;  // split > 1: [rows]
-    unsigned *done;      // CTAs finished (last one converts)
     int64_t rows, cols, dy_stride, x_stride, dx_stride;
     int split;
     bool deterministic;
@@ -81,7 +82,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     __shared__ A red[2 * 32 * 2 * R];
     __shared__ A merged[R][2];
     __shared__ A colsum[ROWS_PER_CTA > 1 ? ROWS_PER_CTA * SLAB : 1];
-    __shared__ bool is_last;
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
@@ -251,6 +251,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     }
 
     // One value per column per CTA: sum the CTA's row groups, then emit.
+    A *const stripe =
+        a.stripes + (int64_t)((int)group % a.n_stripes) * 2 * a.cols;
     auto emit = [&](int64_t col, A vw, A vb) {
         if (a.deterministic) {
             A *part = a.partials + group * 2 * a.cols;
@@ -259,10 +261,10 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         }
         else {
             if (a.dw) {
-                atomicAdd(a.acc_dw + col, vw);
+                atomicAdd(stripe + col, vw);
             }
             if (a.db) {
-                atomicAdd(a.acc_db + col, vb);
+                atomicAdd(stripe + a.cols + col, vb);
             }
         }
     };
@@ -313,35 +315,13 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         }
     }
 
-    // Half-precision parameters: the last CTA to finish converts the fp32
-    // sums. __threadfence orders this CTA's atomics before its ticket.
-    if (a.deterministic || (void *)a.acc_dw == (void *)a.dw ||
-        (void *)a.acc_db == (void *)a.db) {
-        return;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        is_last = atomicAdd(a.done, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!is_last) {
-        return;
-    }
-    __threadfence();
-    for (int64_t col = threadIdx.x; col < a.cols; col += BLOCK) {
-        if (a.dw) {
-            a.dw[col] = from_acc<P>(__ldcg(a.acc_dw + col));
-        }
-        if (a.db) {
-            a.db[col] = from_acc<P>(__ldcg(a.acc_db + col));
-        }
-    }
 }
 
-// Deterministic mode's second kernel: column c sums its groups in order.
+// Second kernel: column j sums its `parts` partial sums (stripes, or the
+// deterministic mode's per-group partials) in order and rounds once to the
+// parameters' dtype. Coalesced across threads; independent loads unrolled.
 template <typename A, typename P>
-__global__ void layer_norm_bwd_sum_partials(const A *partials, int64_t groups,
+__global__ void layer_norm_bwd_sum_partials(const A *partials, int64_t parts,
                                             int64_t cols, P *dw, P *db)
 {
     const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -349,7 +329,8 @@ __global__ void layer_norm_bwd_sum_partials(const A *partials, int64_t groups,
         return;
     }
     A s = 0;
-    for (int64_t gi = 0; gi < groups; gi++) {
+#pragma unroll 8
+    for (int64_t gi = 0; gi < parts; gi++) {
         s += partials[gi * 2 * cols + j];
     }
     P *out = j < cols ? dw : db;
@@ -383,10 +364,23 @@ int ctas_per_sm(int device, gemsops_status *st, int *out)
 
 inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// Workspace: [done counter][fp32 accumulators][split exchange] are zeroed
-// by one memset; [deterministic partials] follow and need no zeroing.
+// Same-address atomics serialise in L2: with G row groups adding into one
+// accumulator per column, the tail of the kernel waits ~G atomic latencies.
+// Row groups spread over stripes so that at most ~16 share an address.
+inline int bwd_stripes(int64_t groups, int64_t cols, size_t acc_size)
+{
+    int64_t n = (groups + 15) / 16;
+    const int64_t cap = ((int64_t)8 << 20) / (2 * cols * (int64_t)acc_size);
+    n = n > 32 ? 32 : n;
+    n = n > cap ? cap : n;
+    return n < 1 ? 1 : (int)n;
+}
+
+// Workspace: [stripes][split exchange + counters] are zeroed by one memset;
+// [deterministic partials] follow and need no zeroing.
 struct bwd_layout {
-    int64_t accum, exchange, counters, partials, zeroed, total;
+    int n_stripes;
+    int64_t exchange, counters, partials, zeroed, total;
 };
 
 template <typename T, typename P>
@@ -395,11 +389,12 @@ bwd_layout plan_layout(const gemsops_layer_norm_bwd_params *p,
 {
     using A = acc_t<T>;
     const bool want_dwb = p->dweight || p->dbias;
+    const int64_t groups = grid / s.split;
     bwd_layout l;
-    l.accum = 16;
-    int64_t at = l.accum;
-    if (want_dwb && !p->deterministic && sizeof(P) != sizeof(A)) {
-        at += round16(2 * p->cols * (int64_t)sizeof(A));
+    l.n_stripes = bwd_stripes(groups, p->cols, sizeof(A));
+    int64_t at = 0;
+    if (want_dwb && !p->deterministic) {
+        at += round16(l.n_stripes * 2 * p->cols * (int64_t)sizeof(A));
     }
     l.exchange = at;
     if (p->dx && s.split > 1) {
@@ -413,7 +408,7 @@ bwd_layout plan_layout(const gemsops_layer_norm_bwd_params *p,
     l.zeroed = at;
     l.partials = at;
     if (want_dwb && p->deterministic) {
-        at += round16((grid / s.split) * 2 * p->cols * (int64_t)sizeof(A));
+        at += round16(groups * 2 * p->cols * (int64_t)sizeof(A));
     }
     l.total = at;
     return l;
@@ -468,15 +463,11 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.dx = static_cast<T *>(p->dx);
     a.dw = static_cast<P *>(p->dweight);
     a.db = static_cast<P *>(p->dbias);
-    const bool direct = sizeof(P) == sizeof(A);
-    a.acc_dw = direct ? reinterpret_cast<A *>(a.dw)
-                      : reinterpret_cast<A *>(ws + l.accum);
-    a.acc_db = direct ? reinterpret_cast<A *>(a.db)
-                      : reinterpret_cast<A *>(ws + l.accum) + p->cols;
+    a.stripes = reinterpret_cast<A *>(ws);
+    a.n_stripes = l.n_stripes;
     a.partials = reinterpret_cast<A *>(ws + l.partials);
     a.exchange = reinterpret_cast<A *>(ws + l.exchange);
     a.counters = reinterpret_cast<unsigned *>(ws + l.counters);
-    a.done = reinterpret_cast<unsigned *>(ws);
     a.rows = p->rows;
     a.cols = p->cols;
     a.dy_stride = p->dy_row_stride;
@@ -485,27 +476,19 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.split = shape.split;
     a.deterministic = p->deterministic != 0;
 
-    GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws, 0, l.zeroed, stream));
-    if (direct && !a.deterministic) {
-        if (a.dw) {
-            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(a.dw, 0,
-                                                   p->cols * sizeof(P),
-                                                   stream));
-        }
-        if (a.db) {
-            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(a.db, 0,
-                                                   p->cols * sizeof(P),
-                                                   stream));
-        }
+    if (l.zeroed > 0) {
+        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws, 0, l.zeroed, stream));
     }
     layer_norm_bwd_fused_atomic<T, P, TPR, VEC>
         <<<(unsigned)grid, layer_norm_block_threads(TPR), 0, stream>>>(a);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_fused_atomic");
-    if (a.deterministic && (a.dw || a.db)) {
+    if (a.dw || a.db) {
         const int64_t n = 2 * p->cols;
         layer_norm_bwd_sum_partials<A, P>
             <<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
-                a.partials, grid / shape.split, p->cols, a.dw, a.db);
+                a.deterministic ? a.partials : a.stripes,
+                a.deterministic ? grid / shape.split : l.n_stripes, p->cols,
+                a.dw, a.db);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_sum_partials");
     }
     return GEMSOPS_OK;
