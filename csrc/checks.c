@@ -1,6 +1,6 @@
-#include <stdio.h>
+#include "checks.h" /* Python.h first: it sets feature macros */
 
-#include "checks.h"
+#include <stdio.h>
 
 void
 gemsops_format_shape(const int64_t *sizes, int ndim, char *buf, size_t len)

@@ -8,10 +8,10 @@
  * for older producers), either capsule name, byte_offset honoured, NULL
  * strides read as contiguous. Tensors that require grad are exported through
  * `detach()`, which shares storage. */
-#include <string.h>
-
-#include "boundary.h"
+#include "boundary.h" /* Python.h first: it sets feature macros */
 #include "dlpack_abi.h"
+
+#include <string.h>
 
 #define TYPE_CACHE_SIZE 8
 

@@ -1,11 +1,8 @@
 /* Status codes become Python exceptions here, and only here. */
+#include "boundary.h" /* Python.h first: it sets feature macros */
+
 #include <stdarg.h>
 #include <stdio.h>
-
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-
-#include "boundary.h"
 
 int
 gemsops_fail(gemsops_status *st, gemsops_status_code code, const char *fmt,

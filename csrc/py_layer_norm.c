@@ -1,10 +1,10 @@
 /* Python boundary of LayerNorm: parse, validate every tensor, build the
  * params struct, dispatch to the CUDA or CPU backend. Nothing is launched
  * on a pointer that was not checked here. */
+#include "boundary.h" /* Python.h first: it sets feature macros */
+
 #include <stdio.h>
 #include <string.h>
-
-#include "boundary.h"
 #include "checks.h"
 #include "gemsops/layer_norm.h"
 

@@ -66,9 +66,15 @@ template <typename T, typename P> struct bwd_args {
     bool deterministic;
 };
 
+// Registers: as layer_norm_min_ctas, but a 128-thread CTA holding several
+// short rows (and their shared-memory column sums) gets 640 threads' worth.
+constexpr int bwd_min_ctas(int tpr)
+{
+    return tpr < 128 ? 5 : layer_norm_min_ctas(tpr);
+}
+
 template <typename T, typename P, int TPR, int VEC>
-__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
-                                  layer_norm_min_ctas(TPR < 128 ? 128 : TPR))
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR))
     layer_norm_bwd_fused_atomic(const bwd_args<T, P> a)
 {
     using A = acc_t<T>;
