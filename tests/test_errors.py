@@ -148,10 +148,15 @@ def test_cuda_device_mismatch():
 
 @pytest.mark.cuda
 def test_cuda_workspace_too_small():
-    n = 1 << 20  # split over several CTAs: needs a workspace
-    a = fwd_args("cuda", rows=2, cols=n, dtype=torch.bfloat16)
-    need = _C.layer_norm_fwd_workspace(a["x"], a["w"], a["b"], 1)
+    # the backward's dW/dB stripes live in the workspace
+    a = fwd_args("cuda", rows=64, cols=4096)
+    call_fwd(a)
+    need = _C.layer_norm_bwd_workspace(a["x"], a["w"], 1, False, True, True,
+                                       True)
     assert need > 0
-    a["ws"] = torch.zeros(need - 16, dtype=torch.uint8, device="cuda")
+    g = torch.randn_like(a["x"])
+    ws = torch.empty(need - 16, dtype=torch.uint8, device="cuda")
     with pytest.raises(ValueError, match="workspace has"):
-        call_fwd(a)
+        _C.layer_norm_bwd(g, a["x"], a["w"], 1, False, a["mean"], a["rstd"],
+                          torch.empty_like(g), torch.empty_like(a["w"]),
+                          torch.empty_like(a["b"]), ws)

@@ -1,17 +1,24 @@
 // LayerNorm forward: y = (x - mean) * rstd * w + b, per row of N elements.
 //
-// Work split: TPR consecutive threads own a row (or one slab of it, see
-// layer_norm_plan.cuh); each holds E = ITEMS * VEC elements in registers, so
-// x is read from memory exactly once. Statistics are two-pass over the
-// registers: the row sum gives the mean, then the sum of squared deviations
-// gives the variance (no E[x^2] - mean^2 cancellation). A row split over
-// `split` CTAs exchanges (slab sum, slab squared deviations about the slab
-// mean) and combines them with the parallel-variance formula in slab order.
-// CTAs are persistent and walk row groups in a grid-stride loop, so any M
-// works.
+// Two kernels, chosen by N:
 //
-// Bytes: read x once (N * sizeof(T) per row), write y once, plus 2 stats
-// per row; weight and bias (N elements each) come from L2 for all rows.
+// layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
+// a row, each holding E elements in registers, so x is read from memory
+// exactly once. Statistics are two-pass over the registers: the row sum
+// gives the mean, then the sum of squared deviations gives the variance (no
+// E[x^2] - mean^2 cancellation). Short rows pack several per CTA. One CTA
+// per row group, not persistent: the SM overlaps one CTA's reductions with
+// another's loads.
+//
+// layer_norm_fwd_looped (longer rows): one CTA per row streams it twice.
+// Pass 1 takes chunks of 2-4 accesses per thread, computes each chunk's mean
+// and squared deviations in registers and merges them into a running
+// (count, mean, M2) with Chan's formula; the CTA merges the threads' triples
+// in a fixed order. Pass 2 re-reads x (mostly from L2: the rows in flight
+// fit in it up to ~64K half elements) and writes y.
+//
+// Bytes: read x once (twice from L2 for long rows), write y once, plus 2
+// stats per row; weight and bias (N elements each) come from L2.
 #include <algorithm>
 
 #include "layer_norm_plan.cuh"
@@ -32,8 +39,8 @@ __host__ __device__ constexpr int fwd_rows_at_once(int, int) { return 1; }
 
 // Widest thread group per row: 1024-thread CTAs spend too long in
 // barriers, and 512 threads holding 32 half elements each need more than
-// the 64 registers two such CTAs per SM leave; longer rows are split over
-// CTAs instead.
+// the 64 registers two such CTAs per SM leave; longer rows go to the
+// looped kernel.
 template <typename T> constexpr int fwd_max_tpr() { return sizeof(T) == 2 ? 256 : 512; }
 
 template <typename T, typename P> struct fwd_args {
@@ -43,10 +50,7 @@ template <typename T, typename P> struct fwd_args {
     const P *b;
     acc_t<T> *mean;
     acc_t<T> *rstd;
-    acc_t<T> *partials; // split > 1: [rows][split][2]
-    unsigned *counters; // split > 1: [rows]
     int64_t rows, cols, x_stride, y_stride;
-    int split;
     acc_t<T> eps;
 };
 
@@ -66,19 +70,16 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
     constexpr int R = fwd_rows_at_once(TPR, VEC);
-    constexpr int SLAB = TPR * E;
     constexpr int STEP = TPR * VEC; // columns between a thread's items
     __shared__ A red[2 * 32 * R];
-    __shared__ A merged[R][2];
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
-    const int slab = blockIdx.x % a.split;
-    const int64_t group = blockIdx.x / a.split;
-    const int64_t groups = gridDim.x / a.split;
-    const int64_t col0 = (int64_t)slab * SLAB + lane * VEC;
+    const int64_t group = blockIdx.x;
+    const int64_t groups = gridDim.x;
+    const int64_t col0 = lane * VEC;
     // item i of this thread is valid when i * STEP < lim
-    const int slab_cols = (int)min((int64_t)SLAB, a.cols - (int64_t)slab * SLAB);
+    const int slab_cols = (int)a.cols; // <= TPR * E
     const int lim = slab_cols - lane * VEC;
 
     // Each step covers R * ROWS_PER_CTA rows: R independent rows per thread
@@ -140,41 +141,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         for (int r = 0; r < R; r++) {
             mean[r] = slab_mean[r];
         }
-        if (a.split > 1) {
-            // (slab sum, slab squared deviations about the slab mean) ->
-            // M2 = sum_k m2_k + n_k * (mean_k - mean)^2, in slab order
-            if (threadIdx.x == 0) {
-                for (int r = 0; r < R; r++) {
-                    if (!row_ok[r]) {
-                        continue;
-                    }
-                    const A *all = split_exchange(a.partials, a.counters,
-                                                  row[r], slab, a.split, s[r],
-                                                  m2[r]);
-                    A total = 0;
-                    for (int k = 0; k < a.split; k++) {
-                        total += __ldcg(all + 2 * k);
-                    }
-                    const A mu = total / (A)a.cols;
-                    A dev = 0;
-                    for (int k = 0; k < a.split; k++) {
-                        const A n_k =
-                            (A)min((int64_t)SLAB, a.cols - (int64_t)k * SLAB);
-                        const A d = __ldcg(all + 2 * k) / n_k - mu;
-                        dev += __ldcg(all + 2 * k + 1) + n_k * d * d;
-                    }
-                    merged[r][0] = mu;
-                    merged[r][1] = dev;
-                }
-            }
-            __syncthreads();
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                mean[r] = merged[r][0];
-                m2[r] = merged[r][1];
-            }
-            __syncthreads(); // merged[] is rewritten for the next rows
-        }
 #pragma unroll
         for (int r = 0; r < R; r++) {
             rstd[r] = A(1) / sqrt(m2[r] / (A)a.cols + a.eps);
@@ -214,7 +180,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                                       out);
             }
         }
-        if (slab == 0 && lane == 0 && a.mean) {
+        if (lane == 0 && a.mean) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (row_ok[r]) {
@@ -226,75 +192,141 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     }
 }
 
-template <typename T, typename P, int TPR, int VEC>
-int ctas_per_sm(int device, gemsops_status *st, int *out)
+// Chan's parallel-variance merge of (nb, mb, m2b) into (n, m, m2).
+template <typename A>
+__device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
+                                           A m2b)
 {
-    static int cache[64];
-    if (device < 64 && cache[device] > 0) {
-        *out = cache[device];
-        return GEMSOPS_OK;
+    const A nab = n + nb;
+    if (nb == A(0)) {
+        return;
     }
-    GEMSOPS_CUDA_CHECK(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                               out, layer_norm_fwd_registers<T, P, TPR, VEC>,
-                               layer_norm_block_threads(TPR), 0));
-    if (*out < 1) {
-        return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                            "layer_norm: kernel cannot be resident on device "
-                            "%d",
-                            device);
-    }
-    if (device < 64) {
-        cache[device] = *out;
-    }
-    return GEMSOPS_OK;
+    const A d = mb - m;
+    const A f = nb / nab;
+    m += d * f;
+    m2 += m2b + d * d * n * f;
+    n = nab;
 }
 
-template <typename T, typename P, int TPR, int VEC>
-int run(const gemsops_layer_norm_fwd_params *p, layer_norm_shape shape,
-        int64_t *workspace_bytes, gemsops_status *st)
+constexpr int kLoopedBlock = 512;
+
+template <typename T, typename P, int VEC>
+__global__ void __launch_bounds__(kLoopedBlock, 2)
+    layer_norm_fwd_looped(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
-    device_facts f;
-    int occ;
-    int occ_scalar;
-    // Both access widths get the same grid, so the workspace plan does not
-    // depend on pointer alignment, and split rows stay co-resident.
-    if (get_device_facts(p->device_id, &f, st) ||
-        ctas_per_sm<T, P, TPR, 16 / sizeof(T)>(p->device_id, st, &occ) ||
-        ctas_per_sm<T, P, TPR, 1>(p->device_id, st, &occ_scalar)) {
-        return st->code;
+    constexpr int U = sizeof(T) == 2 ? 2 : 4;    // accesses per chunk
+    constexpr int STEP = kLoopedBlock * VEC;     // columns between accesses
+    constexpr int CHUNK = STEP * U;
+    constexpr int WARPS = kLoopedBlock / 32;
+    __shared__ A part[3][WARPS];
+    __shared__ A stats[2];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        const T *xr = a.x + row * a.x_stride + threadIdx.x * VEC;
+        A n = 0, mean = 0, m2 = 0;
+        for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
+            const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
+            vec_t<T, VEC> xv[U];
+            A s = 0, cnt = 0;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u * STEP < lim) {
+                    xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        s += to_acc<A>(xv[u].v[v]);
+                    }
+                    cnt += VEC;
+                }
+            }
+            if (cnt == A(0)) {
+                continue;
+            }
+            const A cm = s / cnt;
+            A cm2 = 0;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u * STEP < lim) {
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        const A d = to_acc<A>(xv[u].v[v]) - cm;
+                        cm2 += d * d;
+                    }
+                }
+            }
+            chan_merge(n, mean, m2, cnt, cm, cm2);
+        }
+        // warp: merge down to lane 0 in a fixed order; then warp 0's thread
+        // 0 merges the warps in order (deterministic)
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+            const A nb = __shfl_down_sync(0xffffffffu, n, off);
+            const A mb = __shfl_down_sync(0xffffffffu, mean, off);
+            const A m2b = __shfl_down_sync(0xffffffffu, m2, off);
+            chan_merge(n, mean, m2, nb, mb, m2b);
+        }
+        if (lane == 0) {
+            part[0][warp] = n;
+            part[1][warp] = mean;
+            part[2][warp] = m2;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            A tn = 0, tm = 0, tm2 = 0;
+            for (int w = 0; w < WARPS; w++) {
+                chan_merge(tn, tm, tm2, part[0][w], part[1][w], part[2][w]);
+            }
+            stats[0] = tm;
+            stats[1] = A(1) / sqrt(tm2 / (A)a.cols + a.eps);
+        }
+        __syncthreads();
+        const A mu = stats[0], rstd = stats[1];
+        T *yr = a.y + row * a.y_stride + threadIdx.x * VEC;
+        for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
+            const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u * STEP >= lim) {
+                    continue;
+                }
+                const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
+                const vec_t<T, VEC> xv = load_vec<T, VEC>(xr + c0 + u * STEP);
+                vec_t<P, VEC> wv, bv;
+                if (a.w) {
+                    wv = load_vec<P, VEC>(a.w + c);
+                }
+                if (a.b) {
+                    bv = load_vec<P, VEC>(a.b + c);
+                }
+                A out[VEC];
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    A y = (to_acc<A>(xv.v[v]) - mu) * rstd;
+                    if (a.w) {
+                        y *= to_acc<A>(wv.v[v]);
+                    }
+                    if (a.b) {
+                        y += to_acc<A>(bv.v[v]);
+                    }
+                    out[v] = y;
+                }
+                store_rounded<T, VEC>(yr + c0 + u * STEP, out);
+            }
+        }
+        if (threadIdx.x == 0 && a.mean) {
+            a.mean[row] = mu;
+            a.rstd[row] = rstd;
+        }
+        __syncthreads(); // part[] and stats[] are rewritten for the next row
     }
-    occ = occ < occ_scalar ? occ : occ_scalar;
-    // Rows that fit one CTA: a CTA per row group, not persistent, so the
-    // SM overlaps one CTA's reductions with others' loads. Split rows: a
-    // persistent grid, since a row's CTAs must be co-resident.
-    const int64_t grid =
-        shape.split == 1
-            ? std::min<int64_t>((p->rows + layer_norm_rows_per_step(
-                                               shape, fwd_rows_at_once(TPR, VEC)) -
-                                 1) / layer_norm_rows_per_step(
-                                          shape, fwd_rows_at_once(TPR, VEC)),
-                                (int64_t)1 << 30)
-            : layer_norm_grid(p->rows, shape, fwd_rows_at_once(TPR, VEC), occ,
-                              f.sm_count);
-    const int64_t exchange =
-        layer_norm_split_exchange_bytes(p->rows, shape.split, sizeof(A));
-    if (workspace_bytes) {
-        *workspace_bytes = exchange;
-        return GEMSOPS_OK;
-    }
-    if (grid < shape.split) {
-        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
-                            "layer_norm: a row of %lld elements needs %d "
-                            "co-resident CTAs; device %d holds fewer",
-                            (long long)p->cols, shape.split, p->device_id);
-    }
-    if (p->workspace_bytes < exchange) {
-        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
-                            "layer_norm_fwd: workspace has %lld bytes, the "
-                            "launch needs %lld",
-                            (long long)p->workspace_bytes, (long long)exchange);
-    }
+}
+
+template <typename T, typename P>
+fwd_args<T, P> make_args(const gemsops_layer_norm_fwd_params *p)
+{
+    using A = acc_t<T>;
     fwd_args<T, P> a;
     a.x = static_cast<const T *>(p->x);
     a.y = static_cast<T *>(p->y);
@@ -302,20 +334,39 @@ int run(const gemsops_layer_norm_fwd_params *p, layer_norm_shape shape,
     a.b = static_cast<const P *>(p->bias);
     a.mean = static_cast<A *>(p->mean);
     a.rstd = static_cast<A *>(p->rstd);
-    a.partials = static_cast<A *>(p->workspace);
-    a.counters = reinterpret_cast<unsigned *>(
-        static_cast<char *>(p->workspace) +
-        (exchange ? exchange - p->rows * 4 : 0));
     a.rows = p->rows;
     a.cols = p->cols;
     a.x_stride = p->x_row_stride;
     a.y_stride = p->y_row_stride;
-    a.split = shape.split;
     a.eps = (A)p->eps;
+    return a;
+}
+
+// A CTA per row group (registers) or per row (looped); not persistent.
+inline unsigned fwd_grid(int64_t row_groups)
+{
+    return (unsigned)std::min<int64_t>(row_groups, (int64_t)1 << 30);
+}
+
+template <typename T, typename P, int TPR, int VEC>
+int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
+{
+    const int64_t rows_per_cta = layer_norm_block_threads(TPR) / TPR;
     layer_norm_fwd_registers<T, P, TPR, VEC>
-        <<<(unsigned)grid, layer_norm_block_threads(TPR), 0,
-           (cudaStream_t)p->stream>>>(a);
+        <<<fwd_grid((p->rows + rows_per_cta - 1) / rows_per_cta),
+           layer_norm_block_threads(TPR), 0, (cudaStream_t)p->stream>>>(
+            make_args<T, P>(p));
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_registers");
+    return GEMSOPS_OK;
+}
+
+template <typename T, typename P, int VEC>
+int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
+{
+    layer_norm_fwd_looped<T, P, VEC>
+        <<<fwd_grid(p->rows), kLoopedBlock, 0, (cudaStream_t)p->stream>>>(
+            make_args<T, P>(p));
+    GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
     return GEMSOPS_OK;
 }
 
@@ -335,58 +386,60 @@ bool vector_ok(const gemsops_layer_norm_fwd_params *p)
 }
 
 template <typename T, typename P, int VEC>
-int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, layer_norm_shape s,
-                 int64_t *ws, gemsops_status *st)
+int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, int tpr,
+                 gemsops_status *st)
 {
-    switch (s.tpr) {
-    case 4: return run<T, P, 4, VEC>(p, s, ws, st);
-    case 8: return run<T, P, 8, VEC>(p, s, ws, st);
-    case 16: return run<T, P, 16, VEC>(p, s, ws, st);
-    case 32: return run<T, P, 32, VEC>(p, s, ws, st);
-    case 128: return run<T, P, 128, VEC>(p, s, ws, st);
-    case 256: return run<T, P, 256, VEC>(p, s, ws, st);
+    switch (tpr) {
+    case 4: return run<T, P, 4, VEC>(p, st);
+    case 8: return run<T, P, 8, VEC>(p, st);
+    case 16: return run<T, P, 16, VEC>(p, st);
+    case 32: return run<T, P, 32, VEC>(p, st);
+    case 128: return run<T, P, 128, VEC>(p, st);
+    case 256: return run<T, P, 256, VEC>(p, st);
     case 512:
         if constexpr (fwd_max_tpr<T>() >= 512) {
-            return run<T, P, 512, VEC>(p, s, ws, st);
+            return run<T, P, 512, VEC>(p, st);
         }
         [[fallthrough]];
     default:
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "layer_norm_fwd: no kernel for %d threads/row",
-                            s.tpr);
+                            tpr);
     }
 }
 
 template <typename T, typename P>
-int launch(const gemsops_layer_norm_fwd_params *p, int64_t *ws,
-           gemsops_status *st)
+int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
-    layer_norm_shape s =
-        layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>());
-    if (vector_ok<T, P>(p)) {
-        return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, st);
+    constexpr int V = 16 / sizeof(T);
+    const bool vec = vector_ok<T, P>(p);
+    if (p->cols > (int64_t)fwd_max_tpr<T>() * fwd_elems<T>()) {
+        return vec ? run_looped<T, P, V>(p, st) : run_looped<T, P, 1>(p, st);
     }
-    return dispatch_tpr<T, P, 1>(p, s, ws, st);
+    const int tpr = layer_norm_choose_shape(p->cols, fwd_elems<T>(),
+                                            fwd_max_tpr<T>())
+                        .tpr;
+    return vec ? dispatch_tpr<T, P, V>(p, tpr, st)
+               : dispatch_tpr<T, P, 1>(p, tpr, st);
 }
 
 // The one dtype switch: (input dtype, parameter dtype) -> launcher.
-int dispatch(const gemsops_layer_norm_fwd_params *p, int64_t *ws,
-             gemsops_status *st)
+int dispatch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     const bool same = p->param_dtype == p->dtype;
     switch (p->dtype) {
     case GEMSOPS_FLOAT32:
-        return launch<float, float>(p, ws, st);
+        return launch<float, float>(p, st);
     case GEMSOPS_FLOAT64:
-        return launch<double, double>(p, ws, st);
+        return launch<double, double>(p, st);
     case GEMSOPS_FLOAT16:
-        return same ? launch<__half, __half>(p, ws, st)
-                    : launch<__half, float>(p, ws, st);
+        return same ? launch<__half, __half>(p, st)
+                    : launch<__half, float>(p, st);
     case GEMSOPS_BFLOAT16:
-        return same ? launch<__nv_bfloat16, __nv_bfloat16>(p, ws, st)
-                    : launch<__nv_bfloat16, float>(p, ws, st);
+        return same ? launch<__nv_bfloat16, __nv_bfloat16>(p, st)
+                    : launch<__nv_bfloat16, float>(p, st);
     default:
         return gemsops_fail(st, GEMSOPS_ERR_TYPE,
                             "layer_norm: unsupported dtype %s on CUDA",
@@ -400,12 +453,18 @@ int dispatch(const gemsops_layer_norm_fwd_params *p, int64_t *ws,
 extern "C" int gemsops_layer_norm_fwd_cuda(
     const struct gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
-    return gemsops::dispatch(p, nullptr, st);
+    return gemsops::dispatch(p, st);
 }
 
+// No forward variant needs a workspace today (long rows stream twice
+// instead of exchanging partials between CTAs); the query stays so the
+// Python layer need not know which kernel runs.
 extern "C" int gemsops_layer_norm_fwd_workspace_cuda(
     const struct gemsops_layer_norm_fwd_params *p, int64_t *bytes,
     gemsops_status *st)
 {
-    return gemsops::dispatch(p, bytes, st);
+    (void)p;
+    (void)st;
+    *bytes = 0;
+    return GEMSOPS_OK;
 }

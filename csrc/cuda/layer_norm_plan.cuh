@@ -1,11 +1,13 @@
 // How a LayerNorm launch is shaped, shared by the forward and backward
-// launchers and by the workspace queries (which must agree exactly).
+// launchers and by the backward's workspace query (which must agree
+// exactly with its launch).
 //
 // A row is handled by TPR consecutive threads, each holding E elements in
 // registers (E/VEC accesses of VEC elements). Short rows: TPR < 128, several
-// rows per 128-thread CTA. A row longer than 1024*E is split into `split`
-// slabs, one CTA each; the CTAs of a row group exchange partial sums through
-// global memory (they are co-resident: the grid never exceeds what fits).
+// rows per 128-thread CTA. In the backward, a row longer than max_tpr * E
+// is split into `split` slabs, one CTA each; the CTAs of a row group
+// exchange partial sums through global memory (they are co-resident: the
+// grid never exceeds what fits). The forward streams such rows instead.
 #pragma once
 
 #include "common.cuh"
@@ -77,17 +79,6 @@ inline int64_t layer_norm_grid(int64_t rows, layer_norm_shape s,
     int64_t groups = groups_needed < resident_groups ? groups_needed
                                                      : resident_groups;
     return groups * s.split;
-}
-
-// Workspace for split rows: per (row, slab) two partials, then per-row
-// arrival counters.
-inline int64_t layer_norm_split_exchange_bytes(int64_t rows, int split,
-                                               size_t acc_size)
-{
-    if (split <= 1) {
-        return 0;
-    }
-    return rows * split * 2 * (int64_t)acc_size + rows * 4;
 }
 
 // Publishes this CTA's two partials for `row`, waits until every slab of
