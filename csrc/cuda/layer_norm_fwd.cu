@@ -208,10 +208,10 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
     n = nab;
 }
 
-constexpr int kLoopedBlock = 512;
+constexpr int kLoopedBlock = 256;
 
 template <typename T, typename P, int VEC>
-__global__ void __launch_bounds__(kLoopedBlock, 2)
+__global__ void __launch_bounds__(kLoopedBlock, 4)
     layer_norm_fwd_looped(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
