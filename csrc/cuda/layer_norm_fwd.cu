@@ -208,12 +208,19 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
     n = nab;
 }
 
-constexpr int kLoopedBlock = 256;
+// Threads per row in the looped kernel (measured on an H200): 256 for half
+// rows up to 16384 elements (whole chunks, four CTAs per SM), 512 beyond
+// and for fp32/fp64 (more bytes per chunk for very long rows).
+template <typename T> constexpr int looped_block_for(int64_t cols)
+{
+    return sizeof(T) == 2 && cols <= 16384 ? 256 : 512;
+}
 
-template <typename T, typename P, int VEC>
-__global__ void __launch_bounds__(kLoopedBlock, 4)
+template <typename T, typename P, int VEC, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     layer_norm_fwd_looped(const fwd_args<T, P> a)
 {
+    constexpr int kLoopedBlock = BLOCK;
     using A = acc_t<T>;
     constexpr int U = sizeof(T) == 2 ? 2 : 4;    // accesses per chunk
     constexpr int STEP = kLoopedBlock * VEC;     // columns between accesses
@@ -363,9 +370,15 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 template <typename T, typename P, int VEC>
 int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
-    layer_norm_fwd_looped<T, P, VEC>
-        <<<fwd_grid(p->rows), kLoopedBlock, 0, (cudaStream_t)p->stream>>>(
-            make_args<T, P>(p));
+    cudaStream_t stream = (cudaStream_t)p->stream;
+    if (looped_block_for<T>(p->cols) == 256) {
+        layer_norm_fwd_looped<T, P, VEC, 256>
+            <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
+    }
+    else {
+        layer_norm_fwd_looped<T, P, VEC, 512>
+            <<<fwd_grid(p->rows), 512, 0, stream>>>(make_args<T, P>(p));
+    }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
     return GEMSOPS_OK;
 }
