@@ -34,3 +34,4 @@ int gemsops_tensors_overlap(const struct gemsops_tensor *a,
                             const struct gemsops_tensor *b);
 
 extern PyMethodDef gemsops_layer_norm_methods[];
+extern PyMethodDef gemsops_prod_methods[];

@@ -157,7 +157,8 @@ gemsops_check_no_overlap(const struct gemsops_tensor *const *written,
             continue;
         }
         for (int j = i + 1; j < nw; j++) {
-            if (written[j] && gemsops_tensors_overlap(written[i], written[j])) {
+            if (written[j] &&
+                gemsops_tensors_overlap(written[i], written[j])) {
                 PyErr_Format(PyExc_ValueError,
                              "%s(): outputs '%s' and '%s' overlap in memory",
                              fn, wnames[i], wnames[j]);

@@ -31,7 +31,8 @@ built_with_cuda(PyObject *module, PyObject *unused)
 }
 
 PyDoc_STRVAR(tensor_info_doc,
-"tensor_info(t) -> (dtype, device_type, device_id, shape, strides, address)\n\n"
+"tensor_info(t) -> (dtype, device_type, device_id, shape, strides,\n"
+"                   address)\n\n"
 "What the DLPack boundary sees of `t` (any DLPack producer). For tests.");
 
 static PyObject *
@@ -67,7 +68,10 @@ static PyMethodDef module_methods[] = {
 static int
 module_exec(PyObject *module)
 {
-    return PyModule_AddFunctions(module, gemsops_layer_norm_methods);
+    if (PyModule_AddFunctions(module, gemsops_layer_norm_methods) < 0) {
+        return -1;
+    }
+    return PyModule_AddFunctions(module, gemsops_prod_methods);
 }
 
 static PyModuleDef_Slot module_slots[] = {

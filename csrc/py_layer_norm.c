@@ -193,7 +193,8 @@ check_input(const struct gemsops_tensor *x, const char *fn, const char *arg)
                      fn, arg, gemsops_dtype_name(x->dtype));
         return -1;
     }
-    return gemsops_check_backend(x, fn, arg) || gemsops_check_aligned(x, fn, arg);
+    return gemsops_check_backend(x, fn, arg) ||
+           gemsops_check_aligned(x, fn, arg);
 }
 
 /* ---- forward ---------------------------------------------------------- */
@@ -276,9 +277,7 @@ parse_fwd(PyObject *const *args, int with_outputs,
     p->mean = has_mean ? mean.data : NULL;
     p->rstd = has_rstd ? rstd.data : NULL;
     p->workspace = has_ws ? ws.data : NULL;
-    p->workspace_bytes =
-        has_ws ? gemsops_tensor_numel(&ws) * (int64_t)gemsops_dtype_size(ws.dtype)
-               : 0;
+    p->workspace_bytes = has_ws ? gemsops_tensor_numel(&ws) : 0; /* uint8 */
     return 0;
 }
 
@@ -455,9 +454,7 @@ parse_bwd(PyObject *const *args, int with_outputs,
     p->dweight = has_dw ? dw.data : NULL;
     p->dbias = has_db ? db.data : NULL;
     p->workspace = has_ws ? ws.data : NULL;
-    p->workspace_bytes =
-        has_ws ? gemsops_tensor_numel(&ws) * (int64_t)gemsops_dtype_size(ws.dtype)
-               : 0;
+    p->workspace_bytes = has_ws ? gemsops_tensor_numel(&ws) : 0; /* uint8 */
     return 0;
 }
 

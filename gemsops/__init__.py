@@ -2,6 +2,7 @@
 Stream-K matmul for PyTorch tensors, on CUDA and on the CPU."""
 from . import _C
 from .ops.layer_norm import layer_norm, layer_norm_backward, native_layer_norm
+from .ops.prod import prod
 from . import nn
 
 __version__ = "0.1.0"
@@ -17,5 +18,6 @@ def backends():
     return ("cpu", "cuda") if _C.built_with_cuda() else ("cpu",)
 
 
-__all__ = ["layer_norm", "native_layer_norm", "layer_norm_backward", "nn",
+__all__ = ["layer_norm", "native_layer_norm", "layer_norm_backward", "prod",
+           "nn",
            "cuda_available", "backends"]

@@ -8,32 +8,9 @@
 #include <math.h>
 #include <stdlib.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "convert.h"
 #include "gemsops/layer_norm.h"
-
-static int
-thread_count(void)
-{
-#ifdef _OPENMP
-    return omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
-static int
-thread_index(void)
-{
-#ifdef _OPENMP
-    return omp_get_thread_num();
-#else
-    return 0;
-#endif
-}
+#include "parallel.h"
 
 static gemsops_dtype
 stats_dtype(gemsops_dtype d)
@@ -130,7 +107,7 @@ gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
     const size_t es = gemsops_dtype_size(p->dtype);
     const gemsops_dtype sd = stats_dtype(p->dtype);
     const int want_dwb = p->dweight != NULL || p->dbias != NULL;
-    const int nthreads = thread_count();
+    const int nthreads = gemsops_thread_count();
     double *w = load_param(p->weight, p->param_dtype, n, 1.0);
     double *part = want_dwb ? calloc((size_t)nthreads * 2 * (n ? n : 1),
                                      sizeof *part)
@@ -142,7 +119,8 @@ gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
         double *xh = failed ? NULL : malloc(2 * (n ? n : 1) * sizeof *xh);
         failed |= xh == NULL;
         double *dy = xh ? xh + n : NULL;
-        double *mine = part ? part + (size_t)thread_index() * 2 * n : NULL;
+        double *mine =
+            part ? part + (size_t)gemsops_thread_index() * 2 * n : NULL;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < p->rows; r++) {
             if (xh == NULL) {

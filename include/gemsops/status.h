@@ -13,7 +13,7 @@ typedef enum gemsops_status_code {
     GEMSOPS_ERR_TYPE,    /* -> TypeError    (wrong dtype or kind of object) */
     GEMSOPS_ERR_VALUE,   /* -> ValueError   (shape, size, layout)           */
     GEMSOPS_ERR_INDEX,   /* -> IndexError   (dimension out of range)         */
-    GEMSOPS_ERR_RUNTIME, /* -> RuntimeError (CUDA failure, missing backend)   */
+    GEMSOPS_ERR_RUNTIME, /* -> RuntimeError (CUDA failure, no backend)     */
 } gemsops_status_code;
 
 #define GEMSOPS_STATUS_MESSAGE_LEN 512

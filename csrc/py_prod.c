@@ -1,0 +1,222 @@
+/* Python boundary of prod: parse, validate, dispatch. The Python layer
+ * (gemsops/ops/prod.py) applies dtype=, picks the output dtype and shape,
+ * and allocates; everything it passes is checked again here. */
+#include "boundary.h" /* Python.h first: it sets feature macros */
+#include "checks.h"
+#include "gemsops/prod.h"
+
+#include <string.h>
+
+static int
+parse_dim(PyObject *obj, const struct gemsops_tensor *x, const char *fn,
+          int *dim)
+{
+    if (obj == Py_None) {
+        *dim = -1;
+        return 0;
+    }
+    long d = PyLong_AsLong(obj);
+    if (d == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (d < 0 || d >= x->ndim) {
+        PyErr_Format(PyExc_IndexError,
+                     "%s(): dim=%ld is out of range for a tensor of %d "
+                     "dimensions (the Python layer normalises negative dims)",
+                     fn, d, x->ndim);
+        return -1;
+    }
+    *dim = (int)d;
+    return 0;
+}
+
+static int
+is_float(gemsops_dtype d)
+{
+    return d == GEMSOPS_FLOAT32 || d == GEMSOPS_FLOAT64 ||
+           d == GEMSOPS_FLOAT16 || d == GEMSOPS_BFLOAT16;
+}
+
+static int
+check_input(const struct gemsops_tensor *x, const char *fn)
+{
+    if (x->dtype == GEMSOPS_DTYPE_UNSUPPORTED) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): argument 'input' has a dtype gemsops does not "
+                     "support (complex and 8-bit floats are not)",
+                     fn);
+        return -1;
+    }
+    return gemsops_check_backend(x, fn, "input") ||
+           gemsops_check_aligned(x, fn, "input");
+}
+
+/* numel of the output: the kept dims' product (1 for the full product) */
+static int64_t
+kept_numel(const struct gemsops_tensor *x, int dim)
+{
+    int64_t n = 1;
+    for (int d = 0; dim >= 0 && d < x->ndim; d++) {
+        n *= d == dim ? 1 : x->sizes[d];
+    }
+    return n;
+}
+
+static int
+check_kept(const struct gemsops_tensor *t, const struct gemsops_tensor *x,
+           int dim, gemsops_dtype want, const char *fn, const char *arg)
+{
+    if (t->dtype != want) {
+        PyErr_Format(PyExc_TypeError, "%s(): argument '%s' has dtype %s; "
+                     "expected %s", fn, arg, gemsops_dtype_name(t->dtype),
+                     gemsops_dtype_name(want));
+        return -1;
+    }
+    if (gemsops_tensor_numel(t) != kept_numel(x, dim)) {
+        PyErr_Format(PyExc_ValueError, "%s(): argument '%s' has %lld "
+                     "elements; expected %lld", fn, arg,
+                     (long long)gemsops_tensor_numel(t),
+                     (long long)kept_numel(x, dim));
+        return -1;
+    }
+    return gemsops_check_device(t, x, fn, arg, "input") ||
+           gemsops_check_contiguous(t, fn, arg) ||
+           gemsops_check_aligned(t, fn, arg);
+}
+
+/* grad_in: input's dtype, contiguous, same device (shape checked apart) */
+static int
+check_like_input(const struct gemsops_tensor *t,
+                 const struct gemsops_tensor *x, const char *fn,
+                 const char *arg)
+{
+    if (t->dtype != x->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s(): argument '%s' has dtype %s; "
+                     "expected %s", fn, arg, gemsops_dtype_name(t->dtype),
+                     gemsops_dtype_name(x->dtype));
+        return -1;
+    }
+    return gemsops_check_device(t, x, fn, arg, "input") ||
+           gemsops_check_contiguous(t, fn, arg) ||
+           gemsops_check_aligned(t, fn, arg);
+}
+
+static int
+dispatch_backend(const struct gemsops_tensor *x, const char *fn)
+{
+    if (x->device_type == GEMSOPS_CUDA) {
+        PyErr_Format(PyExc_NotImplementedError,
+                     "%s(): CUDA kernels for prod are not written yet; CPU "
+                     "tensors only",
+                     fn);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(prod_doc,
+"prod(input, dim, out) -> None\n\n"
+"Product of `input` over all elements (dim=None) or along `dim` (in\n"
+"[0, ndim)) into the contiguous `out` (the kept dims; int64 for bool and\n"
+"integer input, else input's dtype). Any strides.");
+
+static PyObject *
+prod(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    const char *fn = "prod";
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "prod() takes 3 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    struct gemsops_prod_params p;
+    struct gemsops_tensor out;
+    memset(&p, 0, sizeof p);
+    if (gemsops_tensor_from_object(args[0], fn, "input", &p.x, NULL) ||
+        check_input(&p.x, fn) || parse_dim(args[1], &p.x, fn, &p.dim) ||
+        gemsops_tensor_from_object(args[2], fn, "out", &out, NULL)) {
+        return NULL;
+    }
+    p.out_dtype = is_float(p.x.dtype) ? p.x.dtype : GEMSOPS_INT64;
+    const struct gemsops_tensor *w[] = {&out};
+    const struct gemsops_tensor *r[] = {&p.x};
+    const char *wn[] = {"out"}, *rn[] = {"input"};
+    if (check_kept(&out, &p.x, p.dim, p.out_dtype, fn, "out") ||
+        gemsops_check_no_overlap(w, wn, 1, r, rn, 1, fn) ||
+        dispatch_backend(&p.x, fn)) {
+        return NULL;
+    }
+    p.out = out.data;
+    gemsops_status st = {GEMSOPS_OK, ""};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = gemsops_prod_cpu(&p, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != GEMSOPS_OK) {
+        return gemsops_raise(&st);
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(prod_bwd_doc,
+"prod_bwd(input, dim, grad_out, grad_in) -> None\n\n"
+"grad_in = grad_out * (product of the other elements of each line), by\n"
+"exclusive prefix and suffix products: exact with zeros, no division.\n"
+"input: float dtype; grad_out: contiguous kept dims; grad_in: contiguous,\n"
+"input's shape and dtype.");
+
+static PyObject *
+prod_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    const char *fn = "prod_backward";
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "prod_bwd() takes 4 arguments (%zd "
+                     "given)", nargs);
+        return NULL;
+    }
+    struct gemsops_prod_bwd_params p;
+    struct gemsops_tensor g, gi;
+    memset(&p, 0, sizeof p);
+    if (gemsops_tensor_from_object(args[0], fn, "input", &p.x, NULL) ||
+        check_input(&p.x, fn) || parse_dim(args[1], &p.x, fn, &p.dim) ||
+        gemsops_tensor_from_object(args[2], fn, "grad_out", &g, NULL) ||
+        gemsops_tensor_from_object(args[3], fn, "grad_in", &gi, NULL)) {
+        return NULL;
+    }
+    if (!is_float(p.x.dtype)) {
+        PyErr_Format(PyExc_TypeError, "%s(): only floating point inputs "
+                     "have gradients, got %s", fn,
+                     gemsops_dtype_name(p.x.dtype));
+        return NULL;
+    }
+    const struct gemsops_tensor *w[] = {&gi};
+    const struct gemsops_tensor *r[] = {&p.x, &g};
+    const char *wn[] = {"grad_in"}, *rn[] = {"input", "grad_out"};
+    if (check_kept(&g, &p.x, p.dim, p.x.dtype, fn, "grad_out") ||
+        gemsops_check_same_shape(&gi, &p.x, fn, "grad_in", "input") ||
+        check_like_input(&gi, &p.x, fn, "grad_in") ||
+        gemsops_check_no_overlap(w, wn, 1, r, rn, 2, fn) ||
+        dispatch_backend(&p.x, fn)) {
+        return NULL;
+    }
+    p.grad_out = g.data;
+    p.grad_in = gi.data;
+    gemsops_status st = {GEMSOPS_OK, ""};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = gemsops_prod_bwd_cpu(&p, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != GEMSOPS_OK) {
+        return gemsops_raise(&st);
+    }
+    Py_RETURN_NONE;
+}
+
+PyMethodDef gemsops_prod_methods[] = {
+    {"prod", (PyCFunction)(void (*)(void))prod, METH_FASTCALL, prod_doc},
+    {"prod_bwd", (PyCFunction)(void (*)(void))prod_bwd, METH_FASTCALL,
+     prod_bwd_doc},
+    {NULL, NULL, 0, NULL},
+};

@@ -1,0 +1,76 @@
+"""prod: torch.prod's signatures and dtype rules over gemsops._C.
+
+Result dtypes as torch: bool and integer inputs give int64 (wrapping like
+torch's int64 products); float inputs keep their dtype; dtype= casts the
+input before multiplying. The backward is zero-safe: exclusive prefix and
+suffix products, no division by x and no host sync."""
+import torch
+
+from .. import _C
+
+
+def _out_dtype(dtype):
+    return dtype if dtype.is_floating_point else torch.int64
+
+
+def _normalize_dim(dim, ndim):
+    n = max(ndim, 1)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        raise TypeError(f"prod(): argument 'dim' must be int, not "
+                        f"{type(dim).__name__}")
+    if not -n <= dim < n:
+        raise IndexError(f"prod(): Dimension out of range (expected to be in "
+                         f"range of [{-n}, {n - 1}], but got {dim})")
+    return dim % n
+
+
+def _forward(x, dim):
+    """x: at least 1-D; dim: None or normalised. Returns the kept-dims
+    result (no keepdim)."""
+    if dim is None:
+        out = torch.empty((), dtype=_out_dtype(x.dtype), device=x.device)
+    else:
+        kept = x.shape[:dim] + x.shape[dim + 1:]
+        out = torch.empty(kept, dtype=_out_dtype(x.dtype), device=x.device)
+    _C.prod(x, dim, out)
+    return out
+
+
+class ProdFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim):
+        ctx.dim = dim
+        ctx.save_for_backward(x)
+        return _forward(x, dim)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        grad_in = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        _C.prod_bwd(x, ctx.dim, grad.contiguous(), grad_in)
+        return grad_in, None
+
+
+def prod(input, dim=None, keepdim=False, *, dtype=None):
+    """gemsops.prod(input, *, dtype=None) -> 0-d tensor;
+    gemsops.prod(input, dim, keepdim=False, *, dtype=None)."""
+    if not isinstance(input, torch.Tensor):
+        raise TypeError("prod(): argument 'input' must be a Tensor, not "
+                        f"{type(input).__name__}")
+    if input.is_complex():
+        raise TypeError(f"prod(): complex input ({input.dtype}) is not "
+                        "supported by gemsops")
+    if dtype is not None:
+        input = input.to(dtype)
+    x = input.reshape(1) if input.dim() == 0 else input
+    d = None if dim is None else _normalize_dim(dim, input.dim())
+    if (torch.is_grad_enabled() and input.requires_grad
+            and input.is_floating_point()):
+        out = ProdFunction.apply(x, d)
+    else:
+        out = _forward(x, d)
+    if d is not None and input.dim() == 0:
+        return out.reshape(())
+    if d is not None and keepdim:
+        out = out.unsqueeze(d)
+    return out
