@@ -81,14 +81,15 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
         x = x.contiguous()
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     mean = rstd = None
-    if want_stats:
+    if want_stats:  # two allocations cost less than one plus two views
         rows = math.prod(x.shape[:x.dim() - nd])
-        stats = torch.empty(2, rows, dtype=_stats_dtype(x.dtype),
-                            device=x.device)
-        mean, rstd = stats[0], stats[1]
+        sd = _stats_dtype(x.dtype)
+        mean = torch.empty(rows, dtype=sd, device=x.device)
+        rstd = torch.empty(rows, dtype=sd, device=x.device)
     if x.numel() == 0:
-        if want_stats:
-            stats.fill_(float("nan"))  # 0/0, as torch reports for empty rows
+        if want_stats:  # 0/0, as torch reports for empty rows
+            mean.fill_(float("nan"))
+            rstd.fill_(float("nan"))
         return out, mean, rstd
     ws = None
     if x.is_cuda:
