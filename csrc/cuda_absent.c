@@ -3,6 +3,7 @@
  * gemsops_built_with_cuda() first, so these are a second line. */
 #include "boundary.h"
 #include "gemsops/layer_norm.h"
+#include "gemsops/prod.h"
 
 int
 gemsops_built_with_cuda(void)
@@ -51,6 +52,39 @@ int
 gemsops_layer_norm_bwd_workspace_cuda(
     const struct gemsops_layer_norm_bwd_params *p, int64_t *bytes,
     gemsops_status *st)
+{
+    (void)p;
+    *bytes = 0;
+    return GEMSOPS_NO_CUDA(st);
+}
+
+int
+gemsops_prod_cuda(const struct gemsops_prod_params *p, gemsops_status *st)
+{
+    (void)p;
+    return GEMSOPS_NO_CUDA(st);
+}
+
+int
+gemsops_prod_bwd_cuda(const struct gemsops_prod_bwd_params *p,
+                      gemsops_status *st)
+{
+    (void)p;
+    return GEMSOPS_NO_CUDA(st);
+}
+
+int
+gemsops_prod_workspace_cuda(const struct gemsops_prod_params *p,
+                            int64_t *bytes, gemsops_status *st)
+{
+    (void)p;
+    *bytes = 0;
+    return GEMSOPS_NO_CUDA(st);
+}
+
+int
+gemsops_prod_bwd_workspace_cuda(const struct gemsops_prod_bwd_params *p,
+                                int64_t *bytes, gemsops_status *st)
 {
     (void)p;
     *bytes = 0;

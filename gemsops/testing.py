@@ -14,6 +14,9 @@ upcast inputs. Two criteria:
   worse than torch's own (computed the same way), with 5% slack: two
   correct implementations that round in different places trade the last
   bit back and forth.
+* products: each output is a chain of n multiplications in the
+  accumulation type (fp32, or fp64 for fp64), whose rounding errors walk
+  like sqrt(n) ulps; `chain_len=n` widens rtol by 4 sqrt(n) ulps of it.
 """
 import math
 
@@ -37,7 +40,8 @@ def rel_error(out, ref):
     return diff.norm().item() / (denom if denom > 0 else 1.0)
 
 
-def assert_close(out, ref, dtype, *, reduce_len=1, torch_out=None, name="out"):
+def assert_close(out, ref, dtype, *, reduce_len=1, chain_len=1, torch_out=None,
+                 name="out"):
     """out: gemsops' result; ref: float64 reference; torch_out: torch's own
     result on the same inputs (optional, for the half-type criterion)."""
     assert out.shape == ref.shape, f"{name}: shape {out.shape} != {ref.shape}"
@@ -45,14 +49,18 @@ def assert_close(out, ref, dtype, *, reduce_len=1, torch_out=None, name="out"):
         f"{name}: NaN in output (unwritten element?)"
     tol = TOLERANCES[dtype]
     atol = tol["atol"] * math.sqrt(max(reduce_len, 1))
+    acc_eps = torch.finfo(torch.float64 if dtype == torch.float64
+                          else torch.float32).eps
+    rtol = tol["rtol"] + (4 * math.sqrt(chain_len) * acc_eps
+                          if chain_len > 1 else 0.0)
     o, r = out.double().cpu(), ref.double().cpu()
-    bad = (o - r).abs() > atol + tol["rtol"] * r.abs()
+    bad = (o - r).abs() > atol + rtol * r.abs()
     bad &= ~(torch.isnan(o) & torch.isnan(r))
     if bad.any():
         i = bad.nonzero()[0].tolist()
         raise AssertionError(
             f"{name}: {int(bad.sum())} of {o.numel()} elements out of "
-            f"tolerance (rtol={tol['rtol']}, atol={atol:.3g}); first at {i}: "
+            f"tolerance (rtol={rtol:.3g}, atol={atol:.3g}); first at {i}: "
             f"got {o[tuple(i)].item()!r}, expected {r[tuple(i)].item()!r}")
     if torch_out is not None and dtype in HALF_TYPES:
         ours, theirs = rel_error(o, r), rel_error(torch_out.cpu(), r)

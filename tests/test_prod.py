@@ -1,20 +1,20 @@
-"""prod forward and zero-safe backward against float64 references (CPU;
-the CUDA kernels are not written yet, see the README)."""
+"""prod forward and zero-safe backward against float64 references, on the
+CPU and (tests taking `device`, marked `cuda` there) on CUDA."""
 import pytest
 import torch
 
 import gemsops
-from gemsops.testing import assert_close
+from gemsops.testing import assert_close, poison_
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 
-def near_one(shape, dtype, signed=True):
+def near_one(shape, dtype, signed=True, device="cpu"):
     """Magnitudes in [0.9, 1.1] so long products stay finite; random signs."""
     x = torch.empty(shape, dtype=torch.float64).uniform_(0.9, 1.1)
     if signed:
         x *= torch.randint(0, 2, shape, dtype=torch.float64) * 2 - 1
-    return x.to(dtype)
+    return x.to(dtype).to(device)
 
 
 def ref_prod(x, dim=None, keepdim=False):
@@ -25,8 +25,8 @@ def ref_prod(x, dim=None, keepdim=False):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("dim", [0, 1, 2, 3, -1, -4])
 @pytest.mark.parametrize("keepdim", [False, True])
-def test_every_dim_of_4d(dtype, dim, keepdim):
-    x = near_one((5, 6, 7, 8), dtype)
+def test_every_dim_of_4d(dtype, dim, keepdim, device):
+    x = near_one((5, 6, 7, 8), dtype, device=device)
     out = gemsops.prod(x, dim, keepdim)
     assert out.dtype == dtype
     assert out.shape == torch.prod(x, dim, keepdim).shape
@@ -38,26 +38,26 @@ def test_every_dim_of_4d(dtype, dim, keepdim):
                                        ((4096, 256), 0), ((200, 2560, 3), 1),
                                        ((200, 40999, 3), 1), ((1, 2), None)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_shapes(shape, dim, dtype):
-    x = near_one(shape, dtype)
+def test_shapes(shape, dim, dtype, device):
+    x = near_one(shape, dtype, device=device)
     out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
-    assert_close(out, ref_prod(x, dim), dtype)
+    n = x.numel() if dim is None else shape[dim]
+    assert_close(out, ref_prod(x, dim), dtype, chain_len=n)
 
 
-def test_full_reduction_2_27_elements():
-    x = near_one((1 << 27,), torch.float32, signed=False)
+def test_full_reduction_2_27_elements(device):
+    x = near_one((1 << 27,), torch.float32, signed=False, device=device)
     x /= x.double().log().mean().exp().float()  # keep the product O(1)
     out = gemsops.prod(x)
     assert out.shape == () and out.dtype == torch.float32
-    ref = ref_prod(x)
-    assert abs(out.item() - ref.item()) <= 1e-4 * abs(ref.item()) + 1e-30
+    assert_close(out, ref_prod(x), torch.float32, chain_len=x.numel())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("zeros", [0, 1, 2])
 @pytest.mark.parametrize("dim", [None, 0, 1])
-def test_backward_with_zeros(dtype, zeros, dim):
-    x = near_one((6, 9), dtype)
+def test_backward_with_zeros(dtype, zeros, dim, device):
+    x = near_one((6, 9), dtype, device=device)
     for k in range(zeros):  # zeros in the same line (dim 1 line 2 / dim 0 col 4)
         if dim == 0:
             x[1 + 2 * k, 4] = 0
@@ -65,7 +65,7 @@ def test_backward_with_zeros(dtype, zeros, dim):
             x[2, 1 + 3 * k] = 0
     x.requires_grad_()
     out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
-    g = torch.randn(out.shape, dtype=dtype)
+    g = torch.randn(out.shape, dtype=dtype, device=device)
     out.backward(g)
     xd = x.detach().double().requires_grad_()
     ref = xd.prod() if dim is None else xd.prod(dim)
@@ -76,33 +76,35 @@ def test_backward_with_zeros(dtype, zeros, dim):
         assert (x.grad != 0).any()
 
 
-def test_backward_keepdim_and_noncontiguous():
-    base = near_one((7, 10, 5), torch.float32)
+def test_backward_keepdim_and_noncontiguous(device):
+    base = near_one((7, 10, 5), torch.float32, device=device)
     x = base.transpose(0, 2)[:, ::2].requires_grad_()  # strides, no copy
     out = gemsops.prod(x, 1, keepdim=True)
-    g = torch.randn(out.shape)
+    g = torch.randn(out.shape, device=device)
     out.backward(g)
     xd = x.detach().double().requires_grad_()
     xd.prod(1, keepdim=True).backward(g.double())
     assert_close(x.grad, xd.grad, torch.float32)
 
 
-def test_inf_and_nan_propagate():
+def test_inf_and_nan_propagate(device):
     x = torch.tensor([[1.0, float("inf"), 2.0], [1.0, float("nan"), 0.0],
-                      [0.0, float("inf"), 1.0], [-1.0, float("inf"), 3.0]])
+                      [0.0, float("inf"), 1.0], [-1.0, float("inf"), 3.0]],
+                     device=device)
     torch.testing.assert_close(gemsops.prod(x, 1), torch.prod(x, 1),
                                equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8,
                                    torch.int16, torch.int32, torch.int64])
-def test_integer_inputs_give_int64_with_wraparound(dtype):
+def test_integer_inputs_give_int64_with_wraparound(dtype, device):
     if dtype == torch.bool:
         x = torch.rand(40, 50) > 0.1
     else:
         hi = 4 if dtype == torch.uint8 else 7
         lo = 0 if dtype == torch.uint8 else -7
         x = torch.randint(lo, hi, (40, 50), dtype=dtype)
+    x = x.to(device)
     for dim in (None, 0, 1):
         ours = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
         theirs = torch.prod(x) if dim is None else torch.prod(x, dim)
@@ -110,25 +112,27 @@ def test_integer_inputs_give_int64_with_wraparound(dtype):
         assert torch.equal(ours, theirs)  # exact, wrap-around included
 
 
-def test_dtype_argument_casts_first():
-    x = near_one((30, 40), torch.float32)
+def test_dtype_argument_casts_first(device):
+    x = near_one((30, 40), torch.float32, device=device)
     out = gemsops.prod(x, 1, dtype=torch.float64)
     assert out.dtype == torch.float64
     assert_close(out, ref_prod(x, 1), torch.float64)
-    i = torch.randint(-3, 4, (20, 30), dtype=torch.int32)
+    i = torch.randint(-3, 4, (20, 30), dtype=torch.int32, device=device)
     assert torch.equal(gemsops.prod(i, 0, dtype=torch.float32),
                        torch.prod(i, 0, dtype=torch.float32))
 
 
-def test_empty():
-    assert gemsops.prod(torch.empty(0)).item() == 1.0
-    assert torch.equal(gemsops.prod(torch.empty(3, 0), 1), torch.ones(3))
-    assert gemsops.prod(torch.empty(0, 4), 1).shape == (0,)
-    assert gemsops.prod(torch.empty(0, dtype=torch.int32)).item() == 1
+def test_empty(device):
+    d = device
+    assert gemsops.prod(torch.empty(0, device=d)).item() == 1.0
+    assert torch.equal(gemsops.prod(torch.empty(3, 0, device=d), 1),
+                       torch.ones(3, device=d))
+    assert gemsops.prod(torch.empty(0, 4, device=d), 1).shape == (0,)
+    assert gemsops.prod(torch.empty(0, dtype=torch.int32, device=d)).item() == 1
 
 
-def test_zero_dim_input():
-    x = torch.tensor(3.5)
+def test_zero_dim_input(device):
+    x = torch.tensor(3.5, device=device)
     assert gemsops.prod(x).item() == 3.5
     assert gemsops.prod(x, 0).shape == () and gemsops.prod(x, -1).item() == 3.5
 
@@ -145,12 +149,164 @@ def test_errors():
         gemsops.prod(x, 1.0)
     out = torch.empty(3)
     with pytest.raises(TypeError, match="'out' has dtype float32; expected int64"):
-        gemsops._C.prod(torch.ones(3, 4, dtype=torch.int32), 1, out)
+        gemsops._C.prod(torch.ones(3, 4, dtype=torch.int32), 1, out, None)
     with pytest.raises(ValueError, match="'out' has 4 elements; expected 3"):
-        gemsops._C.prod(x, 1, torch.empty(4))
+        gemsops._C.prod(x, 1, torch.empty(4), None)
     with pytest.raises(IndexError, match="dim=5"):
-        gemsops._C.prod(x, 5, torch.empty(3))
+        gemsops._C.prod(x, 5, torch.empty(3), None)
     with pytest.raises(TypeError, match="only floating point inputs"):
         gemsops._C.prod_bwd(torch.ones(3, 4, dtype=torch.int64), 1,
                             torch.ones(3, dtype=torch.int64),
-                            torch.empty(3, 4, dtype=torch.int64))
+                            torch.empty(3, 4, dtype=torch.int64), None)
+    with pytest.raises(TypeError, match="'workspace' must be uint8"):
+        gemsops._C.prod(x, 1, torch.empty(3), torch.empty(4))
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        gemsops._C.prod(x, 1, torch.empty(3))
+
+
+def unit_lines(shape, dim, dtype, device):
+    """Near-one values with random signs, scaled so that the product of
+    every line along `dim` (of everything when dim is None) is about +-1:
+    long lines neither overflow nor underflow."""
+    x = near_one(shape, torch.float64)
+    logs = x.abs().log()
+    mean = logs.mean() if dim is None else logs.mean(dim, keepdim=True)
+    return (x.sign() * (logs - mean).exp()).to(dtype).to(device)
+
+
+# (shape, dim, view): each row reaches one kernel layout or planning branch
+LAYOUTS = [
+    ((3000, 64), 1, None),             # rows: several rows per warp
+    ((4, 300000), 1, None),            # rows: one row split over CTAs
+    ((1 << 22,), None, None),          # full, dense: split row + combine
+    ((300, 200), None, "t"),           # full of a permuted dense view
+    ((300, 200), None, "step"),        # full, not dense: lines + combine
+    ((4096, 64), 0, None),             # cols, dim 0, split down the column
+    ((8, 3000, 40), 1, None),          # cols, middle dim
+    ((5, 999, 7), 1, None),            # cols, unaligned: scalar accesses
+    ((40, 30, 20), 0, "perm"),         # generic: kept dims do not chain
+    ((50, 60), 0, "expand"),           # a zero stride
+    ((65, 64), 1, "offset"),           # storage offset: misaligned base
+]
+
+
+def make_view(x, view):
+    if view == "t":
+        return x.t()
+    if view == "step":
+        return x[:, ::2]
+    if view == "perm":
+        return x.permute(2, 0, 1)
+    if view == "expand":
+        return x[:1].expand(x.shape)
+    if view == "offset":
+        return x[1:]
+    return x
+
+
+@pytest.mark.parametrize("shape,dim,view", LAYOUTS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_layouts(shape, dim, view, dtype, device):
+    x = make_view(unit_lines(shape, dim, torch.float64, device), view)
+    x = x.to(dtype)
+    out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
+    n = x.numel() if dim is None else x.shape[dim]
+    assert_close(out, ref_prod(x, dim), dtype, chain_len=n)
+
+
+@pytest.mark.parametrize("shape,dim", [((3, 70000), 1), ((1000, 10), 1),
+                                       ((5000, 4), 0), ((2, 3000, 64), 1),
+                                       ((100003,), None), ((7, 4097), 1),
+                                       ((33, 5, 3), 1)])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_layouts_with_zeros(shape, dim, dtype, device):
+    x = unit_lines(shape, dim, dtype, device)
+    # lines as rows: the first gets one zero, the last two far apart
+    d = 0 if dim is None else dim
+    lines = x.reshape(-1) if dim is None else x.movedim(d, -1)
+    lines = lines.reshape(-1, lines.shape[-1]).clone()
+    n_len = lines.shape[1]
+    lines[0, n_len // 2] = 0
+    if lines.shape[0] > 1:
+        lines[-1, 1] = lines[-1, n_len - 2] = 0
+    if dim is None:
+        x = lines.reshape(shape)
+    else:
+        moved = list(x.movedim(d, -1).shape)
+        x = lines.reshape(moved).movedim(-1, d).contiguous()
+    n = x.numel()
+    x.requires_grad_()
+    out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
+    g = torch.randn(out.shape, dtype=dtype, device=device)
+    out.backward(g)
+    xd = x.detach().double().requires_grad_()
+    (xd.prod() if dim is None else xd.prod(dim)).backward(g.double())
+    chain = n if dim is None else shape[dim]
+    assert_close(x.grad, xd.grad, dtype, chain_len=chain, name="grad")
+
+
+def test_poisoned_out_and_workspace_are_overwritten(device):
+    for shape, dim in [((4, 300000), 1), ((4096, 64), 0), ((1 << 20,), None)]:
+        x = unit_lines(shape, dim, torch.float32, device)
+        kept = () if dim is None else shape[:dim] + shape[dim + 1:]
+        out = poison_(torch.empty(kept, device=device))
+        nbytes = gemsops._C.prod_workspace(x, dim)
+        assert nbytes >= 0 and (device == "cuda") >= (nbytes > 0)
+        ws = torch.full((max(nbytes, 16),), 0xFF, dtype=torch.uint8,
+                        device=device)  # 0xFFFFFFFF is a NaN in fp32
+        gemsops._C.prod(x, dim, out, ws)
+        n = x.numel() if dim is None else shape[dim]
+        assert_close(out, ref_prod(x, dim), torch.float32, chain_len=n)
+        gi = poison_(torch.empty_like(x))
+        nbytes = gemsops._C.prod_bwd_workspace(x, dim)
+        ws = torch.full((max(nbytes, 16),), 0xFF, dtype=torch.uint8,
+                        device=device)
+        g = torch.randn(kept, device=device)
+        gemsops._C.prod_bwd(x, dim, g, gi, ws)
+        xd = x.double().requires_grad_()
+        (xd.prod() if dim is None else xd.prod(dim)).backward(g.double())
+        assert_close(gi, xd.grad, torch.float32, chain_len=n, name="grad")
+
+
+def test_repeatable_bitwise(device):
+    """Partials are combined in a fixed order: no run-to-run change."""
+    for shape, dim in [((4, 300000), 1), ((4096, 64), 0), ((1 << 22,), None)]:
+        x = unit_lines(shape, dim, torch.float32, device)
+        a = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
+        b = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.bool])
+@pytest.mark.parametrize("shape,dim", [((3, 100000), 1), ((100000, 3), 0),
+                                       ((1 << 20,), None)])
+def test_long_integer_lines_exact(dtype, shape, dim, device):
+    if dtype == torch.bool:
+        x = torch.rand(shape) > 1e-6
+    elif dtype == torch.uint8:
+        x = torch.randint(1, 3, shape, dtype=dtype)  # wraps to 0 mod 2^64
+    else:
+        x = torch.randint(-1, 2, shape, dtype=dtype)
+        x[x == 0] = 3  # products of +-1 and 3: int64 wrap-around
+    x = x.to(device)
+    ours = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
+    theirs = torch.prod(x) if dim is None else torch.prod(x, dim)
+    assert torch.equal(ours, theirs)
+
+
+@pytest.mark.cuda
+def test_cuda_workspace_too_small_is_an_error():
+    x = torch.randn(4, 300000, device="cuda")
+    need = gemsops._C.prod_workspace(x, 1)
+    assert need > 0
+    small = torch.empty(16, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="workspace of 16 bytes is too small"):
+        gemsops._C.prod(x, 1, torch.empty(4, device="cuda"), small)
+
+
+@pytest.mark.cuda
+def test_cuda_backward_of_noncontiguous_input_is_refused_at_C():
+    x = torch.randn(30, 40, device="cuda").t()
+    with pytest.raises(ValueError, match="contiguous"):
+        gemsops._C.prod_bwd(x, 1, torch.ones(40, device="cuda"),
+                            torch.empty(40, 30, device="cuda"), None)

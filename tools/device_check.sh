@@ -1,13 +1,17 @@
 #!/bin/bash
 # Everything one device call does: build for Hopper, run the CUDA tests,
 # then the benchmarks. Logs land in $OUT (the device tool brings them back).
-# usage: GEMSOPS_COMMIT=<sha> bash tools/device_check.sh [tests|bench|all] [pytest -k expr]
+# usage: GEMSOPS_COMMIT=<sha> bash tools/device_check.sh [tests|bench|all]
+#   TEST_K / BENCH_K: pytest -k expressions for the tests / the benchmarks
+#   BENCH_FILES: benchmark scripts (default: every benchmark/test_*_perf.py)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gemsops_out}
 mkdir -p "$OUT"
 what=${1:-all}
-kexpr=${2:-}
+TEST_K=${TEST_K:-}
+BENCH_K=${BENCH_K:-}
+BENCH_FILES=${BENCH_FILES:-$(cd benchmark && ls test_*_perf.py)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 # peers (FlagGems, Liger) travel as wheels in .whl/ (see README, Benchmarks)
@@ -21,10 +25,10 @@ echo "build: $(( $(date +%s) - t0 )) s"
 grep -iE "warning|error" "$OUT/build.log" | grep -v Setuptools | head -20
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "$what" = tests ] || [ "$what" = all ]; then
-    python3 -m pytest tests -m cuda -q -x ${kexpr:+-k "$kexpr"} 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
+    python3 -m pytest tests -m cuda -q -x ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 benchmark/host_cost.py 2>&1 | tee "$OUT/host_cost.log"
-    (cd benchmark && python3 -m pytest test_layer_norm_perf.py ${kexpr:+-k "$kexpr"} 2>&1) | tee "$OUT/bench.log" | grep -vE "^(platform|rootdir|configfile|plugins|collected)"
+    (cd benchmark && python3 -m pytest $BENCH_FILES ${BENCH_K:+-k "$BENCH_K"} 2>&1) | tee "$OUT/bench.log" | grep -vE "^(platform|rootdir|configfile|plugins|collected)"
     cp benchmark/results/*.json "$OUT/" 2>/dev/null
 fi

@@ -8,6 +8,24 @@ import torch
 
 from .. import _C
 
+# workspace bytes per (dtype, shape, strides, dim, device): planned once by
+# C (the plan depends on the device's SM count), then reused
+_fwd_ws = {}
+_bwd_ws = {}
+
+
+def _workspace(cache, query, x, dim):
+    if not x.is_cuda:
+        return None
+    key = (x.dtype, x.shape, x.stride(), dim, x.device.index,
+           x.data_ptr() % 16)
+    nbytes = cache.get(key)
+    if nbytes is None:
+        nbytes = cache[key] = query(x, dim)
+    if not nbytes:
+        return None
+    return torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+
 
 def _out_dtype(dtype):
     return dtype if dtype.is_floating_point else torch.int64
@@ -32,7 +50,7 @@ def _forward(x, dim):
     else:
         kept = x.shape[:dim] + x.shape[dim + 1:]
         out = torch.empty(kept, dtype=_out_dtype(x.dtype), device=x.device)
-    _C.prod(x, dim, out)
+    _C.prod(x, dim, out, _workspace(_fwd_ws, _C.prod_workspace, x, dim))
     return out
 
 
@@ -46,8 +64,11 @@ class ProdFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
+        if x.is_cuda:  # the CUDA backward reads [outer, dim, inner] rows
+            x = x.contiguous()
         grad_in = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        _C.prod_bwd(x, ctx.dim, grad.contiguous(), grad_in)
+        ws = _workspace(_bwd_ws, _C.prod_bwd_workspace, x, ctx.dim)
+        _C.prod_bwd(x, ctx.dim, grad.contiguous(), grad_in, ws)
         return grad_in, None
 
 

@@ -24,6 +24,9 @@ struct gemsops_prod_params {
     int dim;                 /* reduced dim, or -1 for all elements       */
     void *out;               /* contiguous [kept dims], dtype out_dtype   */
     gemsops_dtype out_dtype; /* int64 for bool/int input, else x's dtype  */
+    void *workspace;         /* CUDA: >= the queried bytes, or NULL if 0  */
+    int64_t workspace_bytes; /* size the caller passed                    */
+    void *stream;            /* CUDA: cudaStream_t to launch on           */
 };
 
 struct gemsops_prod_bwd_params {
@@ -31,7 +34,21 @@ struct gemsops_prod_bwd_params {
     int dim;                 /* as in the forward                         */
     const void *grad_out;    /* contiguous [kept dims], x's dtype         */
     void *grad_in;           /* contiguous, x's shape and dtype           */
+    void *workspace;         /* CUDA: >= the queried bytes, or NULL if 0  */
+    int64_t workspace_bytes; /* size the caller passed                    */
+    void *stream;            /* CUDA: cudaStream_t to launch on           */
 };
+
+/* CUDA: bytes of scratch (uninitialised is fine) the launch will need; 0
+ * means pass NULL. The plan depends on the device's SM count. The CUDA
+ * backward wants a contiguous x. */
+int gemsops_prod_workspace_cuda(const struct gemsops_prod_params *p,
+                                int64_t *bytes, gemsops_status *st);
+int gemsops_prod_bwd_workspace_cuda(const struct gemsops_prod_bwd_params *p,
+                                    int64_t *bytes, gemsops_status *st);
+int gemsops_prod_cuda(const struct gemsops_prod_params *p, gemsops_status *st);
+int gemsops_prod_bwd_cuda(const struct gemsops_prod_bwd_params *p,
+                          gemsops_status *st);
 
 int gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st);
 int gemsops_prod_bwd_cpu(const struct gemsops_prod_bwd_params *p,

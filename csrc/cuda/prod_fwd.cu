@@ -1,0 +1,331 @@
+// prod forward on CUDA: out = prod x over every element, or along one dim.
+//
+// Math: a product of n values as a tree (per-thread lanes, then shuffles
+// across the threads of a row, then shared memory across warps, then the
+// CTAs' partials), never one serial chain. Floats multiply in fp32 (fp64
+// in fp64); bool and integers in uint64 = torch's wrapping int64 product.
+//
+// Work split (prod_plan.cuh names the layouts):
+//   rows (reduced dim innermost, and every dense full product): G threads
+//     per row, G = the power of two that gives each thread about four
+//     16-byte vectors, up to the whole CTA; a row too long for one CTA
+//     splits over several (one wave or two in all), each writing a
+//     partial.
+//   cols (reduced dim outer or middle, kept columns unit-stride): a CTA
+//     covers TX column vectors x 256/TX rows: a warp reads whole rows
+//     (coalesced), each thread walks down its column vector; the TY
+//     partial products meet as a tree in shared memory. Short column
+//     blocks split the reduced dim over CTAs.
+//   generic (anything else: kept dims that do not coalesce, the reduced
+//     dim strided with no unit-stride column): a thread per output.
+//   Partials (fp32/fp64/uint64) are multiplied by one small second launch
+//   (a warp per output, or a thread per output when columns are adjacent),
+//   in a fixed order: the result is the same every run. No host sync.
+//
+// Bytes: the input once (numel * sizeof(T)) + the output + partials
+// (splits * outputs * sizeof(acc), under 1% for the planned splits).
+#include "prod_reduce.cuh"
+
+namespace gemsops {
+namespace {
+
+// ---- generic: a thread per line ----------------------------------------
+template <typename T> struct prod_generic_args {
+    const T *x;
+    int64_t lines, len, step; // outputs, reduced extent and its stride
+    int kept_ndim;            // the kept dims (coalesced), row-major
+    int64_t kept_sizes[GEMSOPS_MAX_DIMS], kept_strides[GEMSOPS_MAX_DIMS];
+    prod_out<T> *out;         // partial == NULL: out[line]
+    prod_acc<T> *partial;     // else partial[line] (full, non-dense x)
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kProdBlock)
+    prod_generic_kernel(const prod_generic_args<T> a)
+{
+    using A = prod_acc<T>;
+    for (int64_t line = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+         line < a.lines; line += (int64_t)gridDim.x * blockDim.x) {
+        int64_t off = 0, k = line;
+        for (int d = a.kept_ndim - 1; d >= 0; d--) {
+            off += k % a.kept_sizes[d] * a.kept_strides[d];
+            k /= a.kept_sizes[d];
+        }
+        A acc[2] = {A(1), A(1)}; // two chains: half the dependency depth
+        int64_t r = 0;
+        for (; r + 1 < a.len; r += 2) {
+            acc[0] *= prod_load<A>(a.x[off + r * a.step]);
+            acc[1] *= prod_load<A>(a.x[off + (r + 1) * a.step]);
+        }
+        if (r < a.len) {
+            acc[0] *= prod_load<A>(a.x[off + r * a.step]);
+        }
+        const A v = acc[0] * acc[1];
+        if (a.partial != nullptr) {
+            a.partial[line] = v;
+        }
+        else {
+            a.out[line] = prod_store<prod_out<T>>(v);
+        }
+    }
+}
+
+// ---- combine: out[o, i] = prod_s partial[(o * splits + s) * inner + i] --
+template <typename T> struct prod_combine_args {
+    const prod_acc<T> *partial;
+    int64_t outer, splits, inner;
+    prod_out<T> *out;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kProdBlock)
+    prod_combine_kernel(const prod_combine_args<T> a)
+{
+    using A = prod_acc<T>;
+    const int64_t gthreads = (int64_t)gridDim.x * blockDim.x;
+    const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (a.inner == 1) { // a warp per output: lanes stride the partials
+        const int lane = threadIdx.x % 32;
+        for (int64_t o = tid / 32; o < a.outer; o += gthreads / 32) {
+            A v = A(1);
+            for (int64_t s = lane; s < a.splits; s += 32) {
+                v *= a.partial[o * a.splits + s];
+            }
+            for (int off = 16; off > 0; off /= 2) {
+                v *= __shfl_xor_sync(0xffffffffu, v, off);
+            }
+            if (lane == 0) {
+                a.out[o] = prod_store<prod_out<T>>(v);
+            }
+        }
+        return;
+    }
+    for (int64_t j = tid; j < a.outer * a.inner; j += gthreads) {
+        const int64_t o = j / a.inner, i = j % a.inner;
+        A v = A(1);
+        for (int64_t s = 0; s < a.splits; s++) { // adjacent j: coalesced
+            v *= a.partial[(o * a.splits + s) * a.inner + i];
+        }
+        a.out[j] = prod_store<prod_out<T>>(v);
+    }
+}
+
+// ---- the plan ------------------------------------------------------------
+struct fwd_plan {
+    prod_layout l;
+    bool vec;              // 16-byte accesses are legal
+    prod_rows_shape rows;  // kind == rows
+    prod_cols_shape cols;  // kind == cols
+    int64_t partials;      // accumulator values in the workspace
+    int64_t ctas;          // first launch
+};
+
+template <typename T>
+int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
+{
+    device_facts f;
+    if (get_device_facts(p->x.device_id, &f, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    constexpr int V = prod_vec<T>();
+    fwd_plan pl{};
+    pl.l = prod_layout_of(&p->x, p->dim);
+    const prod_layout &l = pl.l;
+    const int64_t target = prod_target_ctas(f);
+    const bool base_ok = (uintptr_t)p->x.data % 16 == 0;
+    if (l.kind == prod_kind::rows) {
+        pl.vec = base_ok && l.len % V == 0 && l.outer_stride % V == 0;
+        const int64_t nvec = pl.vec ? l.len / V : l.len;
+        int64_t G = pow2_ceil(ceil_div(nvec, 4));
+        G = G > kProdBlock ? kProdBlock : G;
+        prod_rows_shape &r = pl.rows;
+        r.G = (int)G;
+        r.splits = 1;
+        r.seg = nvec;
+        if (G == kProdBlock) {
+            int64_t s = ceil_div(target, l.outer);
+            const int64_t most = nvec / (kProdBlock * 4);
+            s = s < most ? s : most;
+            s = s < 1 ? 1 : s;
+            r.seg = ceil_div(nvec, s);
+            r.splits = ceil_div(nvec, r.seg);
+        }
+        pl.partials = r.splits > 1 ? l.outer * r.splits : 0;
+        pl.ctas = ceil_div(l.outer, kProdBlock / r.G) * r.splits;
+    }
+    else if (l.kind == prod_kind::cols) {
+        pl.vec = base_ok && l.inner % V == 0 && l.outer_stride % V == 0 &&
+                 l.step % V == 0;
+        prod_cols_shape &c = pl.cols;
+        c = prod_cols_base(l, pl.vec ? V : 1);
+        const int TY = kProdBlock / c.tx;
+        const int64_t base = l.outer * c.iblocks;
+        int64_t s = ceil_div(target, base);
+        const int64_t most = ceil_div(l.len, TY * 4);
+        s = s < most ? s : most;
+        s = s < 1 ? 1 : s;
+        c.rchunk = ceil_div(l.len, s);
+        c.splits = ceil_div(l.len, c.rchunk);
+        pl.partials = c.splits > 1 ? l.outer * c.splits * l.inner : 0;
+        pl.ctas = base * c.splits;
+    }
+    else {
+        const int64_t lines = prod_generic_lines(l);
+        pl.partials = l.full_lines ? lines : 0;
+        pl.ctas = ceil_div(lines, kProdBlock);
+    }
+    *out = pl;
+    return GEMSOPS_OK;
+}
+
+template <typename T> int64_t workspace_bytes(const fwd_plan &pl)
+{
+    return pl.partials * (int64_t)sizeof(prod_acc<T>);
+}
+
+template <typename T>
+int launch(const gemsops_prod_params *p, gemsops_status *st)
+{
+    using A = prod_acc<T>;
+    using O = prod_out<T>;
+    constexpr int V = prod_vec<T>();
+    device_guard guard;
+    GEMSOPS_CUDA_CHECK(st, guard.enter(p->x.device_id));
+    fwd_plan pl;
+    if (plan_fwd<T>(p, &pl, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    if (workspace_bytes<T>(pl) > p->workspace_bytes) {
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                            "prod(): workspace of %lld bytes is too small; "
+                            "the plan needs %lld (ask prod_workspace)",
+                            (long long)p->workspace_bytes,
+                            (long long)workspace_bytes<T>(pl));
+    }
+    const prod_layout &l = pl.l;
+    cudaStream_t stream = (cudaStream_t)p->stream;
+    const T *x = (const T *)p->x.data;
+    O *out = (O *)p->out;
+    A *part = pl.partials > 0 ? (A *)p->workspace : nullptr;
+    const int grid = prod_grid(pl.ctas);
+    prod_combine_args<T> c{part, 1, 1, 1, out};
+    if (l.kind == prod_kind::rows) {
+        const prod_rows_args<T> a{x,          l.outer,        l.outer_stride,
+                                  pl.vec ? l.len / V : l.len, pl.rows.G,
+                                  pl.rows.splits, pl.rows.seg, out, part};
+        if (pl.vec) {
+            prod_rows_kernel<T, V><<<grid, kProdBlock, 0, stream>>>(a);
+        }
+        else {
+            prod_rows_kernel<T, 1><<<grid, kProdBlock, 0, stream>>>(a);
+        }
+        GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_rows_kernel");
+        c = {part, l.outer, pl.rows.splits, 1, out};
+    }
+    else if (l.kind == prod_kind::cols) {
+        const prod_cols_shape &cs = pl.cols;
+        const prod_cols_args<T> a{x,       l.outer,    l.outer_stride,
+                                  l.len,   l.step,     l.inner,
+                                  cs.tx,   cs.ivecs,   cs.iblocks,
+                                  cs.splits, cs.rchunk, out, part};
+        if (pl.vec) {
+            prod_cols_kernel<T, V><<<grid, kProdBlock, 0, stream>>>(a);
+        }
+        else {
+            prod_cols_kernel<T, 1><<<grid, kProdBlock, 0, stream>>>(a);
+        }
+        GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_cols_kernel");
+        c = {part, l.outer, cs.splits, l.inner, out};
+    }
+    else {
+        prod_generic_args<T> a{};
+        a.x = x;
+        a.lines = prod_generic_lines(l);
+        a.len = l.len;
+        a.step = l.step;
+        a.kept_ndim = l.kept_ndim;
+        for (int k = 0; k < l.kept_ndim; k++) {
+            a.kept_sizes[k] = l.kept_sizes[k];
+            a.kept_strides[k] = l.kept_strides[k];
+        }
+        a.out = out;
+        a.partial = part;
+        prod_generic_kernel<T><<<grid, kProdBlock, 0, stream>>>(a);
+        GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_generic_kernel");
+        c = {part, 1, a.lines, 1, out};
+    }
+    if (part != nullptr) {
+        const int64_t threads = c.inner == 1 ? c.outer * 32 : c.outer * c.inner;
+        prod_combine_kernel<T>
+            <<<prod_grid(ceil_div(threads, kProdBlock)), kProdBlock, 0,
+               stream>>>(c);
+        GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_combine_kernel");
+    }
+    return GEMSOPS_OK;
+}
+
+template <typename T>
+int query(const gemsops_prod_params *p, int64_t *bytes, gemsops_status *st)
+{
+    fwd_plan pl;
+    if (plan_fwd<T>(p, &pl, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    *bytes = workspace_bytes<T>(pl);
+    return GEMSOPS_OK;
+}
+
+// The one dtype switch. Bool is stored as one byte 0/1: uint8's product.
+template <template <typename> class F, typename... Args>
+int dispatch(gemsops_dtype dt, gemsops_status *st, Args... args)
+{
+    switch (dt) {
+    case GEMSOPS_FLOAT32: return F<float>::run(args..., st);
+    case GEMSOPS_FLOAT64: return F<double>::run(args..., st);
+    case GEMSOPS_FLOAT16: return F<__half>::run(args..., st);
+    case GEMSOPS_BFLOAT16: return F<__nv_bfloat16>::run(args..., st);
+    case GEMSOPS_BOOL:
+    case GEMSOPS_UINT8: return F<uint8_t>::run(args..., st);
+    case GEMSOPS_INT8: return F<int8_t>::run(args..., st);
+    case GEMSOPS_INT16: return F<int16_t>::run(args..., st);
+    case GEMSOPS_INT32: return F<int32_t>::run(args..., st);
+    case GEMSOPS_INT64: return F<int64_t>::run(args..., st);
+    default:
+        return gemsops_fail(st, GEMSOPS_ERR_TYPE,
+                            "prod: unsupported dtype %s on CUDA",
+                            gemsops_dtype_name(dt));
+    }
+}
+
+template <typename T> struct launch_fn {
+    static int run(const gemsops_prod_params *p, gemsops_status *st)
+    {
+        return launch<T>(p, st);
+    }
+};
+template <typename T> struct query_fn {
+    static int run(const gemsops_prod_params *p, int64_t *bytes,
+                   gemsops_status *st)
+    {
+        return query<T>(p, bytes, st);
+    }
+};
+
+} // namespace
+} // namespace gemsops
+
+extern "C" int gemsops_prod_cuda(const struct gemsops_prod_params *p,
+                                 gemsops_status *st)
+{
+    if (gemsops_tensor_numel(&p->x) == 0 && p->dim >= 0 &&
+        p->x.sizes[p->dim] != 0) {
+        return GEMSOPS_OK; // no outputs
+    }
+    return gemsops::dispatch<gemsops::launch_fn>(p->x.dtype, st, p);
+}
+
+extern "C" int gemsops_prod_workspace_cuda(const struct gemsops_prod_params *p,
+                                           int64_t *bytes, gemsops_status *st)
+{
+    return gemsops::dispatch<gemsops::query_fn>(p->x.dtype, st, p, bytes);
+}

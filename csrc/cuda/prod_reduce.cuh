@@ -1,0 +1,280 @@
+// Product kernels shared by the prod forward and the backward's first pass
+// (tile products). See prod_fwd.cu for the design.
+//
+// Each thread multiplies VEC lanes independently and folds them as a tree
+// at the end; threads meet through shuffles, warps through shared memory.
+#pragma once
+
+#include "prod_plan.cuh"
+
+namespace gemsops {
+
+// Element type T -> accumulator A and output type. Floats multiply in fp32
+// (fp64 in fp64); bool and integers in uint64, whose wrap-around is the
+// int64 two's-complement product torch computes. Bool arrives as uint8.
+template <typename T> struct prod_types {
+    using acc = acc_t<T>;
+    using out = T;
+};
+template <> struct prod_types<uint8_t> { using acc = uint64_t; using out = int64_t; };
+template <> struct prod_types<int8_t> { using acc = uint64_t; using out = int64_t; };
+template <> struct prod_types<int16_t> { using acc = uint64_t; using out = int64_t; };
+template <> struct prod_types<int32_t> { using acc = uint64_t; using out = int64_t; };
+template <> struct prod_types<int64_t> { using acc = uint64_t; using out = int64_t; };
+template <typename T> using prod_acc = typename prod_types<T>::acc;
+template <typename T> using prod_out = typename prod_types<T>::out;
+
+// Elements per access: 16 bytes, at most 8 lanes (1-byte types move 8).
+template <typename T> constexpr int prod_vec()
+{
+    return 16 / sizeof(T) < 8 ? 16 / sizeof(T) : 8;
+}
+
+template <typename A, typename T> __device__ __forceinline__ A prod_load(T v)
+{
+    if constexpr (std::is_integral_v<T>) {
+        return (A)(int64_t)v;
+    }
+    else {
+        return to_acc<A>(v);
+    }
+}
+
+template <typename O, typename A> __device__ __forceinline__ O prod_store(A v)
+{
+    if constexpr (std::is_integral_v<O>) {
+        return (O)v;
+    }
+    else {
+        return from_acc<O>(v);
+    }
+}
+
+// VEC elements at p (one access when VEC > 1), widened to A.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void prod_load_vec(const T *p, A (&v)[VEC])
+{
+    if constexpr (VEC == 1) {
+        v[0] = prod_load<A>(*p);
+    }
+    else {
+        const vec_t<T, VEC> w = load_vec<T, VEC>(p);
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            v[k] = prod_load<A>(w.v[k]);
+        }
+    }
+}
+
+template <int VEC, typename A>
+__device__ __forceinline__ void prod_mul(A (&acc)[VEC], const A (&v)[VEC])
+{
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+        acc[k] *= v[k];
+    }
+}
+
+// Tree product of the lanes (VEC a power of two): halves fold onto each
+// other, one template step per halving so every loop has a constant trip
+// count and the lanes stay in registers.
+template <int H, int VEC, typename A>
+__device__ __forceinline__ void prod_fold_step(A (&v)[VEC])
+{
+    if constexpr (H > 0) {
+#pragma unroll
+        for (int k = 0; k < H; k++) {
+            v[k] *= v[k + H];
+        }
+        prod_fold_step<H / 2>(v);
+    }
+}
+
+template <int VEC, typename A> __device__ __forceinline__ A prod_fold(A (&v)[VEC])
+{
+    prod_fold_step<VEC / 2>(v);
+    return v[0];
+}
+
+// Product over the G consecutive threads of a group (G a power of two up
+// to the CTA); the group's first thread gets the result. `warp_part` holds
+// one value per warp. Every thread of the CTA calls it (G > 32 syncs).
+template <typename A>
+__device__ __forceinline__ A prod_group(A v, int G, A *warp_part)
+{
+    for (int off = (G < 32 ? G : 32) / 2; off > 0; off /= 2) {
+        v *= __shfl_xor_sync(0xffffffffu, v, off);
+    }
+    if (G > 32) {
+        const int warp = threadIdx.x / 32;
+        if (threadIdx.x % 32 == 0) {
+            warp_part[warp] = v;
+        }
+        __syncthreads();
+        if (threadIdx.x % G == 0) {
+            for (int w = 1; w < G / 32; w++) {
+                v *= warp_part[warp + w];
+            }
+        }
+        __syncthreads(); // warp_part is reused by the next call
+    }
+    return v;
+}
+
+// ---- rows: out[o] = prod_r x[o * row_stride + r] ------------------------
+template <typename T> struct prod_rows_args {
+    const T *x;
+    int64_t rows, row_stride; // elements between row starts
+    int64_t nvec;             // vectors of VEC per row (row length / VEC)
+    int G;                    // threads per row: 1..256, a power of two
+    int64_t splits, seg;      // a row's CTAs, and vectors each one takes
+    prod_out<T> *out;         // splits == 1 and partial == NULL: the result
+    prod_acc<T> *partial;     // else partial[row * splits + split]
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kProdBlock)
+    prod_rows_kernel(const prod_rows_args<T> a)
+{
+    using A = prod_acc<T>;
+    __shared__ A warp_part[kProdBlock / 32];
+    const int G = a.G;
+    const int rows_per_cta = kProdBlock / G;
+    const int lane = threadIdx.x % G;
+    const int64_t groups = ceil_div(a.rows, rows_per_cta);
+    for (int64_t item = blockIdx.x; item < groups * a.splits;
+         item += gridDim.x) {
+        const int64_t s = item % a.splits;
+        const int64_t row = item / a.splits * rows_per_cta + threadIdx.x / G;
+        A acc[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            acc[k] = A(1);
+        }
+        if (row < a.rows) {
+            const T *p = a.x + row * a.row_stride;
+            const int64_t hi = min((s + 1) * a.seg, a.nvec);
+            int64_t v = s * a.seg + lane;
+            // four independent loads in flight before their products
+            for (; v + 3 * G < hi; v += 4 * G) {
+                A t[4][VEC];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    prod_load_vec<T, VEC>(p + (v + u * G) * VEC, t[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    prod_mul<VEC>(acc, t[u]);
+                }
+            }
+            for (; v < hi; v += G) {
+                A t[VEC];
+                prod_load_vec<T, VEC>(p + v * VEC, t);
+                prod_mul<VEC>(acc, t);
+            }
+        }
+        const A r = prod_group(prod_fold<VEC>(acc), G, warp_part);
+        if (lane == 0 && row < a.rows) {
+            if (a.partial != nullptr) {
+                a.partial[row * a.splits + s] = r;
+            }
+            else {
+                a.out[row] = prod_store<prod_out<T>>(r);
+            }
+        }
+    }
+}
+
+// ---- cols: out[o, i] = prod_r x[o * outer_stride + r * step + i] --------
+template <typename T> struct prod_cols_args {
+    const T *x;
+    int64_t outer, outer_stride; // O column groups, elements apart
+    int64_t len, step;           // R and the stride between its rows
+    int64_t inner;               // I unit-stride columns
+    int tx;                      // threads across columns (TX), 256/TX down
+    int64_t ivecs, iblocks;      // column vectors, and blocks of TX of them
+    int64_t splits, rchunk;      // CTAs down one column block, rows each
+    prod_out<T> *out;            // partial == NULL: out[o * I + i]
+    prod_acc<T> *partial;        // else partial[(o * splits + s) * I + i]
+};
+
+template <typename T, int VEC>
+__global__ void __launch_bounds__(kProdBlock)
+    prod_cols_kernel(const prod_cols_args<T> a)
+{
+    using A = prod_acc<T>;
+    // lane-major so that a warp's accesses fall in distinct banks
+    __shared__ A red[VEC * kProdBlock];
+    const int TX = a.tx, TY = kProdBlock / a.tx;
+    const int tx = threadIdx.x % TX, ty = threadIdx.x / TX;
+    const int64_t items = a.outer * a.iblocks * a.splits;
+    for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+        const int64_t s = item % a.splits;
+        const int64_t ib = item / a.splits % a.iblocks;
+        const int64_t o = item / (a.splits * a.iblocks);
+        const int64_t iv = ib * TX + tx;
+        const bool valid = iv < a.ivecs;
+        A acc[VEC];
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            acc[k] = A(1);
+        }
+        if (valid) {
+            const T *p = a.x + o * a.outer_stride + iv * VEC;
+            const int64_t hi = min((s + 1) * a.rchunk, a.len);
+            int64_t r = s * a.rchunk + ty;
+            for (; r + 3 * TY < hi; r += 4 * TY) {
+                A t[4][VEC];
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    prod_load_vec<T, VEC>(p + (r + u * TY) * a.step, t[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    prod_mul<VEC>(acc, t[u]);
+                }
+            }
+            for (; r < hi; r += TY) {
+                A t[VEC];
+                prod_load_vec<T, VEC>(p + r * a.step, t);
+                prod_mul<VEC>(acc, t);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < VEC; k++) {
+            red[k * kProdBlock + threadIdx.x] = acc[k];
+        }
+        __syncthreads();
+        for (int h = TY / 2; h > 0; h /= 2) { // tree down the TY rows
+            if (ty < h) {
+#pragma unroll
+                for (int k = 0; k < VEC; k++) {
+                    red[k * kProdBlock + threadIdx.x] *=
+                        red[k * kProdBlock + threadIdx.x + h * TX];
+                }
+            }
+            __syncthreads();
+        }
+        if (ty == 0 && valid) {
+#pragma unroll
+            for (int k = 0; k < VEC; k++) {
+                const int64_t i = iv * VEC + k;
+                const A r = red[k * kProdBlock + threadIdx.x];
+                if (a.partial != nullptr) {
+                    a.partial[(o * a.splits + s) * a.inner + i] = r;
+                }
+                else {
+                    a.out[o * a.inner + i] = prod_store<prod_out<T>>(r);
+                }
+            }
+        }
+        __syncthreads(); // red is rewritten by the next item
+    }
+}
+
+inline int prod_grid(int64_t ctas)
+{
+    return (int)(ctas < (1LL << 30) ? (ctas > 0 ? ctas : 1) : (1LL << 30));
+}
+
+} // namespace gemsops
