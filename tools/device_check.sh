@@ -4,6 +4,7 @@
 # usage: GEMSOPS_COMMIT=<sha> bash tools/device_check.sh [tests|bench|all]
 #   TEST_K / BENCH_K: pytest -k expressions for the tests / the benchmarks
 #   BENCH_FILES: benchmark scripts (default: every benchmark/test_*_perf.py)
+#   HOST_COST=1: also time one small call on the host (benchmark/host_cost.py)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gemsops_out}
@@ -28,7 +29,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     python3 -m pytest tests -m cuda -q -x ${TEST_K:+-k "$TEST_K"} 2>&1 | tee "$OUT/pytest_cuda.log" | tail -25
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-    python3 benchmark/host_cost.py 2>&1 | tee "$OUT/host_cost.log"
+    [ -n "$HOST_COST" ] && python3 benchmark/host_cost.py 2>&1 | tee "$OUT/host_cost.log"
+    touch /tmp/bench_start
     (cd benchmark && python3 -m pytest $BENCH_FILES ${BENCH_K:+-k "$BENCH_K"} 2>&1) | tee "$OUT/bench.log" | grep -vE "^(platform|rootdir|configfile|plugins|collected)"
-    cp benchmark/results/*.json "$OUT/" 2>/dev/null
+    # only this run's results (the tool brings back at most 8 files)
+    find benchmark/results -name '*.json' -newer /tmp/bench_start -exec cp {} "$OUT/" \;
 fi

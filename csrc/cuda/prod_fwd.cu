@@ -8,19 +8,23 @@
 // Work split (prod_plan.cuh names the layouts):
 //   rows (reduced dim innermost, and every dense full product): G threads
 //     per row, G = the power of two that gives each thread about four
-//     16-byte vectors, up to the whole CTA; a row too long for one CTA
-//     splits over several (one wave or two in all), each writing a
-//     partial.
+//     16-byte vectors, up to the whole CTA; when there are fewer long rows
+//     than resident CTAs, each row splits over several CTAs, each writing
+//     a partial.
 //   cols (reduced dim outer or middle, kept columns unit-stride): a CTA
-//     covers TX column vectors x 256/TX rows: a warp reads whole rows
-//     (coalesced), each thread walks down its column vector; the TY
-//     partial products meet as a tree in shared memory. Short column
-//     blocks split the reduced dim over CTAs.
+//     covers TX column vectors x 256/TX rows: a warp reads TX vectors of
+//     each of 32/TX rows (coalesced), each thread walks down its column
+//     vector; the TY partial products meet as a tree in shared memory.
+//     Few column blocks: TX shrinks (down to 4) before the reduced dim
+//     splits over CTAs (at most ~8 partials per output).
 //   generic (anything else: kept dims that do not coalesce, the reduced
 //     dim strided with no unit-stride column): a thread per output.
+//   rows and cols launch one wave of resident CTAs (the occupancy
+//   calculator's count) that loop over their work items: no tail wave.
 //   Partials (fp32/fp64/uint64) are multiplied by one small second launch
-//   (a warp per output, or a thread per output when columns are adjacent),
-//   in a fixed order: the result is the same every run. No host sync.
+//   (a warp per output; for columns 32 adjacent outputs per CTA, its warps
+//   striding the splits), in a fixed order: the same result every run.
+//   No host sync.
 //
 // Bytes: the input once (numel * sizeof(T)) + the output + partials
 // (splits * outputs * sizeof(acc), under 1% for the planned splits).
@@ -82,9 +86,9 @@ __global__ void __launch_bounds__(kProdBlock)
     prod_combine_kernel(const prod_combine_args<T> a)
 {
     using A = prod_acc<T>;
-    const int64_t gthreads = (int64_t)gridDim.x * blockDim.x;
-    const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (a.inner == 1) { // a warp per output: lanes stride the partials
+        const int64_t gthreads = (int64_t)gridDim.x * blockDim.x;
+        const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
         const int lane = threadIdx.x % 32;
         for (int64_t o = tid / 32; o < a.outer; o += gthreads / 32) {
             A v = A(1);
@@ -100,13 +104,29 @@ __global__ void __launch_bounds__(kProdBlock)
         }
         return;
     }
-    for (int64_t j = tid; j < a.outer * a.inner; j += gthreads) {
-        const int64_t o = j / a.inner, i = j % a.inner;
+    // columns: a CTA takes 32 adjacent outputs (coalesced), its 8 warps
+    // stride the splits, and the 8 partial products meet in shared memory
+    __shared__ A red[kProdBlock];
+    const int64_t iblocks = ceil_div(a.inner, 32);
+    const int lane = threadIdx.x % 32, sl = threadIdx.x / 32;
+    for (int64_t b = blockIdx.x; b < a.outer * iblocks; b += gridDim.x) {
+        const int64_t o = b / iblocks, i = b % iblocks * 32 + lane;
         A v = A(1);
-        for (int64_t s = 0; s < a.splits; s++) { // adjacent j: coalesced
-            v *= a.partial[(o * a.splits + s) * a.inner + i];
+        if (i < a.inner) {
+            for (int64_t s = sl; s < a.splits; s += kProdBlock / 32) {
+                v *= a.partial[(o * a.splits + s) * a.inner + i];
+            }
         }
-        a.out[j] = prod_store<prod_out<T>>(v);
+        red[threadIdx.x] = v;
+        __syncthreads();
+        if (sl == 0 && i < a.inner) {
+#pragma unroll
+            for (int w = 1; w < kProdBlock / 32; w++) {
+                v *= red[w * 32 + lane];
+            }
+            a.out[o * a.inner + i] = prod_store<prod_out<T>>(v);
+        }
+        __syncthreads();
     }
 }
 
@@ -117,24 +137,27 @@ struct fwd_plan {
     prod_rows_shape rows;  // kind == rows
     prod_cols_shape cols;  // kind == cols
     int64_t partials;      // accumulator values in the workspace
-    int64_t ctas;          // first launch
+    int64_t ctas;          // work items of the first launch
+    int grid;              // its CTAs (at most one resident wave)
 };
 
 template <typename T>
 int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
 {
-    device_facts f;
-    if (get_device_facts(p->x.device_id, &f, st) != GEMSOPS_OK) {
-        return st->code;
-    }
     constexpr int V = prod_vec<T>();
+    const int dev = p->x.device_id;
     fwd_plan pl{};
     pl.l = prod_layout_of(&p->x, p->dim);
     const prod_layout &l = pl.l;
-    const int64_t target = prod_target_ctas(f);
     const bool base_ok = (uintptr_t)p->x.data % 16 == 0;
+    int resident = 1;
     if (l.kind == prod_kind::rows) {
         pl.vec = base_ok && l.len % V == 0 && l.outer_stride % V == 0;
+        const void *k = pl.vec ? (const void *)prod_rows_kernel<T, V>
+                               : (const void *)prod_rows_kernel<T, 1>;
+        if (resident_ctas(k, dev, kProdBlock, &resident, st) != GEMSOPS_OK) {
+            return st->code;
+        }
         const int64_t nvec = pl.vec ? l.len / V : l.len;
         int64_t G = pow2_ceil(ceil_div(nvec, 4));
         G = G > kProdBlock ? kProdBlock : G;
@@ -142,8 +165,8 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         r.G = (int)G;
         r.splits = 1;
         r.seg = nvec;
-        if (G == kProdBlock) {
-            int64_t s = ceil_div(target, l.outer);
+        if (G == kProdBlock) { // long rows: split them to fill one wave
+            int64_t s = resident / l.outer;
             const int64_t most = nvec / (kProdBlock * 4);
             s = s < most ? s : most;
             s = s < 1 ? 1 : s;
@@ -156,12 +179,24 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     else if (l.kind == prod_kind::cols) {
         pl.vec = base_ok && l.inner % V == 0 && l.outer_stride % V == 0 &&
                  l.step % V == 0;
+        const void *k = pl.vec ? (const void *)prod_cols_kernel<T, V>
+                               : (const void *)prod_cols_kernel<T, 1>;
+        if (resident_ctas(k, dev, kProdBlock, &resident, st) != GEMSOPS_OK) {
+            return st->code;
+        }
         prod_cols_shape &c = pl.cols;
         c = prod_cols_base(l, pl.vec ? V : 1);
+        // Few column blocks: narrower CTAs (more of them, each deeper down
+        // the reduced dim) before splitting rows across CTAs, so that a
+        // split stays at 8 or fewer partials per output.
+        while (c.tx > 4 && l.outer * c.iblocks * 8 < resident) {
+            c.tx /= 2;
+            c.iblocks = ceil_div(c.ivecs, c.tx);
+        }
         const int TY = kProdBlock / c.tx;
         const int64_t base = l.outer * c.iblocks;
-        int64_t s = ceil_div(target, base);
-        const int64_t most = ceil_div(l.len, TY * 4);
+        int64_t s = resident / base;
+        const int64_t most = l.len / (TY * 8); // >= 8 rows per thread
         s = s < most ? s : most;
         s = s < 1 ? 1 : s;
         c.rchunk = ceil_div(l.len, s);
@@ -173,7 +208,10 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         const int64_t lines = prod_generic_lines(l);
         pl.partials = l.full_lines ? lines : 0;
         pl.ctas = ceil_div(lines, kProdBlock);
+        resident = (int)(pl.ctas < (1 << 30) ? pl.ctas : (1 << 30));
     }
+    // rows and cols loop over their items: one wave of resident CTAs
+    pl.grid = prod_grid(pl.ctas < resident ? pl.ctas : resident);
     *out = pl;
     return GEMSOPS_OK;
 }
@@ -207,7 +245,7 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
     const T *x = (const T *)p->x.data;
     O *out = (O *)p->out;
     A *part = pl.partials > 0 ? (A *)p->workspace : nullptr;
-    const int grid = prod_grid(pl.ctas);
+    const int grid = pl.grid;
     prod_combine_args<T> c{part, 1, 1, 1, out};
     if (l.kind == prod_kind::rows) {
         const prod_rows_args<T> a{x,          l.outer,        l.outer_stride,
@@ -255,10 +293,10 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
         c = {part, 1, a.lines, 1, out};
     }
     if (part != nullptr) {
-        const int64_t threads = c.inner == 1 ? c.outer * 32 : c.outer * c.inner;
+        const int64_t ctas = c.inner == 1 ? ceil_div(c.outer * 32, kProdBlock)
+                                          : c.outer * ceil_div(c.inner, 32);
         prod_combine_kernel<T>
-            <<<prod_grid(ceil_div(threads, kProdBlock)), kProdBlock, 0,
-               stream>>>(c);
+            <<<prod_grid(ctas), kProdBlock, 0, stream>>>(c);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_combine_kernel");
     }
     return GEMSOPS_OK;
@@ -267,6 +305,8 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
 template <typename T>
 int query(const gemsops_prod_params *p, int64_t *bytes, gemsops_status *st)
 {
+    device_guard guard;
+    GEMSOPS_CUDA_CHECK(st, guard.enter(p->x.device_id));
     fwd_plan pl;
     if (plan_fwd<T>(p, &pl, st) != GEMSOPS_OK) {
         return st->code;

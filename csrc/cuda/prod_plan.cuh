@@ -141,12 +141,6 @@ inline int64_t prod_generic_lines(const prod_layout &l)
     return n;
 }
 
-// CTAs that keep every SM busy for about two waves of 256-thread CTAs.
-inline int64_t prod_target_ctas(const device_facts &f)
-{
-    return 2LL * f.sm_count * (f.max_threads_per_sm / kProdBlock);
-}
-
 // Rows: G threads per row (a power of two up to the CTA), 256/G rows per
 // CTA; a row longer than the CTA can stream alone splits over `splits`
 // CTAs of `seg` vectors each.
