@@ -404,7 +404,7 @@ int run(const gemsops_prod_bwd_params *p, const bwd_plan &pl,
         if (part != nullptr) { // tile products: the forward's rows kernel
             const prod_rows_args<T> t{x,         pl.outer,  pl.len,
                                       pl.len / VEC, kProdBlock, pl.splits,
-                                      pl.tile / VEC, nullptr, part};
+                                      pl.tile / VEC, false, nullptr, part};
             prod_rows_kernel<T, VEC>
                 <<<prod_grid(pl.outer * pl.splits), kProdBlock, 0, stream>>>(t);
             GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_rows_kernel (tiles)");
@@ -427,7 +427,7 @@ int run(const gemsops_prod_bwd_params *p, const bwd_plan &pl,
         const prod_cols_args<T> t{x,       pl.outer, pl.len * pl.inner,
                                   pl.len,  pl.inner, pl.inner,
                                   c.tx,    c.ivecs,  c.iblocks,
-                                  c.splits, c.rchunk, nullptr, part};
+                                  c.splits, c.rchunk, false, nullptr, part};
         prod_cols_kernel<T, VEC><<<prod_grid(ctas), kProdBlock, 0, stream>>>(t);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_cols_kernel (tiles)");
         const prod_scan_args<A> sc{part, pre, suf, pl.outer, pl.splits,

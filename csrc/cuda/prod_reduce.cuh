@@ -128,6 +128,9 @@ template <typename T> struct prod_rows_args {
     int64_t nvec;             // vectors of VEC per row (row length / VEC)
     int G;                    // threads per row: 1..256, a power of two
     int64_t splits, seg;      // a row's CTAs, and vectors each one takes
+    bool interleaved;         // split s takes vectors s*G + lane + k*splits*G
+                              // (all CTAs stream one window: DRAM locality)
+                              // instead of the contiguous [s*seg, s*seg+seg)
     prod_out<T> *out;         // splits == 1 and partial == NULL: the result
     prod_acc<T> *partial;     // else partial[row * splits + split]
 };
@@ -153,21 +156,23 @@ __global__ void __launch_bounds__(kProdBlock)
         }
         if (row < a.rows) {
             const T *p = a.x + row * a.row_stride;
-            const int64_t hi = min((s + 1) * a.seg, a.nvec);
-            int64_t v = s * a.seg + lane;
+            const int64_t hi =
+                a.interleaved ? a.nvec : min((s + 1) * a.seg, a.nvec);
+            const int64_t step = a.interleaved ? a.splits * G : G;
+            int64_t v = (a.interleaved ? s * G : s * a.seg) + lane;
             // four independent loads in flight before their products
-            for (; v + 3 * G < hi; v += 4 * G) {
+            for (; v + 3 * step < hi; v += 4 * step) {
                 A t[4][VEC];
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    prod_load_vec<T, VEC>(p + (v + u * G) * VEC, t[u]);
+                    prod_load_vec<T, VEC>(p + (v + u * step) * VEC, t[u]);
                 }
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     prod_mul<VEC>(acc, t[u]);
                 }
             }
-            for (; v < hi; v += G) {
+            for (; v < hi; v += step) {
                 A t[VEC];
                 prod_load_vec<T, VEC>(p + v * VEC, t);
                 prod_mul<VEC>(acc, t);
@@ -194,6 +199,8 @@ template <typename T> struct prod_cols_args {
     int tx;                      // threads across columns (TX), 256/TX down
     int64_t ivecs, iblocks;      // column vectors, and blocks of TX of them
     int64_t splits, rchunk;      // CTAs down one column block, rows each
+    bool interleaved;            // split s takes rows s*TY + ty + k*splits*TY
+                                 // instead of [s*rchunk, s*rchunk+rchunk)
     prod_out<T> *out;            // partial == NULL: out[o * I + i]
     prod_acc<T> *partial;        // else partial[(o * splits + s) * I + i]
 };
@@ -221,20 +228,22 @@ __global__ void __launch_bounds__(kProdBlock)
         }
         if (valid) {
             const T *p = a.x + o * a.outer_stride + iv * VEC;
-            const int64_t hi = min((s + 1) * a.rchunk, a.len);
-            int64_t r = s * a.rchunk + ty;
-            for (; r + 3 * TY < hi; r += 4 * TY) {
+            const int64_t hi =
+                a.interleaved ? a.len : min((s + 1) * a.rchunk, a.len);
+            const int64_t rstep = a.interleaved ? a.splits * TY : TY;
+            int64_t r = (a.interleaved ? s * TY : s * a.rchunk) + ty;
+            for (; r + 3 * rstep < hi; r += 4 * rstep) {
                 A t[4][VEC];
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    prod_load_vec<T, VEC>(p + (r + u * TY) * a.step, t[u]);
+                    prod_load_vec<T, VEC>(p + (r + u * rstep) * a.step, t[u]);
                 }
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     prod_mul<VEC>(acc, t[u]);
                 }
             }
-            for (; r < hi; r += TY) {
+            for (; r < hi; r += rstep) {
                 A t[VEC];
                 prod_load_vec<T, VEC>(p + r * a.step, t);
                 prod_mul<VEC>(acc, t);
