@@ -55,7 +55,13 @@ def test_full_reduction_2_27_elements(device):
     x /= x.double().log().mean().exp().float()  # keep the product O(1)
     out = gemsops.prod(x)
     assert out.shape == () and out.dtype == torch.float32
-    assert_close(out, ref_prod(x), torch.float32, chain_len=x.numel())
+    # 2^27 fp32 roundings of values this close to 1 drift together: on an
+    # H100 torch.prod itself is 9% off (NOTES.md). The bar: the chain
+    # tolerance, or torch's own error on the same input if that is larger.
+    ref = ref_prod(x).item()
+    ours, theirs = out.item(), torch.prod(x).item()
+    bound = max(4 * (1 << 27) ** 0.5 * 2 ** -23, 1.05 * abs(theirs / ref - 1))
+    assert abs(ours / ref - 1) <= bound, (ours, theirs, ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
