@@ -323,3 +323,14 @@ def test_cuda_backward_of_noncontiguous_input_is_refused_at_C():
     with pytest.raises(ValueError, match="contiguous"):
         gemsops._C.prod_bwd(x, 1, torch.ones(40, device="cuda"),
                             torch.empty(40, 30, device="cuda"), None)
+
+
+def test_workspace_queries_on_empty_inputs(device):
+    for shape, dim in [((0, 4), 1), ((0, 4), 0), ((3, 0), 1), ((3, 0), 0),
+                       ((0,), None), ((2, 0, 5), 1), ((2, 0, 5), 2)]:
+        x = torch.empty(shape, device=device)
+        assert gemsops._C.prod_workspace(x, dim) >= 0
+        assert gemsops._C.prod_bwd_workspace(x, dim) >= 0
+        out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
+        ref = torch.prod(x) if dim is None else torch.prod(x, dim)
+        assert torch.equal(out, ref)

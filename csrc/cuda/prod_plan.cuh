@@ -113,8 +113,8 @@ inline prod_layout prod_layout_of(const gemsops_tensor *x, int dim)
     }
     const int n = l.kept_ndim;
     l.kind = prod_kind::generic;
-    if (l.full_lines || l.len <= 1) {
-        return l;
+    if (l.full_lines || l.len <= 1 || numel == 0) {
+        return l; // generic: copies, ones for an empty dim, no outputs
     }
     if (n >= 1 && n <= 2 && l.kept_strides[n - 1] == 1) {
         l.kind = prod_kind::cols;
