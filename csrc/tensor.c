@@ -48,6 +48,9 @@ gemsops_tensor_numel(const struct gemsops_tensor *t)
 int
 gemsops_tensor_is_contiguous(const struct gemsops_tensor *t)
 {
+    if (gemsops_tensor_numel(t) == 0) {
+        return 1; /* no element to misplace: torch gives such views any strides */
+    }
     int64_t expected = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {
         if (t->sizes[i] != 1 && t->strides[i] != expected) {

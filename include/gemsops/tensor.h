@@ -43,7 +43,8 @@ struct gemsops_tensor {
 size_t gemsops_dtype_size(gemsops_dtype dtype);
 const char *gemsops_dtype_name(gemsops_dtype dtype);
 int64_t gemsops_tensor_numel(const struct gemsops_tensor *t);
-/* Row-major contiguous (size-1 dimensions may carry any stride). */
+/* Row-major contiguous (size-1 dimensions may carry any stride; an empty
+ * tensor always is). */
 int gemsops_tensor_is_contiguous(const struct gemsops_tensor *t);
 
 #ifdef __cplusplus
