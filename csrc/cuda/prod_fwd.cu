@@ -214,13 +214,13 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         const int64_t lines = prod_generic_lines(l);
         pl.partials = l.full_lines ? lines : 0;
         pl.ctas = ceil_div(lines, kProdBlock);
-        resident = (int)(pl.ctas < (1 << 30) ? pl.ctas : (1 << 30));
+        resident = prod_grid(pl.ctas); // one CTA per 256 lines, at least 1
     }
     // rows and cols loop over their items with at most one resident wave
     // of CTAs, sized so that every CTA takes the same number of items (give
     // or take one): 1024 rows on 792 slots run as 512 CTAs x 2 rows, not
     // 792 CTAs of which 232 take a second row while the rest idle.
-    const int64_t rounds = ceil_div(pl.ctas, resident);
+    const int64_t rounds = pl.ctas > resident ? ceil_div(pl.ctas, resident) : 1;
     pl.grid = prod_grid(ceil_div(pl.ctas, rounds));
     *out = pl;
     return GEMSOPS_OK;
