@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import gemsops
-from gemsops.testing import assert_close, poison_
+from gemsops.testing import assert_close, poison_, rel_error
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
@@ -224,7 +224,38 @@ def test_layouts(shape, dim, view, dtype, device):
     x = x.to(dtype)
     out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
     n = x.numel() if dim is None else x.shape[dim]
-    assert_close(out, ref_prod(x, dim), dtype, chain_len=n)
+    assert_close_or_torch(out, x, dim, dtype, n)
+
+
+def assert_close_or_torch(out, x, dim, dtype, n):
+    """The elementwise bound, or else (millions of fp32 roundings of values
+    this close to 1 drift together: torch.prod on CUDA drifts too) a
+    relative error no worse than torch.prod's own on the same input."""
+    ref = ref_prod(x, dim)
+    try:
+        assert_close(out, ref, dtype, chain_len=n)
+    except AssertionError:
+        theirs = torch.prod(x) if dim is None else torch.prod(x, dim)
+        ours_err, their_err = rel_error(out, ref), rel_error(theirs, ref)
+        assert ours_err <= 1.05 * their_err, (ours_err, their_err)
+
+
+@pytest.mark.parametrize("shape,dim,view", LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16,
+                                   torch.bfloat16])
+def test_layouts_exact_with_powers_of_two(shape, dim, view, dtype, device):
+    """Every element counted once: lines of +-1 holding a few 2s and 0.5s
+    (products exact in any order), one 2 more than 0.5s in some lines."""
+    x = torch.where(torch.rand(shape) < 0.5, -1.0, 1.0)
+    pick = torch.rand(shape)
+    line = math.prod(shape) if dim is None else shape[dim]
+    rate = min(0.002, 40 / line)  # |log2| of any partial product < 127
+    x[pick < rate] = 2.0
+    x[(pick >= rate) & (pick < 2 * rate)] = 0.5
+    x = make_view(x.to(device), view).to(dtype)
+    out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
+    ref = ref_prod(x, dim)
+    assert torch.equal(out.double(), ref.to(out.dtype).double())
 
 
 @pytest.mark.parametrize("shape,dim", [((3, 70000), 1), ((1000, 10), 1),
