@@ -35,3 +35,4 @@ int gemsops_tensors_overlap(const struct gemsops_tensor *a,
 
 extern PyMethodDef gemsops_layer_norm_methods[];
 extern PyMethodDef gemsops_prod_methods[];
+extern PyMethodDef gemsops_matmul_methods[];

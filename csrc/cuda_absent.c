@@ -3,6 +3,7 @@
  * gemsops_built_with_cuda() first, so these are a second line. */
 #include "boundary.h"
 #include "gemsops/layer_norm.h"
+#include "gemsops/matmul.h"
 #include "gemsops/prod.h"
 
 int
@@ -88,5 +89,21 @@ gemsops_prod_bwd_workspace_cuda(const struct gemsops_prod_bwd_params *p,
 {
     (void)p;
     *bytes = 0;
+    return GEMSOPS_NO_CUDA(st);
+}
+
+int
+gemsops_matmul_cuda(const struct gemsops_matmul_params *p, gemsops_status *st)
+{
+    (void)p;
+    return GEMSOPS_NO_CUDA(st);
+}
+
+int
+gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
+                         struct gemsops_sk_schedule *s, gemsops_status *st)
+{
+    (void)p;
+    (void)s;
     return GEMSOPS_NO_CUDA(st);
 }

@@ -71,7 +71,10 @@ module_exec(PyObject *module)
     if (PyModule_AddFunctions(module, gemsops_layer_norm_methods) < 0) {
         return -1;
     }
-    return PyModule_AddFunctions(module, gemsops_prod_methods);
+    if (PyModule_AddFunctions(module, gemsops_prod_methods) < 0) {
+        return -1;
+    }
+    return PyModule_AddFunctions(module, gemsops_matmul_methods);
 }
 
 static PyModuleDef_Slot module_slots[] = {

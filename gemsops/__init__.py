@@ -3,6 +3,7 @@ Stream-K matmul for PyTorch tensors, on CUDA and on the CPU."""
 from . import _C
 from .ops.layer_norm import layer_norm, layer_norm_backward, native_layer_norm
 from .ops.prod import prod
+from .ops.matmul import bmm, matmul, mm, set_schedule
 from . import nn
 
 __version__ = "0.1.0"
@@ -19,5 +20,5 @@ def backends():
 
 
 __all__ = ["layer_norm", "native_layer_norm", "layer_norm_backward", "prod",
-           "nn",
+           "mm", "bmm", "matmul", "set_schedule", "nn",
            "cuda_available", "backends"]

@@ -90,6 +90,9 @@ GEMSOPS_SK_FN void gemsops_sk_plan(struct gemsops_sk_schedule *s,
     s->iters = gemsops_sk_cdiv(k, bk);
     const int64_t p = ctas_resident < 1 ? 1 : ctas_resident;
     const int64_t waves = s->tiles / p, rem = s->tiles % p;
+    if (s->iters == 0) { /* k == 0: tiles of zeros, nothing to split */
+        mode = GEMSOPS_SK_DATA_PARALLEL;
+    }
     if (mode == GEMSOPS_SK_AUTO) {
         /* whole waves need no Stream-K; a single k-iteration cannot split */
         mode = (rem == 0 || s->iters < 2) ? GEMSOPS_SK_DATA_PARALLEL
@@ -132,6 +135,41 @@ GEMSOPS_SK_FN int64_t gemsops_sk_cta_of(const struct gemsops_sk_schedule *s,
      * - 1) / total; the largest such c */
     int64_t c = ((it + 1) * s->ctas - 1) / total;
     return c < s->ctas - 1 ? c : s->ctas - 1;
+}
+
+/* One piece of a CTA's Stream-K share, from global iteration `it` (below
+ * the share's `end`): the absolute tile number and its k-iterations
+ * [*k0, *k1) the piece covers. Returns the global iteration after it. */
+GEMSOPS_SK_FN int64_t gemsops_sk_piece(const struct gemsops_sk_schedule *s,
+                                       int64_t it, int64_t end, int64_t *tile,
+                                       int64_t *k0, int64_t *k1)
+{
+    *tile = s->dp_tiles + it / s->iters;
+    *k0 = it % s->iters;
+    const int64_t rest = s->iters - *k0;
+    const int64_t len = end - it < rest ? end - it : rest;
+    *k1 = *k0 + len;
+    return it + len;
+}
+
+/* The peers of the Stream-K tile `tile` (absolute number), in the order its
+ * owner adds them: the first CTA after `prev` whose non-empty share begins
+ * inside the tile, or -1 when there is none. Start with prev = owner. */
+GEMSOPS_SK_FN int64_t gemsops_sk_next_peer(const struct gemsops_sk_schedule *s,
+                                           int64_t tile, int64_t prev)
+{
+    const int64_t tile_end = (tile - s->dp_tiles + 1) * s->iters;
+    for (int64_t q = prev + 1; q < s->ctas; q++) {
+        int64_t b, e;
+        gemsops_sk_range(s, q, &b, &e);
+        if (b >= tile_end) {
+            return -1;
+        }
+        if (e > b) {
+            return q;
+        }
+    }
+    return -1;
 }
 
 /* Tile number (in [0, tiles)) -> batch, tile row and tile column, in the

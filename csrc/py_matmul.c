@@ -1,0 +1,302 @@
+/* Python boundary of the Stream-K matmul: parse, validate, dispatch. The
+ * Python layer (gemsops/ops/matmul.py) applies torch.matmul's rules, brings
+ * A and B to [batch, m, k] / [batch, k, n] views (no copy), allocates C and
+ * the workspace, and keeps the persistent flag buffer and its epoch. */
+#include "boundary.h" /* Python.h first: it sets feature macros */
+#include "checks.h"
+#include "gemsops/matmul.h"
+
+#include <string.h>
+
+static int
+check_operand(const struct gemsops_tensor *t, const char *fn, const char *arg)
+{
+    if (t->ndim != 3) {
+        PyErr_Format(PyExc_ValueError, "%s(): argument '%s' must be 3-D "
+                     "[batch, rows, cols] here, got %d dims", fn, arg,
+                     t->ndim);
+        return -1;
+    }
+    if (t->dtype != GEMSOPS_FLOAT16 && t->dtype != GEMSOPS_BFLOAT16 &&
+        t->dtype != GEMSOPS_FLOAT32) {
+        PyErr_Format(PyExc_TypeError, "%s(): argument '%s' has dtype %s; "
+                     "gemsops matmul takes float16, bfloat16 and float32",
+                     fn, arg, gemsops_dtype_name(t->dtype));
+        return -1;
+    }
+    return gemsops_check_backend(t, fn, arg) ||
+           gemsops_check_aligned(t, fn, arg);
+}
+
+static int
+parse_ll(PyObject *o, const char *fn, const char *arg, long long lo,
+         long long hi, long long *v)
+{
+    *v = PyLong_AsLongLong(o);
+    if (*v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (*v < lo || *v > hi) {
+        PyErr_Format(PyExc_ValueError, "%s(): argument '%s'=%lld is out of "
+                     "range [%lld, %lld]", fn, arg, *v, lo, hi);
+        return -1;
+    }
+    return 0;
+}
+
+/* (a, b, c, mode, two_tiles, ctas) -> params; everything checked. */
+static int
+parse_problem(PyObject *const *args, const char *fn,
+              struct gemsops_matmul_params *p, struct gemsops_tensor *a,
+              struct gemsops_tensor *b, struct gemsops_tensor *c)
+{
+    long long mode, two, ctas;
+    memset(p, 0, sizeof *p);
+    if (gemsops_tensor_from_object(args[0], fn, "a", a, &p->stream) ||
+        check_operand(a, fn, "a") ||
+        gemsops_tensor_from_object(args[1], fn, "b", b, NULL) ||
+        check_operand(b, fn, "b") ||
+        gemsops_tensor_from_object(args[2], fn, "out", c, NULL) ||
+        check_operand(c, fn, "out") ||
+        parse_ll(args[3], fn, "schedule", 0, 3, &mode) ||
+        parse_ll(args[4], fn, "two_tiles", 0, 1, &two) ||
+        parse_ll(args[5], fn, "ctas", 0, 1LL << 20, &ctas)) {
+        return -1;
+    }
+    if (b->dtype != a->dtype || c->dtype != a->dtype) {
+        PyErr_Format(PyExc_TypeError, "%s(): expected a, b and out to have "
+                     "the same dtype, got %s, %s and %s", fn,
+                     gemsops_dtype_name(a->dtype), gemsops_dtype_name(b->dtype),
+                     gemsops_dtype_name(c->dtype));
+        return -1;
+    }
+    if (a->sizes[0] != b->sizes[0] || a->sizes[2] != b->sizes[1] ||
+        c->sizes[0] != a->sizes[0] || c->sizes[1] != a->sizes[1] ||
+        c->sizes[2] != b->sizes[2]) {
+        char sa[96], sb[96], sc[96];
+        gemsops_format_shape(a->sizes, 3, sa, sizeof sa);
+        gemsops_format_shape(b->sizes, 3, sb, sizeof sb);
+        gemsops_format_shape(c->sizes, 3, sc, sizeof sc);
+        PyErr_Format(PyExc_ValueError, "%s(): shapes do not chain: a %s, b "
+                     "%s, out %s (want [B, m, k] x [B, k, n] -> [B, m, n])",
+                     fn, sa, sb, sc);
+        return -1;
+    }
+    const struct gemsops_tensor *w[] = {c};
+    const struct gemsops_tensor *r[] = {a, b};
+    const char *wn[] = {"out"}, *rn[] = {"a", "b"};
+    if (gemsops_check_device(b, a, fn, "b", "a") ||
+        gemsops_check_device(c, a, fn, "out", "a") ||
+        gemsops_check_contiguous(c, fn, "out") ||
+        gemsops_check_no_overlap(w, wn, 1, r, rn, 2, fn)) {
+        return -1;
+    }
+    p->a = a->data;
+    p->b = b->data;
+    p->c = c->data;
+    p->batch = a->sizes[0];
+    p->m = a->sizes[1];
+    p->k = a->sizes[2];
+    p->n = b->sizes[2];
+    p->a_bs = a->strides[0];
+    p->a_rs = a->strides[1];
+    p->a_cs = a->strides[2];
+    p->b_bs = b->strides[0];
+    p->b_rs = b->strides[1];
+    p->b_cs = b->strides[2];
+    p->dtype = a->dtype;
+    p->mode = (gemsops_sk_mode)mode;
+    p->two_tiles = (int)two;
+    p->ctas_override = ctas;
+    p->device_id = a->device_id;
+    return 0;
+}
+
+static PyObject *
+schedule_tuple(const struct gemsops_sk_schedule *s)
+{
+    return Py_BuildValue("{s:L,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,s:L,s:L}",
+                         "ctas", (long long)s->ctas, "bm", s->bm, "bn", s->bn,
+                         "bk", s->bk, "tiles", (long long)s->tiles, "iters",
+                         (long long)s->iters, "sk_tiles",
+                         (long long)s->sk_tiles, "dp_tiles",
+                         (long long)s->dp_tiles, "tiles_m",
+                         (long long)s->tiles_m, "tiles_n",
+                         (long long)s->tiles_n, "group_m",
+                         (long long)s->group_m);
+}
+
+PyDoc_STRVAR(matmul_plan_doc,
+"matmul_plan(a, b, out, schedule, two_tiles, ctas) -> dict\n\n"
+"The Stream-K schedule a matmul launch with these arguments uses: ctas,\n"
+"tile shape (bm, bn, bk), tiles, iters, sk_tiles, dp_tiles, ... The\n"
+"workspace a CUDA launch needs is ctas * bm * bn * 4 bytes when\n"
+"sk_tiles > 0, and ctas flags.");
+
+static PyObject *
+matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    const char *fn = "matmul_plan";
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "matmul_plan() takes 6 arguments (%zd "
+                     "given)", nargs);
+        return NULL;
+    }
+    struct gemsops_matmul_params p;
+    struct gemsops_tensor a, b, c;
+    if (parse_problem(args, fn, &p, &a, &b, &c)) {
+        return NULL;
+    }
+    struct gemsops_sk_schedule s;
+    gemsops_status st = {GEMSOPS_OK, ""};
+    const int rc = a.device_type == GEMSOPS_CUDA
+                       ? gemsops_matmul_plan_cuda(&p, &s, &st)
+                       : gemsops_matmul_plan_cpu(&p, &s, &st);
+    if (rc != GEMSOPS_OK) {
+        return gemsops_raise(&st);
+    }
+    return schedule_tuple(&s);
+}
+
+PyDoc_STRVAR(matmul_doc,
+"matmul(a, b, out, schedule, two_tiles, ctas, workspace, flags, epoch,\n"
+"       spin_limit, error) -> None\n\n"
+"out[i] = a[i] @ b[i] for 3-D a [B, m, k], b [B, k, n] (any strides),\n"
+"out [B, m, n] contiguous; fp32 accumulation. schedule: 0 auto, 1\n"
+"data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from the device. CUDA:\n"
+"workspace (uint8, matmul_plan's size or None), flags (int32, >= ctas,\n"
+"zeroed once and kept), epoch (this call's flag value, never reused\n"
+"with those flags), spin_limit (0: wait; else fail after that many\n"
+"polls), error (int32 [1]: set to 1 when a wait gave up).");
+
+static int
+parse_cuda_extras(PyObject *const *args, const char *fn,
+                  const struct gemsops_tensor *a,
+                  struct gemsops_matmul_params *p)
+{
+    struct gemsops_tensor ws, fl, er;
+    int has_ws = 0, has_fl = 0, has_er = 0;
+    long long epoch, spin;
+    if (gemsops_optional_tensor(args[6], fn, "workspace", &ws, &has_ws) ||
+        (has_ws && gemsops_check_workspace(&ws, a, fn)) ||
+        gemsops_optional_tensor(args[7], fn, "flags", &fl, &has_fl) ||
+        gemsops_optional_tensor(args[10], fn, "error", &er, &has_er) ||
+        parse_ll(args[8], fn, "epoch", 1, 0xffffffffLL, &epoch) ||
+        parse_ll(args[9], fn, "spin_limit", 0, 1LL << 62, &spin)) {
+        return -1;
+    }
+    if (a->device_type != GEMSOPS_CUDA) {
+        return 0; /* the CPU executor keeps its own */
+    }
+    if (!has_fl || fl.dtype != GEMSOPS_INT32 || !has_er ||
+        er.dtype != GEMSOPS_INT32) {
+        PyErr_Format(PyExc_TypeError, "%s(): CUDA needs int32 tensors "
+                     "'flags' and 'error'", fn);
+        return -1;
+    }
+    if (gemsops_check_device(&fl, a, fn, "flags", "a") ||
+        gemsops_check_contiguous(&fl, fn, "flags") ||
+        gemsops_check_device(&er, a, fn, "error", "a")) {
+        return -1;
+    }
+    p->workspace = has_ws ? ws.data : NULL;
+    p->workspace_bytes = has_ws ? gemsops_tensor_numel(&ws) : 0;
+    p->flags = (unsigned *)fl.data;
+    p->flag_count = gemsops_tensor_numel(&fl);
+    p->error = (int *)er.data;
+    p->epoch = (unsigned)epoch;
+    p->spin_limit = spin;
+    return 0;
+}
+
+static PyObject *
+matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    const char *fn = "matmul";
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "matmul() takes 11 arguments (%zd "
+                     "given)", nargs);
+        return NULL;
+    }
+    struct gemsops_matmul_params p;
+    struct gemsops_tensor a, b, c;
+    if (parse_problem(args, fn, &p, &a, &b, &c) ||
+        parse_cuda_extras(args, fn, &a, &p)) {
+        return NULL;
+    }
+    const int cuda = a.device_type == GEMSOPS_CUDA;
+    if (!cuda) {
+        long long spin;
+        if (parse_ll(args[9], fn, "spin_limit", 0, 1LL << 62, &spin)) {
+            return NULL;
+        }
+        p.spin_limit = spin;
+    }
+    gemsops_status st = {GEMSOPS_OK, ""};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cuda ? gemsops_matmul_cuda(&p, &st) : gemsops_matmul_cpu(&p, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != GEMSOPS_OK) {
+        return gemsops_raise(&st);
+    }
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(streamk_check_doc,
+"streamk_check(m, n, k, batch, bm, bn, bk, group_m, ctas, schedule,\n"
+"              two_tiles) -> dict\n\n"
+"Plans the Stream-K schedule for these sizes and `ctas` resident CTAs and\n"
+"verifies it by brute force (every (tile, k-iteration) exactly once, the\n"
+"grouped order a bijection, owners and peers consistent); returns the\n"
+"schedule, or raises ValueError naming the first violation.");
+
+static PyObject *
+streamk_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    const char *fn = "streamk_check";
+    static const char *names[] = {"m", "n", "k", "batch", "bm", "bn",
+                                  "bk", "group_m", "ctas", "schedule",
+                                  "two_tiles"};
+    static const long long lo[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0};
+    static const long long hi[] = {1LL << 40, 1LL << 40, 1LL << 40,
+                                   1LL << 30, 1024, 1024, 1024, 1024,
+                                   1LL << 20, 3, 1};
+    long long v[11];
+    if (nargs != 11) {
+        PyErr_Format(PyExc_TypeError, "streamk_check() takes 11 arguments "
+                     "(%zd given)", nargs);
+        return NULL;
+    }
+    for (int i = 0; i < 11; i++) {
+        if (parse_ll(args[i], fn, names[i], lo[i], hi[i], &v[i])) {
+            return NULL;
+        }
+    }
+    struct gemsops_sk_schedule s;
+    gemsops_sk_plan(&s, v[0], v[1], v[2], v[3], (int)v[4], (int)v[5],
+                    (int)v[6], (int)v[7], v[8], (gemsops_sk_mode)v[9],
+                    (int)v[10]);
+    gemsops_status st = {GEMSOPS_OK, ""};
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = gemsops_sk_check(&s, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != GEMSOPS_OK) {
+        return gemsops_raise(&st);
+    }
+    return schedule_tuple(&s);
+}
+
+PyMethodDef gemsops_matmul_methods[] = {
+    {"matmul", (PyCFunction)(void (*)(void))matmul, METH_FASTCALL,
+     matmul_doc},
+    {"matmul_plan", (PyCFunction)(void (*)(void))matmul_plan, METH_FASTCALL,
+     matmul_plan_doc},
+    {"streamk_check", (PyCFunction)(void (*)(void))streamk_check,
+     METH_FASTCALL, streamk_check_doc},
+    {NULL, NULL, 0, NULL},
+};

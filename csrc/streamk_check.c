@@ -1,0 +1,125 @@
+/* gemsops_sk_check: the Stream-K schedule verified by brute force, for the
+ * C-level unit test (tests/test_streamk_schedule.py runs it over thousands
+ * of shapes and CTA counts). */
+#include <stdlib.h>
+
+#include "gemsops/matmul.h"
+
+static int
+check_order(const struct gemsops_sk_schedule *s, gemsops_status *st)
+{
+    const int64_t per_batch = s->tiles_m * s->tiles_n;
+    unsigned char *seen = calloc(per_batch > 0 ? per_batch : 1, 1);
+    if (seen == NULL) {
+        return gemsops_fail(st, GEMSOPS_ERR_RUNTIME, "out of host memory");
+    }
+    int rc = GEMSOPS_OK;
+    for (int64_t t = 0; t < per_batch && rc == GEMSOPS_OK; t++) {
+        int64_t b, tm, tn;
+        gemsops_sk_tile_coords(s, t, &b, &tm, &tn);
+        if (b != 0 || tm < 0 || tm >= s->tiles_m || tn < 0 ||
+            tn >= s->tiles_n || seen[tm * s->tiles_n + tn]++) {
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                              "grouped order: tile %lld -> (%lld, %lld, "
+                              "%lld) is out of range or repeated",
+                              (long long)t, (long long)b, (long long)tm,
+                              (long long)tn);
+        }
+    }
+    free(seen);
+    return rc;
+}
+
+int
+gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
+{
+    if (s->sk_tiles + s->dp_tiles != s->tiles || s->sk_tiles < 0 ||
+        s->ctas < 1) {
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE, "regions: %lld + %lld "
+                            "tiles of %lld, %lld CTAs",
+                            (long long)s->sk_tiles, (long long)s->dp_tiles,
+                            (long long)s->tiles, (long long)s->ctas);
+    }
+    if (check_order(s, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    const int64_t cells = s->tiles * s->iters;
+    unsigned char *count = calloc(cells > 0 ? cells : 1, 1);
+    int64_t *peer_of = malloc(s->ctas * sizeof *peer_of);
+    if (count == NULL || peer_of == NULL) {
+        free(count);
+        free(peer_of);
+        return gemsops_fail(st, GEMSOPS_ERR_RUNTIME, "out of host memory");
+    }
+    int rc = GEMSOPS_OK;
+    for (int64_t c = 0; c < s->ctas && rc == GEMSOPS_OK; c++) {
+        peer_of[c] = -1;
+        int64_t it, end, first = 1;
+        gemsops_sk_range(s, c, &it, &end);
+        while (it < end && rc == GEMSOPS_OK) {
+            int64_t tile, k0, k1;
+            it = gemsops_sk_piece(s, it, end, &tile, &k0, &k1);
+            if (k0 > 0) {
+                if (!first) {
+                    rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "CTA %lld starts "
+                                      "tile %lld mid-way but not first",
+                                      (long long)c, (long long)tile);
+                }
+                peer_of[c] = tile;
+            }
+            for (int64_t k = k0; k < k1; k++) {
+                count[tile * s->iters + k]++;
+            }
+            first = 0;
+        }
+        for (int64_t t = c; t < s->dp_tiles; t += s->ctas) {
+            for (int64_t k = 0; k < s->iters; k++) {
+                count[t * s->iters + k]++;
+            }
+        }
+    }
+    for (int64_t i = 0; i < cells && rc == GEMSOPS_OK; i++) {
+        if (count[i] != 1) {
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "tile %lld k-iteration "
+                              "%lld computed %d times",
+                              (long long)(i / s->iters),
+                              (long long)(i % s->iters), count[i]);
+        }
+    }
+    /* owners: the CTA holding k-iteration 0; its peers, in order, hold the
+     * rest of the tile contiguously and name this tile as theirs */
+    for (int64_t t = s->dp_tiles; t < s->tiles && rc == GEMSOPS_OK; t++) {
+        const int64_t g0 = (t - s->dp_tiles) * s->iters;
+        const int64_t owner = gemsops_sk_cta_of(s, g0);
+        int64_t b, e;
+        gemsops_sk_range(s, owner, &b, &e);
+        if (!(b <= g0 && g0 < e)) {
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "tile %lld: CTA %lld "
+                              "does not hold its first iteration",
+                              (long long)t, (long long)owner);
+            break;
+        }
+        int64_t covered = e < g0 + s->iters ? e : g0 + s->iters;
+        for (int64_t q = gemsops_sk_next_peer(s, t, owner); q >= 0;
+             q = gemsops_sk_next_peer(s, t, q)) {
+            gemsops_sk_range(s, q, &b, &e);
+            if (b != covered || peer_of[q] != t) {
+                rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "tile %lld: peer "
+                                  "CTA %lld begins at %lld, expected %lld",
+                                  (long long)t, (long long)q, (long long)b,
+                                  (long long)covered);
+                break;
+            }
+            covered = e < g0 + s->iters ? e : g0 + s->iters;
+        }
+        if (rc == GEMSOPS_OK && covered != g0 + s->iters) {
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "tile %lld: owner and "
+                              "peers cover up to %lld of %lld",
+                              (long long)t, (long long)(covered - g0),
+                              (long long)s->iters);
+        }
+    }
+    free(count);
+    free(peer_of);
+    return rc;
+}

@@ -1,0 +1,64 @@
+/* Stream-K matrix multiply: C[b] = A[b] . B[b] for every batch b.
+ *
+ * A is [batch, m, k], B [batch, k, n], C [batch, m, n] (contiguous rows,
+ * written whole); A and B take any strides (a zero batch stride broadcasts)
+ * and are read in place. Accumulation in fp32; C rounded once. The schedule
+ * (which CTA computes what) is include/gemsops/streamk.h; the fix-up of
+ * tiles split across CTAs is deterministic (see there). Validated at the
+ * Python boundary (csrc/py_matmul.c). */
+#pragma once
+
+#include "gemsops/status.h"
+#include "gemsops/streamk.h"
+#include "gemsops/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gemsops_matmul_params {
+    const void *a, *b;       /* inputs, dtype `dtype`                      */
+    void *c;                 /* output [batch, m, n], contiguous           */
+    int64_t batch, m, n, k;
+    int64_t a_bs, a_rs, a_cs; /* A strides: batch, row (m), column (k)     */
+    int64_t b_bs, b_rs, b_cs; /* B strides: batch, row (k), column (n)     */
+    gemsops_dtype dtype;     /* fp16, bf16 or fp32                         */
+    int allow_tf32;          /* fp32 may use TF32 tensor cores (unused by  */
+                             /* the exact FFMA kernels of today)           */
+    gemsops_sk_mode mode;    /* schedule: auto, or forced for tests        */
+    int two_tiles;           /* hybrid: one more wave joins Stream-K       */
+    int64_t ctas_override;   /* >0: use this many CTAs (tests), else device */
+    void *workspace;         /* CUDA: fp32 partial tiles, one per CTA      */
+    int64_t workspace_bytes;
+    unsigned *flags;         /* CUDA: one per CTA, persistent; see epoch   */
+    int64_t flag_count;
+    unsigned epoch;          /* this launch's flag value: the flags never  */
+                             /* need resetting (no memset launch); != 0    */
+    int64_t spin_limit;      /* >0: a wait longer than this many polls     */
+                             /* fails (debug) instead of hanging           */
+    int *error;              /* CUDA: set to 1 when spin_limit tripped     */
+    int device_id;
+    void *stream;
+};
+
+/* The schedule the launch will use (tile shape, grid, regions). */
+int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
+                             struct gemsops_sk_schedule *s,
+                             gemsops_status *st);
+int gemsops_matmul_cuda(const struct gemsops_matmul_params *p,
+                        gemsops_status *st);
+int gemsops_matmul_cpu(const struct gemsops_matmul_params *p,
+                       gemsops_status *st);
+int gemsops_matmul_plan_cpu(const struct gemsops_matmul_params *p,
+                            struct gemsops_sk_schedule *s,
+                            gemsops_status *st);
+
+/* Checks a schedule: every (tile, k-iteration) computed exactly once, the
+ * grouped tile order a bijection, one owner per Stream-K tile whose peers
+ * follow it in CTA order, each CTA a peer of at most one tile. Returns 0,
+ * or fails with a message naming the first violation. */
+int gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st);
+
+#ifdef __cplusplus
+}
+#endif
