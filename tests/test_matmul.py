@@ -1,0 +1,195 @@
+"""Stream-K mm / bmm / matmul against float64 references, on the CPU (the
+same schedule and fix-up as CUDA, OpenMP threads as CTAs) and on CUDA
+(tests taking `device`, marked `cuda` there)."""
+import contextlib
+import math
+
+import pytest
+import torch
+
+import gemsops
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+OUT_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.3e-6}
+SCHEDULES = ["auto", "data-parallel", "stream-k", "hybrid"]
+
+
+@contextlib.contextmanager
+def schedule(name="auto", **kw):
+    old = gemsops.ops.matmul.get_schedule()
+    gemsops.set_schedule(name, **kw)
+    try:
+        yield
+    finally:
+        gemsops.set_schedule(old["schedule"], two_tiles=old["two_tiles"],
+                             ctas=old["ctas"], spin_limit=old["spin_limit"])
+
+
+def assert_mm_close(out, a, b, dtype, name="out"):
+    """|out - ref| <= one rounding of the output + the fp32 accumulation
+    error, 4 sqrt(k) ulps of fp32 times (|A| |B|)."""
+    ref = torch.matmul(a.double(), b.double())
+    bound = torch.matmul(a.double().abs(), b.double().abs())
+    k = a.shape[-1]
+    tol = OUT_RTOL[dtype] * ref.abs() + 4 * math.sqrt(k) * 2**-24 * bound + 1e-30
+    assert out.shape == ref.shape, f"{name}: {out.shape} != {ref.shape}"
+    assert out.dtype == dtype
+    err = (out.double() - ref).abs()
+    bad = err > tol
+    assert not bad.any(), (f"{name}: {int(bad.sum())} of {out.numel()} out "
+                           f"of tolerance; worst {err.max().item():.3g}")
+
+
+def rand(*shape, dtype=torch.float32, device="cpu"):
+    return torch.randn(*shape, dtype=torch.float32).to(dtype).to(device)
+
+
+CPU_SHAPES = [(1, 1, 32), (15, 160, 1024), (495, 533, 71), (128, 128, 6400),
+              (200, 96, 511), (130, 70, 1001), (16, 640, 2048), (8, 1024, 1024)]
+CUDA_ONLY = [(495, 5333, 71), (1536, 1792, 6016), (512, 1024, 4096),
+             (16, 2560, 8192), (8, 8192, 8192), (2304, 5632, 3328)]
+
+
+@pytest.mark.parametrize("m,n,k", CPU_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_shapes(m, n, k, dtype, device):
+    a, b = rand(m, k, dtype=dtype, device=device), rand(k, n, dtype=dtype, device=device)
+    assert_mm_close(gemsops.mm(a, b), a, b, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m,n,k", CUDA_ONLY)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_large_shapes_cuda(m, n, k, dtype):
+    a, b = rand(m, k, dtype=dtype, device="cuda"), rand(k, n, dtype=dtype, device="cuda")
+    assert_mm_close(gemsops.mm(a, b), a, b, dtype)
+
+
+@pytest.mark.parametrize("sched", SCHEDULES)
+@pytest.mark.parametrize("two_tiles", [False, True])
+@pytest.mark.parametrize("ctas", [0, 3, 7])
+def test_every_schedule_is_correct_and_bitwise_repeatable(sched, two_tiles,
+                                                          ctas, device):
+    a = rand(300, 257, device=device)
+    b = rand(257, 200, device=device)
+    with schedule(sched, two_tiles=two_tiles, ctas=ctas):
+        first = gemsops.mm(a, b)
+        second = gemsops.mm(a, b)
+    assert_mm_close(first, a, b, torch.float32)
+    assert torch.equal(first, second)
+
+
+def test_stream_k_splits_tiles_and_still_matches_data_parallel(device):
+    # one tile, many k-iterations, 5 CTAs: every CTA holds a piece of it
+    a, b = rand(60, 2000, device=device), rand(2000, 50, device=device)
+    with schedule("stream-k", ctas=5):
+        plan = gemsops._C.matmul_plan(a[None], b[None],
+                                      torch.empty(1, 60, 50, device=device),
+                                      2, 0, 5)
+        sk = gemsops.mm(a, b)
+    assert plan["sk_tiles"] == plan["tiles"] == 1 and plan["ctas"] == 5
+    with schedule("data-parallel"):
+        dp = gemsops.mm(a, b)
+    assert_mm_close(sk, a, b, torch.float32)
+    torch.testing.assert_close(sk, dp, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_transposed_and_sliced_inputs_in_place(dtype, device):
+    base_a = rand(90, 130, dtype=dtype, device=device)
+    base_b = rand(200, 150, dtype=dtype, device=device)
+    a = base_a.t()[3:70]            # [67, 90], column-major, offset
+    b = base_b[::2, 1:101].t().t()  # [100, 100] rows strided
+    b = b[:90]
+    assert_mm_close(gemsops.mm(a, b), a, b, dtype)
+    at = rand(77, 41, dtype=dtype, device=device).t()
+    bt = rand(33, 77, dtype=dtype, device=device).t()
+    assert_mm_close(gemsops.mm(at, bt), at, bt, dtype)
+
+
+def test_batched_and_broadcast(device):
+    a = rand(2, 1, 33, 45, device=device)
+    b = rand(3, 45, 29, device=device)
+    out = gemsops.matmul(a, b)
+    assert out.shape == (2, 3, 33, 29)
+    assert_mm_close(out, a, b, torch.float32)
+    x, y = rand(4, 20, 30, device=device), rand(4, 30, 10, device=device)
+    assert_mm_close(gemsops.bmm(x, y), x, y, torch.float32)
+
+
+def test_vector_cases(device):
+    v, w = rand(40, device=device), rand(40, device=device)
+    m = rand(40, 17, device=device)
+    for a, b in [(v, w), (v, m), (m.t(), v), (rand(3, 5, 40, device=device), v),
+                 (v, rand(2, 40, 6, device=device))]:
+        out = gemsops.matmul(a, b)
+        ref = torch.matmul(a.double(), b.double())
+        assert out.shape == ref.shape
+        torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_k_zero_gives_zeros(device):
+    a, b = rand(5, 0, device=device), rand(0, 7, device=device)
+    with schedule("stream-k"):
+        assert torch.equal(gemsops.mm(a, b), torch.zeros(5, 7, device=device))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_against_torch(dtype, device):
+    a = rand(37, 53, dtype=dtype, device=device).requires_grad_()
+    b = rand(2, 53, 29, dtype=dtype, device=device).requires_grad_()
+    out = gemsops.matmul(a, b)
+    g = rand(*out.shape, dtype=dtype, device=device)
+    out.backward(g)
+    ad = a.detach().double().requires_grad_()
+    bd = b.detach().double().requires_grad_()
+    torch.matmul(ad, bd).backward(g.double())
+    tol = dict(rtol=2e-2, atol=2e-1) if dtype != torch.float32 else \
+        dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(a.grad.double(), ad.grad, **tol)
+    torch.testing.assert_close(b.grad.double(), bd.grad, **tol)
+
+
+def test_tf32_setting_keeps_fp32_exact(device):
+    a, b = rand(64, 300, device=device), rand(300, 48, device=device)
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert_mm_close(gemsops.mm(a, b), a, b, torch.float32)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_bounded_spin_mode_runs(device):
+    a, b = rand(200, 700, device=device), rand(700, 90, device=device)
+    with schedule("stream-k", ctas=6, spin_limit=1 << 40):
+        assert_mm_close(gemsops.mm(a, b), a, b, torch.float32)
+
+
+def test_errors(device):
+    a = rand(3, 4, device=device)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        gemsops.mm(a, rand(5, 6, device=device))
+    with pytest.raises(RuntimeError, match="same dtype"):
+        gemsops.mm(a, rand(4, 2, dtype=torch.float16, device=device))
+    with pytest.raises(RuntimeError, match="at least 1D"):
+        gemsops.matmul(torch.tensor(2.0, device=device), a)
+    with pytest.raises(RuntimeError, match="must be matrices"):
+        gemsops.mm(rand(2, 3, 4, device=device), a)
+    with pytest.raises(RuntimeError, match="must be 3-D"):
+        gemsops.bmm(a, a)
+    with pytest.raises(TypeError, match="takes float16, bfloat16 and float32"):
+        gemsops.mm(a.double(), a.double().t())
+    with pytest.raises(TypeError, match="must be a Tensor"):
+        gemsops.mm(a, [[1.0]])
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        gemsops.set_schedule("fastest")
+    with pytest.raises(ValueError, match="shapes do not chain"):
+        gemsops._C.matmul(a[None], a[None], torch.empty(1, 3, 4, device=device),
+                          0, 0, 0, None, None, 1, 0, None)
+
+
+@pytest.mark.cuda
+def test_device_mismatch_is_an_error():
+    with pytest.raises(RuntimeError, match="same device"):
+        gemsops.mm(rand(3, 4), rand(4, 5, device="cuda"))

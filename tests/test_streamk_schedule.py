@@ -1,0 +1,72 @@
+"""The Stream-K schedule (include/gemsops/streamk.h), checked by brute force
+in C (gemsops_sk_check): every (tile, k-iteration) computed exactly once,
+the grouped tile order a bijection (partial last group included), one
+owner per Stream-K tile with its peers following in CTA order."""
+import random
+
+import pytest
+
+import gemsops
+
+MODES = {"auto": 0, "data-parallel": 1, "stream-k": 2, "hybrid": 3}
+
+
+def check(m, n, k, batch=1, bm=128, bn=128, bk=32, group_m=8, ctas=132,
+          mode="hybrid", two_tiles=0):
+    return gemsops._C.streamk_check(m, n, k, batch, bm, bn, bk, group_m, ctas,
+                                    MODES[mode], two_tiles)
+
+
+def test_thousands_of_random_shapes_and_cta_counts():
+    rng = random.Random(1234)
+    for _ in range(3000):
+        m, n, k = (rng.choice([1, 7, 64, 127, 128, 129, 1000, 4096, 5333])
+                   for _ in range(3))
+        s = check(m, n, k, batch=rng.choice([1, 1, 3]),
+                  bm=rng.choice([64, 128, 256]), bn=rng.choice([64, 128]),
+                  bk=rng.choice([16, 32, 64]), group_m=rng.choice([1, 4, 8]),
+                  ctas=rng.choice([1, 2, 7, 66, 108, 132, 264]),
+                  mode=rng.choice(list(MODES)), two_tiles=rng.choice([0, 1]))
+        assert s["sk_tiles"] + s["dp_tiles"] == s["tiles"]
+
+
+@pytest.mark.parametrize("ctas", [1, 3, 132])
+def test_modes_split_the_tiles_as_named(ctas):
+    m, n, k = 3000, 2000, 4096  # 24 x 16 tiles of 128, 128 k-iterations
+    tiles = 24 * 16
+    assert check(m, n, k, ctas=ctas, mode="data-parallel")["sk_tiles"] == 0
+    assert check(m, n, k, ctas=ctas, mode="stream-k")["dp_tiles"] == 0
+    hy = check(m, n, k, ctas=ctas, mode="hybrid")
+    assert hy["sk_tiles"] == tiles % ctas  # the remainder wave only
+    assert hy["dp_tiles"] % hy["ctas"] == 0  # whole waves
+    two = check(m, n, k, ctas=ctas, mode="hybrid", two_tiles=1)
+    if tiles % ctas and tiles >= ctas:
+        assert two["sk_tiles"] == tiles % ctas + ctas
+    auto = check(m, n, k, ctas=ctas, mode="auto")
+    assert auto["sk_tiles"] == (0 if tiles % ctas == 0 else tiles % ctas)
+
+
+def test_stream_k_grid_never_exceeds_the_resident_ctas():
+    for ctas in (1, 5, 132, 1000):
+        s = check(8192, 8192, 8192, ctas=ctas, mode="stream-k")
+        assert s["ctas"] == ctas
+        s = check(100, 100, 64, ctas=ctas, mode="data-parallel")
+        assert s["ctas"] == min(ctas, s["tiles"])
+
+
+def test_partial_last_swizzle_group():
+    # 13 tile rows in groups of 8: the last group holds 5 rows
+    s = check(13 * 128, 5 * 128, 256, group_m=8, ctas=4, mode="stream-k")
+    assert s["tiles_m"] == 13 and s["tiles"] == 65
+
+
+def test_more_ctas_than_iterations():
+    s = check(64, 64, 64, bm=64, bn=64, bk=32, ctas=132, mode="stream-k")
+    assert s["tiles"] == 1 and s["iters"] == 2  # 130 CTAs have nothing
+
+
+def test_bad_arguments_are_errors():
+    with pytest.raises(ValueError, match="'ctas'=0 is out of range"):
+        check(10, 10, 10, ctas=0)
+    with pytest.raises(TypeError):
+        gemsops._C.streamk_check(1, 2, 3)
