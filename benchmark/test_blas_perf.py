@@ -1,0 +1,78 @@
+"""mm: gemsops (Stream-K, each schedule) vs torch.matmul (cuBLAS).
+
+Cases: FlagGems' core mm shapes (384^3 .. 4096^3, and batched), the issue's
+test shapes, and a corpus drawn like the seeds' (M, N, K log-uniform in
+256..8192, rounded to 256, fixed seed; GEMSOPS_BENCH_CORPUS shapes, 200 by
+default). TFLOP/s = 2 M N K batch / time. Prints the geomean speedup vs
+torch per dtype and schedule, and each schedule against data-parallel."""
+import math
+import os
+import random
+
+import pytest
+import torch
+
+import gemsops
+from performance_utils import Benchmark, _rows
+
+DTYPES = [torch.float16, torch.bfloat16]
+CORE = [(1, 384, 384, 384), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048),
+        (1, 4096, 4096, 4096), (8, 1024, 1024, 1024)]
+TESTS = [(1, 1536, 1792, 6016), (1, 512, 1024, 4096), (1, 16, 2560, 8192),
+         (1, 8, 8192, 8192), (1, 2304, 5632, 3328), (1, 495, 5333, 71)]
+
+
+def corpus(count):
+    rng = random.Random(20261122)
+    pick = lambda: max(256, round(2 ** rng.uniform(8, 13) / 256) * 256)
+    return [(1, pick(), pick(), pick()) for _ in range(count)]
+
+
+CASES = CORE + TESTS + corpus(int(os.environ.get("GEMSOPS_BENCH_CORPUS", 200)))
+SCHEDULE_NAMES = os.environ.get("GEMSOPS_BENCH_SCHEDULES",
+                                "data-parallel,hybrid").split(",")
+
+
+def mm_args(dtype, case):
+    b, m, n, k = case
+    shape_a = (m, k) if b == 1 else (b, m, k)
+    shape_b = (k, n) if b == 1 else (b, k, n)
+    return (torch.randn(shape_a, dtype=dtype, device="cuda"),
+            torch.randn(shape_b, dtype=dtype, device="cuda"))
+
+
+def flops(dtype, case):
+    b, m, n, k = case
+    return 2 * b * m * n * k
+
+
+def geomean(xs):
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+@pytest.mark.matmul
+def test_perf_mm_schedules():
+    speed = {}
+    for name in SCHEDULE_NAMES:
+        gemsops.set_schedule(name)
+        op = f"mm_{name}"
+        Benchmark(op, torch.matmul, gemsops.matmul, mm_args, DTYPES, CASES,
+                  flops_func=flops, result_file=f"mm_{name}").run()
+        for r in _rows:
+            if r["op"] == op:
+                speed[(name, r["dtype"], tuple(r["shape"]))] = r["speedup"]
+    gemsops.set_schedule("auto")
+    print("\ngeomean speedup vs torch.matmul (cuBLAS):")
+    for dtype in DTYPES:
+        d = str(dtype).replace("torch.", "")
+        for name in SCHEDULE_NAMES:
+            xs = [v for (s, dt, _), v in speed.items() if s == name and dt == d]
+            print(f"  {d:>9} {name:>14}: {geomean(xs):.3f} over {len(xs)} cases")
+        base = "data-parallel"
+        for name in SCHEDULE_NAMES:
+            if name == base:
+                continue
+            ratios = [speed[(name, d, c)] / speed[(base, d, c)]
+                      for (s, dt, c) in speed if s == name and dt == d
+                      and (base, d, c) in speed]
+            print(f"  {d:>9} {name:>14} / data-parallel: {geomean(ratios):.3f}")
