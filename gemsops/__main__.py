@@ -1,6 +1,7 @@
 """python -m gemsops: a self-check and demo on whatever device is present.
 
-Runs LayerNorm forward and backward against a float64 reference on the CPU
+Runs LayerNorm (forward and backward), prod (forward and the zero-safe
+backward) and the Stream-K matmul against float64 references on the CPU
 and, when a GPU and the CUDA kernels are there, on CUDA; prints what it
 checked and exits non-zero on any mismatch."""
 import sys
@@ -28,6 +29,38 @@ def check(device, dtype, m, n):
                      reduce_len=m if name != "dx" else 1)
 
 
+def check_prod(device, dtype, m, n):
+    x = torch.empty(m, n, dtype=torch.float64).uniform_(0.9, 1.1)
+    x[m // 2, n // 3] = 0  # a zero: its gradient is the product of the rest
+    x = x.to(dtype).to(device).requires_grad_()
+    out = gemsops.prod(x, 1)
+    g = torch.randn(m, dtype=dtype, device=device)
+    out.backward(g)
+    xd = x.detach().double().requires_grad_()
+    ref = xd.prod(1)
+    ref.backward(g.double())
+    assert_close(out, ref, dtype, chain_len=n)
+    assert_close(x.grad, xd.grad, dtype, chain_len=n, name="grad")
+
+
+def check_matmul(device, dtype, m, n):
+    k = n
+    a = torch.randn(m, k, dtype=dtype, device=device)
+    b = torch.randn(k, n, dtype=dtype, device=device)
+    out = gemsops.mm(a, b)
+    ref = a.double() @ b.double()
+    bound = a.double().abs() @ b.double().abs()
+    tol = {torch.float32: 1.3e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
+    err = (out.double() - ref).abs()
+    lim = tol[dtype] * ref.abs() + 4 * k ** 0.5 * 2 ** -24 * bound
+    assert (err <= lim).all(), f"mm: worst error {err.max().item():.3g}"
+
+
+CHECKS = [("layer_norm fwd+bwd", check, ((4096, 768), (37, 40999), (1000, 64))),
+          ("prod fwd+bwd", check_prod, ((64, 4096), (1000, 300))),
+          ("mm", check_matmul, ((300, 200), (1000, 257)))]
+
+
 def main():
     print(f"gemsops {gemsops.__version__}: backends {gemsops.backends()}, "
           f"torch {torch.__version__}")
@@ -41,17 +74,18 @@ def main():
     failures = 0
     for device in devices:
         for dtype in (torch.float32, torch.bfloat16, torch.float16):
-            for m, n in ((4096, 768), (37, 40999), (1000, 64)):
-                t0 = time.perf_counter()
-                try:
-                    check(device, dtype, m, n)
-                    status = "ok"
-                except AssertionError as e:
-                    failures += 1
-                    status = f"FAILED: {e}"
-                ms = (time.perf_counter() - t0) * 1e3
-                print(f"  layer_norm fwd+bwd {device:4s} {str(dtype)[6:]:8s} "
-                      f"{m}x{n}: {status} ({ms:.0f} ms)")
+            for label, fn, shapes in CHECKS:
+                for m, n in shapes:
+                    t0 = time.perf_counter()
+                    try:
+                        fn(device, dtype, m, n)
+                        status = "ok"
+                    except AssertionError as e:
+                        failures += 1
+                        status = f"FAILED: {e}"
+                    ms = (time.perf_counter() - t0) * 1e3
+                    print(f"  {label} {device:4s} {str(dtype)[6:]:8s} "
+                          f"{m}x{n}: {status} ({ms:.0f} ms)")
     print("self-check passed" if not failures else f"{failures} checks FAILED")
     return 1 if failures else 0
 
