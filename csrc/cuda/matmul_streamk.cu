@@ -5,15 +5,18 @@
 // co-resident (the occupancy calculator's count), so every owner's peers
 // run while it waits.
 //
-// Work split (this kernel, the exact FFMA path): a CTA computes a 64 x 64
-// tile with 256 threads, 4 x 4 outputs each, in k-steps of 16: A and B
-// panels are widened to fp32 into shared memory (any strides, any
-// alignment: each element is one bounds-checked load, mapped so that the
-// unit-stride direction is coalesced), then 16 rank-1 updates. A tensor-core
-// mainloop (mma.sync + ldmatrix + cp.async) slots in behind the same
-// schedule and fix-up; it is not written yet.
+// Work split: one driver (this file) walks the schedule and does the
+// fix-up; a mainloop computes a tile's k-iterations into per-thread fp32
+// accumulators and stores them:
+//   mma (matmul_mma.cuh): fp16/bf16 with A K-contiguous, B either way,
+//     whole aligned 16-byte chunks: 128 x 128 tiles on tensor cores
+//     (mma.sync + ldmatrix + a 3-stage cp.async ring);
+//   ffma (below): everything else (fp32 exact, any strides, any
+//     alignment): 64 x 64 tiles, 256 threads of 4 x 4 outputs, k-steps of
+//     16 widened to fp32 in shared memory (each element one bounds-checked
+//     load, mapped so that the unit-stride direction is coalesced).
 //
-// Fix-up: a peer writes its 64 x 64 fp32 partial to its slot (element e of
+// Fix-up: a peer writes its fp32 partial tile to its slot (element e of
 // thread t at e * 256 + t: coalesced), fences, and thread 0 raises the
 // CTA's flag to this launch's epoch with a release store. The owner's
 // thread 0 waits for each peer's flag in CTA order with acquire loads
@@ -25,106 +28,130 @@
 // times), C written once; Stream-K adds 2 x 16 KB per split tile.
 #include "common.cuh"
 #include "gemsops/matmul.h"
+#include "matmul_mma.cuh"
 
 namespace gemsops {
 namespace {
 
-constexpr int kBM = 64, kBN = 64, kBK = 16, kThreads = 256, kGroupM = 8;
+constexpr int kThreads = 256, kGroupM = 8;
 
-struct matmul_args {
+struct driver_args {
     gemsops_sk_schedule s;
     const void *a, *b;
     void *c;
     int64_t a_bs, a_rs, a_cs, b_bs, b_rs, b_cs;
-    float *partials;        // [ctas][kBM * kBN] when sk_tiles > 0
+    float *partials;        // [ctas][BM * BN] when sk_tiles > 0
     unsigned *flags;        // [ctas]
     unsigned epoch;
     int64_t spin_limit;     // 0: wait as long as it takes
     int *error;
 };
 
-template <typename T> __device__ __forceinline__ float widen(T v)
-{
-    return to_acc<float>(v);
-}
+// ---- the exact FFMA mainloop ----------------------------------------------
+template <typename T> struct ffma_mainloop {
+    static constexpr int BM = 64, BN = 64, BK = 16, kAcc = 16, kMinCtas = 1;
+    struct smem_t {
+        float a[BK][BM + 4];
+        float b[BK][BN + 4];
+    };
 
-template <typename T>
-__device__ void tile_mac(const matmul_args &p, int64_t tile, int64_t k0,
-                         int64_t k1, float (&acc)[4][4],
-                         float (*as)[kBM + 4], float (*bs)[kBN + 4])
-{
-    int64_t bt, tm, tn;
-    gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
-    const T *A = (const T *)p.a + bt * p.a_bs;
-    const T *B = (const T *)p.b + bt * p.b_bs;
-    const int64_t r0 = tm * kBM, c0 = tn * kBN;
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
+                               int64_t k1, float (&acc)[kAcc], smem_t &sm)
+    {
+        int64_t bt, tm, tn;
+        gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
+        const T *A = (const T *)p.a + bt * p.a_bs;
+        const T *B = (const T *)p.b + bt * p.b_bs;
+        const int64_t r0 = tm * BM, c0 = tn * BN;
+        const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            acc[i][j] = 0.f;
+        for (int e = 0; e < kAcc; e++) {
+            acc[e] = 0.f;
         }
-    }
-    const bool a_k_unit = p.a_cs == 1, b_n_unit = p.b_cs == 1;
-    for (int64_t kt = k0; kt < k1; kt++) {
-        const int64_t kb = kt * kBK;
+        const bool a_k_unit = p.a_cs == 1, b_n_unit = p.b_cs == 1;
+        for (int64_t kt = k0; kt < k1; kt++) {
+            const int64_t kb = kt * BK;
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int idx = threadIdx.x + e * kThreads;
-            // A panel [kBM x kBK]: consecutive threads along its unit stride
-            const int ai = a_k_unit ? idx / kBK : idx % kBM;
-            const int aq = a_k_unit ? idx % kBK : idx / kBM;
-            const int64_t gr = r0 + ai, gk = kb + aq;
-            as[aq][ai] = (gr < p.s.m && gk < p.s.k)
-                             ? widen(A[gr * p.a_rs + gk * p.a_cs])
-                             : 0.f;
-            // B panel [kBK x kBN]
-            const int bj = b_n_unit ? idx % kBN : idx / kBK;
-            const int bq = b_n_unit ? idx / kBN : idx % kBK;
-            const int64_t gc = c0 + bj, gk2 = kb + bq;
-            bs[bq][bj] = (gc < p.s.n && gk2 < p.s.k)
-                             ? widen(B[gk2 * p.b_rs + gc * p.b_cs])
-                             : 0.f;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int q = 0; q < kBK; q++) {
-            float a[4], b[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                a[i] = as[q][ty * 4 + i];
-                b[i] = bs[q][tx * 4 + i];
+            for (int e = 0; e < 4; e++) {
+                const int idx = threadIdx.x + e * kThreads;
+                // consecutive threads along each panel's unit stride
+                const int ai = a_k_unit ? idx / BK : idx % BM;
+                const int aq = a_k_unit ? idx % BK : idx / BM;
+                const int64_t gr = r0 + ai, gk = kb + aq;
+                sm.a[aq][ai] = (gr < p.s.m && gk < p.s.k)
+                                   ? to_acc<float>(A[gr * p.a_rs + gk * p.a_cs])
+                                   : 0.f;
+                const int bj = b_n_unit ? idx % BN : idx / BK;
+                const int bq = b_n_unit ? idx / BN : idx % BK;
+                const int64_t gc = c0 + bj, gk2 = kb + bq;
+                sm.b[bq][bj] = (gc < p.s.n && gk2 < p.s.k)
+                                   ? to_acc<float>(B[gk2 * p.b_rs + gc * p.b_cs])
+                                   : 0.f;
             }
+            __syncthreads();
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int q = 0; q < BK; q++) {
+                float a[4], b[4];
 #pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+                for (int i = 0; i < 4; i++) {
+                    a[i] = sm.a[q][ty * 4 + i];
+                    b[i] = sm.b[q][tx * 4 + i];
+                }
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        acc[i * 4 + j] = fmaf(a[i], b[j], acc[i * 4 + j]);
+                    }
                 }
             }
+            __syncthreads();
         }
-        __syncthreads();
     }
-}
 
-template <typename T>
-__device__ void tile_store(const matmul_args &p, int64_t tile,
-                           const float (&acc)[4][4])
+    static __device__ __forceinline__ void coords(int e, int &r, int &c)
+    {
+        r = (threadIdx.x / 16) * 4 + e / 4;
+        c = (threadIdx.x % 16) * 4 + e % 4;
+    }
+};
+
+// ---- the tensor-core mainloop, adapted to the driver ----------------------
+template <typename T> struct tc_mainloop {
+    using M = mma_mainloop<T>;
+    static constexpr int BM = M::BM, BN = M::BN, kAcc = M::kAcc;
+    static constexpr int kMinCtas = 2; // 128 registers: two CTAs per SM
+    using smem_t = typename M::smem_t;
+
+    static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
+                               int64_t k1, float (&acc)[kAcc], smem_t &sm)
+    {
+        const mma_operands o{p.a, p.b, p.a_bs, p.a_rs, p.b_bs, p.b_rs, p.b_cs,
+                             p.b_rs == 1};
+        M::mac(p.s, o, tile, k0, k1, acc, sm);
+    }
+
+    static __device__ __forceinline__ void coords(int e, int &r, int &c)
+    {
+        M::coords(e, r, c);
+    }
+};
+
+// ---- the driver: schedule walk, fix-up, epilogue ---------------------------
+template <typename T, typename L>
+__device__ void store_tile(const driver_args &p, int64_t tile,
+                           const float (&acc)[L::kAcc])
 {
     int64_t bt, tm, tn;
     gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
     T *C = (T *)p.c + bt * p.s.m * p.s.n;
-    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int64_t r = tm * kBM + ty * 4 + i;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int64_t c = tn * kBN + tx * 4 + j;
-            if (r < p.s.m && c < p.s.n) {
-                C[r * p.s.n + c] = from_acc<T>(acc[i][j]);
-            }
+    for (int e = 0; e < L::kAcc; e++) {
+        int r, c;
+        L::coords(e, r, c);
+        const int64_t gr = tm * L::BM + r, gc = tn * L::BN + c;
+        if (gr < p.s.m && gc < p.s.n) {
+            C[gr * p.s.n + gc] = from_acc<T>(acc[e]);
         }
     }
 }
@@ -135,27 +162,25 @@ __device__ __forceinline__ void release_store(unsigned *f, unsigned v)
                  : "memory");
 }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads)
-    matmul_streamk_kernel(const matmul_args p)
+template <typename T, typename L>
+__global__ void __launch_bounds__(kThreads, L::kMinCtas)
+    matmul_streamk_kernel(const driver_args p)
 {
-    __shared__ float as[kBK][kBM + 4];
-    __shared__ float bs[kBK][kBN + 4];
-    __shared__ int give_up;
-    float acc[4][4];
+    __shared__ typename L::smem_t sm;
+    float acc[L::kAcc];
     const int64_t c = blockIdx.x;
-    constexpr int kTile = kBM * kBN;
+    constexpr int kTile = L::BM * L::BN;
     int64_t it, end;
     gemsops_sk_range(&p.s, c, &it, &end);
     while (it < end) {
         int64_t tile, k0, k1;
         it = gemsops_sk_piece(&p.s, it, end, &tile, &k0, &k1);
-        tile_mac<T>(p, tile, k0, k1, acc, as, bs);
+        L::mac(p, tile, k0, k1, acc, sm);
         if (k0 > 0) { // a peer: publish the partial
             float *slot = p.partials + c * kTile;
 #pragma unroll
-            for (int e = 0; e < 16; e++) {
-                slot[e * kThreads + threadIdx.x] = acc[e / 4][e % 4];
+            for (int e = 0; e < L::kAcc; e++) {
+                slot[e * kThreads + threadIdx.x] = acc[e];
             }
             __threadfence();
             __syncthreads();
@@ -166,58 +191,107 @@ __global__ void __launch_bounds__(kThreads)
         }
         for (int64_t q = gemsops_sk_next_peer(&p.s, tile, c); q >= 0;
              q = gemsops_sk_next_peer(&p.s, tile, q)) {
+            int gave_up = 0;
             if (threadIdx.x == 0) {
                 int64_t spins = 0;
-                give_up = 0;
                 while (acquire_load(p.flags + q) != p.epoch) {
                     if (p.spin_limit > 0 && ++spins > p.spin_limit) {
-                        give_up = 1;
+                        gave_up = 1;
                         atomicExch(p.error, 1);
                         break;
                     }
                 }
             }
-            __syncthreads();
-            if (give_up) {
+            if (__syncthreads_or(gave_up)) {
                 return; // the host raises: error = 1
             }
             const float *slot = p.partials + q * kTile;
 #pragma unroll
-            for (int e = 0; e < 16; e++) {
-                acc[e / 4][e % 4] += __ldcg(slot + e * kThreads + threadIdx.x);
+            for (int e = 0; e < L::kAcc; e++) {
+                acc[e] += __ldcg(slot + e * kThreads + threadIdx.x);
             }
-            __syncthreads(); // give_up is rewritten for the next peer
         }
-        tile_store<T>(p, tile, acc);
+        store_tile<T, L>(p, tile, acc);
     }
     for (int64_t t = c; t < p.s.dp_tiles; t += p.s.ctas) {
-        tile_mac<T>(p, t, 0, p.s.iters, acc, as, bs);
-        tile_store<T>(p, t, acc);
+        L::mac(p, t, 0, p.s.iters, acc, sm);
+        store_tile<T, L>(p, t, acc);
     }
 }
 
-const void *kernel_for(gemsops_dtype dt)
+// ---- planning and launch ---------------------------------------------------
+// The tensor-core mainloop takes whole aligned 16-byte chunks: A with unit
+// k stride, B with unit k or n stride, k (and n for N-contiguous B) a
+// multiple of 8, every base and row stride 16-byte aligned.
+bool tc_ok(const gemsops_matmul_params *p, int cc_major)
 {
-    switch (dt) {
-    case GEMSOPS_FLOAT32: return (const void *)matmul_streamk_kernel<float>;
-    case GEMSOPS_FLOAT16: return (const void *)matmul_streamk_kernel<__half>;
+    if (cc_major < 8 || (p->dtype != GEMSOPS_FLOAT16 &&
+                         p->dtype != GEMSOPS_BFLOAT16)) {
+        return false;
+    }
+    auto al = [](const void *q) { return (uintptr_t)q % 16 == 0; };
+    const bool a_ok = p->a_cs == 1 && p->a_rs % 8 == 0 &&
+                      (p->a_bs % 8 == 0 || p->batch == 1);
+    const bool b_k = p->b_rs == 1 && p->b_cs % 8 == 0;
+    const bool b_n = p->b_cs == 1 && p->b_rs % 8 == 0 && p->n % 8 == 0;
+    return al(p->a) && al(p->b) && a_ok && (b_k || b_n) && p->k % 8 == 0 &&
+           (p->b_bs % 8 == 0 || p->batch == 1);
+}
+
+struct kernel_choice {
+    const void *fn;
+    int bm, bn, bk;
+    void (*launch)(unsigned grid, cudaStream_t s, const driver_args &a);
+};
+
+template <typename T, typename L>
+void launch_kernel(unsigned grid, cudaStream_t s, const driver_args &a)
+{
+    matmul_streamk_kernel<T, L><<<grid, kThreads, 0, s>>>(a);
+}
+
+template <typename T, typename L> kernel_choice choice(int bk)
+{
+    return {(const void *)matmul_streamk_kernel<T, L>, L::BM, L::BN, bk,
+            launch_kernel<T, L>};
+}
+
+// The one dtype switch.
+int choose(const gemsops_matmul_params *p, kernel_choice *k,
+           gemsops_status *st)
+{
+    device_facts f;
+    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    const bool tc = tc_ok(p, f.cc_major);
+    switch (p->dtype) {
+    case GEMSOPS_FLOAT32:
+        *k = choice<float, ffma_mainloop<float>>(16);
+        return GEMSOPS_OK;
+    case GEMSOPS_FLOAT16:
+        *k = tc ? choice<__half, tc_mainloop<__half>>(32)
+                : choice<__half, ffma_mainloop<__half>>(16);
+        return GEMSOPS_OK;
     case GEMSOPS_BFLOAT16:
-        return (const void *)matmul_streamk_kernel<__nv_bfloat16>;
-    default: return nullptr;
-    }
-}
-
-int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
-         gemsops_status *st)
-{
-    const void *k = kernel_for(p->dtype);
-    if (k == nullptr) {
+        *k = tc ? choice<__nv_bfloat16, tc_mainloop<__nv_bfloat16>>(32)
+                : choice<__nv_bfloat16, ffma_mainloop<__nv_bfloat16>>(16);
+        return GEMSOPS_OK;
+    default:
         return gemsops_fail(st, GEMSOPS_ERR_TYPE,
                             "matmul: unsupported dtype %s on CUDA",
                             gemsops_dtype_name(p->dtype));
     }
+}
+
+int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
+         kernel_choice *k, gemsops_status *st)
+{
+    if (choose(p, k, st) != GEMSOPS_OK) {
+        return st->code;
+    }
     int resident = 1;
-    if (resident_ctas(k, p->device_id, kThreads, &resident, st) !=
+    if (resident_ctas(k->fn, p->device_id, kThreads, &resident, st) !=
         GEMSOPS_OK) {
         return st->code;
     }
@@ -225,8 +299,8 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
     if (p->ctas_override > 0 && p->ctas_override < ctas) {
         ctas = p->ctas_override; // never more than fit at once
     }
-    gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, kBM, kBN, kBK, kGroupM,
-                    ctas, p->mode, p->two_tiles);
+    gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, k->bm, k->bn, k->bk,
+                    kGroupM, ctas, p->mode, p->two_tiles);
     return GEMSOPS_OK;
 }
 
@@ -234,14 +308,16 @@ int launch(const gemsops_matmul_params *p, gemsops_status *st)
 {
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
-    matmul_args a{};
-    if (plan(p, &a.s, st) != GEMSOPS_OK) {
+    driver_args a{};
+    kernel_choice k;
+    if (plan(p, &a.s, &k, st) != GEMSOPS_OK) {
         return st->code;
     }
     if (a.s.tiles == 0) {
         return GEMSOPS_OK;
     }
-    const int64_t need = a.s.sk_tiles > 0 ? a.s.ctas * kBM * kBN * 4 : 0;
+    const int64_t need =
+        a.s.sk_tiles > 0 ? a.s.ctas * (int64_t)k.bm * k.bn * 4 : 0;
     if (p->workspace_bytes < need || p->flag_count < a.s.ctas ||
         p->epoch == 0) {
         return gemsops_fail(st, GEMSOPS_ERR_VALUE,
@@ -265,23 +341,7 @@ int launch(const gemsops_matmul_params *p, gemsops_status *st)
     a.epoch = p->epoch;
     a.spin_limit = p->spin_limit;
     a.error = p->error;
-    cudaStream_t stream = (cudaStream_t)p->stream;
-    const unsigned grid = (unsigned)a.s.ctas;
-    switch (p->dtype) {
-    case GEMSOPS_FLOAT32:
-        matmul_streamk_kernel<float><<<grid, kThreads, 0, stream>>>(a);
-        break;
-    case GEMSOPS_FLOAT16:
-        matmul_streamk_kernel<__half><<<grid, kThreads, 0, stream>>>(a);
-        break;
-    case GEMSOPS_BFLOAT16:
-        matmul_streamk_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(a);
-        break;
-    default:
-        return gemsops_fail(st, GEMSOPS_ERR_TYPE,
-                            "matmul: unsupported dtype %s on CUDA",
-                            gemsops_dtype_name(p->dtype));
-    }
+    k.launch((unsigned)a.s.ctas, (cudaStream_t)p->stream, a);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "matmul_streamk_kernel");
     return GEMSOPS_OK;
 }
@@ -295,7 +355,8 @@ extern "C" int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
 {
     gemsops::device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
-    return gemsops::plan(p, s, st);
+    gemsops::kernel_choice k;
+    return gemsops::plan(p, s, &k, st);
 }
 
 extern "C" int gemsops_matmul_cuda(const struct gemsops_matmul_params *p,

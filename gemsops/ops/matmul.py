@@ -69,7 +69,9 @@ def _mm3(a, b):
     if not a.is_cuda:
         _C.matmul(a, b, c, mode, two, ctas, None, None, 1, spin, None)
         return c
-    key = (a.shape, b.shape, a.dtype, a.device.index, mode, two, ctas)
+    # the kernel (tensor cores or FFMA) depends on layout and alignment
+    key = (a.shape, b.shape, a.stride(), b.stride(), a.data_ptr() % 16,
+           b.data_ptr() % 16, a.dtype, a.device.index, mode, two, ctas)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _C.matmul_plan(a, b, c, mode, two, ctas)
