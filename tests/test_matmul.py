@@ -68,15 +68,34 @@ def test_large_shapes_cuda(m, n, k, dtype):
 @pytest.mark.parametrize("sched", SCHEDULES)
 @pytest.mark.parametrize("two_tiles", [False, True])
 @pytest.mark.parametrize("ctas", [0, 3, 7])
+@pytest.mark.parametrize("dtype,k,b_t", [(torch.float32, 257, False),
+                                         (torch.bfloat16, 1024, False),
+                                         (torch.float16, 520, True)])
 def test_every_schedule_is_correct_and_bitwise_repeatable(sched, two_tiles,
-                                                          ctas, device):
-    a = rand(300, 257, device=device)
-    b = rand(257, 200, device=device)
+                                                          ctas, dtype, k, b_t,
+                                                          device):
+    a = rand(300, k, dtype=dtype, device=device)
+    b = rand(200, k, dtype=dtype, device=device).t() if b_t else \
+        rand(k, 200, dtype=dtype, device=device)
     with schedule(sched, two_tiles=two_tiles, ctas=ctas):
         first = gemsops.mm(a, b)
         second = gemsops.mm(a, b)
-    assert_mm_close(first, a, b, torch.float32)
+    assert_mm_close(first, a, b, dtype)
     assert torch.equal(first, second)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tensor_core_path_is_taken_when_aligned(dtype):
+    def plan(a, b):
+        c = torch.empty(1, a.shape[0], b.shape[1], dtype=dtype, device="cuda")
+        return gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0)
+    a = rand(256, 512, dtype=dtype, device="cuda")
+    b = rand(512, 384, dtype=dtype, device="cuda")
+    assert plan(a, b)["bm"] == 128                    # B N-contiguous
+    assert plan(a, rand(384, 512, dtype=dtype, device="cuda").t())["bm"] == 128
+    assert plan(a[:, :511], b[:511])["bm"] == 64      # k % 8: FFMA
+    assert plan(rand(512, 256, dtype=dtype, device="cuda").t(), b)["bm"] == 64
 
 
 def test_stream_k_splits_tiles_and_still_matches_data_parallel(device):
