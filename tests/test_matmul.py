@@ -92,8 +92,8 @@ def test_tensor_core_path_is_taken_when_aligned(dtype):
         return gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0)
     a = rand(256, 512, dtype=dtype, device="cuda")
     b = rand(512, 384, dtype=dtype, device="cuda")
-    assert plan(a, b)["bm"] > 64                      # B N-contiguous
-    assert plan(a, rand(384, 512, dtype=dtype, device="cuda").t())["bm"] > 64
+    assert plan(a, b)["bm"] == 128                    # B N-contiguous
+    assert plan(a, rand(384, 512, dtype=dtype, device="cuda").t())["bm"] == 128
     assert plan(a[:, :511], b[:511])["bm"] == 64      # k % 8: FFMA
     assert plan(rand(512, 256, dtype=dtype, device="cuda").t(), b)["bm"] == 64
 

@@ -218,12 +218,12 @@ struct device_facts {
 };
 int get_device_facts(int device, device_facts *out, gemsops_status *st);
 
-// CTAs of `kernel` (launched with `block` threads and `smem` bytes of
-// dynamic shared memory) that fit on the whole device at once, from the
-// occupancy calculator; cached per (kernel, device, block, smem). The caller
-// must have made `device` current.
-int resident_ctas(const void *kernel, int device, int block, int smem,
-                  int *out, gemsops_status *st);
+// CTAs of `kernel` (launched with `block` threads, no dynamic shared
+// memory) that fit on the whole device at once, from the occupancy
+// calculator; cached per (kernel, device, block). The caller must have
+// made `device` current.
+int resident_ctas(const void *kernel, int device, int block, int *out,
+                  gemsops_status *st);
 
 // Makes `device` current for the scope and restores the previous one.
 struct device_guard {

@@ -42,33 +42,32 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
 namespace {
 struct resident_entry {
     const void *kernel;
-    int device, block, smem, ctas;
+    int device, block, ctas;
 };
 constexpr int kMaxResident = 256;
 resident_entry g_resident[kMaxResident];
 int g_resident_count;
 } // namespace
 
-int resident_ctas(const void *kernel, int device, int block, int smem,
-                  int *out, gemsops_status *st)
+int resident_ctas(const void *kernel, int device, int block, int *out,
+                  gemsops_status *st)
 {
     std::lock_guard<std::mutex> hold(g_lock);
     for (int k = 0; k < g_resident_count; k++) {
         const resident_entry &e = g_resident[k];
-        if (e.kernel == kernel && e.device == device && e.block == block &&
-            e.smem == smem) {
+        if (e.kernel == kernel && e.device == device && e.block == block) {
             *out = e.ctas;
             return GEMSOPS_OK;
         }
     }
     int per_sm = 0, sms = 0;
     GEMSOPS_CUDA_CHECK(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                               &per_sm, kernel, block, smem));
+                               &per_sm, kernel, block, 0));
     GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
                                &sms, cudaDevAttrMultiProcessorCount, device));
     *out = per_sm * sms > 0 ? per_sm * sms : 1;
     if (g_resident_count < kMaxResident) { // else: asked again next time
-        g_resident[g_resident_count++] = {kernel, device, block, smem, *out};
+        g_resident[g_resident_count++] = {kernel, device, block, *out};
     }
     return GEMSOPS_OK;
 }

