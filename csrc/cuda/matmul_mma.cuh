@@ -1,9 +1,6 @@
 // The tensor-core mainloop of the Stream-K matmul (fp16/bf16, sm_80+):
-// a 128 x 128 tile per CTA, k-steps of 32, 4 warps as 2 (M) x 2 (N), each
-// warp 64 x 64 of the tile as 4 x 8 mma.sync.m16n8k16 (fp32 accumulate).
-// 64 x 64 warp tiles: 8 ldmatrix.x4 feed 32 mma per k16 (a 64 x 32 warp
-// tile needs 6 for 16), so shared-memory bandwidth stays under the tensor
-// cores' rate (H100, 64 x 32: 225 TFLOP/s at 4096^3).
+// a 128 x 128 tile per CTA, k-steps of 32, 8 warps as 2 (M) x 4 (N), each
+// warp 64 x 32 of the tile as 4 x 4 mma.sync.m16n8k16 (fp32 accumulate).
 //
 // Global -> shared: cp.async 16-byte chunks into a 3-stage ring (the loads
 // of step k+2 fly while step k computes). Shared -> registers: ldmatrix.x4.
@@ -89,7 +86,7 @@ struct mma_operands {
 
 template <typename T> struct mma_mainloop {
     static constexpr int BM = 128, BN = 128, BK = 32, kStages = 3;
-    static constexpr int kThreads = 128, kAcc = 128; // 4 x 8 mma x 4 floats
+    static constexpr int kThreads = 256, kAcc = 64; // 4 x 4 mma x 4 floats
     // bytes per stage: A [128][32] + B (either way) 128 x 32 halves
     static constexpr int kStageBytes = 2 * BM * BK * 2;
     struct smem_t {
@@ -119,9 +116,9 @@ template <typename T> struct mma_mainloop {
     {
         const int t = threadIdx.x;
         const int64_t kb = kt * BK;
-        // A: 128 rows x 4 chunks = 512 chunks, 4 per thread
+        // A: 128 rows x 4 chunks = 512 chunks, 2 per thread
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
+        for (int e = 0; e < 2; e++) {
             const int idx = t + e * kThreads, r = idx / 4, c = idx % 4;
             const int64_t gr = r0 + r, gk = kb + c * 8;
             const bool ok = gr < s.m && gk < s.k;
@@ -129,7 +126,7 @@ template <typename T> struct mma_mainloop {
             cp_async16(stage_base + a_off(r, c), src, ok);
         }
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
+        for (int e = 0; e < 2; e++) {
             const int idx = t + e * kThreads;
             if (o.b_k_unit) { // B[k][n] at k * b_rs(=1) + n * b_cs
                 const int n = idx / 4, c = idx % 4;
@@ -165,7 +162,7 @@ template <typename T> struct mma_mainloop {
         const unsigned base =
             (unsigned)__cvta_generic_to_shared(sm.ring);
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int wm = warp / 2, wn = warp % 2; // warp tile 64 x 64
+        const int wm = warp / 4, wn = warp % 4; // warp tile 64 x 32
         const int64_t steps = k1 - k0;
 #pragma unroll
         for (int st = 0; st < kStages - 1; st++) {
@@ -188,23 +185,23 @@ template <typename T> struct mma_mainloop {
             const unsigned sb = base + (i % kStages) * kStageBytes;
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {
-                unsigned af[4][4], bf[8][2];
+                unsigned af[4][4], bf[4][2];
 #pragma unroll
                 for (int mi = 0; mi < 4; mi++) {
                     const int r = wm * 64 + mi * 16 + lane % 16;
                     ldmatrix_x4(af[mi], sb + a_off(r, kk * 2 + lane / 16));
                 }
 #pragma unroll
-                for (int nj = 0; nj < 4; nj++) { // two n8 blocks per x4
+                for (int nj = 0; nj < 2; nj++) { // two n8 blocks per x4
                     unsigned q[4];
                     if (o.b_k_unit) {
-                        const int n = wn * 64 + nj * 16 + (lane % 8) +
+                        const int n = wn * 32 + nj * 16 + (lane % 8) +
                                       (lane / 16) * 8;
                         ldmatrix_x4(q, sb + bk_off(n, kk * 2 + (lane / 8) % 2));
                     }
                     else {
                         const int k = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
-                        const int c = (wn * 64 + nj * 16) / 8 + lane / 16;
+                        const int c = (wn * 32 + nj * 16) / 8 + lane / 16;
                         ldmatrix_x4_trans(q, sb + bn_off(k, c));
                     }
                     bf[nj * 2][0] = q[0];
@@ -215,9 +212,9 @@ template <typename T> struct mma_mainloop {
 #pragma unroll
                 for (int mi = 0; mi < 4; mi++) {
 #pragma unroll
-                    for (int ni = 0; ni < 8; ni++) {
+                    for (int ni = 0; ni < 4; ni++) {
                         float(&d)[4] =
-                            *reinterpret_cast<float(*)[4]>(acc + (mi * 8 + ni) * 4);
+                            *reinterpret_cast<float(*)[4]>(acc + (mi * 4 + ni) * 4);
                         mma_op<T>::run(d, af[mi], bf[ni][0], bf[ni][1]);
                     }
                 }
@@ -231,9 +228,9 @@ template <typename T> struct mma_mainloop {
     static __device__ __forceinline__ void coords(int e, int &r, int &c)
     {
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int mi = e / 32, ni = (e / 4) % 8, q = e % 4;
-        r = (warp / 2) * 64 + mi * 16 + lane / 4 + (q / 2) * 8;
-        c = (warp % 2) * 64 + ni * 8 + (lane % 4) * 2 + q % 2;
+        const int mi = e / 16, ni = (e / 4) % 4, q = e % 4;
+        r = (warp / 4) * 64 + mi * 16 + lane / 4 + (q / 2) * 8;
+        c = (warp % 4) * 32 + ni * 8 + (lane % 4) * 2 + q % 2;
     }
 };
 

@@ -33,7 +33,7 @@
 namespace gemsops {
 namespace {
 
-constexpr int kGroupM = 8;
+constexpr int kThreads = 256, kGroupM = 8;
 
 struct driver_args {
     gemsops_sk_schedule s;
@@ -50,7 +50,6 @@ struct driver_args {
 // ---- the exact FFMA mainloop ----------------------------------------------
 template <typename T> struct ffma_mainloop {
     static constexpr int BM = 64, BN = 64, BK = 16, kAcc = 16, kMinCtas = 1;
-    static constexpr int kThreads = 256;
     struct smem_t {
         float a[BK][BM + 4];
         float b[BK][BN + 4];
@@ -121,7 +120,7 @@ template <typename T> struct ffma_mainloop {
 template <typename T> struct tc_mainloop {
     using M = mma_mainloop<T>;
     static constexpr int BM = M::BM, BN = M::BN, kAcc = M::kAcc;
-    static constexpr int kThreads = M::kThreads, kMinCtas = 2;
+    static constexpr int kMinCtas = 2; // 128 registers: two CTAs per SM
     using smem_t = typename M::smem_t;
 
     static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
@@ -164,7 +163,7 @@ __device__ __forceinline__ void release_store(unsigned *f, unsigned v)
 }
 
 template <typename T, typename L>
-__global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
+__global__ void __launch_bounds__(kThreads, L::kMinCtas)
     matmul_streamk_kernel(const driver_args p)
 {
     __shared__ typename L::smem_t sm;
@@ -181,7 +180,7 @@ __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
             float *slot = p.partials + c * kTile;
 #pragma unroll
             for (int e = 0; e < L::kAcc; e++) {
-                slot[e * L::kThreads + threadIdx.x] = acc[e];
+                slot[e * kThreads + threadIdx.x] = acc[e];
             }
             __threadfence();
             __syncthreads();
@@ -209,7 +208,7 @@ __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
             const float *slot = p.partials + q * kTile;
 #pragma unroll
             for (int e = 0; e < L::kAcc; e++) {
-                acc[e] += __ldcg(slot + e * L::kThreads + threadIdx.x);
+                acc[e] += __ldcg(slot + e * kThreads + threadIdx.x);
             }
         }
         store_tile<T, L>(p, tile, acc);
@@ -241,20 +240,20 @@ bool tc_ok(const gemsops_matmul_params *p, int cc_major)
 
 struct kernel_choice {
     const void *fn;
-    int bm, bn, bk, threads;
+    int bm, bn, bk;
     void (*launch)(unsigned grid, cudaStream_t s, const driver_args &a);
 };
 
 template <typename T, typename L>
 void launch_kernel(unsigned grid, cudaStream_t s, const driver_args &a)
 {
-    matmul_streamk_kernel<T, L><<<grid, L::kThreads, 0, s>>>(a);
+    matmul_streamk_kernel<T, L><<<grid, kThreads, 0, s>>>(a);
 }
 
 template <typename T, typename L> kernel_choice choice(int bk)
 {
     return {(const void *)matmul_streamk_kernel<T, L>, L::BM, L::BN, bk,
-            L::kThreads, launch_kernel<T, L>};
+            launch_kernel<T, L>};
 }
 
 // The one dtype switch.
@@ -292,7 +291,7 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
         return st->code;
     }
     int resident = 1;
-    if (resident_ctas(k->fn, p->device_id, k->threads, &resident, st) !=
+    if (resident_ctas(k->fn, p->device_id, kThreads, &resident, st) !=
         GEMSOPS_OK) {
         return st->code;
     }
