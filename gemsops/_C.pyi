@@ -1,6 +1,6 @@
 """Typed stubs of the gemsops._C extension. Tensors are any DLPack
 producers (torch tensors, NumPy arrays, ...); outputs are written in place."""
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 Tensor = Any  # anything with __dlpack__
 
@@ -29,3 +29,11 @@ def prod_bwd(input: Tensor, dim: Optional[int], grad_out: Tensor,
              grad_in: Tensor, workspace: Optional[Tensor]) -> None: ...
 def prod_workspace(input: Tensor, dim: Optional[int]) -> int: ...
 def prod_bwd_workspace(input: Tensor, dim: Optional[int]) -> int: ...
+def matmul(a: Tensor, b: Tensor, out: Tensor, schedule: int, two_tiles: bool,
+           ctas: int, workspace: Optional[Tensor], flags: Optional[Tensor],
+           epoch: int, spin_limit: int, error: Optional[Tensor]) -> None: ...
+def matmul_plan(a: Tensor, b: Tensor, out: Tensor, schedule: int,
+                two_tiles: bool, ctas: int) -> Dict[str, int]: ...
+def streamk_check(m: int, n: int, k: int, batch: int, bm: int, bn: int,
+                  bk: int, group_m: int, ctas: int, schedule: int,
+                  two_tiles: bool) -> Dict[str, int]: ...
