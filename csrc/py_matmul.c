@@ -170,6 +170,8 @@ PyDoc_STRVAR(matmul_doc,
 "with those flags), spin_limit (0: wait; else fail after that many\n"
 "polls), error (int32 [1]: set to 1 when a wait gave up).");
 
+/* (workspace, flags, epoch, spin_limit, error): spin_limit for both
+ * backends, the rest checked and used on CUDA only. */
 static int
 parse_cuda_extras(PyObject *const *args, const char *fn,
                   const struct gemsops_tensor *a,
@@ -186,8 +188,9 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
         parse_ll(args[9], fn, "spin_limit", 0, 1LL << 62, &spin)) {
         return -1;
     }
+    p->spin_limit = spin;
     if (a->device_type != GEMSOPS_CUDA) {
-        return 0; /* the CPU executor keeps its own */
+        return 0; /* the CPU executor keeps its own workspace and flags */
     }
     if (!has_fl || fl.dtype != GEMSOPS_INT32 || !has_er ||
         er.dtype != GEMSOPS_INT32) {
@@ -206,7 +209,6 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
     p->flag_count = gemsops_tensor_numel(&fl);
     p->error = (int *)er.data;
     p->epoch = (unsigned)epoch;
-    p->spin_limit = spin;
     return 0;
 }
 
@@ -227,13 +229,6 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const int cuda = a.device_type == GEMSOPS_CUDA;
-    if (!cuda) {
-        long long spin;
-        if (parse_ll(args[9], fn, "spin_limit", 0, 1LL << 62, &spin)) {
-            return NULL;
-        }
-        p.spin_limit = spin;
-    }
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
     Py_BEGIN_ALLOW_THREADS
