@@ -210,20 +210,61 @@ __device__ __forceinline__ unsigned acquire_load(const unsigned *p)
     return v;
 }
 
+// cp.async: global -> shared copies that bypass registers, so a thread can
+// keep several rows or tiles in flight while it computes. 16-byte copies
+// skip L1 (.cg); `valid` false zero-fills the destination. The "memory"
+// clobbers keep ordinary shared-memory reads of a landed stage after the
+// wait and before the copy that refills it.
+__device__ __forceinline__ void cp_async16(unsigned smem, const void *gmem,
+                                           bool valid = true)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem),
+                 "l"(gmem), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+// 4- or 8-byte copy through L1 (.ca: the only mode for small sizes).
+template <int BYTES>
+__device__ __forceinline__ void cp_async_small(unsigned smem, const void *gmem)
+{
+    static_assert(BYTES == 4 || BYTES == 8, "cp.async.ca takes 4 or 8 bytes");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(smem),
+                 "l"(gmem), "n"(BYTES)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Waits until at most N of this thread's committed groups are pending.
+template <int N> __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void *p)
+{
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
 // Facts about a device, read once and cached (SM count, max threads/SM).
 struct device_facts {
     int sm_count;
     int max_threads_per_sm;
     int cc_major;
+    int smem_per_block_optin; // bytes of shared memory one CTA may ask for
 };
 int get_device_facts(int device, device_facts *out, gemsops_status *st);
 
-// CTAs of `kernel` (launched with `block` threads, no dynamic shared
-// memory) that fit on the whole device at once, from the occupancy
-// calculator; cached per (kernel, device, block). The caller must have
-// made `device` current.
-int resident_ctas(const void *kernel, int device, int block, int *out,
-                  gemsops_status *st);
+// CTAs of `kernel` (launched with `block` threads and `smem` bytes of
+// dynamic shared memory) that fit on the whole device at once, from the
+// occupancy calculator; cached per (kernel, device, block, smem). Above
+// 48 KB it first raises the kernel's dynamic shared-memory limit, which a
+// launch with that much needs. The caller must have made `device` current.
+int resident_ctas(const void *kernel, int device, int block, int smem,
+                  int *out, gemsops_status *st);
 
 // Makes `device` current for the scope and restores the previous one.
 struct device_guard {

@@ -32,6 +32,10 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
         GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
                                    &f.cc_major,
                                    cudaDevAttrComputeCapabilityMajor, device));
+        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
+                                   &f.smem_per_block_optin,
+                                   cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                   device));
         g_facts[device] = f;
         g_known[device] = true;
     }
@@ -42,32 +46,39 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
 namespace {
 struct resident_entry {
     const void *kernel;
-    int device, block, ctas;
+    int device, block, smem, ctas;
 };
 constexpr int kMaxResident = 256;
 resident_entry g_resident[kMaxResident];
 int g_resident_count;
 } // namespace
 
-int resident_ctas(const void *kernel, int device, int block, int *out,
-                  gemsops_status *st)
+int resident_ctas(const void *kernel, int device, int block, int smem,
+                  int *out, gemsops_status *st)
 {
     std::lock_guard<std::mutex> hold(g_lock);
     for (int k = 0; k < g_resident_count; k++) {
         const resident_entry &e = g_resident[k];
-        if (e.kernel == kernel && e.device == device && e.block == block) {
+        if (e.kernel == kernel && e.device == device && e.block == block &&
+            e.smem == smem) {
             *out = e.ctas;
             return GEMSOPS_OK;
         }
     }
     int per_sm = 0, sms = 0;
+    if (smem > 48 * 1024) {
+        GEMSOPS_CUDA_CHECK(st, cudaFuncSetAttribute(
+                                   kernel,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   smem));
+    }
     GEMSOPS_CUDA_CHECK(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                               &per_sm, kernel, block, 0));
+                               &per_sm, kernel, block, (size_t)smem));
     GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
                                &sms, cudaDevAttrMultiProcessorCount, device));
     *out = per_sm * sms > 0 ? per_sm * sms : 1;
     if (g_resident_count < kMaxResident) { // else: asked again next time
-        g_resident[g_resident_count++] = {kernel, device, block, *out};
+        g_resident[g_resident_count++] = {kernel, device, block, smem, *out};
     }
     return GEMSOPS_OK;
 }

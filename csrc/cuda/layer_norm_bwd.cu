@@ -5,16 +5,25 @@
 //   dW[c] = sum_rows dy * xhat,  dB[c] = sum_rows dy
 //
 // Work split: as in the forward (layer_norm_plan.cuh), TPR threads own a row
-// (or a slab of it), E elements each in registers. A thread always owns the
-// same columns, so while the CTA walks its rows in a grid-stride loop it
-// keeps dW/dB partial sums for those columns in fp32 registers. At the end
-// the CTA sums its row groups' partials in shared memory and issues one
+// (or a slab of it), E elements each. A thread always owns the same
+// columns, so while the CTA walks its rows in a grid-stride loop it keeps
+// dW/dB partial sums for those columns in fp32 registers. At the end the
+// CTA sums its row groups' partials in shared memory and issues one
 // atomicAdd per column per CTA (dW and dB) into fp32 accumulators: the
 // classic second kernel that re-reads x and dy for dW/dB disappears.
 // Same-address atomics serialise, so the accumulators come in stripes (row
 // group g adds into stripe g % S, ~16 groups per stripe); a tiny
 // column-parallel kernel sums the S stripes and rounds to the parameters'
 // dtype (2 * N * S fp32 reads, not a pass over x or dy).
+//
+// Feeding the loop: a persistent CTA computes one row while the next rows
+// are on their way. Each thread copies ITS OWN x, dy, mean and rstd for the
+// rows `stages - 1` steps ahead into a private slice of a shared-memory
+// ring with cp.async, and reads them back when their turn comes. No other
+// thread touches that slice, so cp.async.wait_group alone orders it: the
+// ring costs no barrier and no registers, and keeps ~(stages - 1) * 32
+// bytes per thread in flight however long the row reductions take.
+// (Unaligned or odd-width inputs load directly from global memory.)
 //
 // Deterministic mode: each row group stores its partials to
 // workspace[group][2N] instead (no atomics), and the same small kernel sums
@@ -26,6 +35,8 @@
 //
 // Bytes: read x and dy once, write dx once (3 * N * sizeof(T) per row);
 // mean/rstd per row; dW/dB: 2 * N atomics per CTA (grid ~ #SMs * occupancy).
+#include <stdlib.h>
+
 #include "layer_norm_plan.cuh"
 #include "gemsops/layer_norm.h"
 
@@ -33,19 +44,24 @@ namespace gemsops {
 namespace {
 
 // Elements per thread: x, dy and the dW/dB accumulators all live in
-// registers, so fewer than in the forward (1024-thread CTAs get 64 regs).
-// Each CTA adds 2 * cols atomics; owning at least this many rows keeps
-// them a small fraction of the 3 * cols * rows elements moved.
+// registers. Each CTA adds 2 * cols atomics; owning at least this many rows
+// keeps them a small fraction of the 3 * cols * rows elements moved.
 constexpr int64_t kMinRowsPerCta = 8;
 
-// Two rows per step (loads in flight, barriers shared), except where
-// registers are short: scalar variants, fp64, 1024-thread CTAs.
-__host__ __device__ constexpr int bwd_rows_at_once(int vec, int block)
-{
-    return (vec > 2 && block < 1024) ? 2 : 1;
-}
-
 template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
+
+// The ring feeds 16-byte accesses only (cp.async.cg); one stage of one
+// thread holds its x and dy vectors plus the row's mean and rstd.
+template <typename T, int VEC> __host__ __device__ constexpr bool bwd_ring() { return VEC * sizeof(T) == 16; }
+constexpr int kMaxStages = 4;
+
+template <typename T, int VEC>
+__host__ __device__ constexpr int bwd_stage_bytes(int block)
+{
+    return bwd_ring<T, VEC>()
+               ? block * (2 * (bwd_elems<T>() / VEC) * 16 + 2 * (int)sizeof(acc_t<T>))
+               : 0;
+}
 
 template <typename T, typename P> struct bwd_args {
     const T *dy;
@@ -63,34 +79,54 @@ template <typename T, typename P> struct bwd_args {
     unsigned *counters;  // split > 1: [rows]
     int64_t rows, cols, dy_stride, x_stride, dx_stride;
     int split;
+    int stages;          // ring depth, 1..kMaxStages (ring kernels only)
     bool deterministic;
 };
 
-// Registers: as layer_norm_min_ctas, but a 128-thread CTA holding several
-// short rows (and their shared-memory column sums) gets 640 threads' worth.
-constexpr int bwd_min_ctas(int tpr)
+// Registers: 1024 resident threads per SM (64 registers), the most the
+// ring's shared memory allows for 512-thread CTAs anyway; fp64 (not a
+// bandwidth target) gets 768 so that short rows do not spill.
+constexpr int bwd_min_ctas(int tpr, int elem_bytes)
 {
-    return tpr < 128 ? 5 : layer_norm_min_ctas(tpr);
+    const int threads = elem_bytes == 8 ? 768 : 1024;
+    const int block = tpr < 128 ? 128 : tpr;
+    return block >= threads ? 1 : threads / block;
+}
+
+// wait_group takes an immediate: one branch per ring depth.
+__device__ __forceinline__ void ring_wait(int pending)
+{
+    switch (pending) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    default: cp_async_wait<kMaxStages - 1>(); break;
+    }
 }
 
 template <typename T, typename P, int TPR, int VEC>
-__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR))
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeof(T)))
     layer_norm_bwd_fused_atomic(const bwd_args<T, P> a)
 {
     using A = acc_t<T>;
+    using V = vec_t<T, VEC>;
     constexpr int E = bwd_elems<T>();
     constexpr int ITEMS = E / VEC;
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
-    constexpr int R = bwd_rows_at_once(VEC, BLOCK);
+    constexpr bool RING = bwd_ring<T, VEC>();
     constexpr int SLAB = TPR * E;
     constexpr int STEP = TPR * VEC;
-    __shared__ A red[2 * 32 * 2 * R];
-    __shared__ A merged[R][2];
+    // ring stage s: [x items][dy items] as [ITEMS][BLOCK] vectors, then
+    // [mean][rstd] as [BLOCK] each; a thread uses column threadIdx.x only.
+    extern __shared__ uint4 ring_words[];
+    __shared__ A red[2 * 32 * 2];
+    __shared__ A merged[2];
     __shared__ A colsum[ROWS_PER_CTA > 1 ? ROWS_PER_CTA * SLAB : 1];
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
+    const int sub = threadIdx.x / TPR;
     const int slab = blockIdx.x % a.split;
     const int64_t group = blockIdx.x / a.split;
     const int64_t groups = gridDim.x / a.split;
@@ -100,6 +136,42 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR))
     const int lim = (int)(col_end - col0); // item i valid: i * STEP < lim
     const bool want_dwb = a.dw || a.db;
     const A inv_n = A(1) / (A)a.cols;
+
+    // Row of step k for this thread; every thread of the CTA runs the same
+    // number of steps (the row reductions have barriers).
+    const int64_t step_rows = groups * ROWS_PER_CTA;
+    const int64_t first_row = group * ROWS_PER_CTA + sub;
+    const int64_t cta_first = group * ROWS_PER_CTA;
+    const int64_t steps =
+        cta_first < a.rows ? (a.rows - cta_first + step_rows - 1) / step_rows
+                           : 0;
+
+    auto stage_ptr = [&](int64_t k) {
+        return reinterpret_cast<char *>(ring_words) +
+               (k % a.stages) * bwd_stage_bytes<T, VEC>(BLOCK);
+    };
+    // Copies step k's x, dy, mean, rstd into its ring stage (RING only).
+    auto issue = [&](int64_t k) {
+        const int64_t row = first_row + k * step_rows;
+        if (k < steps && row < a.rows) {
+            char *st = stage_ptr(k);
+            V *xs = reinterpret_cast<V *>(st) + threadIdx.x;
+#pragma unroll
+            for (int i = 0; i < ITEMS; i++) {
+                if (i * STEP < lim) {
+                    cp_async16(smem_addr(xs + i * BLOCK),
+                               a.x + row * a.x_stride + col0 + i * STEP);
+                    cp_async16(smem_addr(xs + (ITEMS + i) * BLOCK),
+                               a.dy + row * a.dy_stride + col0 + i * STEP);
+                }
+            }
+            A *stats = reinterpret_cast<A *>(xs - threadIdx.x + 2 * ITEMS * BLOCK);
+            cp_async_small<sizeof(A)>(smem_addr(stats + threadIdx.x), a.mean + row);
+            cp_async_small<sizeof(A)>(smem_addr(stats + BLOCK + threadIdx.x),
+                                      a.rstd + row);
+        }
+        cp_async_commit(); // possibly empty: keeps the group count uniform
+    };
 
     A dw[ITEMS][VEC], db[ITEMS][VEC];
 #pragma unroll
@@ -126,131 +198,124 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR))
         return wv;
     };
 
-    const int64_t step_rows = groups * ROWS_PER_CTA * R;
-    vec_t<T, VEC> xn[R][ITEMS], dn[R][ITEMS];
-    A mean_n[R], rstd_n[R];
-    auto load_rows = [&](int64_t first) {
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const int64_t rr = first + r * ROWS_PER_CTA + threadIdx.x / TPR;
-            const bool ok = rr < a.rows;
-            mean_n[r] = ok ? a.mean[rr] : A(0);
-            rstd_n[r] = ok ? a.rstd[rr] : A(0);
-#pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
-                if (ok && i * STEP < lim) {
-                    xn[r][i] = load_vec<T, VEC>(a.x + rr * a.x_stride + col0 +
-                                                i * STEP);
-                    dn[r][i] = load_vec<T, VEC>(a.dy + rr * a.dy_stride +
-                                                col0 + i * STEP);
-                }
-                else {
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) {
-                        xn[r][i].v[v] = from_acc<T>(A(0));
-                        dn[r][i].v[v] = from_acc<T>(A(0));
-                    }
-                }
-            }
+    if constexpr (RING) {
+        for (int k = 0; k < a.stages - 1; k++) {
+            issue(k);
         }
-    };
-    for (int64_t base = group * ROWS_PER_CTA * R; base < a.rows;
-         base += step_rows) {
-        int64_t row[R];
-        bool row_ok[R];
-        A mean[R], rstd[R], c[2 * R];
+    }
+    for (int64_t k = 0; k < steps; k++) {
+        const int64_t row = first_row + k * step_rows;
+        const bool row_ok = row < a.rows;
         // x and dy stay in their storage type; xhat and g are recomputed
         // in the second pass instead of being held as fp32.
-        vec_t<T, VEC> xv[R][ITEMS], dv[R][ITEMS];
-        load_rows(base);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            row[r] = base + r * ROWS_PER_CTA + threadIdx.x / TPR;
-            row_ok[r] = row[r] < a.rows;
-            mean[r] = mean_n[r];
-            rstd[r] = rstd_n[r];
+        V xv[ITEMS], dv[ITEMS];
+        A mean = 0, rstd = 0;
+        if constexpr (RING) {
+            issue(k + a.stages - 1); // refills the stage read at step k - 1
+            ring_wait(a.stages - 1);
+            const char *st = stage_ptr(k);
+            const V *xs = reinterpret_cast<const V *>(st) + threadIdx.x;
+            const A *stats = reinterpret_cast<const A *>(
+                reinterpret_cast<const V *>(st) + 2 * ITEMS * BLOCK);
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
-                xv[r][i] = xn[r][i];
-                dv[r][i] = dn[r][i];
+                xv[i] = xs[i * BLOCK];
+                dv[i] = xs[(ITEMS + i) * BLOCK];
+            }
+            if (row_ok) {
+                mean = stats[threadIdx.x];
+                rstd = stats[BLOCK + threadIdx.x];
             }
         }
-        if (a.dx) {
+        else {
 #pragma unroll
-            for (int r = 0; r < 2 * R; r++) {
-                c[r] = 0;
+            for (int i = 0; i < ITEMS; i++) {
+                if (row_ok && i * STEP < lim) {
+                    xv[i] = load_vec<T, VEC>(a.x + row * a.x_stride + col0 +
+                                             i * STEP);
+                    dv[i] = load_vec<T, VEC>(a.dy + row * a.dy_stride + col0 +
+                                             i * STEP);
+                }
             }
+            if (row_ok) {
+                mean = a.mean[row];
+                rstd = a.rstd[row];
+            }
+        }
+        // Items past the row (or of a row past the end) were not loaded:
+        // zeros make their terms vanish from c1, c2 and dW/dB.
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (!row_ok || i * STEP >= lim) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    xv[i].v[v] = from_acc<T>(A(0));
+                    dv[i].v[v] = from_acc<T>(A(0));
+                }
+            }
+        }
+        const A shift = -mean * rstd; // xhat = x * rstd + shift
+        A c[2] = {0, 0};
+        if (a.dx) {
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
                 const vec_t<P, VEC> wv =
                     i * STEP < lim ? load_w(i) : vec_t<P, VEC>{};
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) {
-                        const A xh = (to_acc<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
-                        const A g = to_acc<A>(dv[r][i].v[v]) * to_acc<A>(wv.v[v]);
-                        c[2 * r] += g * xh;
-                        c[2 * r + 1] += g;
-                    }
+                for (int v = 0; v < VEC; v++) {
+                    const A xh = to_acc<A>(xv[i].v[v]) * rstd + shift;
+                    const A g = to_acc<A>(dv[i].v[v]) * to_acc<A>(wv.v[v]);
+                    c[0] += g * xh;
+                    c[1] += g;
                 }
             }
-            row_sum<TPR, 2 * R>(c, red, parity);
+            row_sum<TPR, 2>(c, red, parity);
             if (a.split > 1) {
-                if (threadIdx.x == 0) {
-                    for (int r = 0; r < R; r++) {
-                        if (!row_ok[r]) {
-                            continue;
-                        }
-                        const A *all = split_exchange(a.exchange, a.counters,
-                                                      row[r], slab, a.split,
-                                                      c[2 * r], c[2 * r + 1]);
-                        A s0 = 0, s1 = 0;
-                        for (int k = 0; k < a.split; k++) {
-                            s0 += __ldcg(all + 2 * k);
-                            s1 += __ldcg(all + 2 * k + 1);
-                        }
-                        merged[r][0] = s0;
-                        merged[r][1] = s1;
+                if (threadIdx.x == 0 && row_ok) {
+                    const A *all = split_exchange(a.exchange, a.counters, row,
+                                                  slab, a.split, c[0], c[1]);
+                    A s0 = 0, s1 = 0;
+                    for (int j = 0; j < a.split; j++) {
+                        s0 += __ldcg(all + 2 * j);
+                        s1 += __ldcg(all + 2 * j + 1);
                     }
+                    merged[0] = s0;
+                    merged[1] = s1;
                 }
                 __syncthreads();
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    c[2 * r] = merged[r][0];
-                    c[2 * r + 1] = merged[r][1];
-                }
-                __syncthreads(); // merged[] is rewritten for the next rows
+                c[0] = merged[0];
+                c[1] = merged[1];
+                __syncthreads(); // merged[] is rewritten for the next row
             }
         }
+        // dx = rstd * g + (xhat * k1 + k2)
+        const A k1 = -c[0] * inv_n * rstd;
+        const A k2 = -c[1] * inv_n * rstd;
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
-            if (i * STEP >= lim) {
+            if (!row_ok || i * STEP >= lim) {
                 continue;
             }
             const vec_t<P, VEC> wv = load_w(i);
+            A out[VEC];
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (!row_ok[r]) {
-                    continue; // (masked loads make its dW/dB terms zero)
-                }
-                A out[VEC];
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    const A xh = (to_acc<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
-                    const A d = to_acc<A>(dv[r][i].v[v]);
-                    const A g = d * to_acc<A>(wv.v[v]);
-                    out[v] = rstd[r] * (g - (xh * c[2 * r] + c[2 * r + 1]) * inv_n);
-                    dw[i][v] += d * xh;
-                    db[i][v] += d;
-                }
-                if (a.dx) {
-                    store_rounded<T, VEC>(a.dx + row[r] * a.dx_stride + col0 +
-                                              i * STEP,
-                                          out);
-                }
+            for (int v = 0; v < VEC; v++) {
+                const A xh = to_acc<A>(xv[i].v[v]) * rstd + shift;
+                const A d = to_acc<A>(dv[i].v[v]);
+                const A g = d * to_acc<A>(wv.v[v]);
+                out[v] = g * rstd + (xh * k1 + k2);
+                dw[i][v] += d * xh;
+                db[i][v] += d;
+            }
+            if (a.dx) {
+                store_rounded<T, VEC>(a.dx + row * a.dx_stride + col0 +
+                                          i * STEP,
+                                      out);
             }
         }
+    }
+    if constexpr (RING) {
+        cp_async_wait<0>(); // no copy may outlive the CTA's shared memory
     }
     if (!want_dwb) {
         return;
@@ -286,7 +351,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR))
         }
     }
     else {
-        const int sub = threadIdx.x / TPR;
         A totals[2][(SLAB + BLOCK - 1) / BLOCK];
 #pragma unroll
         for (int which = 0; which < 2; which++) {
@@ -345,25 +409,46 @@ __global__ void layer_norm_bwd_sum_partials(const A *partials, int64_t parts,
     }
 }
 
-template <typename T, typename P, int TPR, int VEC>
-int ctas_per_sm(int device, gemsops_status *st, int *out)
+// Ring depth and shared memory of one launch: the deepest ring (up to 4
+// stages for half types, 3 for wider ones, whose stages are twice the
+// bytes) that fits the device's per-CTA limit, leaving room for the static
+// arrays.
+struct bwd_ring_plan {
+    int stages, smem;
+};
+
+template <typename T, int TPR, int VEC>
+bwd_ring_plan plan_ring(const device_facts &f)
 {
-    static int cache[64];
-    if (device < 64 && cache[device] > 0) {
-        *out = cache[device];
-        return GEMSOPS_OK;
+    const int per = bwd_stage_bytes<T, VEC>(layer_norm_block_threads(TPR));
+    if (per == 0) {
+        return {1, 0};
     }
-    GEMSOPS_CUDA_CHECK(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                               out, layer_norm_bwd_fused_atomic<T, P, TPR, VEC>,
-                               layer_norm_block_threads(TPR), 0));
+    int stages = sizeof(T) == 2 ? kMaxStages : kMaxStages - 1;
+    const int fit = (f.smem_per_block_optin - 8 * 1024) / per;
+    stages = stages < fit ? stages : fit;
+    stages = stages < 1 ? 1 : stages;
+    return {stages, stages * per};
+}
+
+// CTAs of this instantiation resident per SM with its ring.
+template <typename T, typename P, int TPR, int VEC>
+int ctas_per_sm(int device, const device_facts &f, gemsops_status *st,
+                int *out)
+{
+    const bwd_ring_plan r = plan_ring<T, TPR, VEC>(f);
+    int total = 0;
+    if (resident_ctas((const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC>,
+                      device, layer_norm_block_threads(TPR), r.smem, &total,
+                      st)) {
+        return st->code;
+    }
+    *out = total / f.sm_count;
     if (*out < 1) {
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "layer_norm_bwd: kernel cannot be resident on "
                             "device %d",
                             device);
-    }
-    if (device < 64) {
-        cache[device] = *out;
     }
     return GEMSOPS_OK;
 }
@@ -431,16 +516,13 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     // Both access widths get the same grid, so the workspace plan does not
     // depend on pointer alignment, and split rows stay co-resident.
     if (get_device_facts(p->device_id, &f, st) ||
-        ctas_per_sm<T, P, TPR, 16 / sizeof(T)>(p->device_id, st, &occ) ||
-        ctas_per_sm<T, P, TPR, 1>(p->device_id, st, &occ_scalar)) {
+        ctas_per_sm<T, P, TPR, 16 / sizeof(T)>(p->device_id, f, st, &occ) ||
+        ctas_per_sm<T, P, TPR, 1>(p->device_id, f, st, &occ_scalar)) {
         return st->code;
     }
     occ = occ < occ_scalar ? occ : occ_scalar;
-    const int64_t grid =
-        layer_norm_grid(p->rows, shape,
-                        bwd_rows_at_once(16 / sizeof(T),
-                                         layer_norm_block_threads(TPR)),
-                        occ, f.sm_count, kMinRowsPerCta);
+    const int64_t grid = layer_norm_grid(p->rows, shape, 1, occ, f.sm_count,
+                                         kMinRowsPerCta);
     const bwd_layout l = plan_layout<T, P>(p, shape, grid);
     if (workspace_bytes) {
         *workspace_bytes = l.total;
@@ -480,13 +562,16 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.x_stride = p->x_row_stride;
     a.dx_stride = p->dx_row_stride;
     a.split = shape.split;
+    const bwd_ring_plan ring = plan_ring<T, TPR, VEC>(f);
+    a.stages = ring.stages;
     a.deterministic = p->deterministic != 0;
 
     if (l.zeroed > 0) {
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws, 0, l.zeroed, stream));
     }
     layer_norm_bwd_fused_atomic<T, P, TPR, VEC>
-        <<<(unsigned)grid, layer_norm_block_threads(TPR), 0, stream>>>(a);
+        <<<(unsigned)grid, layer_norm_block_threads(TPR), ring.smem,
+           stream>>>(a);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_fused_atomic");
     if (a.dw || a.db) {
         const int64_t n = 2 * p->cols;
@@ -540,10 +625,15 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
 {
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
-    // 512 threads at most: a 1024-thread CTA has 64 registers a thread and
-    // so takes one row per step. Only rows so long that 512-thread slabs
-    // would need more CTAs than the SMs hold use 1024.
-    layer_norm_shape s = layer_norm_choose_shape(p->cols, bwd_elems<T>(), 512);
+    // A whole row per CTA up to 1024 threads: the ring keeps loads flowing
+    // through the barriers, which costs less than exchanging partials
+    // between CTAs through global memory for every row.
+    int max_tpr = 1024;
+    if (const char *e = getenv("GEMSOPS_LN_BWD_MAX_TPR")) { // EXPERIMENT
+        max_tpr = atoi(e);
+    }
+    layer_norm_shape s =
+        layer_norm_choose_shape(p->cols, bwd_elems<T>(), max_tpr);
     device_facts f;
     if (get_device_facts(p->device_id, &f, st)) {
         return st->code;

@@ -49,23 +49,6 @@ template <> struct mma_op<__nv_bfloat16> {
     }
 };
 
-__device__ __forceinline__ void cp_async16(unsigned smem, const void *gmem,
-                                           bool valid)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem),
-                 "l"(gmem), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit()
-{
-    asm volatile("cp.async.commit_group;");
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"

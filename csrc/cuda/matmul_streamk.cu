@@ -291,7 +291,7 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
         return st->code;
     }
     int resident = 1;
-    if (resident_ctas(k->fn, p->device_id, kThreads, &resident, st) !=
+    if (resident_ctas(k->fn, p->device_id, kThreads, 0, &resident, st) !=
         GEMSOPS_OK) {
         return st->code;
     }

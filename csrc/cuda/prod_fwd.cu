@@ -159,7 +159,7 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         pl.vec = base_ok && l.len % V == 0 && l.outer_stride % V == 0;
         const void *k = pl.vec ? (const void *)prod_rows_kernel<T, V>
                                : (const void *)prod_rows_kernel<T, 1>;
-        if (resident_ctas(k, dev, kProdBlock, &resident, st) != GEMSOPS_OK) {
+        if (resident_ctas(k, dev, kProdBlock, 0, &resident, st) != GEMSOPS_OK) {
             return st->code;
         }
         const int64_t nvec = pl.vec ? l.len / V : l.len;
@@ -187,7 +187,7 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
                  l.step % V == 0;
         const void *k = pl.vec ? (const void *)prod_cols_kernel<T, V>
                                : (const void *)prod_cols_kernel<T, 1>;
-        if (resident_ctas(k, dev, kProdBlock, &resident, st) != GEMSOPS_OK) {
+        if (resident_ctas(k, dev, kProdBlock, 0, &resident, st) != GEMSOPS_OK) {
             return st->code;
         }
         prod_cols_shape &c = pl.cols;
