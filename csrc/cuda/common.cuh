@@ -153,7 +153,8 @@ __device__ __forceinline__ void warp_sum(A (&v)[N])
     }
 }
 
-// red: shared scratch of 2 * 32 * N elements; parity flips every call.
+// red: shared scratch of 2 * 32 * N elements, 16-byte aligned; parity flips
+// every call.
 // Every thread of the CTA must call it when TPR > 32.
 template <int TPR, int N, typename A>
 __device__ __forceinline__ void row_sum(A (&v)[N], A *red, int &parity)
@@ -170,14 +171,34 @@ __device__ __forceinline__ void row_sum(A (&v)[N], A *red, int &parity)
             }
         }
         __syncthreads();
+        // slot[w * N + i] read in index order as 16-byte vectors (a quarter
+        // of the shared loads): each v[i] still sums warps 0, 1, ... in turn
+        constexpr int PER = 16 / sizeof(A);
+        A s[N];
 #pragma unroll
         for (int i = 0; i < N; i++) {
-            A s = 0;
+            s[i] = 0;
+        }
+        if constexpr ((WARPS * N) % PER == 0) {
+            using W = vec_t<A, PER>;
 #pragma unroll
-            for (int w = 0; w < WARPS; w++) {
-                s += slot[w * N + i];
+            for (int k = 0; k < WARPS * N / PER; k++) {
+                const W chunk = reinterpret_cast<const W *>(slot)[k];
+#pragma unroll
+                for (int j = 0; j < PER; j++) {
+                    s[(k * PER + j) % N] += chunk.v[j];
+                }
             }
-            v[i] = s;
+        }
+        else {
+#pragma unroll
+            for (int j = 0; j < WARPS * N; j++) {
+                s[j % N] += slot[j];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            v[i] = s[i];
         }
         parity ^= 1;
     }
@@ -189,6 +210,30 @@ __device__ __forceinline__ A row_sum1(A v, A *red, int &parity)
     A a[1] = {v};
     row_sum<TPR, 1>(a, red, parity);
     return a[0];
+}
+
+// p[0..N) += v[0..N) in global memory with no return value: 16-byte
+// vector reductions on sm_90 (a quarter of the L2 atomic operations),
+// element by element before. p must be 16-byte aligned when N % 4 == 0.
+template <int N, typename A>
+__device__ __forceinline__ void red_add(A *p, const A (&v)[N])
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (std::is_same_v<A, float> && N % 4 == 0) {
+#pragma unroll
+        for (int k = 0; k < N; k += 4) {
+            asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(
+                             p + k),
+                         "f"(v[k]), "f"(v[k + 1]), "f"(v[k + 2]), "f"(v[k + 3])
+                         : "memory");
+        }
+        return;
+    }
+#endif
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        atomicAdd(p + k, v[k]);
+    }
 }
 
 // Cross-CTA handshake for rows split over several CTAs: release makes this

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
     // ring stage s: [x items][dy items] as [ITEMS][BLOCK] vectors, then
     // [mean][rstd] as [BLOCK] each; a thread uses column threadIdx.x only.
     extern __shared__ uint4 ring_words[];
-    __shared__ A red[2 * 32 * 2];
+    __shared__ alignas(16) A red[2 * 32 * 2];
     __shared__ A merged[2];
     __shared__ A colsum[ROWS_PER_CTA > 1 ? ROWS_PER_CTA * SLAB : 1];
     int parity = 0;
@@ -254,7 +254,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
                 }
             }
         }
-        const A shift = -mean * rstd; // xhat = x * rstd + shift
         A c[2] = {0, 0};
         if (a.dx) {
 #pragma unroll
@@ -263,7 +262,9 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
                     i * STEP < lim ? load_w(i) : vec_t<P, VEC>{};
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    const A xh = to_acc<A>(xv[i].v[v]) * rstd + shift;
+                    // not x * rstd - mean * rstd: that cancels when
+                    // x ~ mean and rstd is large (N = 1: xhat must be 0)
+                    const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
                     const A g = to_acc<A>(dv[i].v[v]) * to_acc<A>(wv.v[v]);
                     c[0] += g * xh;
                     c[1] += g;
@@ -300,7 +301,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
             A out[VEC];
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
-                const A xh = to_acc<A>(xv[i].v[v]) * rstd + shift;
+                const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
                 const A d = to_acc<A>(dv[i].v[v]);
                 const A g = d * to_acc<A>(wv.v[v]);
                 out[v] = g * rstd + (xh * k1 + k2);
@@ -342,10 +343,25 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
     if constexpr (ROWS_PER_CTA == 1) {
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
+            if (i * STEP >= lim) {
+                continue;
+            }
+            const int64_t col = col0 + i * STEP;
+            if (RING && !a.deterministic) {
+                // whole aligned vectors (the ring's precondition): one
+                // vector reduction per 4 columns on sm_90
+                if (a.dw) {
+                    red_add<VEC>(stripe + col, dw[i]);
+                }
+                if (a.db) {
+                    red_add<VEC>(stripe + a.cols + col, db[i]);
+                }
+                continue;
+            }
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
                 if (i * STEP + v < lim) {
-                    emit(col0 + i * STEP + v, dw[i][v], db[i][v]);
+                    emit(col + v, dw[i][v], db[i][v]);
                 }
             }
         }
@@ -511,8 +527,8 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
 {
     using A = acc_t<T>;
     device_facts f;
-    int occ;
-    int occ_scalar;
+    int occ = 0;
+    int occ_scalar = 0;
     // Both access widths get the same grid, so the workspace plan does not
     // depend on pointer alignment, and split rows stay co-resident.
     if (get_device_facts(p->device_id, &f, st) ||
