@@ -219,7 +219,11 @@ template <int N, typename A>
 __device__ __forceinline__ void red_add(A *p, const A (&v)[N])
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (std::is_same_v<A, float> && N % 4 == 0) {
+    constexpr bool vector = std::is_same_v<A, float> && N % 4 == 0;
+#else
+    constexpr bool vector = false;
+#endif
+    if constexpr (vector) {
 #pragma unroll
         for (int k = 0; k < N; k += 4) {
             asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(
@@ -227,12 +231,12 @@ __device__ __forceinline__ void red_add(A *p, const A (&v)[N])
                          "f"(v[k]), "f"(v[k + 1]), "f"(v[k + 2]), "f"(v[k + 3])
                          : "memory");
         }
-        return;
     }
-#endif
+    else {
 #pragma unroll
-    for (int k = 0; k < N; k++) {
-        atomicAdd(p + k, v[k]);
+        for (int k = 0; k < N; k++) {
+            atomicAdd(p + k, v[k]);
+        }
     }
 }
 

@@ -146,31 +146,48 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
         cta_first < a.rows ? (a.rows - cta_first + step_rows - 1) / step_rows
                            : 0;
 
-    auto stage_ptr = [&](int64_t k) {
-        return reinterpret_cast<char *>(ring_words) +
-               (k % a.stages) * bwd_stage_bytes<T, VEC>(BLOCK);
-    };
-    // Copies step k's x, dy, mean, rstd into its ring stage (RING only).
-    auto issue = [&](int64_t k) {
-        const int64_t row = first_row + k * step_rows;
-        if (k < steps && row < a.rows) {
-            char *st = stage_ptr(k);
-            V *xs = reinterpret_cast<V *>(st) + threadIdx.x;
+    // Cursors, advanced by additions only (no 64-bit multiply or modulo
+    // per row): the next row to copy into the ring and its stage, the stage
+    // to read, and this step's row pointers.
+    constexpr int STAGE_BYTES = bwd_stage_bytes<T, VEC>(BLOCK);
+    const int64_t x_jump = step_rows * a.x_stride;
+    const int64_t dy_jump = step_rows * a.dy_stride;
+    const int64_t dx_jump = step_rows * a.dx_stride;
+    const T *x_row = a.x + first_row * a.x_stride + col0;
+    const T *dy_row = a.dy + first_row * a.dy_stride + col0;
+    T *dx_row = a.dx ? a.dx + first_row * a.dx_stride + col0 : nullptr;
+    int64_t fetch_row = first_row;
+    const T *fetch_x = x_row;
+    const T *fetch_dy = dy_row;
+    int fetch_stage = 0, read_stage = 0;
+    auto next_stage = [&](int st) { return st + 1 == a.stages ? 0 : st + 1; };
+    // Copies the next row's x, dy, mean, rstd into its ring stage (RING
+    // only); a row past the end commits an empty group, which keeps the
+    // group count uniform.
+    auto issue = [&]() {
+        if (fetch_row < a.rows) {
+            const unsigned st = smem_addr(ring_words) +
+                                fetch_stage * STAGE_BYTES + threadIdx.x * 16;
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
                 if (i * STEP < lim) {
-                    cp_async16(smem_addr(xs + i * BLOCK),
-                               a.x + row * a.x_stride + col0 + i * STEP);
-                    cp_async16(smem_addr(xs + (ITEMS + i) * BLOCK),
-                               a.dy + row * a.dy_stride + col0 + i * STEP);
+                    cp_async16(st + i * BLOCK * 16, fetch_x + i * STEP);
+                    cp_async16(st + (ITEMS + i) * BLOCK * 16,
+                               fetch_dy + i * STEP);
                 }
             }
-            A *stats = reinterpret_cast<A *>(xs - threadIdx.x + 2 * ITEMS * BLOCK);
-            cp_async_small<sizeof(A)>(smem_addr(stats + threadIdx.x), a.mean + row);
-            cp_async_small<sizeof(A)>(smem_addr(stats + BLOCK + threadIdx.x),
-                                      a.rstd + row);
+            const unsigned stats = st - threadIdx.x * 16 +
+                                   2 * ITEMS * BLOCK * 16 +
+                                   threadIdx.x * (unsigned)sizeof(A);
+            cp_async_small<sizeof(A)>(stats, a.mean + fetch_row);
+            cp_async_small<sizeof(A)>(stats + BLOCK * sizeof(A),
+                                      a.rstd + fetch_row);
         }
-        cp_async_commit(); // possibly empty: keeps the group count uniform
+        cp_async_commit();
+        fetch_row += step_rows;
+        fetch_x += x_jump;
+        fetch_dy += dy_jump;
+        fetch_stage = next_stage(fetch_stage);
     };
 
     A dw[ITEMS][VEC], db[ITEMS][VEC];
@@ -200,20 +217,23 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
 
     if constexpr (RING) {
         for (int k = 0; k < a.stages - 1; k++) {
-            issue(k);
+            issue();
         }
     }
-    for (int64_t k = 0; k < steps; k++) {
-        const int64_t row = first_row + k * step_rows;
+    for (int64_t k = 0, row = first_row; k < steps;
+         k++, row += step_rows, x_row += x_jump, dy_row += dy_jump,
+                 dx_row += a.dx ? dx_jump : 0) {
         const bool row_ok = row < a.rows;
         // x and dy stay in their storage type; xhat and g are recomputed
         // in the second pass instead of being held as fp32.
         V xv[ITEMS], dv[ITEMS];
         A mean = 0, rstd = 0;
         if constexpr (RING) {
-            issue(k + a.stages - 1); // refills the stage read at step k - 1
+            issue(); // refills the stage read at the previous step
             ring_wait(a.stages - 1);
-            const char *st = stage_ptr(k);
+            const char *st = reinterpret_cast<const char *>(ring_words) +
+                             read_stage * STAGE_BYTES;
+            read_stage = next_stage(read_stage);
             const V *xs = reinterpret_cast<const V *>(st) + threadIdx.x;
             const A *stats = reinterpret_cast<const A *>(
                 reinterpret_cast<const V *>(st) + 2 * ITEMS * BLOCK);
@@ -231,10 +251,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
                 if (row_ok && i * STEP < lim) {
-                    xv[i] = load_vec<T, VEC>(a.x + row * a.x_stride + col0 +
-                                             i * STEP);
-                    dv[i] = load_vec<T, VEC>(a.dy + row * a.dy_stride + col0 +
-                                             i * STEP);
+                    xv[i] = load_vec<T, VEC>(x_row + i * STEP);
+                    dv[i] = load_vec<T, VEC>(dy_row + i * STEP);
                 }
             }
             if (row_ok) {
@@ -289,9 +307,10 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
                 __syncthreads(); // merged[] is rewritten for the next row
             }
         }
-        // dx = rstd * g + (xhat * k1 + k2)
-        const A k1 = -c[0] * inv_n * rstd;
-        const A k2 = -c[1] * inv_n * rstd;
+        // dx = rstd * (g - (xhat * c1 + c2) / N); g - g is exactly 0 when
+        // N = 1, which a form with rstd folded into the constants loses
+        const A c1n = c[0] * inv_n;
+        const A c2n = c[1] * inv_n;
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             if (!row_ok || i * STEP >= lim) {
@@ -304,14 +323,12 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
                 const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
                 const A d = to_acc<A>(dv[i].v[v]);
                 const A g = d * to_acc<A>(wv.v[v]);
-                out[v] = g * rstd + (xh * k1 + k2);
+                out[v] = rstd * (g - (xh * c1n + c2n));
                 dw[i][v] += d * xh;
                 db[i][v] += d;
             }
             if (a.dx) {
-                store_rounded<T, VEC>(a.dx + row * a.dx_stride + col0 +
-                                          i * STEP,
-                                      out);
+                store_rounded<T, VEC>(dx_row + i * STEP, out);
             }
         }
     }
