@@ -85,10 +85,10 @@ template <typename T, typename P> struct bwd_args {
 
 // Registers: 1024 resident threads per SM (64 registers), the most the
 // ring's shared memory allows for 512-thread CTAs anyway; fp64 (not a
-// bandwidth target) gets 768 so that short rows do not spill.
+// bandwidth target) gets 512 so that it does not spill.
 constexpr int bwd_min_ctas(int tpr, int elem_bytes)
 {
-    const int threads = elem_bytes == 8 ? 768 : 1024;
+    const int threads = elem_bytes == 8 ? 512 : 1024;
     const int block = tpr < 128 ? 128 : tpr;
     return block >= threads ? 1 : threads / block;
 }
