@@ -146,19 +146,11 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
         cta_first < a.rows ? (a.rows - cta_first + step_rows - 1) / step_rows
                            : 0;
 
-    // Cursors, advanced by additions only (no 64-bit multiply or modulo
-    // per row): the next row to copy into the ring and its stage, the stage
-    // to read, and this step's row pointers.
+    // Ring cursors: the next row to copy and its stage, and the stage to
+    // read (stage indices wrap by comparison: a 64-bit modulo per row cost
+    // more than the rest of the step).
     constexpr int STAGE_BYTES = bwd_stage_bytes<T, VEC>(BLOCK);
-    const int64_t x_jump = step_rows * a.x_stride;
-    const int64_t dy_jump = step_rows * a.dy_stride;
-    const int64_t dx_jump = step_rows * a.dx_stride;
-    const T *x_row = a.x + first_row * a.x_stride + col0;
-    const T *dy_row = a.dy + first_row * a.dy_stride + col0;
-    T *dx_row = a.dx ? a.dx + first_row * a.dx_stride + col0 : nullptr;
     int64_t fetch_row = first_row;
-    const T *fetch_x = x_row;
-    const T *fetch_dy = dy_row;
     int fetch_stage = 0, read_stage = 0;
     auto next_stage = [&](int st) { return st + 1 == a.stages ? 0 : st + 1; };
     // Copies the next row's x, dy, mean, rstd into its ring stage (RING
@@ -171,9 +163,11 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
                 if (i * STEP < lim) {
-                    cp_async16(st + i * BLOCK * 16, fetch_x + i * STEP);
+                    cp_async16(st + i * BLOCK * 16,
+                               a.x + fetch_row * a.x_stride + col0 + i * STEP);
                     cp_async16(st + (ITEMS + i) * BLOCK * 16,
-                               fetch_dy + i * STEP);
+                               a.dy + fetch_row * a.dy_stride + col0 +
+                                   i * STEP);
                 }
             }
             const unsigned stats = st - threadIdx.x * 16 +
@@ -185,8 +179,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
         }
         cp_async_commit();
         fetch_row += step_rows;
-        fetch_x += x_jump;
-        fetch_dy += dy_jump;
         fetch_stage = next_stage(fetch_stage);
     };
 
@@ -220,9 +212,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
             issue();
         }
     }
-    for (int64_t k = 0, row = first_row; k < steps;
-         k++, row += step_rows, x_row += x_jump, dy_row += dy_jump,
-                 dx_row += a.dx ? dx_jump : 0) {
+    for (int64_t k = 0, row = first_row; k < steps; k++, row += step_rows) {
         const bool row_ok = row < a.rows;
         // x and dy stay in their storage type; xhat and g are recomputed
         // in the second pass instead of being held as fp32.
@@ -251,8 +241,10 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
                 if (row_ok && i * STEP < lim) {
-                    xv[i] = load_vec<T, VEC>(x_row + i * STEP);
-                    dv[i] = load_vec<T, VEC>(dy_row + i * STEP);
+                    xv[i] = load_vec<T, VEC>(a.x + row * a.x_stride + col0 +
+                                             i * STEP);
+                    dv[i] = load_vec<T, VEC>(a.dy + row * a.dy_stride + col0 +
+                                             i * STEP);
                 }
             }
             if (row_ok) {
@@ -328,7 +320,9 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
                 db[i][v] += d;
             }
             if (a.dx) {
-                store_rounded<T, VEC>(dx_row + i * STEP, out);
+                store_rounded<T, VEC>(a.dx + row * a.dx_stride + col0 +
+                                          i * STEP,
+                                      out);
             }
         }
     }
