@@ -153,8 +153,7 @@ __device__ __forceinline__ void warp_sum(A (&v)[N])
     }
 }
 
-// red: shared scratch of 2 * 32 * N elements, 16-byte aligned; parity flips
-// every call.
+// red: shared scratch of 2 * 32 * N elements; parity flips every call.
 // Every thread of the CTA must call it when TPR > 32.
 template <int TPR, int N, typename A>
 __device__ __forceinline__ void row_sum(A (&v)[N], A *red, int &parity)
@@ -171,34 +170,21 @@ __device__ __forceinline__ void row_sum(A (&v)[N], A *red, int &parity)
             }
         }
         __syncthreads();
-        // slot[w * N + i] read in index order as 16-byte vectors (a quarter
-        // of the shared loads): each v[i] still sums warps 0, 1, ... in turn
-        constexpr int PER = 16 / sizeof(A);
-        A s[N];
+        // Lane l reads warp (l % WARPS)'s partials and an xor butterfly
+        // over WARPS lanes sums them: one shared load per value instead of
+        // WARPS, and, addition being commutative, every lane of every warp
+        // ends with the same bits (a fixed tree order).
+        const int lane = threadIdx.x % 32;
 #pragma unroll
         for (int i = 0; i < N; i++) {
-            s[i] = 0;
+            v[i] = slot[(lane % WARPS) * N + i];
         }
-        if constexpr ((WARPS * N) % PER == 0) {
-            using W = vec_t<A, PER>;
 #pragma unroll
-            for (int k = 0; k < WARPS * N / PER; k++) {
-                const W chunk = reinterpret_cast<const W *>(slot)[k];
+        for (int off = WARPS / 2; off > 0; off /= 2) {
 #pragma unroll
-                for (int j = 0; j < PER; j++) {
-                    s[(k * PER + j) % N] += chunk.v[j];
-                }
+            for (int i = 0; i < N; i++) {
+                v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
             }
-        }
-        else {
-#pragma unroll
-            for (int j = 0; j < WARPS * N; j++) {
-                s[j % N] += slot[j];
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            v[i] = s[i];
         }
         parity ^= 1;
     }

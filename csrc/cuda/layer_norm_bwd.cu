@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
     // ring stage s: [x items][dy items] as [ITEMS][BLOCK] vectors, then
     // [mean][rstd] as [BLOCK] each; a thread uses column threadIdx.x only.
     extern __shared__ uint4 ring_words[];
-    __shared__ alignas(16) A red[2 * 32 * 2];
+    __shared__ A red[2 * 32 * 2];
     __shared__ A merged[2];
     __shared__ A colsum[ROWS_PER_CTA > 1 ? ROWS_PER_CTA * SLAB : 1];
     int parity = 0;
@@ -191,21 +191,23 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
             db[i][v] = 0;
         }
     }
-    // Weights are re-read (from L1) in each pass rather than pinned in
-    // registers: the registers go to the dW/dB accumulators.
-    auto load_w = [&](int i) {
-        vec_t<P, VEC> wv;
-        if (a.w) {
-            wv = load_vec<P, VEC>(a.w + col0 + i * STEP);
+    // A thread's columns never change, so their weights are loaded once
+    // and pinned in registers in their storage type (E/2 registers for half
+    // types): re-reading them each pass cost a global load and its latency
+    // twice per row.
+    vec_t<P, VEC> wreg[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        if (a.w && i * STEP < lim) {
+            wreg[i] = load_vec<P, VEC>(a.w + col0 + i * STEP);
         }
         else {
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
-                wv.v[v] = from_acc<P>(A(1));
+                wreg[i].v[v] = from_acc<P>(A(1));
             }
         }
-        return wv;
-    };
+    }
 
     if constexpr (RING) {
         for (int k = 0; k < a.stages - 1; k++) {
@@ -268,8 +270,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
         if (a.dx) {
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
-                const vec_t<P, VEC> wv =
-                    i * STEP < lim ? load_w(i) : vec_t<P, VEC>{};
+                const vec_t<P, VEC> &wv = wreg[i];
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
                     // not x * rstd - mean * rstd: that cancels when
@@ -308,7 +309,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
             if (!row_ok || i * STEP >= lim) {
                 continue;
             }
-            const vec_t<P, VEC> wv = load_w(i);
+            const vec_t<P, VEC> &wv = wreg[i];
             A out[VEC];
 #pragma unroll
             for (int v = 0; v < VEC; v++) {

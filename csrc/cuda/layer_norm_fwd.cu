@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
     constexpr int R = fwd_rows_at_once(TPR, VEC);
     constexpr int STEP = TPR * VEC; // columns between a thread's items
-    __shared__ alignas(16) A red[2 * 32 * R];
+    __shared__ A red[2 * 32 * R];
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
