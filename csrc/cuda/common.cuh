@@ -290,6 +290,7 @@ struct device_facts {
     int max_threads_per_sm;
     int cc_major;
     int smem_per_block_optin; // bytes of shared memory one CTA may ask for
+    int smem_per_sm;          // bytes of shared memory of one SM
 };
 int get_device_facts(int device, device_facts *out, gemsops_status *st);
 

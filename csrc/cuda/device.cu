@@ -36,6 +36,10 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
                                    &f.smem_per_block_optin,
                                    cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                    device));
+        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
+                                   &f.smem_per_sm,
+                                   cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                   device));
         g_facts[device] = f;
         g_known[device] = true;
     }

@@ -191,22 +191,27 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
             db[i][v] = 0;
         }
     }
-    // A thread's columns never change, so their weights are loaded once
-    // and pinned in registers in their storage type (E/2 registers for half
-    // types): re-reading them each pass cost a global load and its latency
-    // twice per row.
-    vec_t<P, VEC> wreg[ITEMS];
+    // A thread's columns never change, so it copies its weights once into
+    // its own slice of shared memory after the ring ([ITEMS][BLOCK]
+    // vectors): re-reading them from global memory cost a load and its
+    // latency twice per row (L1 keeps little beside the ring), and pinning
+    // them in registers spills at 64.
+    vec_t<P, VEC> *const w_smem = reinterpret_cast<vec_t<P, VEC> *>(
+        reinterpret_cast<char *>(ring_words) + a.stages * STAGE_BYTES) +
+        threadIdx.x;
 #pragma unroll
     for (int i = 0; i < ITEMS; i++) {
+        vec_t<P, VEC> wv;
         if (a.w && i * STEP < lim) {
-            wreg[i] = load_vec<P, VEC>(a.w + col0 + i * STEP);
+            wv = load_vec<P, VEC>(a.w + col0 + i * STEP);
         }
         else {
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
-                wreg[i].v[v] = from_acc<P>(A(1));
+                wv.v[v] = from_acc<P>(A(1));
             }
         }
+        w_smem[i * BLOCK] = wv;
     }
 
     if constexpr (RING) {
@@ -270,7 +275,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
         if (a.dx) {
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
-                const vec_t<P, VEC> &wv = wreg[i];
+                const vec_t<P, VEC> wv = w_smem[i * BLOCK];
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
                     // not x * rstd - mean * rstd: that cancels when
@@ -309,7 +314,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
             if (!row_ok || i * STEP >= lim) {
                 continue;
             }
-            const vec_t<P, VEC> &wv = wreg[i];
+            const vec_t<P, VEC> wv = w_smem[i * BLOCK];
             A out[VEC];
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
@@ -437,26 +442,34 @@ __global__ void layer_norm_bwd_sum_partials(const A *partials, int64_t parts,
     }
 }
 
-// Ring depth and shared memory of one launch: the deepest ring (up to 4
-// stages for half types, 3 for wider ones, whose stages are twice the
-// bytes) that fits the device's per-CTA limit, leaving room for the static
-// arrays.
+// Dynamic shared memory of one launch: the ring, then the weights. The
+// ring gets the most stages (up to 4 for half types, 3 for wider ones)
+// that leave room for 1024 resident threads per SM, the most the 64
+// registers allow anyway.
 struct bwd_ring_plan {
     int stages, smem;
 };
 
-template <typename T, int TPR, int VEC>
+template <typename T, typename P, int TPR, int VEC>
 bwd_ring_plan plan_ring(const device_facts &f)
 {
-    const int per = bwd_stage_bytes<T, VEC>(layer_norm_block_threads(TPR));
+    const int block = layer_norm_block_threads(TPR);
+    const int per = bwd_stage_bytes<T, VEC>(block);
+    const int w_bytes = block * bwd_elems<T>() * (int)sizeof(P);
     if (per == 0) {
-        return {1, 0};
+        return {1, w_bytes};
     }
+    const int ctas = block >= 1024 ? 1 : 1024 / block;
+    // per CTA: 1 KB the driver reserves, up to ~5 KB of static arrays
+    int budget = f.smem_per_sm / ctas - 6 * 1024;
+    budget = budget < f.smem_per_block_optin - 6 * 1024
+                 ? budget
+                 : f.smem_per_block_optin - 6 * 1024;
     int stages = sizeof(T) == 2 ? kMaxStages : kMaxStages - 1;
-    const int fit = (f.smem_per_block_optin - 8 * 1024) / per;
+    const int fit = (budget - w_bytes) / per;
     stages = stages < fit ? stages : fit;
     stages = stages < 1 ? 1 : stages;
-    return {stages, stages * per};
+    return {stages, stages * per + w_bytes};
 }
 
 // CTAs of this instantiation resident per SM with its ring.
@@ -464,7 +477,7 @@ template <typename T, typename P, int TPR, int VEC>
 int ctas_per_sm(int device, const device_facts &f, gemsops_status *st,
                 int *out)
 {
-    const bwd_ring_plan r = plan_ring<T, TPR, VEC>(f);
+    const bwd_ring_plan r = plan_ring<T, P, TPR, VEC>(f);
     int total = 0;
     if (resident_ctas((const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC>,
                       device, layer_norm_block_threads(TPR), r.smem, &total,
@@ -590,7 +603,7 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.x_stride = p->x_row_stride;
     a.dx_stride = p->dx_row_stride;
     a.split = shape.split;
-    const bwd_ring_plan ring = plan_ring<T, TPR, VEC>(f);
+    const bwd_ring_plan ring = plan_ring<T, P, TPR, VEC>(f);
     a.stages = ring.stages;
     a.deterministic = p->deterministic != 0;
 
