@@ -296,9 +296,10 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st);
 
 // CTAs of `kernel` (launched with `block` threads and `smem` bytes of
 // dynamic shared memory) that fit on the whole device at once, from the
-// occupancy calculator; cached per (kernel, device, block, smem). Above
-// 48 KB it first raises the kernel's dynamic shared-memory limit, which a
-// launch with that much needs. The caller must have made `device` current.
+// occupancy calculator; cached per (kernel, device, block, smem). It first
+// raises the kernel's dynamic shared-memory limit to `smem` (needed once
+// static plus dynamic exceed 48 KB). The caller must have made `device`
+// current.
 int resident_ctas(const void *kernel, int device, int block, int smem,
                   int *out, gemsops_status *st);
 

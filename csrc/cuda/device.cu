@@ -70,7 +70,7 @@ int resident_ctas(const void *kernel, int device, int block, int smem,
         }
     }
     int per_sm = 0, sms = 0;
-    if (smem > 48 * 1024) {
+    if (smem > 0) { // static + dynamic above 48 KB needs it; harmless below
         GEMSOPS_CUDA_CHECK(st, cudaFuncSetAttribute(
                                    kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
