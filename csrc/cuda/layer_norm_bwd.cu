@@ -23,7 +23,9 @@
 // thread touches that slice, so cp.async.wait_group alone orders it: the
 // ring costs no barrier and no registers, and keeps ~(stages - 1) * 32
 // bytes per thread in flight however long the row reductions take.
-// (Unaligned or odd-width inputs load directly from global memory.)
+// (Unaligned or odd-width inputs load directly from global memory.) The
+// thread's weights sit in its own shared-memory slice after the ring, read
+// from there in both passes.
 //
 // Deterministic mode: each row group stores its partials to
 // workspace[group][2N] instead (no atomics), and the same small kernel sums
@@ -35,8 +37,6 @@
 //
 // Bytes: read x and dy once, write dx once (3 * N * sizeof(T) per row);
 // mean/rstd per row; dW/dB: 2 * N atomics per CTA (grid ~ #SMs * occupancy).
-#include <stdlib.h>
-
 #include "layer_norm_plan.cuh"
 #include "gemsops/layer_norm.h"
 
@@ -669,19 +669,8 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
     // A whole row per CTA up to 1024 threads: the ring keeps loads flowing
     // through the barriers, which costs less than exchanging partials
     // between CTAs through global memory for every row.
-    int max_tpr = 1024;
-    if (const char *e = getenv("GEMSOPS_LN_BWD_MAX_TPR")) { // EXPERIMENT
-        max_tpr = atoi(e);
-    }
-    layer_norm_shape s =
-        layer_norm_choose_shape(p->cols, bwd_elems<T>(), max_tpr);
-    device_facts f;
-    if (get_device_facts(p->device_id, &f, st)) {
-        return st->code;
-    }
-    if (s.split > f.sm_count) {
-        s = layer_norm_choose_shape(p->cols, bwd_elems<T>(), 1024);
-    }
+    const layer_norm_shape s =
+        layer_norm_choose_shape(p->cols, bwd_elems<T>(), 1024);
     if (vector_ok<T, P>(p)) {
         return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, st);
     }
