@@ -23,31 +23,32 @@
 
 namespace gemsops {
 
-template <typename T> struct mma_op;
-template <> struct mma_op<__half> {
+// d += a * b for one m16n8k16 tile (fp32 accumulators); the two element
+// types differ only in the instruction's type suffix.
+#define GEMSOPS_MMA_M16N8K16(TYPE)                                             \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE      \
+                 ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "               \
+                 "{%0,%1,%2,%3};"                                             \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])             \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),       \
+                   "r"(b1))
+
+template <typename T> struct mma_op {
     static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
                                                unsigned b0, unsigned b1)
     {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                       "r"(b1));
+        static_assert(std::is_same_v<T, __half> ||
+                          std::is_same_v<T, __nv_bfloat16>,
+                      "mma_op: fp16 or bf16");
+        if constexpr (std::is_same_v<T, __half>) {
+            GEMSOPS_MMA_M16N8K16("f16");
+        }
+        else {
+            GEMSOPS_MMA_M16N8K16("bf16");
+        }
     }
 };
-template <> struct mma_op<__nv_bfloat16> {
-    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
-                                               unsigned b0, unsigned b1)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-                     "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                     "{%0,%1,%2,%3};"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),
-                       "r"(b1));
-    }
-};
+#undef GEMSOPS_MMA_M16N8K16
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr)
 {
