@@ -55,12 +55,16 @@ def cuda_lib_dir(nvcc):
 
 
 def gencode_flags():
-    archs = os.environ.get("GEMSOPS_CUDA_ARCHS", "80;90a").split(";")
+    archs = [a.strip() for a in
+             os.environ.get("GEMSOPS_CUDA_ARCHS", "80;90a").split(";")]
+    archs = [a for a in archs if a]
     flags = []
-    for arch in filter(None, (a.strip() for a in archs)):
+    for arch in archs:
         flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
-    newest = max(int("".join(c for c in a if c.isdigit())) for a in archs if a)
+    newest = max(int("".join(c for c in a if c.isdigit())) for a in archs)
     flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
+    if "90a" in archs:  # the host may pick the wgmma kernels on sm_90
+        flags.append("-DGEMSOPS_HAVE_SM90A=1")
     return flags
 
 

@@ -4,7 +4,9 @@ Cases: FlagGems' core mm shapes (384^3 .. 4096^3, and batched), the issue's
 test shapes, and a corpus drawn like the seeds' (M, N, K log-uniform in
 256..8192, rounded to 256, fixed seed; GEMSOPS_BENCH_CORPUS shapes, 200 by
 default). TFLOP/s = 2 M N K batch / time. Prints the geomean speedup vs
-torch per dtype and schedule, and each schedule against data-parallel."""
+torch per dtype and schedule, and each schedule against data-parallel.
+GEMSOPS_BENCH_SCHEDULES and GEMSOPS_BENCH_MAINLOOPS (comma lists) pick the
+configurations: every mainloop with every schedule."""
 import math
 import os
 import random
@@ -38,6 +40,10 @@ def corpus(count):
 CASES = CORE + TESTS + corpus(int(os.environ.get("GEMSOPS_BENCH_CORPUS", 200)))
 SCHEDULE_NAMES = os.environ.get("GEMSOPS_BENCH_SCHEDULES",
                                 "data-parallel,hybrid").split(",")
+MAINLOOP_NAMES = os.environ.get("GEMSOPS_BENCH_MAINLOOPS", "auto").split(",")
+# (label, mainloop, schedule); the label is the schedule for 'auto'
+CONFIGS = [(s if m == "auto" else f"{m}/{s}", m, s)
+           for m in MAINLOOP_NAMES for s in SCHEDULE_NAMES]
 
 
 def mm_args(dtype, case):
@@ -60,26 +66,26 @@ def geomean(xs):
 @pytest.mark.matmul
 def test_perf_mm_schedules():
     speed = {}
-    for name in SCHEDULE_NAMES:
-        gemsops.set_schedule(name)
-        op = f"mm_{name}"
+    for label, mainloop, name in CONFIGS:
+        gemsops.set_schedule(name, mainloop=mainloop)
+        op = "mm_" + label.replace("/", "_")
         Benchmark(op, torch.matmul, gemsops.matmul, mm_args, DTYPES, CASES,
-                  flops_func=flops, result_file=f"mm_{name}").run()
+                  flops_func=flops, result_file=op).run()
         for r in _rows:
             if r["op"] == op:
-                speed[(name, r["dtype"], tuple(r["shape"]))] = r["speedup"]
+                speed[(label, r["dtype"], tuple(r["shape"]))] = r["speedup"]
     gemsops.set_schedule("auto")
     print("\ngeomean speedup vs torch.matmul (cuBLAS):")
     for dtype in DTYPES:
         d = str(dtype).replace("torch.", "")
-        for name in SCHEDULE_NAMES:
-            xs = [v for (s, dt, _), v in speed.items() if s == name and dt == d]
-            print(f"  {d:>9} {name:>14}: {geomean(xs):.3f} over {len(xs)} cases")
-        base = "data-parallel"
-        for name in SCHEDULE_NAMES:
-            if name == base:
+        for label, mainloop, name in CONFIGS:
+            xs = [v for (s, dt, _), v in speed.items() if s == label and dt == d]
+            print(f"  {d:>9} {label:>24}: {geomean(xs):.3f} over {len(xs)} cases")
+        for label, mainloop, name in CONFIGS:
+            base = label.replace(name, "data-parallel")
+            if label == base:
                 continue
-            ratios = [speed[(name, d, c)] / speed[(base, d, c)]
-                      for (s, dt, c) in speed if s == name and dt == d
+            ratios = [speed[(label, d, c)] / speed[(base, d, c)]
+                      for (s, dt, c) in speed if s == label and dt == d
                       and (base, d, c) in speed]
-            print(f"  {d:>9} {name:>14} / data-parallel: {geomean(ratios):.3f}")
+            print(f"  {d:>9} {label:>24} / data-parallel: {geomean(ratios):.3f}")

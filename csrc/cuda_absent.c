@@ -101,9 +101,11 @@ gemsops_matmul_cuda(const struct gemsops_matmul_params *p, gemsops_status *st)
 
 int
 gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
-                         struct gemsops_sk_schedule *s, gemsops_status *st)
+                         struct gemsops_sk_schedule *s,
+                         gemsops_mainloop *mainloop, gemsops_status *st)
 {
     (void)p;
     (void)s;
+    (void)mainloop;
     return GEMSOPS_NO_CUDA(st);
 }

@@ -44,13 +44,13 @@ parse_ll(PyObject *o, const char *fn, const char *arg, long long lo,
     return 0;
 }
 
-/* (a, b, c, mode, two_tiles, ctas) -> params; everything checked. */
+/* (a, b, c, mode, two_tiles, ctas, mainloop) -> params; all checked. */
 static int
 parse_problem(PyObject *const *args, const char *fn,
               struct gemsops_matmul_params *p, struct gemsops_tensor *a,
               struct gemsops_tensor *b, struct gemsops_tensor *c)
 {
-    long long mode, two, ctas;
+    long long mode, two, ctas, mainloop;
     memset(p, 0, sizeof *p);
     if (gemsops_tensor_from_object(args[0], fn, "a", a, &p->stream) ||
         check_operand(a, fn, "a") ||
@@ -60,7 +60,9 @@ parse_problem(PyObject *const *args, const char *fn,
         check_operand(c, fn, "out") ||
         parse_ll(args[3], fn, "schedule", 0, 3, &mode) ||
         parse_ll(args[4], fn, "two_tiles", 0, 1, &two) ||
-        parse_ll(args[5], fn, "ctas", 0, 1LL << 20, &ctas)) {
+        parse_ll(args[5], fn, "ctas", 0, 1LL << 20, &ctas) ||
+        parse_ll(args[6], fn, "mainloop", GEMSOPS_MAINLOOP_AUTO,
+                 GEMSOPS_MAINLOOP_WGMMA_256, &mainloop)) {
         return -1;
     }
     if (b->dtype != a->dtype || c->dtype != a->dtype) {
@@ -108,14 +110,19 @@ parse_problem(PyObject *const *args, const char *fn,
     p->mode = (gemsops_sk_mode)mode;
     p->two_tiles = (int)two;
     p->ctas_override = ctas;
+    p->mainloop = (gemsops_mainloop)mainloop;
     p->device_id = a->device_id;
     return 0;
 }
 
+static const char *const mainloop_names[] = {"auto", "ffma", "mma",
+                                             "wgmma-128", "wgmma-256"};
+
 static PyObject *
-schedule_tuple(const struct gemsops_sk_schedule *s)
+schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop)
 {
-    return Py_BuildValue("{s:L,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,s:L,s:L}",
+    return Py_BuildValue("{s:s,s:L,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,s:L,s:L}",
+                         "mainloop", mainloop,
                          "ctas", (long long)s->ctas, "bm", s->bm, "bn", s->bn,
                          "bk", s->bk, "tiles", (long long)s->tiles, "iters",
                          (long long)s->iters, "sk_tiles",
@@ -127,9 +134,10 @@ schedule_tuple(const struct gemsops_sk_schedule *s)
 }
 
 PyDoc_STRVAR(matmul_plan_doc,
-"matmul_plan(a, b, out, schedule, two_tiles, ctas) -> dict\n\n"
-"The Stream-K schedule a matmul launch with these arguments uses: ctas,\n"
-"tile shape (bm, bn, bk), tiles, iters, sk_tiles, dp_tiles, ... The\n"
+"matmul_plan(a, b, out, schedule, two_tiles, ctas, mainloop) -> dict\n\n"
+"The Stream-K schedule a matmul launch with these arguments uses: the\n"
+"mainloop ('ffma', 'mma', 'wgmma-128', 'wgmma-256'; 'cpu'), ctas, tile\n"
+"shape (bm, bn, bk), tiles, iters, sk_tiles, dp_tiles, ... The\n"
 "workspace a CUDA launch needs is ctas * bm * bn * 4 bytes when\n"
 "sk_tiles > 0, and ctas flags.");
 
@@ -138,8 +146,8 @@ matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     const char *fn = "matmul_plan";
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "matmul_plan() takes 6 arguments (%zd "
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "matmul_plan() takes 7 arguments (%zd "
                      "given)", nargs);
         return NULL;
     }
@@ -150,21 +158,24 @@ matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     struct gemsops_sk_schedule s;
     gemsops_status st = {GEMSOPS_OK, ""};
-    const int rc = a.device_type == GEMSOPS_CUDA
-                       ? gemsops_matmul_plan_cuda(&p, &s, &st)
-                       : gemsops_matmul_plan_cpu(&p, &s, &st);
+    gemsops_mainloop used = GEMSOPS_MAINLOOP_AUTO;
+    const int cuda = a.device_type == GEMSOPS_CUDA;
+    const int rc = cuda ? gemsops_matmul_plan_cuda(&p, &s, &used, &st)
+                        : gemsops_matmul_plan_cpu(&p, &s, &st);
     if (rc != GEMSOPS_OK) {
         return gemsops_raise(&st);
     }
-    return schedule_tuple(&s);
+    return schedule_tuple(&s, cuda ? mainloop_names[used] : "cpu");
 }
 
 PyDoc_STRVAR(matmul_doc,
-"matmul(a, b, out, schedule, two_tiles, ctas, workspace, flags, epoch,\n"
-"       spin_limit, error) -> None\n\n"
+"matmul(a, b, out, schedule, two_tiles, ctas, mainloop, workspace, flags,\n"
+"       epoch, spin_limit, error) -> None\n\n"
 "out[i] = a[i] @ b[i] for 3-D a [B, m, k], b [B, k, n] (any strides),\n"
 "out [B, m, n] contiguous; fp32 accumulation. schedule: 0 auto, 1\n"
-"data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from the device. CUDA:\n"
+"data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from the device;\n"
+"mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4 wgmma-256, the\n"
+"most capable allowed (operands it cannot take go lower). CUDA:\n"
 "workspace (uint8, matmul_plan's size or None), flags (int32, >= ctas,\n"
 "zeroed once and kept), epoch (this call's flag value, never reused\n"
 "with those flags), spin_limit (0: wait; else fail after that many\n"
@@ -180,12 +191,12 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
     struct gemsops_tensor ws, fl, er;
     int has_ws = 0, has_fl = 0, has_er = 0;
     long long epoch, spin;
-    if (gemsops_optional_tensor(args[6], fn, "workspace", &ws, &has_ws) ||
+    if (gemsops_optional_tensor(args[7], fn, "workspace", &ws, &has_ws) ||
         (has_ws && gemsops_check_workspace(&ws, a, fn)) ||
-        gemsops_optional_tensor(args[7], fn, "flags", &fl, &has_fl) ||
-        gemsops_optional_tensor(args[10], fn, "error", &er, &has_er) ||
-        parse_ll(args[8], fn, "epoch", 1, 0xffffffffLL, &epoch) ||
-        parse_ll(args[9], fn, "spin_limit", 0, 1LL << 62, &spin)) {
+        gemsops_optional_tensor(args[8], fn, "flags", &fl, &has_fl) ||
+        gemsops_optional_tensor(args[11], fn, "error", &er, &has_er) ||
+        parse_ll(args[9], fn, "epoch", 1, 0xffffffffLL, &epoch) ||
+        parse_ll(args[10], fn, "spin_limit", 0, 1LL << 62, &spin)) {
         return -1;
     }
     p->spin_limit = spin;
@@ -217,8 +228,8 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     const char *fn = "matmul";
-    if (nargs != 11) {
-        PyErr_Format(PyExc_TypeError, "matmul() takes 11 arguments (%zd "
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "matmul() takes 12 arguments (%zd "
                      "given)", nargs);
         return NULL;
     }
@@ -283,7 +294,7 @@ streamk_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (rc != GEMSOPS_OK) {
         return gemsops_raise(&st);
     }
-    return schedule_tuple(&s);
+    return schedule_tuple(&s, NULL); /* no kernel: mainloop None */
 }
 
 PyMethodDef gemsops_matmul_methods[] = {

@@ -22,7 +22,8 @@ def schedule(name="auto", **kw):
         yield
     finally:
         gemsops.set_schedule(old["schedule"], two_tiles=old["two_tiles"],
-                             ctas=old["ctas"], spin_limit=old["spin_limit"])
+                             ctas=old["ctas"], spin_limit=old["spin_limit"],
+                             mainloop=old["mainloop"])
 
 
 def assert_mm_close(out, a, b, dtype, name="out"):
@@ -84,18 +85,82 @@ def test_every_schedule_is_correct_and_bitwise_repeatable(sched, two_tiles,
     assert torch.equal(first, second)
 
 
+def plan_of(a, b, mainloop="auto"):
+    c = torch.empty(1, a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+    return gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0,
+                                  gemsops.ops.matmul.MAINLOOPS[mainloop])
+
+
+def is_sm90():
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_tensor_core_path_is_taken_when_aligned(dtype):
-    def plan(a, b):
-        c = torch.empty(1, a.shape[0], b.shape[1], dtype=dtype, device="cuda")
-        return gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0)
     a = rand(256, 512, dtype=dtype, device="cuda")
     b = rand(512, 384, dtype=dtype, device="cuda")
-    assert plan(a, b)["bm"] == 128                    # B N-contiguous
-    assert plan(a, rand(384, 512, dtype=dtype, device="cuda").t())["bm"] == 128
-    assert plan(a[:, :511], b[:511])["bm"] == 64      # k % 8: FFMA
-    assert plan(rand(512, 256, dtype=dtype, device="cuda").t(), b)["bm"] == 64
+    bt = rand(384, 512, dtype=dtype, device="cuda").t()   # B K-contiguous
+    at = rand(512, 256, dtype=dtype, device="cuda").t()   # A M-contiguous
+    tc = "wgmma" if is_sm90() else "mma"
+    for x, y in [(a, b), (a, bt)]:
+        assert plan_of(x, y)["mainloop"].startswith(tc)
+        assert plan_of(x, y, "mma")["mainloop"] == "mma"
+        assert plan_of(x, y, "ffma")["mainloop"] == "ffma"
+    assert plan_of(a[:, :511], b[:511])["mainloop"] == "ffma"   # k % 8
+    # an M-contiguous A: wgmma reads it in place, mma.sync cannot
+    assert plan_of(at, b)["mainloop"] == ("wgmma-128" if is_sm90() else "ffma")
+    assert plan_of(at, b, "mma")["mainloop"] == "ffma"
+    if is_sm90():
+        assert plan_of(a, b, "wgmma-256")["bn"] == 256
+        assert plan_of(a, b, "wgmma-128")["bn"] == 128
+
+
+# (m, n, k) with ragged edges in every dimension, and a K that is not a
+# multiple of the 64-deep k-step
+TC_SHAPES = [(128, 256, 64), (200, 136, 520), (1, 8, 8), (264, 392, 1000)]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mainloop", ["wgmma-256", "wgmma-128", "mma"])
+@pytest.mark.parametrize("a_major,b_major", [("k", "n"), ("k", "k"),
+                                             ("m", "n"), ("m", "k")])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sched", ["data-parallel", "stream-k"])
+def test_tensor_core_mainloops_every_layout(mainloop, a_major, b_major, dtype,
+                                            sched):
+    for m, n, k in TC_SHAPES:
+        a = rand(m, k, dtype=dtype, device="cuda") if a_major == "k" else \
+            rand(k, m, dtype=dtype, device="cuda").t()
+        b = rand(k, n, dtype=dtype, device="cuda") if b_major == "n" else \
+            rand(n, k, dtype=dtype, device="cuda").t()
+        used = plan_of(a, b, mainloop)["mainloop"]
+        if is_sm90() and (m % 8 == 0 or a_major == "k"):
+            assert used == mainloop or (mainloop == "mma" and a_major == "m"
+                                        and used == "ffma"), used
+        with schedule(sched, mainloop=mainloop, ctas=5 if sched == "stream-k" else 0):
+            first = gemsops.mm(a, b)
+            second = gemsops.mm(a, b)
+        assert_mm_close(first, a, b, dtype, name=f"{m}x{n}x{k} {used}")
+        assert torch.equal(first, second)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mainloop", ["wgmma-256", "wgmma-128"])
+def test_wgmma_batched_broadcast_and_backward(mainloop):
+    a = rand(3, 1, 136, 200, dtype=torch.bfloat16, device="cuda")
+    b = rand(2, 200, 72, dtype=torch.bfloat16, device="cuda")
+    with schedule("hybrid", mainloop=mainloop):
+        out = gemsops.matmul(a, b)
+        x = rand(96, 264, dtype=torch.float16, device="cuda").requires_grad_()
+        w = rand(264, 40, dtype=torch.float16, device="cuda").requires_grad_()
+        y = gemsops.mm(x, w)
+        g = rand(96, 40, dtype=torch.float16, device="cuda")
+        y.backward(g)
+    assert_mm_close(out, a, b, torch.bfloat16)
+    # dA = g . W^T (B K-contiguous), dW = X^T . g (A M-contiguous)
+    assert_mm_close(x.grad, g, w.detach().t(), torch.float16, name="dA")
+    assert_mm_close(w.grad, x.detach().t(), g, torch.float16, name="dW")
 
 
 def test_stream_k_splits_tiles_and_still_matches_data_parallel(device):
@@ -104,7 +169,7 @@ def test_stream_k_splits_tiles_and_still_matches_data_parallel(device):
     with schedule("stream-k", ctas=5):
         plan = gemsops._C.matmul_plan(a[None], b[None],
                                       torch.empty(1, 60, 50, device=device),
-                                      2, 0, 5)
+                                      2, 0, 5, 0)
         sk = gemsops.mm(a, b)
     assert plan["sk_tiles"] == plan["tiles"] == 1 and plan["ctas"] == 5
     with schedule("data-parallel"):
@@ -203,9 +268,14 @@ def test_errors(device):
         gemsops.mm(a, [[1.0]])
     with pytest.raises(ValueError, match="schedule must be one of"):
         gemsops.set_schedule("fastest")
+    with pytest.raises(ValueError, match="mainloop must be one of"):
+        gemsops.set_schedule("auto", mainloop="tensor-cores")
     with pytest.raises(ValueError, match="shapes do not chain"):
         gemsops._C.matmul(a[None], a[None], torch.empty(1, 3, 4, device=device),
-                          0, 0, 0, None, None, 1, 0, None)
+                          0, 0, 0, 0, None, None, 1, 0, None)
+    with pytest.raises(ValueError, match="'mainloop'=5 is out of range"):
+        gemsops._C.matmul(a[None], a.t()[None], torch.empty(1, 3, 3, device=device),
+                          0, 0, 0, 5, None, None, 1, 0, None)
 
 
 @pytest.mark.cuda

@@ -288,7 +288,7 @@ __device__ __forceinline__ unsigned smem_addr(const void *p)
 struct device_facts {
     int sm_count;
     int max_threads_per_sm;
-    int cc_major;
+    int cc_major, cc_minor;
     int smem_per_block_optin; // bytes of shared memory one CTA may ask for
     int smem_per_sm;          // bytes of shared memory of one SM
 };

@@ -33,6 +33,9 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
                                    &f.cc_major,
                                    cudaDevAttrComputeCapabilityMajor, device));
         GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
+                                   &f.cc_minor,
+                                   cudaDevAttrComputeCapabilityMinor, device));
+        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
                                    &f.smem_per_block_optin,
                                    cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                    device));

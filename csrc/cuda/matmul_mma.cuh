@@ -66,10 +66,12 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4],
         : "r"(addr));
 }
 
-struct mma_operands {
+// Operands of a tensor-core mainloop: A [m][k] and B [k][n] with strides.
+struct tc_operands {
     const void *a, *b;
-    int64_t a_bs, a_rs, b_bs, b_rs, b_cs; // A: k unit stride
-    bool b_k_unit;                        // B [n][k] in smem, else [k][n]
+    int64_t a_bs, a_rs, a_cs, b_bs, b_rs, b_cs;
+    bool a_m_unit; // A M-contiguous (wgmma only; mma.sync takes K-contiguous)
+    bool b_k_unit; // B K-contiguous (else N-contiguous)
 };
 
 template <typename T> struct mma_mainloop {
@@ -98,7 +100,7 @@ template <typename T> struct mma_mainloop {
     }
 
     static __device__ void load_stage(const gemsops_sk_schedule &s,
-                                      const mma_operands &o, const T *A,
+                                      const tc_operands &o, const T *A,
                                       const T *B, int64_t r0, int64_t c0,
                                       int64_t kt, unsigned stage_base)
     {
@@ -134,7 +136,7 @@ template <typename T> struct mma_mainloop {
     }
 
     static __device__ void mac(const gemsops_sk_schedule &s,
-                               const mma_operands &o, int64_t tile,
+                               const tc_operands &o, int64_t tile,
                                int64_t k0, int64_t k1, float (&acc)[kAcc],
                                smem_t &sm)
     {

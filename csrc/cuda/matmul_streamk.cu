@@ -8,8 +8,11 @@
 // Work split: one driver (this file) walks the schedule and does the
 // fix-up; a mainloop computes a tile's k-iterations into per-thread fp32
 // accumulators and stores them:
-//   mma (matmul_mma.cuh): fp16/bf16 with A K-contiguous, B either way,
-//     whole aligned 16-byte chunks: 128 x 128 tiles on tensor cores
+//   wgmma (matmul_wgmma.cuh, sm_90a): fp16/bf16 with A and B each K- or
+//     MN-contiguous, whole aligned 16-byte chunks: 128 x 128 or 128 x 256
+//     tiles, warpgroup MMA from a 4-stage cp.async ring;
+//   mma (matmul_mma.cuh, sm_80+): fp16/bf16 with A K-contiguous, B either
+//     way, whole aligned 16-byte chunks: 128 x 128 tiles on tensor cores
 //     (mma.sync + ldmatrix + a 3-stage cp.async ring);
 //   ffma (below): everything else (fp32 exact, any strides, any
 //     alignment): 64 x 64 tiles, 256 threads of 4 x 4 outputs, k-steps of
@@ -29,6 +32,7 @@
 #include "common.cuh"
 #include "gemsops/matmul.h"
 #include "matmul_mma.cuh"
+#include "matmul_wgmma.cuh"
 
 namespace gemsops {
 namespace {
@@ -40,6 +44,7 @@ struct driver_args {
     const void *a, *b;
     void *c;
     int64_t a_bs, a_rs, a_cs, b_bs, b_rs, b_cs;
+    bool a_m_unit, b_k_unit; // tensor-core operand layouts (planner's pick)
     float *partials;        // [ctas][BM * BN] when sk_tiles > 0
     unsigned *flags;        // [ctas]
     unsigned epoch;
@@ -54,6 +59,7 @@ template <typename T> struct ffma_mainloop {
         float a[BK][BM + 4];
         float b[BK][BN + 4];
     };
+    static constexpr int kSmemBytes = sizeof(smem_t);
 
     static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
                                int64_t k1, float (&acc)[kAcc], smem_t &sm)
@@ -116,18 +122,18 @@ template <typename T> struct ffma_mainloop {
     }
 };
 
-// ---- the tensor-core mainloop, adapted to the driver ----------------------
-template <typename T> struct tc_mainloop {
-    using M = mma_mainloop<T>;
+// ---- a tensor-core mainloop (mma.sync or wgmma), adapted to the driver ----
+template <typename M, int MIN_CTAS> struct tc_mainloop {
     static constexpr int BM = M::BM, BN = M::BN, kAcc = M::kAcc;
-    static constexpr int kMinCtas = 2; // 128 registers: two CTAs per SM
+    static constexpr int kMinCtas = MIN_CTAS;
     using smem_t = typename M::smem_t;
+    static constexpr int kSmemBytes = sizeof(smem_t);
 
     static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
                                int64_t k1, float (&acc)[kAcc], smem_t &sm)
     {
-        const mma_operands o{p.a, p.b, p.a_bs, p.a_rs, p.b_bs, p.b_rs, p.b_cs,
-                             p.b_rs == 1};
+        const tc_operands o{p.a,    p.b,    p.a_bs,     p.a_rs,    p.a_cs,
+                            p.b_bs, p.b_rs, p.b_cs,     p.a_m_unit, p.b_k_unit};
         M::mac(p.s, o, tile, k0, k1, acc, sm);
     }
 
@@ -136,6 +142,11 @@ template <typename T> struct tc_mainloop {
         M::coords(e, r, c);
     }
 };
+// mma.sync: 128 registers, two CTAs per SM; wgmma: one CTA holds the
+// 129-193 KB ring.
+template <typename T> using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
+template <typename T, int BN, bool AM, bool BNM>
+using wgmma_tc = tc_mainloop<wgmma_mainloop<T, BN, 4, AM, BNM>, 1>;
 
 // ---- the driver: schedule walk, fix-up, epilogue ---------------------------
 template <typename T, typename L>
@@ -166,7 +177,9 @@ template <typename T, typename L>
 __global__ void __launch_bounds__(kThreads, L::kMinCtas)
     matmul_streamk_kernel(const driver_args p)
 {
-    __shared__ typename L::smem_t sm;
+    extern __shared__ __align__(128) unsigned char dynamic_smem[];
+    typename L::smem_t &sm =
+        *reinterpret_cast<typename L::smem_t *>(dynamic_smem);
     float acc[L::kAcc];
     const int64_t c = blockIdx.x;
     constexpr int kTile = L::BM * L::BN;
@@ -220,43 +233,118 @@ __global__ void __launch_bounds__(kThreads, L::kMinCtas)
 }
 
 // ---- planning and launch ---------------------------------------------------
-// The tensor-core mainloop takes whole aligned 16-byte chunks: A with unit
-// k stride, B with unit k or n stride, k (and n for N-contiguous B) a
-// multiple of 8, every base and row stride 16-byte aligned.
-bool tc_ok(const gemsops_matmul_params *p, int cc_major)
+// Tensor-core mainloops take whole aligned 16-byte chunks: every base and
+// batch stride 16-byte aligned; a K-contiguous operand needs k (and its row
+// stride) a multiple of 8, an MN-contiguous one m or n (and its k stride).
+struct tc_layout {
+    bool a_k, a_m, b_k, b_n;
+};
+
+tc_layout layout_of(const gemsops_matmul_params *p)
 {
-    if (cc_major < 8 || (p->dtype != GEMSOPS_FLOAT16 &&
-                         p->dtype != GEMSOPS_BFLOAT16)) {
-        return false;
-    }
     auto al = [](const void *q) { return (uintptr_t)q % 16 == 0; };
-    const bool a_ok = p->a_cs == 1 && p->a_rs % 8 == 0 &&
-                      (p->a_bs % 8 == 0 || p->batch == 1);
-    const bool b_k = p->b_rs == 1 && p->b_cs % 8 == 0;
-    const bool b_n = p->b_cs == 1 && p->b_rs % 8 == 0 && p->n % 8 == 0;
-    return al(p->a) && al(p->b) && a_ok && (b_k || b_n) && p->k % 8 == 0 &&
-           (p->b_bs % 8 == 0 || p->batch == 1);
+    const bool base = (p->dtype == GEMSOPS_FLOAT16 ||
+                       p->dtype == GEMSOPS_BFLOAT16) &&
+                      al(p->a) && al(p->b) &&
+                      ((p->a_bs % 8 == 0 && p->b_bs % 8 == 0) || p->batch == 1);
+    tc_layout l;
+    l.a_k = base && p->a_cs == 1 && p->a_rs % 8 == 0 && p->k % 8 == 0;
+    l.a_m = base && p->a_rs == 1 && p->a_cs % 8 == 0 && p->m % 8 == 0;
+    l.b_k = base && p->b_rs == 1 && p->b_cs % 8 == 0 && p->k % 8 == 0;
+    l.b_n = base && p->b_cs == 1 && p->b_rs % 8 == 0 && p->n % 8 == 0;
+    return l;
 }
 
 struct kernel_choice {
     const void *fn;
-    int bm, bn, bk;
-    void (*launch)(unsigned grid, cudaStream_t s, const driver_args &a);
+    int bm, bn, bk, smem;
+    gemsops_mainloop mainloop;
+    tc_layout layout;
+    void (*launch)(unsigned grid, int smem, cudaStream_t s,
+                   const driver_args &a);
 };
 
 template <typename T, typename L>
-void launch_kernel(unsigned grid, cudaStream_t s, const driver_args &a)
+void launch_kernel(unsigned grid, int smem, cudaStream_t s,
+                   const driver_args &a)
 {
-    matmul_streamk_kernel<T, L><<<grid, kThreads, 0, s>>>(a);
+    matmul_streamk_kernel<T, L><<<grid, kThreads, smem, s>>>(a);
 }
 
-template <typename T, typename L> kernel_choice choice(int bk)
+template <typename T, typename L>
+kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
 {
-    return {(const void *)matmul_streamk_kernel<T, L>, L::BM, L::BN, bk,
+    return {(const void *)matmul_streamk_kernel<T, L>,
+            L::BM,
+            L::BN,
+            bk,
+            L::kSmemBytes,
+            m,
+            l,
             launch_kernel<T, L>};
 }
 
+// The mainloop for these operands on this device: the most capable one the
+// request allows (see gemsops_mainloop).
+gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
+                               const device_facts &f, const tc_layout &l)
+{
+    gemsops_mainloop want = p->mainloop;
+#ifdef GEMSOPS_HAVE_SM90A
+    const bool sm90a = f.cc_major == 9 && f.cc_minor == 0;
+#else
+    const bool sm90a = false;
+#endif
+    if (want == GEMSOPS_MAINLOOP_AUTO) {
+        // 128 x 256 tiles when they still fill a wave of SMs
+        const int64_t wide = p->batch * ((p->m + 127) / 128) *
+                             ((p->n + 255) / 256);
+        want = wide >= f.sm_count ? GEMSOPS_MAINLOOP_WGMMA_256
+                                  : GEMSOPS_MAINLOOP_WGMMA_128;
+    }
+    if (want >= GEMSOPS_MAINLOOP_WGMMA_128 &&
+        !(sm90a && (l.a_k || l.a_m) && (l.b_k || l.b_n))) {
+        want = GEMSOPS_MAINLOOP_MMA;
+    }
+    if (want == GEMSOPS_MAINLOOP_MMA &&
+        !(f.cc_major >= 8 && l.a_k && (l.b_k || l.b_n))) {
+        want = GEMSOPS_MAINLOOP_FFMA;
+    }
+    return want;
+}
+
+template <typename T, int BN>
+kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l)
+{
+    if (!l.a_k) { // M-contiguous A
+        return l.b_k ? choice<T, wgmma_tc<T, BN, true, false>>(64, m, l)
+                     : choice<T, wgmma_tc<T, BN, true, true>>(64, m, l);
+    }
+    return l.b_k ? choice<T, wgmma_tc<T, BN, false, false>>(64, m, l)
+                 : choice<T, wgmma_tc<T, BN, false, true>>(64, m, l);
+}
+
 // The one dtype switch.
+template <typename T>
+kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l)
+{
+    if constexpr (std::is_same_v<T, float>) {
+        return choice<T, ffma_mainloop<T>>(16, GEMSOPS_MAINLOOP_FFMA, l);
+    }
+    else {
+        switch (m) {
+        case GEMSOPS_MAINLOOP_WGMMA_256:
+            return wgmma_choice<T, 256>(m, l);
+        case GEMSOPS_MAINLOOP_WGMMA_128:
+            return wgmma_choice<T, 128>(m, l);
+        case GEMSOPS_MAINLOOP_MMA:
+            return choice<T, mma_tc<T>>(32, m, l);
+        default:
+            return choice<T, ffma_mainloop<T>>(16, GEMSOPS_MAINLOOP_FFMA, l);
+        }
+    }
+}
+
 int choose(const gemsops_matmul_params *p, kernel_choice *k,
            gemsops_status *st)
 {
@@ -264,18 +352,17 @@ int choose(const gemsops_matmul_params *p, kernel_choice *k,
     if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
         return st->code;
     }
-    const bool tc = tc_ok(p, f.cc_major);
+    const tc_layout l = layout_of(p);
+    const gemsops_mainloop m = pick_mainloop(p, f, l);
     switch (p->dtype) {
     case GEMSOPS_FLOAT32:
-        *k = choice<float, ffma_mainloop<float>>(16);
+        *k = choose_typed<float>(m, l);
         return GEMSOPS_OK;
     case GEMSOPS_FLOAT16:
-        *k = tc ? choice<__half, tc_mainloop<__half>>(32)
-                : choice<__half, ffma_mainloop<__half>>(16);
+        *k = choose_typed<__half>(m, l);
         return GEMSOPS_OK;
     case GEMSOPS_BFLOAT16:
-        *k = tc ? choice<__nv_bfloat16, tc_mainloop<__nv_bfloat16>>(32)
-                : choice<__nv_bfloat16, ffma_mainloop<__nv_bfloat16>>(16);
+        *k = choose_typed<__nv_bfloat16>(m, l);
         return GEMSOPS_OK;
     default:
         return gemsops_fail(st, GEMSOPS_ERR_TYPE,
@@ -291,8 +378,8 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
         return st->code;
     }
     int resident = 1;
-    if (resident_ctas(k->fn, p->device_id, kThreads, 0, &resident, st) !=
-        GEMSOPS_OK) {
+    if (resident_ctas(k->fn, p->device_id, kThreads, k->smem, &resident,
+                      st) != GEMSOPS_OK) {
         return st->code;
     }
     int64_t ctas = resident;
@@ -336,12 +423,14 @@ int launch(const gemsops_matmul_params *p, gemsops_status *st)
     a.b_bs = p->b_bs;
     a.b_rs = p->b_rs;
     a.b_cs = p->b_cs;
+    a.a_m_unit = !k.layout.a_k; // wgmma reads an M-contiguous A in place
+    a.b_k_unit = k.layout.b_k;
     a.partials = (float *)p->workspace;
     a.flags = p->flags;
     a.epoch = p->epoch;
     a.spin_limit = p->spin_limit;
     a.error = p->error;
-    k.launch((unsigned)a.s.ctas, (cudaStream_t)p->stream, a);
+    k.launch((unsigned)a.s.ctas, k.smem, (cudaStream_t)p->stream, a);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "matmul_streamk_kernel");
     return GEMSOPS_OK;
 }
@@ -351,12 +440,17 @@ int launch(const gemsops_matmul_params *p, gemsops_status *st)
 
 extern "C" int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
                                         struct gemsops_sk_schedule *s,
+                                        gemsops_mainloop *mainloop,
                                         gemsops_status *st)
 {
     gemsops::device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
     gemsops::kernel_choice k;
-    return gemsops::plan(p, s, &k, st);
+    if (gemsops::plan(p, s, &k, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    *mainloop = k.mainloop;
+    return GEMSOPS_OK;
 }
 
 extern "C" int gemsops_matmul_cuda(const struct gemsops_matmul_params *p,

@@ -8,7 +8,9 @@ transposed views: dA = dC . B^T, dB = A^T . dC.
 
 Schedules: 'auto' (hybrid where Stream-K can help), 'data-parallel',
 'stream-k', 'hybrid'; set_schedule() or GEMSOPS_MATMUL_SCHEDULE picks one
-for tests and benchmarks.
+for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest the GPU and
+operands allow), or a cap: 'wgmma-256', 'wgmma-128' (sm_90a), 'mma'
+(sm_80+), 'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too.
 """
 import os
 
@@ -17,26 +19,34 @@ import torch
 from .. import _C
 
 SCHEDULES = {"auto": 0, "data-parallel": 1, "stream-k": 2, "hybrid": 3}
+MAINLOOPS = {"auto": 0, "ffma": 1, "mma": 2, "wgmma-128": 3, "wgmma-256": 4}
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
 _config = dict(schedule=os.environ.get("GEMSOPS_MATMUL_SCHEDULE", "auto"),
-               two_tiles=False, ctas=0, spin_limit=0)
+               two_tiles=False, ctas=0, spin_limit=0,
+               mainloop=os.environ.get("GEMSOPS_MATMUL_MAINLOOP", "auto"))
 _plans = {}
 _flags = {}   # (device, stream) -> [int32 flags, last epoch]
 _errors = {}  # device -> int32 [1]
 
 
-def set_schedule(schedule="auto", *, two_tiles=False, ctas=0, spin_limit=0):
+def set_schedule(schedule="auto", *, two_tiles=False, ctas=0, spin_limit=0,
+                 mainloop="auto"):
     """Force the Stream-K schedule for later calls: schedule in SCHEDULES;
     two_tiles: hybrid moves one full wave more into Stream-K; ctas: >0 caps
     the persistent grid (never above what fits on the device); spin_limit:
     >0 turns a Stream-K wait longer than that many polls into a
-    RuntimeError (debug: a would-be hang becomes an error; it syncs)."""
+    RuntimeError (debug: a would-be hang becomes an error; it syncs);
+    mainloop in MAINLOOPS: the most capable CUDA mainloop allowed."""
     if schedule not in SCHEDULES:
         raise ValueError(f"set_schedule(): schedule must be one of "
                          f"{sorted(SCHEDULES)}, got {schedule!r}")
+    if mainloop not in MAINLOOPS:
+        raise ValueError(f"set_schedule(): mainloop must be one of "
+                         f"{sorted(MAINLOOPS)}, got {mainloop!r}")
     _config.update(schedule=schedule, two_tiles=bool(two_tiles),
-                   ctas=int(ctas), spin_limit=int(spin_limit))
+                   ctas=int(ctas), spin_limit=int(spin_limit),
+                   mainloop=mainloop)
 
 
 def get_schedule():
@@ -65,23 +75,24 @@ def _mm3(a, b):
     c = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype,
                     device=a.device)
     mode = SCHEDULES[_config["schedule"]]
+    loop = MAINLOOPS[_config["mainloop"]]
     two, ctas, spin = _config["two_tiles"], _config["ctas"], _config["spin_limit"]
     if not a.is_cuda:
-        _C.matmul(a, b, c, mode, two, ctas, None, None, 1, spin, None)
+        _C.matmul(a, b, c, mode, two, ctas, loop, None, None, 1, spin, None)
         return c
     # the kernel (tensor cores or FFMA) depends on layout and alignment
     key = (a.shape, b.shape, a.stride(), b.stride(), a.data_ptr() % 16,
-           b.data_ptr() % 16, a.dtype, a.device.index, mode, two, ctas)
+           b.data_ptr() % 16, a.dtype, a.device.index, mode, two, ctas, loop)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = _C.matmul_plan(a, b, c, mode, two, ctas)
+        plan = _plans[key] = _C.matmul_plan(a, b, c, mode, two, ctas, loop)
     ws = None
     if plan["sk_tiles"]:
         ws = torch.empty(plan["ctas"] * plan["bm"] * plan["bn"] * 4,
                          dtype=torch.uint8, device=a.device)
     flags, epoch = _flag_buffer(a.device, plan["ctas"])
     err = _error_buffer(a.device)
-    _C.matmul(a, b, c, mode, two, ctas, ws, flags, epoch, spin, err)
+    _C.matmul(a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err)
     if spin and err.item():
         err.zero_()
         raise RuntimeError("matmul(): a Stream-K owner waited more than "

@@ -16,6 +16,18 @@
 extern "C" {
 #endif
 
+/* Which CUDA mainloop computes a tile: AUTO picks the fastest the device
+ * and the operands allow; the others cap the choice (tests and benchmarks):
+ * a mainloop that cannot take the operands (alignment, layout, dtype, GPU)
+ * falls back to the next one down, FFMA taking everything. */
+typedef enum gemsops_mainloop {
+    GEMSOPS_MAINLOOP_AUTO = 0,
+    GEMSOPS_MAINLOOP_FFMA = 1,      /* exact fp32 FMA, any layout          */
+    GEMSOPS_MAINLOOP_MMA = 2,       /* mma.sync, sm_80+, fp16/bf16         */
+    GEMSOPS_MAINLOOP_WGMMA_128 = 3, /* wgmma 128 x 128 tiles, sm_90a       */
+    GEMSOPS_MAINLOOP_WGMMA_256 = 4  /* wgmma 128 x 256 tiles, sm_90a       */
+} gemsops_mainloop;
+
 struct gemsops_matmul_params {
     const void *a, *b;       /* inputs, dtype `dtype`                      */
     void *c;                 /* output [batch, m, n], contiguous           */
@@ -26,6 +38,7 @@ struct gemsops_matmul_params {
     int allow_tf32;          /* fp32 may use TF32 tensor cores (unused by  */
                              /* the exact FFMA kernels of today)           */
     gemsops_sk_mode mode;    /* schedule: auto, or forced for tests        */
+    gemsops_mainloop mainloop; /* CUDA: the most capable mainloop allowed  */
     int two_tiles;           /* hybrid: one more wave joins Stream-K       */
     int64_t ctas_override;   /* >0: use this many CTAs (tests), else device */
     void *workspace;         /* CUDA: fp32 partial tiles, one per CTA      */
@@ -41,10 +54,11 @@ struct gemsops_matmul_params {
     void *stream;
 };
 
-/* The schedule the launch will use (tile shape, grid, regions). */
+/* The schedule the launch will use (tile shape, grid, regions) and the
+ * mainloop it runs (*mainloop). */
 int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
                              struct gemsops_sk_schedule *s,
-                             gemsops_status *st);
+                             gemsops_mainloop *mainloop, gemsops_status *st);
 int gemsops_matmul_cuda(const struct gemsops_matmul_params *p,
                         gemsops_status *st);
 int gemsops_matmul_cpu(const struct gemsops_matmul_params *p,
