@@ -143,10 +143,11 @@ template <typename M, int MIN_CTAS> struct tc_mainloop {
     }
 };
 // mma.sync: 128 registers, two CTAs per SM; wgmma: one CTA holds the
-// 129-193 KB ring.
+// 193 KB ring (6 stages of 128 x 128 x 64, 4 of 128 x 256 x 64).
 template <typename T> using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
 template <typename T, int BN, bool AM, bool BNM>
-using wgmma_tc = tc_mainloop<wgmma_mainloop<T, BN, 4, AM, BNM>, 1>;
+using wgmma_tc =
+    tc_mainloop<wgmma_mainloop<T, BN, BN == 128 ? 6 : 4, AM, BNM>, 1>;
 
 // ---- the driver: schedule walk, fix-up, epilogue ---------------------------
 template <typename T, typename L>
