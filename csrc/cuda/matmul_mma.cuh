@@ -18,6 +18,8 @@
 // the FFMA mainloop.
 #pragma once
 
+#include <cuda.h> // CUtensorMap (a type: nothing links the driver)
+
 #include "common.cuh"
 #include "gemsops/streamk.h"
 
@@ -72,6 +74,7 @@ struct tc_operands {
     int64_t a_bs, a_rs, a_cs, b_bs, b_rs, b_cs;
     bool a_m_unit; // A M-contiguous (wgmma only; mma.sync takes K-contiguous)
     bool b_k_unit; // B K-contiguous (else N-contiguous)
+    const CUtensorMap *ta, *tb; // wgmma: TMA maps of A and B
 };
 
 template <typename T> struct mma_mainloop {

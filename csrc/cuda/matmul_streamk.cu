@@ -10,7 +10,8 @@
 // accumulators and stores them:
 //   wgmma (matmul_wgmma.cuh, sm_90a): fp16/bf16 with A and B each K- or
 //     MN-contiguous, whole aligned 16-byte chunks: 128 x 128 or 128 x 256
-//     tiles, warpgroup MMA from a 4-stage cp.async ring;
+//     tiles, warpgroup MMA from a TMA-filled ring (tensor maps encoded
+//     here, per launch, through the driver entry point cudart hands out);
 //   mma (matmul_mma.cuh, sm_80+): fp16/bf16 with A K-contiguous, B either
 //     way, whole aligned 16-byte chunks: 128 x 128 tiles on tensor cores
 //     (mma.sync + ldmatrix + a 3-stage cp.async ring);
@@ -29,6 +30,8 @@
 //
 // Bytes: A and B are read once per tile they feed (tiles_n and tiles_m
 // times), C written once; Stream-K adds 2 x 16 KB per split tile.
+#include <mutex>
+
 #include "common.cuh"
 #include "gemsops/matmul.h"
 #include "matmul_mma.cuh"
@@ -40,6 +43,7 @@ namespace {
 constexpr int kThreads = 256, kGroupM = 8;
 
 struct driver_args {
+    CUtensorMap ta, tb; // wgmma: TMA maps of A and B (else unused)
     gemsops_sk_schedule s;
     const void *a, *b;
     void *c;
@@ -132,8 +136,9 @@ template <typename M, int MIN_CTAS> struct tc_mainloop {
     static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
                                int64_t k1, float (&acc)[kAcc], smem_t &sm)
     {
-        const tc_operands o{p.a,    p.b,    p.a_bs,     p.a_rs,    p.a_cs,
-                            p.b_bs, p.b_rs, p.b_cs,     p.a_m_unit, p.b_k_unit};
+        const tc_operands o{p.a,    p.b,    p.a_bs,     p.a_rs,     p.a_cs,
+                            p.b_bs, p.b_rs, p.b_cs,     p.a_m_unit, p.b_k_unit,
+                            &p.ta,  &p.tb};
         M::mac(p.s, o, tile, k0, k1, acc, sm);
     }
 
@@ -176,7 +181,7 @@ __device__ __forceinline__ void release_store(unsigned *f, unsigned v)
 
 template <typename T, typename L>
 __global__ void __launch_bounds__(kThreads, L::kMinCtas)
-    matmul_streamk_kernel(const driver_args p)
+    matmul_streamk_kernel(const __grid_constant__ driver_args p)
 {
     extern __shared__ __align__(128) unsigned char dynamic_smem[];
     typename L::smem_t &sm =
@@ -247,7 +252,9 @@ tc_layout layout_of(const gemsops_matmul_params *p)
     const bool base = (p->dtype == GEMSOPS_FLOAT16 ||
                        p->dtype == GEMSOPS_BFLOAT16) &&
                       al(p->a) && al(p->b) &&
-                      ((p->a_bs % 8 == 0 && p->b_bs % 8 == 0) || p->batch == 1);
+                      ((p->a_bs % 8 == 0 && p->b_bs % 8 == 0) || p->batch == 1) &&
+                      p->m < INT32_MAX && p->n < INT32_MAX && p->k < INT32_MAX &&
+                      p->batch < INT32_MAX; // TMA coordinates are int32
     tc_layout l;
     l.a_k = base && p->a_cs == 1 && p->a_rs % 8 == 0 && p->k % 8 == 0;
     l.a_m = base && p->a_rs == 1 && p->a_cs % 8 == 0 && p->m % 8 == 0;
@@ -257,6 +264,7 @@ tc_layout layout_of(const gemsops_matmul_params *p)
 }
 
 struct kernel_choice {
+    CUtensorMap ta, tb; // wgmma only
     const void *fn;
     int bm, bn, bk, smem;
     gemsops_mainloop mainloop;
@@ -275,14 +283,87 @@ void launch_kernel(unsigned grid, int smem, cudaStream_t s,
 template <typename T, typename L>
 kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
 {
-    return {(const void *)matmul_streamk_kernel<T, L>,
-            L::BM,
-            L::BN,
-            bk,
-            L::kSmemBytes,
-            m,
-            l,
-            launch_kernel<T, L>};
+    kernel_choice k{};
+    k.fn = (const void *)matmul_streamk_kernel<T, L>;
+    k.bm = L::BM;
+    k.bn = L::BN;
+    k.bk = bk;
+    k.smem = L::kSmemBytes;
+    k.mainloop = m;
+    k.layout = l;
+    k.launch = launch_kernel<T, L>;
+    return k;
+}
+
+// cuTensorMapEncodeTiled through cudart's driver entry point (no -lcuda).
+using encode_tiled_fn = CUresult (*)(CUtensorMap *, CUtensorMapDataType,
+                                     cuuint32_t, void *, const cuuint64_t *,
+                                     const cuuint64_t *, const cuuint32_t *,
+                                     const cuuint32_t *, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                     CUtensorMapFloatOOBfill);
+
+encode_tiled_fn tensor_map_encoder()
+{
+    static std::once_flag once;
+    static encode_tiled_fn fn = nullptr;
+    std::call_once(once, [] {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f,
+                                             12000, cudaEnableDefault,
+                                             &q) == cudaSuccess &&
+            q == cudaDriverEntryPointSuccess) {
+            fn = (encode_tiled_fn)f;
+        }
+        else {
+            cudaGetLastError(); // not sticky: the planner falls back
+        }
+    });
+    return fn;
+}
+
+// A TMA map of an operand seen as [z][y][x] (x contiguous, 2-byte
+// elements), boxes of 64 x box_y, 128-byte swizzle, zero fill past the
+// edges. z: the batch (1 when broadcast). False when the driver refuses.
+bool encode_operand(CUtensorMap *map, gemsops_dtype dt, const void *base,
+                    int64_t x, int64_t y, int64_t y_stride, int64_t batch,
+                    int64_t z_stride, int box_y)
+{
+    const encode_tiled_fn fn = tensor_map_encoder();
+    if (fn == nullptr || x <= 0 || y <= 0) {
+        return false;
+    }
+    const bool one = z_stride == 0 || batch == 1;
+    const cuuint64_t dims[3] = {(cuuint64_t)x, (cuuint64_t)y,
+                                (cuuint64_t)(one ? 1 : batch)};
+    const cuuint64_t strides[2] = {(cuuint64_t)y_stride * 2,
+                                   (cuuint64_t)(one ? y_stride * y : z_stride) *
+                                       2};
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_y, 1};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    return fn(map,
+              dt == GEMSOPS_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+              3, (void *)base, dims, strides, box, elem_strides,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Both maps for a wgmma launch with BN-wide tiles.
+bool encode_maps(const gemsops_matmul_params *p, const tc_layout &l, int bn,
+                 CUtensorMap *ta, CUtensorMap *tb)
+{
+    const bool a = l.a_k ? encode_operand(ta, p->dtype, p->a, p->k, p->m,
+                                          p->a_rs, p->batch, p->a_bs, 128)
+                         : encode_operand(ta, p->dtype, p->a, p->m, p->k,
+                                          p->a_cs, p->batch, p->a_bs, 64);
+    const bool b = l.b_k ? encode_operand(tb, p->dtype, p->b, p->k, p->n,
+                                          p->b_cs, p->batch, p->b_bs, bn)
+                         : encode_operand(tb, p->dtype, p->b, p->n, p->k,
+                                          p->b_rs, p->batch, p->b_bs, 64);
+    return a && b;
 }
 
 // The mainloop for these operands on this device: the most capable one the
@@ -325,7 +406,6 @@ kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l)
                  : choice<T, wgmma_tc<T, BN, false, true>>(64, m, l);
 }
 
-// The one dtype switch.
 template <typename T>
 kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l)
 {
@@ -346,16 +426,11 @@ kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l)
     }
 }
 
-int choose(const gemsops_matmul_params *p, kernel_choice *k,
-           gemsops_status *st)
+// The one dtype switch.
+int choose_dtype(gemsops_dtype dtype, gemsops_mainloop m, const tc_layout &l,
+                 kernel_choice *k, gemsops_status *st)
 {
-    device_facts f;
-    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
-        return st->code;
-    }
-    const tc_layout l = layout_of(p);
-    const gemsops_mainloop m = pick_mainloop(p, f, l);
-    switch (p->dtype) {
+    switch (dtype) {
     case GEMSOPS_FLOAT32:
         *k = choose_typed<float>(m, l);
         return GEMSOPS_OK;
@@ -368,8 +443,35 @@ int choose(const gemsops_matmul_params *p, kernel_choice *k,
     default:
         return gemsops_fail(st, GEMSOPS_ERR_TYPE,
                             "matmul: unsupported dtype %s on CUDA",
-                            gemsops_dtype_name(p->dtype));
+                            gemsops_dtype_name(dtype));
     }
+}
+
+int choose(const gemsops_matmul_params *p, kernel_choice *k,
+           gemsops_status *st)
+{
+    device_facts f;
+    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    const tc_layout l = layout_of(p);
+    gemsops_mainloop m = pick_mainloop(p, f, l);
+    CUtensorMap ta, tb;
+    if (m >= GEMSOPS_MAINLOOP_WGMMA_128 &&
+        !encode_maps(p, l, m == GEMSOPS_MAINLOOP_WGMMA_256 ? 256 : 128, &ta,
+                     &tb)) {
+        gemsops_matmul_params lower = *p; // strides TMA cannot describe
+        lower.mainloop = GEMSOPS_MAINLOOP_MMA;
+        m = pick_mainloop(&lower, f, l);
+    }
+    if (choose_dtype(p->dtype, m, l, k, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    if (m >= GEMSOPS_MAINLOOP_WGMMA_128) {
+        k->ta = ta;
+        k->tb = tb;
+    }
+    return GEMSOPS_OK;
 }
 
 int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
@@ -415,6 +517,8 @@ int launch(const gemsops_matmul_params *p, gemsops_status *st)
                             (long long)p->flag_count, (long long)a.s.ctas,
                             p->epoch);
     }
+    a.ta = k.ta;
+    a.tb = k.tb;
     a.a = p->a;
     a.b = p->b;
     a.c = p->c;

@@ -1,34 +1,34 @@
 // The Hopper mainloop of the Stream-K matmul (fp16/bf16, sm_90a): warpgroup
-// MMA (wgmma.mma_async) reading both operands from shared memory.
+// MMA (wgmma.mma_async) on operands the tensor memory accelerator (TMA)
+// brings into shared memory.
 //
 // Tile: BM = 128 rows x BN (128 or 256) columns x BK = 64 per k-step; 256
 // threads = 2 warpgroups, warpgroup g computes rows 64g..64g+63 with
 // BN / 128 wgmma.m64n128k16 per 16 k (fp32 accumulators, BN / 2 registers
-// per thread). Per k-step the SM's tensor cores do 2 * 128 * BN * 64 FLOP
-// (~490 cycles at BN = 128) while the copies of step i + S - 2 fly.
+// per thread). A k-step is 2 * 128 * BN * 64 FLOP: ~512 tensor-core cycles
+// of one SM at BN = 128, while the copies of the next S - 2 steps fly.
 //
 // Shared memory: an S-stage ring of [A | B] stages, each operand in the
-// 128-byte-swizzle canonical layout wgmma reads (16-byte chunk c of a
-// 128-byte line L at L * 128 + ((c ^ (L % 8)) * 16), 1024-byte aligned
-// atoms of 8 lines):
-//   K-major operand (A with unit k stride, B with unit k stride): one
-//     line per row, 64 k = 128 bytes; the descriptor steps 16 k by +32
+// 128-byte-swizzle canonical layout wgmma reads and TMA writes (16-byte
+// chunk c of 128-byte line L at L * 128 + ((c ^ (L % 8)) * 16), 1024-byte
+// aligned atoms of 8 lines):
+//   K-major operand (unit k stride): one line per row, 64 k = 128 bytes
+//     (one TMA box of 64 k x rows); the descriptor steps 16 k by +32
 //     bytes, 8-row groups 1024 bytes apart (SBO);
-//   MN-major operand (A with unit m stride, B with unit n stride): atoms
-//     of 64 columns x 64 k, one line per k, atoms 8 KB apart (LBO), 8-k
+//   MN-major operand (unit m or n stride): atoms of 64 columns x 64 k
+//     (one TMA box each), one line per k, atoms 8 KB apart (LBO), 8-k
 //     groups 1024 bytes apart (SBO); the instruction transposes
 //     (imm-trans = 1). So every layout torch hands us is read in place,
-//     the backward's A^T included.
-// Global -> shared: cp.async 16-byte chunks (zero-filled past M, N, K), no
-// registers; the planner sends here only whole aligned chunks (k a
-// multiple of 8 for K-major operands, m or n for MN-major ones).
+//     the backward's A^T included. TMA zero-fills past M, N and K.
 //
-// Ordering, per k-step i: wait for this thread's copies of step i, fence
-// them into the async proxy (wgmma reads through it), barrier; refill the
-// slot of step i - 2 (every warpgroup waited for its step i - 2 wgmma
-// before the barrier); issue step i's wgmma, commit, wait until only step
-// i's group is in flight. The accumulators chain across the in-flight
-// groups, which wgmma orders itself.
+// Ordering, per k-step i: barrier (every warpgroup has waited for its
+// step i - 2 wgmma), thread 0 refills that slot with step i + S - 2 (one
+// expect-tx arrive and 2-5 bulk tensor copies on the slot's mbarrier);
+// every thread waits on step i's mbarrier phase, issues step i's wgmma,
+// commits, and waits until only that group is in flight (accumulators
+// chain across in-flight groups; wgmma orders them). A first version
+// copied with per-thread cp.async: the address arithmetic of 8 copies a
+// step made it issue-bound (1.5-1.9 IPC, 0.47-0.62x cuBLAS at 4096^3).
 #pragma once
 
 #include "matmul_mma.cuh" // tc_operands
@@ -60,11 +60,41 @@ template <int N> __device__ __forceinline__ void wgmma_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
-// Orders this thread's generic-proxy writes to shared memory (cp.async)
-// before later async-proxy reads of it (wgmma).
-__device__ __forceinline__ void fence_proxy_async()
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count)
 {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar),
+                 "r"(count)
+                 : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (TMA).
+__device__ __forceinline__ void mbar_init_fence()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     bar),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity)
+{
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+// One TMA box of a 3-D tensor map at (x, y, z) into shared memory; its bytes
+// count toward `bar`'s transaction.
+__device__ __forceinline__ void tma_load_3d(unsigned dst, const CUtensorMap *map,
+                                            int x, int y, int z, unsigned bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile"
+                 ".mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(z), "r"(bar)
+                 : "memory");
 }
 
 #define GEMSOPS_ACC8(i)                                                        \
@@ -112,85 +142,41 @@ struct wgmma_mainloop {
     static constexpr int kThreads = 256, kAcc = BN / 2;
     static constexpr int kABytes = BM * BK * 2, kStageBytes = (BM + BN) * BK * 2;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
-    static constexpr int kSmemBytes = kStages * kStageBytes + 1024; // + align
+    // the ring, its mbarriers, and slack to align the ring to 1024 bytes
+    static constexpr int kSmemBytes = kStages * kStageBytes + kStages * 8 + 1024;
     struct smem_t {
         unsigned char raw[kSmemBytes];
     };
 
-    // One operand's copies for one tile, planned once per tile: a thread's
-    // N chunks of a stage differ only by fixed strides (same swizzle
-    // phase), so a k-step costs one pointer step, N adds and N compares.
-    // (Recomputing each chunk's address per step made the kernel issue-
-    // bound: ncu showed 1.9 IPC, 36% ALU, at 0.47x cuBLAS.)
-    template <int N> struct copy_plan {
-        const T *src;     // chunk 0 at the piece's first k-step
-        const T *dummy;   // any valid address (zero-filled chunks)
-        int64_t e_stride; // elements from chunk e to e + 1
-        int64_t k_step;   // elements from one k-step to the next
-        unsigned dst;     // chunk 0's byte offset in the operand's stage
-        unsigned dst_e;   // bytes from chunk e to e + 1
-        unsigned valid;   // bit e: chunk e's row (column) is in range
-        int k_first, k_e; // k of chunk e within the step: k_first + e k_e
-
-        __device__ __forceinline__ void issue(unsigned stage, int64_t step,
-                                              int64_t kb, int64_t k) const
-        {
-            const T *p = src + step * k_step;
+    // Thread 0: step `step` (k-step index) into ring slot `slot`.
+    static __device__ __forceinline__ void
+    produce(const tc_operands &o, unsigned stage, unsigned bar, int64_t r0,
+            int64_t c0, int za, int zb, int64_t step)
+    {
+#ifdef GEMSOPS_HAS_WGMMA
+        const int kb = (int)(step * BK);
+        mbar_expect_tx(bar, kStageBytes);
+        if constexpr (AM) { // boxes of 64 m x 64 k
+            tma_load_3d(stage, o.ta, (int)r0, kb, za, bar);
+            tma_load_3d(stage + kAtom, o.ta, (int)r0 + 64, kb, za, bar);
+        }
+        else { // one box of 64 k x 128 m
+            tma_load_3d(stage, o.ta, kb, (int)r0, za, bar);
+        }
+        if constexpr (BNM) {
 #pragma unroll
-            for (int e = 0; e < N; e++) {
-                const bool ok = ((valid >> e) & 1) && kb + k_first + e * k_e < k;
-                cp_async16(stage + dst + e * dst_e, ok ? p + e * e_stride : dummy,
-                           ok);
+            for (int j = 0; j < BN / 64; j++) {
+                tma_load_3d(stage + kABytes + j * kAtom, o.tb, (int)c0 + 64 * j,
+                            kb, zb, bar);
             }
         }
-    };
-
-    // K-major operand, ROWS rows x 64 k: row r at line r; thread t copies
-    // chunk t % 8 of rows t / 8 + 32 e.
-    template <int ROWS>
-    static __device__ __forceinline__ copy_plan<ROWS / 32>
-    plan_k_major(const T *base, int64_t row0, int64_t rows, int64_t row_stride,
-                 int64_t k0)
-    {
-        const int r = threadIdx.x / 8, c = threadIdx.x % 8;
-        copy_plan<ROWS / 32> cp;
-        cp.src = base + (row0 + r) * row_stride + k0 * BK + c * 8;
-        cp.dummy = base;
-        cp.e_stride = 32 * row_stride;
-        cp.k_step = BK;
-        cp.dst = r * 128 + ((c ^ (r % 8)) << 4);
-        cp.dst_e = 32 * 128;
-        cp.valid = 0;
-#pragma unroll
-        for (int e = 0; e < ROWS / 32; e++) {
-            cp.valid |= (unsigned)(row0 + r + 32 * e < rows) << e;
+        else {
+            tma_load_3d(stage + kABytes, o.tb, kb, (int)c0, zb, bar);
         }
-        cp.k_first = c * 8;
-        cp.k_e = 0;
-        return cp;
-    }
-
-    // MN-major operand, 64 k x COLS columns in atoms of 64 columns: thread t
-    // copies column chunk t % (COLS / 8) of k-lines t / (COLS / 8) + L e,
-    // L = 2048 / COLS lines per pass (a multiple of 8: same swizzle phase).
-    template <int COLS>
-    static __device__ __forceinline__ copy_plan<COLS / 32>
-    plan_mn_major(const T *base, int64_t col0, int64_t cols, int64_t k_stride,
-                  int64_t k0)
-    {
-        constexpr int kPerLine = COLS / 8, kLines = kThreads / kPerLine;
-        const int kr = threadIdx.x / kPerLine, q = threadIdx.x % kPerLine;
-        copy_plan<COLS / 32> cp;
-        cp.src = base + (k0 * BK + kr) * k_stride + col0 + q * 8;
-        cp.dummy = base;
-        cp.e_stride = kLines * k_stride;
-        cp.k_step = BK * k_stride;
-        cp.dst = (q / 8) * kAtom + kr * 128 + (((q % 8) ^ (kr % 8)) << 4);
-        cp.dst_e = kLines * 128;
-        cp.valid = col0 + q * 8 < cols ? (1u << (COLS / 32)) - 1 : 0;
-        cp.k_first = kr;
-        cp.k_e = kLines;
-        return cp;
+#else
+        (void)o, (void)stage, (void)bar, (void)r0, (void)c0, (void)za, (void)zb,
+            (void)step;
+#endif
     }
 
     static __device__ void mac(const gemsops_sk_schedule &s,
@@ -200,20 +186,30 @@ struct wgmma_mainloop {
 #ifdef GEMSOPS_HAS_WGMMA
         // the 128-byte swizzle repeats every 1024 bytes: align the ring
         const unsigned base = (smem_addr(sm.raw) + 1023u) & ~1023u;
+        const unsigned bars = base + kStages * kStageBytes; // 8 B each
         int64_t bt, tm, tn;
         gemsops_sk_tile_coords(&s, tile, &bt, &tm, &tn);
-        const T *A = (const T *)o.a + bt * o.a_bs;
-        const T *B = (const T *)o.b + bt * o.b_bs;
         const int64_t r0 = tm * BM, c0 = tn * BN;
-        const auto pa = AM ? plan_mn_major<BM>(A, r0, s.m, o.a_cs, k0)
-                           : plan_k_major<BM>(A, r0, s.m, o.a_rs, k0);
-        const auto pb = BNM ? plan_mn_major<BN>(B, c0, s.n, o.b_rs, k0)
-                            : plan_k_major<BN>(B, c0, s.n, o.b_cs, k0);
-        auto load = [&](int64_t step, unsigned stage) {
-            const int64_t kb = (k0 + step) * BK;
-            pa.issue(stage, step, kb, s.k);
-            pb.issue(stage + kABytes, step, kb, s.k);
-        };
+        const int za = o.a_bs == 0 ? 0 : (int)bt, zb = o.b_bs == 0 ? 0 : (int)bt;
+        const int64_t steps = k1 - k0;
+        const bool producer = threadIdx.x == 0;
+        if (producer) { // fresh barriers per piece: every phase starts at 0
+#pragma unroll
+            for (int st = 0; st < kStages; st++) {
+                mbar_init(bars + st * 8, 1);
+            }
+            mbar_init_fence();
+        }
+        __syncthreads();
+        if (producer) {
+#pragma unroll
+            for (int st = 0; st < kStages - 2; st++) {
+                if (st < steps) {
+                    produce(o, base + st * kStageBytes, bars + st * 8, r0, c0,
+                            za, zb, k0 + st);
+                }
+            }
+        }
 #pragma unroll
         for (int e = 0; e < kAcc; e++) {
             acc[e] = 0.f;
@@ -221,28 +217,23 @@ struct wgmma_mainloop {
         const unsigned g = threadIdx.x / 128; // warpgroup: rows 64g..
         const uint64_t da0 = wgmma_desc(base + g * kAtom, AM ? kAtom : 16, 1024);
         const uint64_t db0 = wgmma_desc(base + kABytes, BNM ? kAtom : 16, 1024);
-        const int64_t steps = k1 - k0;
-#pragma unroll
-        for (int st = 0; st < kStages - 2; st++) {
-            if (st < steps) {
-                load(st, base + st * kStageBytes);
-            }
-            cp_async_commit();
-        }
         int read = 0, write = kStages - 2; // ring slots (wrapping cursors)
+        unsigned phase = 0;                // of slot `read`'s barrier
         for (int64_t i = 0; i < steps; i++) {
-            cp_async_wait<kStages - 3>();
-            fence_proxy_async();
-            __syncthreads();
-            if (i + kStages - 2 < steps) {
-                load(i + kStages - 2, base + write * kStageBytes);
+            __syncthreads(); // step i - 2's wgmma are done: its slot is free
+            if (producer && i + kStages - 2 < steps) {
+                produce(o, base + write * kStageBytes, bars + write * 8, r0, c0,
+                        za, zb, k0 + i + kStages - 2);
             }
-            cp_async_commit();
             write = write + 1 == kStages ? 0 : write + 1;
+            mbar_wait(bars + read * 8, phase);
             // descriptors advance in 16-byte units: +k-step slot, +16 k
             // (2 lines of 8 MN-major, 32 bytes K-major), +128 columns of B
             const uint64_t slot = (unsigned)(read * kStageBytes) >> 4;
-            read = read + 1 == kStages ? 0 : read + 1;
+            if (++read == kStages) {
+                read = 0;
+                phase ^= 1;
+            }
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) {
@@ -258,8 +249,7 @@ struct wgmma_mainloop {
             wgmma_wait<1>();
         }
         wgmma_wait<0>();
-        cp_async_wait<0>();
-        __syncthreads(); // the ring is reused by the next piece
+        __syncthreads(); // the ring and barriers are reused by the next piece
 #else
         (void)s, (void)o, (void)tile, (void)k0, (void)k1, (void)acc, (void)sm;
         __trap(); // the planner picks this mainloop only for sm_90a code
