@@ -49,6 +49,7 @@ struct driver_args {
     void *c;
     int64_t a_bs, a_rs, a_cs, b_bs, b_rs, b_cs;
     bool a_m_unit, b_k_unit; // tensor-core operand layouts (planner's pick)
+    bool c_pairs;            // C's rows take 2-element stores (n even, aligned)
     float *partials;        // [ctas][BM * BN] when sk_tiles > 0
     unsigned *flags;        // [ctas]
     unsigned epoch;
@@ -155,6 +156,19 @@ using wgmma_tc =
     tc_mainloop<wgmma_mainloop<T, BN, BN == 128 ? 6 : 4, AM, BNM>, 1>;
 
 // ---- the driver: schedule walk, fix-up, epilogue ---------------------------
+__device__ __forceinline__ void store_pair(float *d, float a, float b)
+{
+    *reinterpret_cast<float2 *>(d) = make_float2(a, b);
+}
+__device__ __forceinline__ void store_pair(__half *d, float a, float b)
+{
+    *reinterpret_cast<__half2 *>(d) = __floats2half2_rn(a, b);
+}
+__device__ __forceinline__ void store_pair(__nv_bfloat16 *d, float a, float b)
+{
+    *reinterpret_cast<__nv_bfloat162 *>(d) = __floats2bfloat162_rn(a, b);
+}
+
 template <typename T, typename L>
 __device__ void store_tile(const driver_args &p, int64_t tile,
                            const float (&acc)[L::kAcc])
@@ -162,13 +176,25 @@ __device__ void store_tile(const driver_args &p, int64_t tile,
     int64_t bt, tm, tn;
     gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
     T *C = (T *)p.c + bt * p.s.m * p.s.n;
+    // every mainloop's accumulators e, e + 1 (e even) are neighbours in a
+    // row at an even column: one paired store when C's rows allow it
 #pragma unroll
-    for (int e = 0; e < L::kAcc; e++) {
+    for (int e = 0; e < L::kAcc; e += 2) {
         int r, c;
         L::coords(e, r, c);
         const int64_t gr = tm * L::BM + r, gc = tn * L::BN + c;
-        if (gr < p.s.m && gc < p.s.n) {
-            C[gr * p.s.n + gc] = from_acc<T>(acc[e]);
+        if (gr >= p.s.m || gc >= p.s.n) {
+            continue;
+        }
+        T *dst = C + gr * p.s.n + gc;
+        if (p.c_pairs && gc + 1 < p.s.n) {
+            store_pair(dst, acc[e], acc[e + 1]);
+        }
+        else {
+            dst[0] = from_acc<T>(acc[e]);
+            if (gc + 1 < p.s.n) {
+                dst[1] = from_acc<T>(acc[e + 1]);
+            }
         }
     }
 }
@@ -530,6 +556,8 @@ int launch(const gemsops_matmul_params *p, gemsops_status *st)
     a.b_cs = p->b_cs;
     a.a_m_unit = !k.layout.a_k; // wgmma reads an M-contiguous A in place
     a.b_k_unit = k.layout.b_k;
+    a.c_pairs = p->n % 2 == 0 &&
+                (uintptr_t)p->c % (2 * gemsops_dtype_size(p->dtype)) == 0;
     a.partials = (float *)p->workspace;
     a.flags = p->flags;
     a.epoch = p->epoch;
