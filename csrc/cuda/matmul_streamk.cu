@@ -137,9 +137,16 @@ template <typename M, int MIN_CTAS> struct tc_mainloop {
     static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
                                int64_t k1, float (&acc)[kAcc], smem_t &sm)
     {
+        // only TMA mainloops take the maps' addresses (taking them costs
+        // the mma.sync kernel a stack frame)
+        const CUtensorMap *ta = nullptr, *tb = nullptr;
+        if constexpr (M::kTma) {
+            ta = &p.ta;
+            tb = &p.tb;
+        }
         const tc_operands o{p.a,    p.b,    p.a_bs,     p.a_rs,     p.a_cs,
                             p.b_bs, p.b_rs, p.b_cs,     p.a_m_unit, p.b_k_unit,
-                            &p.ta,  &p.tb};
+                            ta,     tb};
         M::mac(p.s, o, tile, k0, k1, acc, sm);
     }
 
@@ -178,23 +185,22 @@ __device__ void store_tile(const driver_args &p, int64_t tile,
     T *C = (T *)p.c + bt * p.s.m * p.s.n;
     // every mainloop's accumulators e, e + 1 (e even) are neighbours in a
     // row at an even column: one paired store when C's rows allow it
+    const bool pairs = p.c_pairs;
 #pragma unroll
     for (int e = 0; e < L::kAcc; e += 2) {
         int r, c;
         L::coords(e, r, c);
         const int64_t gr = tm * L::BM + r, gc = tn * L::BN + c;
-        if (gr >= p.s.m || gc >= p.s.n) {
+        T *dst = C + gr * p.s.n + gc;
+        if (gr < p.s.m && gc + 1 < p.s.n && pairs) {
+            store_pair(dst, acc[e], acc[e + 1]);
             continue;
         }
-        T *dst = C + gr * p.s.n + gc;
-        if (p.c_pairs && gc + 1 < p.s.n) {
-            store_pair(dst, acc[e], acc[e + 1]);
-        }
-        else {
+        if (gr < p.s.m && gc < p.s.n) {
             dst[0] = from_acc<T>(acc[e]);
-            if (gc + 1 < p.s.n) {
-                dst[1] = from_acc<T>(acc[e + 1]);
-            }
+        }
+        if (gr < p.s.m && gc + 1 < p.s.n) {
+            dst[1] = from_acc<T>(acc[e + 1]);
         }
     }
 }

@@ -139,6 +139,7 @@ struct wgmma_mainloop {
     static_assert(BN_ == 128 || BN_ == 256, "BN: 128 or 256");
     static_assert(STAGES >= 3, "the ring refills the slot of step i - 2");
     static constexpr int BM = 128, BN = BN_, BK = 64, kStages = STAGES;
+    static constexpr bool kTma = true;
     static constexpr int kThreads = 256, kAcc = BN / 2;
     static constexpr int kABytes = BM * BK * 2, kStageBytes = (BM + BN) * BK * 2;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
