@@ -121,9 +121,11 @@ static const char *const mainloop_names[] = {"auto", "ffma", "mma",
 static PyObject *
 schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop)
 {
-    return Py_BuildValue("{s:s,s:L,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,s:L,s:L}",
+    return Py_BuildValue("{s:s,s:L,s:L,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,s:L,"
+                         "s:L}",
                          "mainloop", mainloop,
-                         "ctas", (long long)s->ctas, "bm", s->bm, "bn", s->bn,
+                         "ctas", (long long)s->ctas, "sk_ctas",
+                         (long long)s->sk_ctas, "bm", s->bm, "bn", s->bn,
                          "bk", s->bk, "tiles", (long long)s->tiles, "iters",
                          (long long)s->iters, "sk_tiles",
                          (long long)s->sk_tiles, "dp_tiles",

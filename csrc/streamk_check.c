@@ -40,6 +40,11 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
                             (long long)s->sk_tiles, (long long)s->dp_tiles,
                             (long long)s->tiles, (long long)s->ctas);
     }
+    if (s->sk_ctas < 1 || s->sk_ctas > s->ctas) {
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE, "sk_ctas %lld outside "
+                            "[1, %lld]", (long long)s->sk_ctas,
+                            (long long)s->ctas);
+    }
     if (check_order(s, st) != GEMSOPS_OK) {
         return st->code;
     }
@@ -56,6 +61,11 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
         peer_of[c] = -1;
         int64_t it, end, first = 1;
         gemsops_sk_range(s, c, &it, &end);
+        if (end > it && end - it < GEMSOPS_SK_MIN_ITERS && s->sk_ctas > 1) {
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "CTA %lld: a Stream-K "
+                              "share of %lld iterations (< %d)", (long long)c,
+                              (long long)(end - it), GEMSOPS_SK_MIN_ITERS);
+        }
         while (it < end && rc == GEMSOPS_OK) {
             int64_t tile, k0, k1;
             it = gemsops_sk_piece(s, it, end, &tile, &k0, &k1);

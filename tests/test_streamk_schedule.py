@@ -70,3 +70,16 @@ def test_bad_arguments_are_errors():
         check(10, 10, 10, ctas=0)
     with pytest.raises(TypeError):
         gemsops._C.streamk_check(1, 2, 3)
+
+
+def test_short_stream_k_regions_go_to_fewer_ctas():
+    # 4 tiles x 28 k-iterations on 132 CTAs: shares of >= 4 iterations, so
+    # 28 CTAs share the Stream-K region and the rest sit it out
+    s = check(256, 256, 1792, bk=64, ctas=132, mode="stream-k")
+    assert s["sk_tiles"] == 4 and s["iters"] == 28
+    assert s["sk_ctas"] == 4 * 28 // 4
+    # a long region keeps every CTA busy
+    big = check(4096, 4096, 4096, bk=64, ctas=132, mode="stream-k")
+    assert big["sk_ctas"] == 132
+    # fewer iterations than one share: a single CTA
+    assert check(64, 64, 96, bk=64, ctas=132, mode="stream-k")["sk_ctas"] == 1

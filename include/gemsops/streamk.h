@@ -11,8 +11,9 @@
  *
  * A grid of `ctas` persistent CTAs runs, per CTA c:
  *   1. its Stream-K share: the last `sk_tiles` tiles' iterations, sk_tiles
- *      * iters of them, split as evenly as integers allow (CTA c takes
- *      [c * total / ctas, (c + 1) * total / ctas));
+ *      * iters of them, split as evenly as integers allow over the first
+ *      sk_ctas CTAs (CTA c < sk_ctas takes [c * total / sk_ctas, (c + 1)
+ *      * total / sk_ctas); sk_ctas keeps shares >= GEMSOPS_SK_MIN_ITERS);
  *   2. then data-parallel tiles c, c + ctas, ... below `dp_tiles`.
  * Modes: data-parallel (sk_tiles = 0), stream-k (dp_tiles = 0), hybrid
  * (full waves of data-parallel tiles, the remainder tiles Stream-K; with
@@ -59,9 +60,16 @@ struct gemsops_sk_schedule {
     int64_t tiles;             /* batch * tiles_m * tiles_n               */
     int64_t iters;             /* k-iterations per tile: ceil(k / bk)     */
     int64_t ctas;              /* persistent CTAs in the grid             */
+    int64_t sk_ctas;           /* CTAs 0..sk_ctas-1 share the Stream-K    */
+                               /* region (each >= GEMSOPS_SK_MIN_ITERS)   */
     int64_t sk_tiles;          /* the last sk_tiles tiles are Stream-K    */
     int64_t dp_tiles;          /* tiles [0, dp_tiles) are data-parallel   */
 };
+
+/* A Stream-K share shorter than this many k-iterations costs more in its
+ * partial tile's round trip and its owner's serial wait than it saves: the
+ * Stream-K region goes to fewer CTAs instead. */
+#define GEMSOPS_SK_MIN_ITERS 4
 
 GEMSOPS_SK_FN int64_t gemsops_sk_cdiv(int64_t a, int64_t b)
 {
@@ -113,6 +121,13 @@ GEMSOPS_SK_FN void gemsops_sk_plan(struct gemsops_sk_schedule *s,
     if (s->ctas < 1) {
         s->ctas = 1;
     }
+    s->sk_ctas = s->sk_tiles * s->iters / GEMSOPS_SK_MIN_ITERS;
+    if (s->sk_ctas > s->ctas) {
+        s->sk_ctas = s->ctas;
+    }
+    if (s->sk_ctas < 1) {
+        s->sk_ctas = 1;
+    }
 }
 
 /* Stream-K iterations of CTA c: [*begin, *end) in the global numbering
@@ -121,8 +136,12 @@ GEMSOPS_SK_FN void gemsops_sk_range(const struct gemsops_sk_schedule *s,
                                     int64_t c, int64_t *begin, int64_t *end)
 {
     const int64_t total = s->sk_tiles * s->iters;
-    *begin = total * c / s->ctas;
-    *end = total * (c + 1) / s->ctas;
+    if (c >= s->sk_ctas) { /* no Stream-K share: data-parallel tiles only */
+        *begin = *end = total;
+        return;
+    }
+    *begin = total * c / s->sk_ctas;
+    *end = total * (c + 1) / s->sk_ctas;
 }
 
 /* The CTA whose Stream-K share contains global iteration `it`: the
@@ -131,10 +150,10 @@ GEMSOPS_SK_FN int64_t gemsops_sk_cta_of(const struct gemsops_sk_schedule *s,
                                         int64_t it)
 {
     const int64_t total = s->sk_tiles * s->iters;
-    /* begin(c) = floor(total * c / ctas) <= it  <=>  c <= ((it + 1) * ctas
-     * - 1) / total; the largest such c */
-    int64_t c = ((it + 1) * s->ctas - 1) / total;
-    return c < s->ctas - 1 ? c : s->ctas - 1;
+    /* begin(c) = floor(total * c / sk_ctas) <= it  <=>  c <= ((it + 1) *
+     * sk_ctas - 1) / total; the largest such c */
+    int64_t c = ((it + 1) * s->sk_ctas - 1) / total;
+    return c < s->sk_ctas - 1 ? c : s->sk_ctas - 1;
 }
 
 /* One piece of a CTA's Stream-K share, from global iteration `it` (below
@@ -159,7 +178,7 @@ GEMSOPS_SK_FN int64_t gemsops_sk_next_peer(const struct gemsops_sk_schedule *s,
                                            int64_t tile, int64_t prev)
 {
     const int64_t tile_end = (tile - s->dp_tiles + 1) * s->iters;
-    for (int64_t q = prev + 1; q < s->ctas; q++) {
+    for (int64_t q = prev + 1; q < s->sk_ctas; q++) {
         int64_t b, e;
         gemsops_sk_range(s, q, &b, &e);
         if (b >= tile_end) {
