@@ -43,7 +43,16 @@ def test_modes_split_the_tiles_as_named(ctas):
     if tiles % ctas and tiles >= ctas:
         assert two["sk_tiles"] == tiles % ctas + ctas
     auto = check(m, n, k, ctas=ctas, mode="auto")
-    assert auto["sk_tiles"] == (0 if tiles % ctas == 0 else tiles % ctas)
+    rem = tiles % ctas  # auto: Stream-K for a last wave at most half full
+    assert auto["sk_tiles"] == (rem if 2 * rem <= ctas else 0)
+
+
+def test_auto_splits_a_sparse_last_wave_only():
+    # 11 x 12 + 1 = 133 tiles on 132 CTAs: one tile left over -> Stream-K
+    sparse = check(11 * 128, 12 * 128 + 1, 4096, ctas=132, mode="auto")
+    assert sparse["tiles"] == 11 * 13 and sparse["sk_tiles"] == 143 - 132
+    # 120 left over of 132: the last wave is nearly full -> data-parallel
+    assert check(3000, 2000, 4096, ctas=132, mode="auto")["sk_tiles"] == 0
 
 
 def test_stream_k_grid_never_exceeds_the_resident_ctas():

@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 typedef enum gemsops_sk_mode {
-    GEMSOPS_SK_AUTO = 0,   /* planner picks (hybrid unless it cannot help) */
+    GEMSOPS_SK_AUTO = 0,   /* planner: hybrid for a sparse last wave      */
     GEMSOPS_SK_DATA_PARALLEL,
     GEMSOPS_SK_STREAM_K,
     GEMSOPS_SK_HYBRID,
@@ -102,9 +102,13 @@ GEMSOPS_SK_FN void gemsops_sk_plan(struct gemsops_sk_schedule *s,
         mode = GEMSOPS_SK_DATA_PARALLEL;
     }
     if (mode == GEMSOPS_SK_AUTO) {
-        /* whole waves need no Stream-K; a single k-iteration cannot split */
-        mode = (rem == 0 || s->iters < 2) ? GEMSOPS_SK_DATA_PARALLEL
-                                          : GEMSOPS_SK_HYBRID;
+        /* Stream-K only for a last wave at most half full: whole waves need
+         * none, a single k-iteration cannot split, and measured on an H100
+         * (wgmma, one CTA per SM) a fuller last wave lost more to the split
+         * tiles' partials and extra pipeline fills than it idled */
+        mode = (rem == 0 || s->iters < 2 || 2 * rem > p)
+                   ? GEMSOPS_SK_DATA_PARALLEL
+                   : GEMSOPS_SK_HYBRID;
     }
     if (mode == GEMSOPS_SK_DATA_PARALLEL || s->tiles == 0) {
         s->sk_tiles = 0;
