@@ -1,18 +1,47 @@
-import torch, gemsops, triton, time
+"""Small matmuls: kernel time (do_bench, L2 flushed; three repeats to show
+the spread) of gemsops per schedule beside torch, and the wall time per call
+of a back-to-back loop (host cost where the kernel is short).
+Usage: python tools/mm_small_probe.py"""
+import time
+
+import torch
 from triton.testing import do_bench
-for sched in ["data-parallel", "hybrid"]:
-    for (m,n,k) in [(384,384,384),(256,256,768),(512,2304,512),(2048,512,256),(4096,4096,4096)]:
-        for dt in [torch.bfloat16]:
-            gemsops.set_schedule(sched)
-            a=torch.randn(m,k,device="cuda",dtype=dt); b=torch.randn(k,n,device="cuda",dtype=dt)
-            f=lambda: gemsops.mm(a,b)
-            f(); torch.cuda.synchronize()
-            plan=gemsops._C.matmul_plan(a[None],b[None],torch.empty(1,m,n,device="cuda",dtype=dt),gemsops.ops.matmul.SCHEDULES[sched],0,0,0)
-            t_fl=[do_bench(f, warmup=10, rep=50) for _ in range(3)]
-            t_nofl=do_bench(f, warmup=10, rep=50, grad_to_none=None) 
-            tt=do_bench(lambda: torch.mm(a,b), warmup=10, rep=50)
-            # host cost
-            torch.cuda.synchronize(); t0=time.perf_counter()
-            for _ in range(200): f()
-            torch.cuda.synchronize(); host=(time.perf_counter()-t0)/200*1e6
-            print(sched, m,n,k, plan["mainloop"], "ctas",plan["ctas"],"sk",plan["sk_tiles"],"skc",plan.get("sk_ctas"), "gems ms", ["%.4f"%x for x in t_fl], "torch %.4f"%tt, "loop us/call %.1f"%host)
+
+import gemsops
+from gemsops.ops.matmul import SCHEDULES
+
+SHAPES = [(384, 384, 384), (256, 256, 768), (512, 2304, 512),
+          (2048, 512, 256), (4096, 4096, 4096)]
+
+
+def loop_us(fn, n=200):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main(dtype=torch.bfloat16):
+    for sched in ("data-parallel", "hybrid"):
+        gemsops.set_schedule(sched)
+        for m, n, k in SHAPES:
+            a = torch.randn(m, k, device="cuda", dtype=dtype)
+            b = torch.randn(k, n, device="cuda", dtype=dtype)
+            c = torch.empty(1, m, n, device="cuda", dtype=dtype)
+            plan = gemsops._C.matmul_plan(a[None], b[None], c,
+                                          SCHEDULES[sched], 0, 0, 0)
+            gems = [do_bench(lambda: gemsops.mm(a, b), warmup=10, rep=50)
+                    for _ in range(3)]
+            ref = do_bench(lambda: torch.mm(a, b), warmup=10, rep=50)
+            print(f"{sched:>13} {m}x{n}x{k} {plan['mainloop']} ctas "
+                  f"{plan['ctas']} sk_tiles {plan['sk_tiles']} sk_ctas "
+                  f"{plan['sk_ctas']}: gemsops ms "
+                  f"{' '.join(f'{t:.4f}' for t in gems)}, torch {ref:.4f}; "
+                  f"loop {loop_us(lambda: gemsops.mm(a, b)):.1f} us/call "
+                  f"(torch {loop_us(lambda: torch.mm(a, b)):.1f})")
+
+
+if __name__ == "__main__":
+    main()
