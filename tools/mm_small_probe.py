@@ -2,7 +2,8 @@
 the spread) of gemsops per schedule beside torch, and the wall time per call
 of a back-to-back loop (host cost where the kernel is short).
 Usage: python tools/mm_small_probe.py"""
-import time
+import sys
+from pathlib import Path
 
 import torch
 from triton.testing import do_bench
@@ -10,17 +11,11 @@ from triton.testing import do_bench
 import gemsops
 from gemsops.ops.matmul import SCHEDULES
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmark"))
+from host_cost import per_call_us  # noqa: E402
+
 SHAPES = [(384, 384, 384), (256, 256, 768), (512, 2304, 512),
           (2048, 512, 256), (4096, 4096, 4096)]
-
-
-def loop_us(fn, n=200):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 def main(dtype=torch.bfloat16):
@@ -39,8 +34,8 @@ def main(dtype=torch.bfloat16):
                   f"{plan['ctas']} sk_tiles {plan['sk_tiles']} sk_ctas "
                   f"{plan['sk_ctas']}: gemsops ms "
                   f"{' '.join(f'{t:.4f}' for t in gems)}, torch {ref:.4f}; "
-                  f"loop {loop_us(lambda: gemsops.mm(a, b)):.1f} us/call "
-                  f"(torch {loop_us(lambda: torch.mm(a, b)):.1f})")
+                  f"loop {per_call_us(lambda: gemsops.mm(a, b), 500):.1f} "
+                  f"us/call (torch {per_call_us(lambda: torch.mm(a, b), 500):.1f})")
 
 
 if __name__ == "__main__":
