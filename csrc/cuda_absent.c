@@ -93,9 +93,11 @@ gemsops_prod_bwd_workspace_cuda(const struct gemsops_prod_bwd_params *p,
 }
 
 int
-gemsops_matmul_cuda(const struct gemsops_matmul_params *p, gemsops_status *st)
+gemsops_matmul_cuda(const struct gemsops_matmul_params *p,
+                    struct gemsops_matmul_need *need, gemsops_status *st)
 {
     (void)p;
+    need->workspace_bytes = need->flags = 0;
     return GEMSOPS_NO_CUDA(st);
 }
 

@@ -1,7 +1,8 @@
 /* Python boundary of the Stream-K matmul: parse, validate, dispatch. The
  * Python layer (gemsops/ops/matmul.py) applies torch.matmul's rules, brings
- * A and B to [batch, m, k] / [batch, k, n] views (no copy), allocates C and
- * the workspace, and keeps the persistent flag buffer and its epoch. */
+ * A and B to [m, k] / [k, n] or [batch, m, k] / [batch, k, n] views (no
+ * copy), allocates C and, for Stream-K launches, the workspace and the
+ * persistent flags of the stream (with their epoch). */
 #include "boundary.h" /* Python.h first: it sets feature macros */
 #include "checks.h"
 #include "gemsops/matmul.h"
@@ -11,10 +12,10 @@
 static int
 check_operand(const struct gemsops_tensor *t, const char *fn, const char *arg)
 {
-    if (t->ndim != 3) {
-        PyErr_Format(PyExc_ValueError, "%s(): argument '%s' must be 3-D "
-                     "[batch, rows, cols] here, got %d dims", fn, arg,
-                     t->ndim);
+    if (t->ndim != 2 && t->ndim != 3) {
+        PyErr_Format(PyExc_ValueError, "%s(): argument '%s' must be 2-D "
+                     "[rows, cols] or 3-D [batch, rows, cols], got %d dims",
+                     fn, arg, t->ndim);
         return -1;
     }
     if (t->dtype != GEMSOPS_FLOAT16 && t->dtype != GEMSOPS_BFLOAT16 &&
@@ -42,6 +43,19 @@ parse_ll(PyObject *o, const char *fn, const char *arg, long long lo,
         return -1;
     }
     return 0;
+}
+
+/* A 2-D operand as the one matrix of a batch of 1. */
+static void
+lift3(const struct gemsops_tensor *t, int64_t sizes[3], int64_t strides[3])
+{
+    const int lead = t->ndim == 3;
+    sizes[0] = lead ? t->sizes[0] : 1;
+    strides[0] = lead ? t->strides[0] : 0;
+    for (int d = 1; d < 3; d++) {
+        sizes[d] = t->sizes[d - 1 + lead];
+        strides[d] = t->strides[d - 1 + lead];
+    }
 }
 
 /* (a, b, c, mode, two_tiles, ctas, mainloop) -> params; all checked. */
@@ -72,16 +86,20 @@ parse_problem(PyObject *const *args, const char *fn,
                      gemsops_dtype_name(c->dtype));
         return -1;
     }
-    if (a->sizes[0] != b->sizes[0] || a->sizes[2] != b->sizes[1] ||
-        c->sizes[0] != a->sizes[0] || c->sizes[1] != a->sizes[1] ||
-        c->sizes[2] != b->sizes[2]) {
+    int64_t as[3], bs[3], cs[3], ast[3], bst[3], cst[3];
+    lift3(a, as, ast);
+    lift3(b, bs, bst);
+    lift3(c, cs, cst);
+    if (b->ndim != a->ndim || c->ndim != a->ndim || as[0] != bs[0] ||
+        as[2] != bs[1] || cs[0] != as[0] || cs[1] != as[1] ||
+        cs[2] != bs[2]) {
         char sa[96], sb[96], sc[96];
-        gemsops_format_shape(a->sizes, 3, sa, sizeof sa);
-        gemsops_format_shape(b->sizes, 3, sb, sizeof sb);
-        gemsops_format_shape(c->sizes, 3, sc, sizeof sc);
+        gemsops_format_shape(a->sizes, a->ndim, sa, sizeof sa);
+        gemsops_format_shape(b->sizes, b->ndim, sb, sizeof sb);
+        gemsops_format_shape(c->sizes, c->ndim, sc, sizeof sc);
         PyErr_Format(PyExc_ValueError, "%s(): shapes do not chain: a %s, b "
-                     "%s, out %s (want [B, m, k] x [B, k, n] -> [B, m, n])",
-                     fn, sa, sb, sc);
+                     "%s, out %s (want [B, m, k] x [B, k, n] -> [B, m, n], "
+                     "or the same without B)", fn, sa, sb, sc);
         return -1;
     }
     const struct gemsops_tensor *w[] = {c};
@@ -96,16 +114,16 @@ parse_problem(PyObject *const *args, const char *fn,
     p->a = a->data;
     p->b = b->data;
     p->c = c->data;
-    p->batch = a->sizes[0];
-    p->m = a->sizes[1];
-    p->k = a->sizes[2];
-    p->n = b->sizes[2];
-    p->a_bs = a->strides[0];
-    p->a_rs = a->strides[1];
-    p->a_cs = a->strides[2];
-    p->b_bs = b->strides[0];
-    p->b_rs = b->strides[1];
-    p->b_cs = b->strides[2];
+    p->batch = as[0];
+    p->m = as[1];
+    p->k = as[2];
+    p->n = bs[2];
+    p->a_bs = ast[0];
+    p->a_rs = ast[1];
+    p->a_cs = ast[2];
+    p->b_bs = bst[0];
+    p->b_rs = bst[1];
+    p->b_cs = bst[2];
     p->dtype = a->dtype;
     p->mode = (gemsops_sk_mode)mode;
     p->two_tiles = (int)two;
@@ -172,16 +190,20 @@ matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 PyDoc_STRVAR(matmul_doc,
 "matmul(a, b, out, schedule, two_tiles, ctas, mainloop, workspace, flags,\n"
-"       epoch, spin_limit, error) -> None\n\n"
+"       epoch, spin_limit, error) -> None or (bytes, flags, stream)\n\n"
 "out[i] = a[i] @ b[i] for 3-D a [B, m, k], b [B, k, n] (any strides),\n"
-"out [B, m, n] contiguous; fp32 accumulation. schedule: 0 auto, 1\n"
-"data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from the device;\n"
-"mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4 wgmma-256, the\n"
-"most capable allowed (operands it cannot take go lower). CUDA:\n"
-"workspace (uint8, matmul_plan's size or None), flags (int32, >= ctas,\n"
-"zeroed once and kept), epoch (this call's flag value, never reused\n"
-"with those flags), spin_limit (0: wait; else fail after that many\n"
-"polls), error (int32 [1]: set to 1 when a wait gave up).");
+"out [B, m, n] contiguous, or the same without B; fp32 accumulation.\n"
+"schedule: 0 auto, 1 data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from\n"
+"the device; mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4\n"
+"wgmma-256, the most capable allowed (operands it cannot take go lower).\n"
+"CUDA, Stream-K launches only: workspace (uint8), flags (int32, zeroed\n"
+"once and kept per stream), epoch (this call's flag value, never reused\n"
+"with those flags). With flags None, a launch that needs them does not\n"
+"happen: the call returns (workspace bytes, flag count, stream handle)\n"
+"so the caller can supply the stream's buffers and call again; otherwise\n"
+"it returns None. spin_limit (0: wait; else fail after that many polls)\n"
+"and error (int32 [1], needed when spin_limit > 0: set to 1 when a wait\n"
+"gave up).");
 
 /* (workspace, flags, epoch, spin_limit, error): spin_limit for both
  * backends, the rest checked and used on CUDA only. */
@@ -193,11 +215,7 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
     struct gemsops_tensor ws, fl, er;
     int has_ws = 0, has_fl = 0, has_er = 0;
     long long epoch, spin;
-    if (gemsops_optional_tensor(args[7], fn, "workspace", &ws, &has_ws) ||
-        (has_ws && gemsops_check_workspace(&ws, a, fn)) ||
-        gemsops_optional_tensor(args[8], fn, "flags", &fl, &has_fl) ||
-        gemsops_optional_tensor(args[11], fn, "error", &er, &has_er) ||
-        parse_ll(args[9], fn, "epoch", 1, 0xffffffffLL, &epoch) ||
+    if (parse_ll(args[9], fn, "epoch", 0, 0xffffffffLL, &epoch) ||
         parse_ll(args[10], fn, "spin_limit", 0, 1LL << 62, &spin)) {
         return -1;
     }
@@ -205,22 +223,33 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
     if (a->device_type != GEMSOPS_CUDA) {
         return 0; /* the CPU executor keeps its own workspace and flags */
     }
-    if (!has_fl || fl.dtype != GEMSOPS_INT32 || !has_er ||
-        er.dtype != GEMSOPS_INT32) {
-        PyErr_Format(PyExc_TypeError, "%s(): CUDA needs int32 tensors "
-                     "'flags' and 'error'", fn);
+    if (gemsops_optional_tensor(args[7], fn, "workspace", &ws, &has_ws) ||
+        (has_ws && gemsops_check_workspace(&ws, a, fn)) ||
+        gemsops_optional_tensor(args[8], fn, "flags", &fl, &has_fl) ||
+        gemsops_optional_tensor(args[11], fn, "error", &er, &has_er)) {
         return -1;
     }
-    if (gemsops_check_device(&fl, a, fn, "flags", "a") ||
-        gemsops_check_contiguous(&fl, fn, "flags") ||
-        gemsops_check_device(&er, a, fn, "error", "a")) {
+    if ((has_fl && fl.dtype != GEMSOPS_INT32) ||
+        (has_er && er.dtype != GEMSOPS_INT32)) {
+        PyErr_Format(PyExc_TypeError, "%s(): 'flags' and 'error' must be "
+                     "int32 tensors", fn);
+        return -1;
+    }
+    if (spin > 0 && !has_er) {
+        PyErr_Format(PyExc_ValueError, "%s(): spin_limit=%lld needs an "
+                     "'error' tensor", fn, spin);
+        return -1;
+    }
+    if ((has_fl && (gemsops_check_device(&fl, a, fn, "flags", "a") ||
+                    gemsops_check_contiguous(&fl, fn, "flags"))) ||
+        (has_er && gemsops_check_device(&er, a, fn, "error", "a"))) {
         return -1;
     }
     p->workspace = has_ws ? ws.data : NULL;
     p->workspace_bytes = has_ws ? gemsops_tensor_numel(&ws) : 0;
-    p->flags = (unsigned *)fl.data;
-    p->flag_count = gemsops_tensor_numel(&fl);
-    p->error = (int *)er.data;
+    p->flags = has_fl ? (unsigned *)fl.data : NULL;
+    p->flag_count = has_fl ? gemsops_tensor_numel(&fl) : 0;
+    p->error = has_er ? (int *)er.data : NULL;
     p->epoch = (unsigned)epoch;
     return 0;
 }
@@ -242,13 +271,20 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     const int cuda = a.device_type == GEMSOPS_CUDA;
+    struct gemsops_matmul_need need = {0, 0};
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = cuda ? gemsops_matmul_cuda(&p, &st) : gemsops_matmul_cpu(&p, &st);
+    rc = cuda ? gemsops_matmul_cuda(&p, &need, &st)
+              : gemsops_matmul_cpu(&p, &st);
     Py_END_ALLOW_THREADS
     if (rc != GEMSOPS_OK) {
         return gemsops_raise(&st);
+    }
+    if (need.flags > 0) {
+        return Py_BuildValue("(LLK)", (long long)need.workspace_bytes,
+                             (long long)need.flags,
+                             (unsigned long long)(uintptr_t)p.stream);
     }
     Py_RETURN_NONE;
 }

@@ -282,3 +282,52 @@ def test_errors(device):
 def test_device_mismatch_is_an_error():
     with pytest.raises(RuntimeError, match="same device"):
         gemsops.mm(rand(3, 4), rand(4, 5, device="cuda"))
+
+
+def test_c_level_takes_2d_operands(device):
+    # mm's path: 2-D a, b, out reach C without batch views
+    a, b = rand(70, 90, device=device), rand(40, 90, device=device).t()
+    out = torch.full((70, 40), float("nan"), device=device)
+    assert gemsops._C.matmul(a, b, out, 0, 0, 0, 0, None, None, 0, 0,
+                             None) is None
+    assert_mm_close(out, a, b, torch.float32)
+    with pytest.raises(ValueError, match="shapes do not chain"):
+        gemsops._C.matmul(a, b, out[None], 0, 0, 0, 0, None, None, 0, 0, None)
+    with pytest.raises(ValueError, match="must be 2-D .* or 3-D"):
+        gemsops._C.matmul(a[None, None], b, out, 0, 0, 0, 0, None, None, 0, 0,
+                          None)
+
+
+@pytest.mark.cuda
+def test_stream_k_launch_asks_for_its_stream_buffers():
+    """Without flags a Stream-K launch does nothing and names what it needs
+    and the stream; with the stream's buffers it runs."""
+    a, b = rand(60, 2000, device="cuda"), rand(2000, 50, device="cuda")
+    out = torch.full((60, 50), float("nan"), device="cuda")
+    side = torch.cuda.Stream()
+    for stream in (torch.cuda.current_stream(), side):
+        with torch.cuda.stream(stream):
+            need = gemsops._C.matmul(a, b, out, 2, 0, 5, 0, None, None, 0, 0,
+                                     None)
+            torch.cuda.synchronize()
+            assert out.isnan().all()  # nothing launched
+            nbytes, count, handle = need
+            assert count == 5 and nbytes >= 5 * 64 * 64 * 4
+            assert handle == stream.cuda_stream
+            with pytest.raises(ValueError, match="needs"):
+                gemsops._C.matmul(a, b, out, 2, 0, 5, 0, None,
+                                  torch.zeros(5, dtype=torch.int32,
+                                              device="cuda"), 0, 0, None)
+            with pytest.raises(ValueError, match="needs an 'error' tensor"):
+                gemsops._C.matmul(a, b, out, 2, 0, 5, 0, None, None, 0, 7,
+                                  None)
+            with schedule("stream-k", ctas=5):
+                got = gemsops.mm(a, b)
+        torch.cuda.synchronize()
+        assert_mm_close(got, a, b, torch.float32)
+    keys = [k for k in gemsops.ops.matmul._streams if k[0] == a.get_device()]
+    assert (a.get_device(), side.cuda_stream) in keys
+    with schedule("data-parallel"):  # no split tile: launched at once
+        assert gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0,
+                                 None) is None
+    assert_mm_close(out, a, b, torch.float32)

@@ -526,8 +526,10 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
     return GEMSOPS_OK;
 }
 
-int launch(const gemsops_matmul_params *p, gemsops_status *st)
+int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
+           gemsops_status *st)
 {
+    need->workspace_bytes = need->flags = 0;
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
     driver_args a{};
@@ -538,16 +540,23 @@ int launch(const gemsops_matmul_params *p, gemsops_status *st)
     if (a.s.tiles == 0) {
         return GEMSOPS_OK;
     }
-    const int64_t need =
-        a.s.sk_tiles > 0 ? a.s.ctas * (int64_t)k.bm * k.bn * 4 : 0;
-    if (p->workspace_bytes < need || p->flag_count < a.s.ctas ||
-        p->epoch == 0) {
-        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
-                            "matmul(): workspace %lld bytes (needs %lld), "
-                            "%lld flags (needs %lld), epoch %u (needs > 0)",
-                            (long long)p->workspace_bytes, (long long)need,
-                            (long long)p->flag_count, (long long)a.s.ctas,
-                            p->epoch);
+    if (a.s.sk_tiles > 0) { // only split tiles touch the workspace and flags
+        const int64_t bytes = a.s.ctas * (int64_t)k.bm * k.bn * 4;
+        if (p->flags == nullptr) {
+            need->workspace_bytes = bytes;
+            need->flags = a.s.ctas;
+            return GEMSOPS_OK;
+        }
+        if (p->workspace_bytes < bytes || p->flag_count < a.s.ctas ||
+            p->epoch == 0) {
+            return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                                "matmul(): workspace %lld bytes (needs "
+                                "%lld), %lld flags (needs %lld), epoch %u "
+                                "(needs > 0)",
+                                (long long)p->workspace_bytes,
+                                (long long)bytes, (long long)p->flag_count,
+                                (long long)a.s.ctas, p->epoch);
+        }
     }
     a.ta = k.ta;
     a.tb = k.tb;
@@ -593,7 +602,8 @@ extern "C" int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
 }
 
 extern "C" int gemsops_matmul_cuda(const struct gemsops_matmul_params *p,
+                                   struct gemsops_matmul_need *need,
                                    gemsops_status *st)
 {
-    return gemsops::launch(p, st);
+    return gemsops::launch(p, need, st);
 }

@@ -1,9 +1,11 @@
 """mm, bmm, matmul: torch's rules over gemsops._C's Stream-K matmul.
 
-Every product reaches C as [batch, m, k] x [batch, k, n] views of the
-inputs (transposes, slices, storage offsets and broadcast batches are
-strides, not copies); C comes back [batch, m, n] and is viewed into
-torch.matmul's result shape. The backward runs the same kernel on
+Every product reaches C as [m, k] x [k, n] or [batch, m, k] x [batch, k, n]
+views of the inputs (transposes, slices, storage offsets and broadcast
+batches are strides, not copies); C comes back [m, n] or [batch, m, n] and
+is viewed into torch.matmul's result shape. The host path is kept short:
+small products are host-bound (one _C call per launch; the workspace and
+flags exist only for Stream-K launches and are kept per stream). The backward runs the same kernel on
 transposed views: dA = dC . B^T, dB = A^T . dC.
 
 Schedules: 'auto' (hybrid where Stream-K can help), 'data-parallel',
@@ -25,9 +27,16 @@ SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 _config = dict(schedule=os.environ.get("GEMSOPS_MATMUL_SCHEDULE", "auto"),
                two_tiles=False, ctas=0, spin_limit=0,
                mainloop=os.environ.get("GEMSOPS_MATMUL_MAINLOOP", "auto"))
-_plans = {}
-_flags = {}   # (device, stream) -> [int32 flags, last epoch]
-_errors = {}  # device -> int32 [1]
+_launch = ()   # _C.matmul's (schedule, two_tiles, ctas, mainloop, spin_limit)
+_streams = {}  # (device, stream handle) -> [int32 flags, epoch, workspace]
+_errors = {}   # device -> int32 [1]
+
+
+def _set_launch():
+    global _launch
+    _launch = (SCHEDULES[_config["schedule"]], _config["two_tiles"],
+               _config["ctas"], MAINLOOPS[_config["mainloop"]],
+               _config["spin_limit"])
 
 
 def set_schedule(schedule="auto", *, two_tiles=False, ctas=0, spin_limit=0,
@@ -47,20 +56,27 @@ def set_schedule(schedule="auto", *, two_tiles=False, ctas=0, spin_limit=0,
     _config.update(schedule=schedule, two_tiles=bool(two_tiles),
                    ctas=int(ctas), spin_limit=int(spin_limit),
                    mainloop=mainloop)
+    _set_launch()
 
 
 def get_schedule():
     return dict(_config)
 
 
-def _flag_buffer(device, ctas):
-    key = (device, torch.cuda.current_stream(device).cuda_stream)
-    entry = _flags.get(key)
-    if entry is None or entry[0].numel() < ctas or entry[1] >= 0xFFFFFFFF:
-        entry = _flags[key] = [torch.zeros(max(ctas, 1024), dtype=torch.int32,
-                                           device=device), 0]
+def _stream_buffers(device, need):
+    """The flags (with a fresh epoch) and workspace of the stream a
+    Stream-K launch runs on: kept per stream, since launches on one stream
+    are ordered and may share them, launches on two may not. need is
+    _C.matmul's (workspace bytes, flag count, stream handle)."""
+    nbytes, count, stream = need
+    entry = _streams.get((device, stream))
+    if entry is None or entry[0].numel() < count or entry[1] >= 0xFFFFFFFF:
+        flags = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
+        entry = _streams[(device, stream)] = [flags, 0, None]
+    if entry[2] is None or entry[2].numel() < nbytes:
+        entry[2] = torch.empty(nbytes, dtype=torch.uint8, device=device)
     entry[1] += 1  # a new epoch: no flag needs resetting
-    return entry[0], entry[1]
+    return entry
 
 
 def _error_buffer(device):
@@ -70,30 +86,18 @@ def _error_buffer(device):
     return err
 
 
-def _mm3(a, b):
-    """[B, m, k] x [B, k, n] -> new contiguous [B, m, n] (no autograd)."""
-    c = torch.empty((a.shape[0], a.shape[1], b.shape[2]), dtype=a.dtype,
-                    device=a.device)
-    mode = SCHEDULES[_config["schedule"]]
-    loop = MAINLOOPS[_config["mainloop"]]
-    two, ctas, spin = _config["two_tiles"], _config["ctas"], _config["spin_limit"]
-    if not a.is_cuda:
-        _C.matmul(a, b, c, mode, two, ctas, loop, None, None, 1, spin, None)
-        return c
-    # the kernel (tensor cores or FFMA) depends on layout and alignment
-    key = (a.shape, b.shape, a.stride(), b.stride(), a.data_ptr() % 16,
-           b.data_ptr() % 16, a.dtype, a.device.index, mode, two, ctas, loop)
-    plan = _plans.get(key)
-    if plan is None:
-        plan = _plans[key] = _C.matmul_plan(a, b, c, mode, two, ctas, loop)
-    ws = None
-    if plan["sk_tiles"]:
-        ws = torch.empty(plan["ctas"] * plan["bm"] * plan["bn"] * 4,
-                         dtype=torch.uint8, device=a.device)
-    flags, epoch = _flag_buffer(a.device, plan["ctas"])
-    err = _error_buffer(a.device)
-    _C.matmul(a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err)
-    if spin and err.item():
+def _mm(a, b):
+    """[m, k] x [k, n] -> [m, n], or [B, m, k] x [B, k, n] -> [B, m, n]: a
+    new contiguous C (no autograd). One _C call; a Stream-K launch asks for
+    its stream's workspace and flags and takes a second."""
+    c = torch.empty(a.shape[:-1] + b.shape[-1:], dtype=a.dtype, device=a.device)
+    mode, two, ctas, loop, spin = _launch
+    err = _error_buffer(a.device) if spin and a.is_cuda else None
+    need = _C.matmul(a, b, c, mode, two, ctas, loop, None, None, 0, spin, err)
+    if need is not None:
+        flags, epoch, ws = _stream_buffers(a.get_device(), need)
+        _C.matmul(a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err)
+    if err is not None and err.item():
         err.zero_()
         raise RuntimeError("matmul(): a Stream-K owner waited more than "
                            f"spin_limit={spin} polls for a peer's partial")
@@ -104,16 +108,16 @@ class MatmulFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
-        return _mm3(a, b)
+        return _mm(a, b)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         da = db = None
         if ctx.needs_input_grad[0]:
-            da = _mm3(grad, b.transpose(1, 2))
+            da = _mm(grad, b.mT)
         if ctx.needs_input_grad[1]:
-            db = _mm3(a.transpose(1, 2), grad)
+            db = _mm(a.mT, grad)
         return da, db
 
 
@@ -125,7 +129,7 @@ def _check_pair(fn, a, b):
     if a.dtype != b.dtype:
         raise RuntimeError(f"{fn}(): expected both arguments to have the same "
                            f"dtype, but got {a.dtype} and {b.dtype}")
-    if a.device != b.device:
+    if a.get_device() != b.get_device():
         raise RuntimeError(f"{fn}(): expected both arguments on the same "
                            f"device, but got {a.device} and {b.device}")
     if a.dtype not in SUPPORTED:
@@ -133,10 +137,10 @@ def _check_pair(fn, a, b):
                         f"float32, got {a.dtype}")
 
 
-def _product(a3, b3):
-    if torch.is_grad_enabled() and (a3.requires_grad or b3.requires_grad):
-        return MatmulFunction.apply(a3, b3)
-    return _mm3(a3.detach(), b3.detach())
+def _product(a, b):
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        return MatmulFunction.apply(a, b)
+    return _mm(a, b)
 
 
 def _shapes_error(fn, a, b):
@@ -153,7 +157,7 @@ def mm(input, mat2):
                            f"{input.dim()}-D and {mat2.dim()}-D")
     if input.shape[1] != mat2.shape[0]:
         raise _shapes_error("mm", input, mat2)
-    return _product(input.unsqueeze(0), mat2.unsqueeze(0))[0]
+    return _product(input, mat2)
 
 
 def bmm(input, mat2):
@@ -175,6 +179,10 @@ def matmul(input, other):
     if da == 0 or db == 0:
         raise RuntimeError("matmul(): both arguments to matmul need to be at "
                            f"least 1D, but they are {da}D and {db}D")
+    if da == db and (da == 2 or da == 3 and input.shape[0] == other.shape[0]):
+        if input.shape[-1] != other.shape[-2]:
+            raise _shapes_error("matmul", input, other)
+        return _product(input, other)   # mm / bmm: no views needed
     a = input.unsqueeze(0) if da == 1 else input    # [.., m, k]
     b = other.unsqueeze(-1) if db == 1 else other   # [.., k, n]
     if a.shape[-1] != b.shape[-2]:
@@ -189,3 +197,6 @@ def matmul(input, other):
     if db == 1:
         out = out.squeeze(-1)
     return out
+
+
+_set_launch()

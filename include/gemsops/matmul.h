@@ -54,13 +54,23 @@ struct gemsops_matmul_params {
     void *stream;
 };
 
+/* What a Stream-K launch takes beyond the operands: the caller's fp32
+ * workspace (bytes) and flags (count), kept per stream by the caller. */
+struct gemsops_matmul_need {
+    int64_t workspace_bytes;
+    int64_t flags;
+};
+
 /* The schedule the launch will use (tile shape, grid, regions) and the
  * mainloop it runs (*mainloop). */
 int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
                              struct gemsops_sk_schedule *s,
                              gemsops_mainloop *mainloop, gemsops_status *st);
+/* Launches C = A.B. A schedule that splits tiles (Stream-K) needs a
+ * workspace and flags: when p->flags is NULL it launches nothing and sets
+ * *need (zeros otherwise), so a caller allocates them only when used. */
 int gemsops_matmul_cuda(const struct gemsops_matmul_params *p,
-                        gemsops_status *st);
+                        struct gemsops_matmul_need *need, gemsops_status *st);
 int gemsops_matmul_cpu(const struct gemsops_matmul_params *p,
                        gemsops_status *st);
 int gemsops_matmul_plan_cpu(const struct gemsops_matmul_params *p,
