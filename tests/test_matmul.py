@@ -288,8 +288,8 @@ def test_c_level_takes_2d_operands(device):
     # mm's path: 2-D a, b, out reach C without batch views
     a, b = rand(70, 90, device=device), rand(40, 90, device=device).t()
     out = torch.full((70, 40), float("nan"), device=device)
-    assert gemsops._C.matmul(a, b, out, 0, 0, 0, 0, None, None, 0, 0,
-                             None) is None
+    assert gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0,
+                             None) is None  # data-parallel: no buffers
     assert_mm_close(out, a, b, torch.float32)
     with pytest.raises(ValueError, match="shapes do not chain"):
         gemsops._C.matmul(a, b, out[None], 0, 0, 0, 0, None, None, 0, 0, None)
