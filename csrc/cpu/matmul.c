@@ -93,11 +93,10 @@ run_cta(const struct gemsops_matmul_params *p,
         unsigned *flags, struct cta_buffers *w)
 {
     const size_t tile_floats = CPU_BM * CPU_BN;
-    int64_t it, end;
-    gemsops_sk_range(s, c, &it, &end);
-    while (it < end) {
-        int64_t tile, k0, k1;
-        it = gemsops_sk_piece(s, it, end, &tile, &k0, &k1);
+    struct gemsops_sk_walk walk;
+    int64_t tile, k0, k1;
+    gemsops_sk_walk_start(s, c, &walk);
+    while (gemsops_sk_walk_next(s, &walk, &tile, &k0, &k1)) {
         tile_mac(p, s, tile, k0, k1, w);
         if (k0 > 0) { /* a peer: hand the partial to the owner */
             memcpy(partials + c * tile_floats, w->acc,
@@ -119,10 +118,6 @@ run_cta(const struct gemsops_matmul_params *p,
             }
         }
         tile_store(p, s, tile, w->acc);
-    }
-    for (int64_t t = c; t < s->dp_tiles; t += s->ctas) {
-        tile_mac(p, s, t, 0, s->iters, w);
-        tile_store(p, s, t, w->acc);
     }
     return 0;
 }

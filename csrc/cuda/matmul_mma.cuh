@@ -139,8 +139,17 @@ template <typename T> struct mma_mainloop {
         }
     }
 
+    struct ring_t {}; // each piece fills and drains its own ring
+
+    static __device__ void begin(const gemsops_sk_schedule &,
+                                 const tc_operands &, int64_t, ring_t &,
+                                 smem_t &)
+    {
+    }
+    static __device__ void drain(ring_t &, smem_t &) {}
+
     static __device__ void mac(const gemsops_sk_schedule &s,
-                               const tc_operands &o, int64_t tile,
+                               const tc_operands &o, ring_t &, int64_t tile,
                                int64_t k0, int64_t k1, float (&acc)[kAcc],
                                smem_t &sm)
     {

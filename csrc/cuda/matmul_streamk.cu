@@ -65,9 +65,17 @@ template <typename T> struct ffma_mainloop {
         float b[BK][BN + 4];
     };
     static constexpr int kSmemBytes = sizeof(smem_t);
+    struct ring_t {}; // loads are synchronous: nothing runs ahead
 
-    static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
-                               int64_t k1, float (&acc)[kAcc], smem_t &sm)
+    static __device__ void begin(const driver_args &, int64_t, ring_t &,
+                                 smem_t &)
+    {
+    }
+    static __device__ void drain(ring_t &, smem_t &) {}
+
+    static __device__ void mac(const driver_args &p, ring_t &, int64_t tile,
+                               int64_t k0, int64_t k1, float (&acc)[kAcc],
+                               smem_t &sm)
     {
         int64_t bt, tm, tn;
         gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
@@ -134,8 +142,9 @@ template <typename M, int MIN_CTAS> struct tc_mainloop {
     using smem_t = typename M::smem_t;
     static constexpr int kSmemBytes = sizeof(smem_t);
 
-    static __device__ void mac(const driver_args &p, int64_t tile, int64_t k0,
-                               int64_t k1, float (&acc)[kAcc], smem_t &sm)
+    using ring_t = typename M::ring_t;
+
+    static __device__ __forceinline__ tc_operands operands(const driver_args &p)
     {
         // only TMA mainloops take the maps' addresses (taking them costs
         // the mma.sync kernel a stack frame)
@@ -144,10 +153,27 @@ template <typename M, int MIN_CTAS> struct tc_mainloop {
             ta = &p.ta;
             tb = &p.tb;
         }
-        const tc_operands o{p.a,    p.b,    p.a_bs,     p.a_rs,     p.a_cs,
-                            p.b_bs, p.b_rs, p.b_cs,     p.a_m_unit, p.b_k_unit,
-                            ta,     tb};
-        M::mac(p.s, o, tile, k0, k1, acc, sm);
+        return tc_operands{p.a,    p.b,    p.a_bs,     p.a_rs,     p.a_cs,
+                           p.b_bs, p.b_rs, p.b_cs,     p.a_m_unit, p.b_k_unit,
+                           ta,     tb};
+    }
+
+    static __device__ void begin(const driver_args &p, int64_t cta,
+                                 ring_t &ring, smem_t &sm)
+    {
+        M::begin(p.s, operands(p), cta, ring, sm);
+    }
+
+    static __device__ void drain(ring_t &ring, smem_t &sm)
+    {
+        M::drain(ring, sm);
+    }
+
+    static __device__ void mac(const driver_args &p, ring_t &ring,
+                               int64_t tile, int64_t k0, int64_t k1,
+                               float (&acc)[kAcc], smem_t &sm)
+    {
+        M::mac(p.s, operands(p), ring, tile, k0, k1, acc, sm);
     }
 
     static __device__ __forceinline__ void coords(int e, int &r, int &c)
@@ -221,12 +247,17 @@ __global__ void __launch_bounds__(kThreads, L::kMinCtas)
     float acc[L::kAcc];
     const int64_t c = blockIdx.x;
     constexpr int kTile = L::BM * L::BN;
+    typename L::ring_t ring;
+    L::begin(p, c, ring, sm); // a TMA mainloop starts loading here
+    // the order of gemsops_sk_walk (a TMA producer walks it ahead of this
+    // loop): Stream-K pieces, then data-parallel tiles (apart: the mma.sync
+    // kernel spills when one loop holds both)
     int64_t it, end;
     gemsops_sk_range(&p.s, c, &it, &end);
     while (it < end) {
         int64_t tile, k0, k1;
         it = gemsops_sk_piece(&p.s, it, end, &tile, &k0, &k1);
-        L::mac(p, tile, k0, k1, acc, sm);
+        L::mac(p, ring, tile, k0, k1, acc, sm);
         if (k0 > 0) { // a peer: publish the partial
             float *slot = p.partials + c * kTile;
 #pragma unroll
@@ -254,7 +285,8 @@ __global__ void __launch_bounds__(kThreads, L::kMinCtas)
                 }
             }
             if (__syncthreads_or(gave_up)) {
-                return; // the host raises: error = 1
+                L::drain(ring, sm); // no load may land after the CTA exits
+                return;             // the host raises: error = 1
             }
             const float *slot = p.partials + q * kTile;
 #pragma unroll
@@ -265,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, L::kMinCtas)
         store_tile<T, L>(p, tile, acc);
     }
     for (int64_t t = c; t < p.s.dp_tiles; t += p.s.ctas) {
-        L::mac(p, t, 0, p.s.iters, acc, sm);
+        L::mac(p, ring, t, 0, p.s.iters, acc, sm);
         store_tile<T, L>(p, t, acc);
     }
 }

@@ -21,12 +21,16 @@
 //     (imm-trans = 1). So every layout torch hands us is read in place,
 //     the backward's A^T included. TMA zero-fills past M, N and K.
 //
-// Ordering, per k-step i: barrier (every warpgroup has waited for its
-// step i - 2 wgmma), thread 0 refills that slot with step i + S - 2 (one
-// expect-tx arrive and 2-5 bulk tensor copies on the slot's mbarrier);
-// every thread waits on step i's mbarrier phase, issues step i's wgmma,
-// commits, and waits until only that group is in flight (accumulators
-// chain across in-flight groups; wgmma orders them). A first version
+// Ordering, per k-step i of the CTA (counted across its pieces: the ring
+// and its barriers live for the whole kernel): barrier (every warpgroup
+// has waited for its step i - 2 wgmma), thread 0 refills that slot with
+// step i + S - 2, which may belong to the CTA's next piece (one expect-tx
+// arrive and 2-5 bulk tensor copies on the slot's mbarrier); every thread
+// waits on step i's mbarrier phase, issues step i's wgmma, commits, and
+// waits until only that group is in flight (accumulators chain across
+// in-flight groups; wgmma orders them). So a tile's first loads overlap
+// the previous tile's last steps and epilogue: short-K shapes and
+// Stream-K pieces do not start cold. A first version
 // copied with per-thread cp.async: the address arithmetic of 8 copies a
 // step made it issue-bound (1.5-1.9 IPC, 0.47-0.62x cuBLAS at 4096^3).
 #pragma once
@@ -144,35 +148,56 @@ struct wgmma_mainloop {
     static constexpr int kABytes = BM * BK * 2, kStageBytes = (BM + BN) * BK * 2;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
     // the ring, its mbarriers, and slack to align the ring to 1024 bytes
-    static constexpr int kSmemBytes = kStages * kStageBytes + kStages * 8 + 1024;
+    static constexpr int kRingBytes = kStages * kStageBytes + kStages * 8 + 1024;
+    // Thread 0's side of the ring (it alone touches this): its own walk of
+    // the CTA's pieces, kStages - 2 k-steps ahead of the consumers, across
+    // pieces: the next piece's first steps load during this one's epilogue.
+    struct producer_t {
+        gemsops_sk_walk walk;
+        int64_t k, k1;      // the piece being loaded: next k-step, its end
+        int r0, c0, za, zb; // its tile's origin and TMA batch coordinates
+        int write;          // the ring slot of the next load
+    };
     struct smem_t {
-        unsigned char raw[kSmemBytes];
+        producer_t prod;
+        unsigned char raw[kRingBytes];
+    };
+    struct ring_t { // the consumers' cursor: slot of the next step, parity
+        int read;
+        unsigned phase;
     };
 
-    // Thread 0: step `step` (k-step index) into ring slot `slot`.
+    static __device__ __forceinline__ unsigned ring_base(smem_t &sm)
+    {
+        // the 128-byte swizzle repeats every 1024 bytes: align the ring
+        return (smem_addr(sm.raw) + 1023u) & ~1023u;
+    }
+
+    // Thread 0: the k-step `step` of the tile at (r0, c0) into ring slot
+    // `stage` (its mbarrier `bar`).
     static __device__ __forceinline__ void
-    produce(const tc_operands &o, unsigned stage, unsigned bar, int64_t r0,
-            int64_t c0, int za, int zb, int64_t step)
+    produce(const tc_operands &o, unsigned stage, unsigned bar, int r0,
+            int c0, int za, int zb, int64_t step)
     {
 #ifdef GEMSOPS_HAS_WGMMA
         const int kb = (int)(step * BK);
         mbar_expect_tx(bar, kStageBytes);
         if constexpr (AM) { // boxes of 64 m x 64 k
-            tma_load_3d(stage, o.ta, (int)r0, kb, za, bar);
-            tma_load_3d(stage + kAtom, o.ta, (int)r0 + 64, kb, za, bar);
+            tma_load_3d(stage, o.ta, r0, kb, za, bar);
+            tma_load_3d(stage + kAtom, o.ta, r0 + 64, kb, za, bar);
         }
         else { // one box of 64 k x 128 m
-            tma_load_3d(stage, o.ta, kb, (int)r0, za, bar);
+            tma_load_3d(stage, o.ta, kb, r0, za, bar);
         }
         if constexpr (BNM) {
 #pragma unroll
             for (int j = 0; j < BN / 64; j++) {
-                tma_load_3d(stage + kABytes + j * kAtom, o.tb, (int)c0 + 64 * j,
-                            kb, zb, bar);
+                tma_load_3d(stage + kABytes + j * kAtom, o.tb, c0 + 64 * j, kb,
+                            zb, bar);
             }
         }
         else {
-            tma_load_3d(stage + kABytes, o.tb, kb, (int)c0, zb, bar);
+            tma_load_3d(stage + kABytes, o.tb, kb, c0, zb, bar);
         }
 #else
         (void)o, (void)stage, (void)bar, (void)r0, (void)c0, (void)za, (void)zb,
@@ -180,37 +205,95 @@ struct wgmma_mainloop {
 #endif
     }
 
-    static __device__ void mac(const gemsops_sk_schedule &s,
-                               const tc_operands &o, int64_t tile, int64_t k0,
-                               int64_t k1, float (&acc)[kAcc], smem_t &sm)
+    // Thread 0: the next k-step of its walk, if the CTA has one left.
+    static __device__ void issue(const gemsops_sk_schedule &s,
+                                 const tc_operands &o, smem_t &sm)
+    {
+        producer_t &q = sm.prod;
+        while (q.k == q.k1) {
+            int64_t tile, k0, k1, bt, tm, tn;
+            if (!gemsops_sk_walk_next(&s, &q.walk, &tile, &k0, &k1)) {
+                return;
+            }
+            gemsops_sk_tile_coords(&s, tile, &bt, &tm, &tn);
+            q.r0 = (int)(tm * BM);
+            q.c0 = (int)(tn * BN);
+            q.za = o.a_bs == 0 ? 0 : (int)bt;
+            q.zb = o.b_bs == 0 ? 0 : (int)bt;
+            q.k = k0;
+            q.k1 = k1;
+        }
+        const unsigned base = ring_base(sm);
+        produce(o, base + q.write * kStageBytes,
+                base + kStages * kStageBytes + q.write * 8, q.r0, q.c0, q.za,
+                q.zb, q.k);
+        q.k++;
+        q.write = q.write + 1 == kStages ? 0 : q.write + 1;
+    }
+
+    // Once per CTA: barriers, then the first kStages - 2 loads.
+    static __device__ void begin(const gemsops_sk_schedule &s,
+                                 const tc_operands &o, int64_t cta,
+                                 ring_t &ring, smem_t &sm)
     {
 #ifdef GEMSOPS_HAS_WGMMA
-        // the 128-byte swizzle repeats every 1024 bytes: align the ring
-        const unsigned base = (smem_addr(sm.raw) + 1023u) & ~1023u;
-        const unsigned bars = base + kStages * kStageBytes; // 8 B each
-        int64_t bt, tm, tn;
-        gemsops_sk_tile_coords(&s, tile, &bt, &tm, &tn);
-        const int64_t r0 = tm * BM, c0 = tn * BN;
-        const int za = o.a_bs == 0 ? 0 : (int)bt, zb = o.b_bs == 0 ? 0 : (int)bt;
-        const int64_t steps = k1 - k0;
-        const bool producer = threadIdx.x == 0;
-        if (producer) { // fresh barriers per piece: every phase starts at 0
+        if (threadIdx.x == 0) {
+            const unsigned bars = ring_base(sm) + kStages * kStageBytes;
 #pragma unroll
             for (int st = 0; st < kStages; st++) {
                 mbar_init(bars + st * 8, 1);
             }
             mbar_init_fence();
-        }
-        __syncthreads();
-        if (producer) {
-#pragma unroll
+            producer_t &q = sm.prod;
+            gemsops_sk_walk_start(&s, cta, &q.walk);
+            q.k = q.k1 = 0;
+            q.write = 0;
             for (int st = 0; st < kStages - 2; st++) {
-                if (st < steps) {
-                    produce(o, base + st * kStageBytes, bars + st * 8, r0, c0,
-                            za, zb, k0 + st);
+                issue(s, o, sm);
+            }
+        }
+#else
+        (void)s, (void)o, (void)cta, (void)sm;
+#endif
+        ring.read = 0;
+        ring.phase = 0;
+    }
+
+    // An early exit (debug: a Stream-K wait gave up): thread 0 waits for
+    // the loads still in flight (slots read .. write - 1, fewer than
+    // kStages) so none lands in shared memory the CTA no longer owns.
+    static __device__ void drain(ring_t &ring, smem_t &sm)
+    {
+#ifdef GEMSOPS_HAS_WGMMA
+        if (threadIdx.x == 0) {
+            const unsigned bars = ring_base(sm) + kStages * kStageBytes;
+            for (int left = (sm.prod.write - ring.read + kStages) % kStages;
+                 left > 0; left--) {
+                mbar_wait(bars + ring.read * 8, ring.phase);
+                if (++ring.read == kStages) {
+                    ring.read = 0;
+                    ring.phase ^= 1;
                 }
             }
         }
+#else
+        (void)ring, (void)sm;
+#endif
+    }
+
+    // The piece's k-steps (loaded by thread 0's walk, which names the
+    // same pieces in the same order) into acc.
+    static __device__ void mac(const gemsops_sk_schedule &s,
+                               const tc_operands &o, ring_t &ring,
+                               int64_t tile, int64_t k0, int64_t k1,
+                               float (&acc)[kAcc], smem_t &sm)
+    {
+#ifdef GEMSOPS_HAS_WGMMA
+        (void)tile;
+        const unsigned base = ring_base(sm);
+        const unsigned bars = base + kStages * kStageBytes; // 8 B each
+        const int64_t steps = k1 - k0;
+        const bool producer = threadIdx.x == 0;
 #pragma unroll
         for (int e = 0; e < kAcc; e++) {
             acc[e] = 0.f;
@@ -218,22 +301,20 @@ struct wgmma_mainloop {
         const unsigned g = threadIdx.x / 128; // warpgroup: rows 64g..
         const uint64_t da0 = wgmma_desc(base + g * kAtom, AM ? kAtom : 16, 1024);
         const uint64_t db0 = wgmma_desc(base + kABytes, BNM ? kAtom : 16, 1024);
-        int read = 0, write = kStages - 2; // ring slots (wrapping cursors)
-        unsigned phase = 0;                // of slot `read`'s barrier
         for (int64_t i = 0; i < steps; i++) {
-            __syncthreads(); // step i - 2's wgmma are done: its slot is free
-            if (producer && i + kStages - 2 < steps) {
-                produce(o, base + write * kStageBytes, bars + write * 8, r0, c0,
-                        za, zb, k0 + i + kStages - 2);
+            // (barrier init, for the first step) the wgmma of the step two
+            // back are done everywhere: thread 0 may refill that slot
+            __syncthreads();
+            if (producer) {
+                issue(s, o, sm);
             }
-            write = write + 1 == kStages ? 0 : write + 1;
-            mbar_wait(bars + read * 8, phase);
+            mbar_wait(bars + ring.read * 8, ring.phase);
             // descriptors advance in 16-byte units: +k-step slot, +16 k
             // (2 lines of 8 MN-major, 32 bytes K-major), +128 columns of B
-            const uint64_t slot = (unsigned)(read * kStageBytes) >> 4;
-            if (++read == kStages) {
-                read = 0;
-                phase ^= 1;
+            const uint64_t slot = (unsigned)(ring.read * kStageBytes) >> 4;
+            if (++ring.read == kStages) {
+                ring.read = 0;
+                ring.phase ^= 1;
             }
             wgmma_fence();
 #pragma unroll
@@ -250,9 +331,9 @@ struct wgmma_mainloop {
             wgmma_wait<1>();
         }
         wgmma_wait<0>();
-        __syncthreads(); // the ring and barriers are reused by the next piece
 #else
-        (void)s, (void)o, (void)tile, (void)k0, (void)k1, (void)acc, (void)sm;
+        (void)s, (void)o, (void)ring, (void)tile, (void)k0, (void)k1,
+            (void)acc, (void)sm;
         __trap(); // the planner picks this mainloop only for sm_90a code
 #endif
     }

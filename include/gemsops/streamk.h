@@ -195,6 +195,44 @@ GEMSOPS_SK_FN int64_t gemsops_sk_next_peer(const struct gemsops_sk_schedule *s,
     return -1;
 }
 
+/* A CTA's work in the order it does it: its Stream-K pieces, then its
+ * data-parallel tiles c, c + ctas, ... (whole: k-iterations [0, iters)).
+ * The driver walks it, and a mainloop's producer walks a copy of it ahead
+ * of the driver to load the next pieces' operands early. */
+struct gemsops_sk_walk {
+    int64_t it, end; /* the Stream-K share still to do */
+    int64_t dp;      /* the next data-parallel tile */
+};
+
+GEMSOPS_SK_FN void gemsops_sk_walk_start(const struct gemsops_sk_schedule *s,
+                                         int64_t c, struct gemsops_sk_walk *w)
+{
+    gemsops_sk_range(s, c, &w->it, &w->end);
+    w->dp = c;
+}
+
+/* The next piece: absolute tile and k-iterations [*k0, *k1); 0 when the
+ * CTA's work is done. A piece with k0 > 0 is a peer's, else the owner's
+ * (data-parallel tiles have no peers). */
+GEMSOPS_SK_FN int gemsops_sk_walk_next(const struct gemsops_sk_schedule *s,
+                                       struct gemsops_sk_walk *w,
+                                       int64_t *tile, int64_t *k0,
+                                       int64_t *k1)
+{
+    if (w->it < w->end) {
+        w->it = gemsops_sk_piece(s, w->it, w->end, tile, k0, k1);
+        return 1;
+    }
+    if (w->dp < s->dp_tiles) {
+        *tile = w->dp;
+        *k0 = 0;
+        *k1 = s->iters;
+        w->dp += s->ctas;
+        return 1;
+    }
+    return 0;
+}
+
 /* Tile number (in [0, tiles)) -> batch, tile row and tile column, in the
  * grouped order: group_m tile rows at a time, walked column-major inside
  * the group; the last group may hold fewer rows (its width is what is
