@@ -82,11 +82,18 @@ def test_bad_arguments_are_errors():
 
 
 def test_short_stream_k_regions_go_to_fewer_ctas():
-    # 4 tiles x 28 k-iterations on 132 CTAs: shares of >= 4 iterations, so
-    # 28 CTAs share the Stream-K region and the rest sit it out
+    # 4 tiles x 28 k-iterations on 132 CTAs: a tile in P pieces costs
+    # 28 / P + 6 (P - 1) iterations, least at P = 2: 8 CTAs share the
+    # Stream-K region and the rest sit it out
     s = check(256, 256, 1792, bk=64, ctas=132, mode="stream-k")
     assert s["sk_tiles"] == 4 and s["iters"] == 28
-    assert s["sk_ctas"] == 4 * 28 // 4
+    assert s["sk_ctas"] == 4 * 2
+    # 4 x 100: P = 4 (shares of 25 >= 4 iterations)
+    assert check(256, 256, 6400, bk=64, ctas=132,
+                 mode="stream-k")["sk_ctas"] == 4 * 4
+    # 1 tile x 4000 iterations: P = 25, and no more CTAs than that
+    assert check(64, 64, 4000 * 16, bk=16, ctas=1000,
+                 mode="stream-k")["sk_ctas"] == 25
     # a long region keeps every CTA busy
     big = check(4096, 4096, 4096, bk=64, ctas=132, mode="stream-k")
     assert big["sk_ctas"] == 132
