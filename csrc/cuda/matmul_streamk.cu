@@ -50,6 +50,7 @@ struct driver_args {
     int64_t a_bs, a_rs, a_cs, b_bs, b_rs, b_cs;
     bool a_m_unit, b_k_unit; // tensor-core operand layouts (planner's pick)
     bool c_pairs;            // C's rows take 2-element stores (n even, aligned)
+    bool c_chunks;           // ... and 16-byte stores (n % 8 == 0, aligned)
     float *partials;        // [ctas][BM * BN] when sk_tiles > 0
     unsigned *flags;        // [ctas]
     unsigned epoch;
@@ -72,6 +73,12 @@ template <typename T> struct ffma_mainloop {
     {
     }
     static __device__ void drain(ring_t &, smem_t &) {}
+    template <typename>
+    static __device__ bool store(const driver_args &, int64_t,
+                                 const float (&)[kAcc], smem_t &)
+    {
+        return false;
+    }
 
     static __device__ void mac(const driver_args &p, ring_t &, int64_t tile,
                                int64_t k0, int64_t k1, float (&acc)[kAcc],
@@ -167,6 +174,23 @@ template <typename M, int MIN_CTAS> struct tc_mainloop {
     static __device__ void drain(ring_t &ring, smem_t &sm)
     {
         M::drain(ring, sm);
+    }
+
+    // true: the tile went out through the mainloop's staged epilogue
+    template <typename T>
+    static __device__ bool store(const driver_args &p, int64_t tile,
+                                 const float (&acc)[kAcc], smem_t &sm)
+    {
+        if constexpr (M::kTma) {
+            if (p.c_chunks) {
+                int64_t bt, tm, tn;
+                gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
+                M::store_staged((T *)p.c + bt * p.s.m * p.s.n, p.s.m, p.s.n,
+                                tm * BM, tn * BN, acc, sm);
+                return true;
+            }
+        }
+        return false;
     }
 
     static __device__ void mac(const driver_args &p, ring_t &ring,
@@ -294,11 +318,15 @@ __global__ void __launch_bounds__(kThreads, L::kMinCtas)
                 acc[e] += __ldcg(slot + e * kThreads + threadIdx.x);
             }
         }
-        store_tile<T, L>(p, tile, acc);
+        if (!L::template store<T>(p, tile, acc, sm)) {
+            store_tile<T, L>(p, tile, acc);
+        }
     }
     for (int64_t t = c; t < p.s.dp_tiles; t += p.s.ctas) {
         L::mac(p, ring, t, 0, p.s.iters, acc, sm);
-        store_tile<T, L>(p, t, acc);
+        if (!L::template store<T>(p, t, acc, sm)) {
+            store_tile<T, L>(p, t, acc);
+        }
     }
 }
 
@@ -603,6 +631,8 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     a.b_cs = p->b_cs;
     a.a_m_unit = !k.layout.a_k; // wgmma reads an M-contiguous A in place
     a.b_k_unit = k.layout.b_k;
+    a.c_chunks = gemsops_dtype_size(p->dtype) == 2 && p->n % 8 == 0 &&
+                 (uintptr_t)p->c % 16 == 0;
     a.c_pairs = p->n % 2 == 0 &&
                 (uintptr_t)p->c % (2 * gemsops_dtype_size(p->dtype)) == 0;
     a.partials = (float *)p->workspace;

@@ -158,8 +158,13 @@ struct wgmma_mainloop {
         int r0, c0, za, zb; // its tile's origin and TMA batch coordinates
         int write;          // the ring slot of the next load
     };
+    // Epilogue staging, one slice per warp (outside the ring: the next
+    // tile's loads land there meanwhile): 16 rows x 64 columns of packed
+    // pairs, rows padded to 36 words so the pair writes hit 32 banks.
+    static constexpr int kStageRow = 36;
     struct smem_t {
         producer_t prod;
+        alignas(16) uint32_t stage[kThreads / 32][16 * kStageRow];
         unsigned char raw[kRingBytes];
     };
     struct ring_t { // the consumers' cursor: slot of the next step, parity
@@ -336,6 +341,67 @@ struct wgmma_mainloop {
             (void)acc, (void)sm;
         __trap(); // the planner picks this mainloop only for sm_90a code
 #endif
+    }
+
+    static __device__ __forceinline__ uint32_t pack(float a, float b)
+    {
+        if constexpr (std::is_same_v<T, __half>) {
+            const __half2 h = __floats2half2_rn(a, b);
+            return *reinterpret_cast<const uint32_t *>(&h);
+        }
+        else {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+            return *reinterpret_cast<const uint32_t *>(&h);
+        }
+    }
+
+    // The tile at (r0, c0) of C (row stride n, 16-byte aligned rows: n %
+    // 8 == 0) from acc, through the warp's staging slice: each warp holds
+    // 16 rows; per 64 columns its lanes write their pairs (rows of 4 lanes
+    // x 2 values), then copy 16-byte chunks out, 8 lanes a 128-byte row
+    // piece. 8 full-sector stores a lane instead of 32-64 half-sector ones.
+    static __device__ void store_staged(T *C, int64_t m, int64_t n, int64_t r0,
+                                        int64_t c0, const float (&acc)[kAcc],
+                                        smem_t &sm)
+    {
+        const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+        uint32_t *st = sm.stage[warp];
+        const int64_t rows = r0 + (warp / 4) * 64 + (warp % 4) * 16;
+#pragma unroll
+        for (int cc = 0; cc < BN / 64; cc++) {
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) {
+                const int e = (cc / 2) * 64 + ((cc % 2) * 8 + jj) * 4;
+#pragma unroll
+                for (int h = 0; h < 2; h++) { // rows lane / 4 and + 8
+                    st[(lane / 4 + 8 * h) * kStageRow + jj * 4 + lane % 4] =
+                        pack(acc[e + 2 * h], acc[e + 2 * h + 1]);
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const int idx = t * 32 + lane, row = idx / 8, ch = idx % 8;
+                const int64_t gr = rows + row, gc = c0 + cc * 64 + ch * 8;
+                const uint4 v =
+                    *reinterpret_cast<const uint4 *>(st + row * kStageRow + ch * 4);
+                if (gr < m && gc + 8 <= n) {
+                    *reinterpret_cast<uint4 *>(C + gr * n + gc) = v;
+                }
+                else if (gr < m && gc < n) { // the right edge: element-wise
+                    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+                    unsigned short *d =
+                        reinterpret_cast<unsigned short *>(C + gr * n + gc);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        if (gc + i < n) {
+                            d[i] = (unsigned short)(w[i / 2] >> (16 * (i % 2)));
+                        }
+                    }
+                }
+            }
+            __syncwarp(); // the slice is rewritten by the next 64 columns
+        }
     }
 
     // acc element e of this thread -> (row, col) in the tile
