@@ -91,6 +91,10 @@ def test_short_stream_k_regions_go_to_fewer_ctas():
     # 4 x 100: P = 4 (shares of 25 >= 4 iterations)
     assert check(256, 256, 6400, bk=64, ctas=132,
                  mode="stream-k")["sk_ctas"] == 4 * 4
+    # 112 tiles x 24 on 132 CTAs: shares of 21 would cut most tiles for
+    # 3 iterations saved: whole tiles, one a CTA, and no partials
+    s = check(1024, 1792, 1536, bk=64, ctas=132, mode="stream-k")
+    assert s["sk_tiles"] == 112 and s["sk_ctas"] == 112
     # 1 tile x 4000 iterations: P = 25, and no more CTAs than that
     assert check(64, 64, 4000 * 16, bk=16, ctas=1000,
                  mode="stream-k")["sk_ctas"] == 25

@@ -154,6 +154,18 @@ GEMSOPS_SK_FN void gemsops_sk_plan(struct gemsops_sk_schedule *s,
     if (s->sk_ctas > s->ctas) {
         s->sk_ctas = s->ctas;
     }
+    if (s->sk_tiles <= s->ctas && s->sk_ctas > s->sk_tiles) {
+        /* a nearly full last wave: shares a little shorter than a tile,
+         * but most tiles cut in two or three and an owner waiting for each
+         * peer; whole tiles, one a CTA, when that is no slower */
+        const int64_t share =
+            gemsops_sk_cdiv(s->sk_tiles * s->iters, s->sk_ctas);
+        const int64_t pieces =
+            gemsops_sk_cdiv(s->sk_ctas + s->sk_tiles - 1, s->sk_tiles);
+        if (share + (pieces - 1) * GEMSOPS_SK_PEER_COST_ITERS >= s->iters) {
+            s->sk_ctas = s->sk_tiles;
+        }
+    }
     if (s->sk_ctas < 1) {
         s->sk_ctas = 1;
     }
