@@ -4,7 +4,8 @@ dtypes and shapes; run() times every provider on every case, prints one row
 per case and appends the rows to a JSON file under benchmark/results/.
 
 Kernel time: triton.testing.do_bench median (L2 flushed between reps) when
-Triton imports, CUDA events around repeated calls otherwise. GB/s counts the
+Triton imports, CUDA events around repeated calls otherwise;
+GEMSOPS_BENCH_FLUSH=read flushes L2 by reading instead (see _read_flush). GB/s counts the
 fewest bytes the op must move; the copy bandwidth of this GPU is measured
 once per run and every GB/s is also given as a fraction of it.
 """
@@ -22,27 +23,66 @@ _copy_gbps = None
 _rows = []
 
 
+FLUSH = os.environ.get("GEMSOPS_BENCH_FLUSH", "zero")
+_flush_buf = None
+
+
+def _read_flush():
+    """Evicts L2 by READING a 256 MB buffer: L2 ends full of clean lines.
+    triton's flush (cache.zero_()) leaves ~50 MB of dirty lines that the
+    timed kernel then writes back (~16 us at 3 TB/s inside every timed
+    window, the same for every provider): a quarter of a 128 MB op's time."""
+    global _flush_buf
+    if _flush_buf is None:
+        _flush_buf = (torch.empty(1 << 26, dtype=torch.float32, device="cuda")
+                      .fill_(1.0), torch.empty((), device="cuda"))
+    torch.sum(_flush_buf[0], dim=0, out=_flush_buf[1])
+
+
+def _events_median(fn, flush, warmup_ms, rep_ms):
+    """triton.testing.do_bench's method with another flush: estimate the
+    call's time, warm up, then time each call between events after a
+    flush; median."""
+    fn()
+    torch.cuda.synchronize()
+    s, e = torch.cuda.Event(True), torch.cuda.Event(True)
+    s.record()
+    for _ in range(5):
+        flush()
+        fn()
+    e.record()
+    torch.cuda.synchronize()
+    est = s.elapsed_time(e) / 5
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    n = max(1, int(rep_ms / est))
+    starts = [torch.cuda.Event(True) for _ in range(n)]
+    ends = [torch.cuda.Event(True) for _ in range(n)]
+    for i in range(n):
+        flush()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in zip(starts, ends))
+    return times[len(times) // 2]
+
+
 def do_bench(fn, warmup_ms=25, rep_ms=100):
-    """Median milliseconds of fn() on the current stream."""
+    """Median milliseconds of fn() on the current stream, L2 flushed before
+    each call: triton.testing.do_bench (GEMSOPS_BENCH_FLUSH=zero, the
+    default, as FlagGems and ../shared/ANCHORS.md measure) or the same
+    method with a read-only flush (GEMSOPS_BENCH_FLUSH=read, see
+    _read_flush); CUDA events without a flush when Triton is absent."""
+    if FLUSH == "read":
+        return _events_median(fn, _read_flush, warmup_ms, rep_ms)
     try:
         import triton.testing
         return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
                                        return_mode="median")
     except ImportError:
         pass
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(50):
-        s, e = torch.cuda.Event(True), torch.cuda.Event(True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    times.sort()
-    return times[len(times) // 2]
+    return _events_median(fn, lambda: None, warmup_ms, rep_ms)
 
 
 def copy_bandwidth_gbps():
@@ -164,8 +204,10 @@ class Benchmark:
     def _save(self, gpu, copy):
         RESULTS.mkdir(exist_ok=True)
         tag = gpu.replace(" ", "_").replace("/", "_")
-        path = RESULTS / f"{self.result_file}_{tag}.json"
-        doc = dict(gpu=gpu, copy_gbps=copy, torch=torch.__version__,
+        flush = "" if FLUSH == "zero" else f"_{FLUSH}flush"
+        path = RESULTS / f"{self.result_file}{flush}_{tag}.json"
+        doc = dict(gpu=gpu, copy_gbps=copy, flush=FLUSH,
+                   torch=torch.__version__,
                    cuda=torch.version.cuda, commit=commit(),
                    date=datetime.datetime.now(datetime.timezone.utc)
                    .isoformat(timespec="seconds"),

@@ -33,9 +33,10 @@ gemsops_layer_norm_fwd_cuda(const struct gemsops_layer_norm_fwd_params *p,
 
 int
 gemsops_layer_norm_bwd_cuda(const struct gemsops_layer_norm_bwd_params *p,
-                            gemsops_status *st)
+                            int64_t *need, gemsops_status *st)
 {
     (void)p;
+    (void)need;
     return GEMSOPS_NO_CUDA(st);
 }
 

@@ -460,21 +460,28 @@ parse_bwd(PyObject *const *args, int with_outputs,
 
 PyDoc_STRVAR(layer_norm_bwd_doc,
 "layer_norm_bwd(grad_out, input, weight, normalized_ndim, deterministic,\n"
-"               mean, rstd, grad_input, grad_weight, grad_bias, workspace)\n"
-"    -> None\n\n"
+"               mean, rstd, grad_input, grad_weight, grad_bias, workspace,\n"
+"               workspace_stream=None) -> None | (int, int)\n\n"
 "Fused LayerNorm backward: grad_input (or None) and grad_weight/grad_bias\n"
 "(or None) in one kernel that accumulates dW/dB with atomics; with\n"
-"deterministic=True dW/dB are summed in a fixed order instead. `workspace`\n"
-"is a uint8 tensor of layer_norm_bwd_workspace() bytes (the kernel zeroes\n"
-"what it needs on the stream).");
+"deterministic=True dW/dB are summed in a fixed order instead.\n\n"
+"workspace_stream=None: `workspace` is a uint8 tensor of at least\n"
+"layer_norm_bwd_workspace() bytes (None when that is 0); the launch zeroes\n"
+"what it needs.\n"
+"workspace_stream=S, an int (the stream handle the workspace is kept for,\n"
+"-1 for none yet): the caller keeps one workspace per stream, all zeros\n"
+"when first passed; every launch leaves its accumulators zero again, so\n"
+"none is memset. When the workspace is None or too small, or S is not the\n"
+"current stream, nothing launches and the call returns (bytes needed,\n"
+"current stream handle); a launch that needs no workspace just runs.");
 
 static PyObject *
 layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 11) {
-        PyErr_Format(PyExc_TypeError, "layer_norm_bwd() takes 11 arguments "
-                     "(%zd given)", nargs);
+    if (nargs != 11 && nargs != 12) {
+        PyErr_Format(PyExc_TypeError, "layer_norm_bwd() takes 11 or 12 "
+                     "arguments (%zd given)", nargs);
         return NULL;
     }
     struct gemsops_layer_norm_bwd_params p;
@@ -482,14 +489,38 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (parse_bwd(args, 1, &p, &x)) {
         return NULL;
     }
+    /* a kept workspace: for which stream (-1: none yet) */
+    int kept = nargs == 12 && args[11] != Py_None;
+    long long ws_stream = -1;
+    if (kept) {
+        ws_stream = PyLong_AsLongLong(args[11]);
+        if (ws_stream == -1 && PyErr_Occurred()) {
+            PyErr_Format(PyExc_TypeError, "layer_norm_backward(): "
+                         "workspace_stream must be a stream handle (int) or "
+                         "None");
+            return NULL;
+        }
+    }
     if (p.rows * p.cols == 0 && !p.dweight && !p.dbias) {
         Py_RETURN_NONE;
     }
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
     if (x.device_type == GEMSOPS_CUDA) {
-        rc = p.rows * p.cols == 0 ? GEMSOPS_OK
-                                  : gemsops_layer_norm_bwd_cuda(&p, &st);
+        if (p.rows * p.cols == 0) {
+            Py_RETURN_NONE;
+        }
+        int64_t need = 0;
+        p.kept_zero = kept;
+        if (kept && (long long)(uintptr_t)p.stream != ws_stream) {
+            p.workspace = NULL; /* kept for another stream: ask again */
+            p.workspace_bytes = 0;
+        }
+        rc = gemsops_layer_norm_bwd_cuda(&p, p.kept_zero ? &need : NULL, &st);
+        if (rc == GEMSOPS_OK && need > 0) {
+            return Py_BuildValue("(LL)", (long long)need,
+                                 (long long)(uintptr_t)p.stream);
+        }
     }
     else {
         Py_BEGIN_ALLOW_THREADS

@@ -18,7 +18,8 @@ def layer_norm_bwd(
     grad_out: Tensor, input: Tensor, weight: Optional[Tensor],
     normalized_ndim: int, deterministic: bool, mean: Tensor, rstd: Tensor,
     grad_input: Optional[Tensor], grad_weight: Optional[Tensor],
-    grad_bias: Optional[Tensor], workspace: Optional[Tensor]) -> None: ...
+    grad_bias: Optional[Tensor], workspace: Optional[Tensor],
+    workspace_stream: Optional[int] = None) -> Optional[Tuple[int, int]]: ...
 def layer_norm_bwd_workspace(
     input: Tensor, weight: Optional[Tensor], normalized_ndim: int,
     deterministic: bool, want_grad_input: bool, want_grad_weight: bool,

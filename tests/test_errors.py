@@ -127,8 +127,11 @@ def test_backward_argument_checks():
         bwd(dw=torch.empty(16, dtype=torch.float64))
     with pytest.raises(ValueError, match="'grad_input' overlaps input 'grad_out'"):
         bwd(dx=g)
-    with pytest.raises(TypeError, match="takes 11 arguments"):
+    with pytest.raises(TypeError, match="takes 11 or 12 arguments"):
         _C.layer_norm_bwd(g)
+    with pytest.raises(TypeError, match="workspace_stream must be a stream"):
+        _C.layer_norm_bwd(*[g, a["x"], a["w"], 1, False, a["mean"], a["rstd"],
+                            dx, dw, db, None, "s"])
 
 
 @pytest.mark.cuda
@@ -160,3 +163,32 @@ def test_cuda_workspace_too_small():
         _C.layer_norm_bwd(g, a["x"], a["w"], 1, False, a["mean"], a["rstd"],
                           torch.empty_like(g), torch.empty_like(a["w"]),
                           torch.empty_like(a["b"]), ws)
+
+
+@pytest.mark.cuda
+def test_cuda_kept_workspace_protocol():
+    # a kept workspace: asked for (bytes, stream) when absent or for another
+    # stream; after a launch its accumulators are zero again (no memset)
+    a = fwd_args("cuda", rows=300, cols=4096)
+    call_fwd(a)
+    g = torch.randn_like(a["x"])
+    outs = [torch.empty_like(g), torch.empty_like(a["w"]),
+            torch.empty_like(a["b"])]
+    args = [g, a["x"], a["w"], 1, False, a["mean"], a["rstd"], *outs]
+    need = _C.layer_norm_bwd(*args, None, -1)
+    stream = torch.cuda.current_stream().cuda_stream
+    assert need == (_C.layer_norm_bwd_workspace(a["x"], a["w"], 1, False,
+                                                True, True, True), stream)
+    ws = torch.zeros(need[0], dtype=torch.uint8, device="cuda")
+    assert _C.layer_norm_bwd(*args, ws, stream + 1) == need  # wrong stream
+    for _ in range(2):
+        for o in outs:
+            o.fill_(float("nan"))
+        assert _C.layer_norm_bwd(*args, ws, stream) is None
+        assert int(torch.count_nonzero(ws)) == 0
+        ref = torch.ops.aten.native_layer_norm_backward(
+            g.double(), a["x"].double(), [4096], a["mean"].double()[:, None],
+            a["rstd"].double()[:, None], a["w"].double(), a["b"].double(),
+            [True, True, True])
+        for o, r in zip(outs, ref):
+            torch.testing.assert_close(o.double(), r, rtol=1e-4, atol=1e-4)

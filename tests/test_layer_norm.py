@@ -291,6 +291,19 @@ def test_cuda_runs_on_current_stream_and_other_device():
         out = gemsops.layer_norm(x, pshape, w, b)
     s.synchronize()
     assert_close(out, layer_norm_reference(x, pshape, w, b)[0], torch.float32)
+    # backward on two streams in turn: each keeps its own zeroed workspace
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    g = torch.randn_like(x)
+    layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0].backward(
+        g.double())
+    for stream in (s, torch.cuda.current_stream(), s):
+        ts = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+        with torch.cuda.stream(stream):
+            gemsops.layer_norm(ts[0], pshape, ts[1], ts[2]).backward(g)
+        stream.synchronize()
+        for name, t, leaf in zip(("dx", "dw", "db"), ts, leaves):
+            assert_close(t.grad, leaf.grad, torch.float32, name=name,
+                         reduce_len=1024 if name != "dx" else 1)
     if torch.cuda.device_count() > 1:
         x1 = x.to("cuda:1")
         out1 = gemsops.layer_norm(x1, pshape, w.to("cuda:1"), b.to("cuda:1"))

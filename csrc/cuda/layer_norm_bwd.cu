@@ -423,23 +423,34 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeo
 // Second kernel: column j sums its `parts` partial sums (stripes, or the
 // deterministic mode's per-group partials) in order and rounds once to the
 // parameters' dtype. Coalesced across threads; independent loads unrolled.
+// With `rezero` it writes zeros back over what it read: the stripes are
+// then zero again for the next launch on the stream, which saves a memset
+// launch per backward (the caller keeps the workspace; kept_zero).
 template <typename A, typename P>
-__global__ void layer_norm_bwd_sum_partials(const A *partials, int64_t parts,
-                                            int64_t cols, P *dw, P *db)
+__global__ void layer_norm_bwd_sum_partials(A *partials, int64_t parts,
+                                            int64_t cols, P *dw, P *db,
+                                            bool rezero)
 {
     const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (j >= 2 * cols) {
         return;
+    }
+    P *out = j < cols ? dw : db;
+    if (!out) {
+        return; // not wanted: its stripes were never written
     }
     A s = 0;
 #pragma unroll 8
     for (int64_t gi = 0; gi < parts; gi++) {
         s += partials[gi * 2 * cols + j];
     }
-    P *out = j < cols ? dw : db;
-    if (out) {
-        out[j < cols ? j : j - cols] = from_acc<P>(s);
+    if (rezero) {
+#pragma unroll 8
+        for (int64_t gi = 0; gi < parts; gi++) {
+            partials[gi * 2 * cols + j] = A(0);
+        }
     }
+    out[j < cols ? j : j - cols] = from_acc<P>(s);
 }
 
 // Dynamic shared memory of one launch: the ring, then the weights. The
@@ -508,8 +519,11 @@ inline int bwd_stripes(int64_t groups, int64_t cols, size_t acc_size)
     return n < 1 ? 1 : (int)n;
 }
 
-// Workspace: [stripes][split exchange + counters] are zeroed by one memset;
-// [deterministic partials] follow and need no zeroing.
+// Workspace: [stripes][split exchange + counters] must be zero when the
+// kernel starts; [deterministic partials] follow and need no zeroing. The
+// stripes are zeroed again by the sum kernel (a kept workspace needs no
+// memset for them); the exchange region is memset by every launch that
+// splits rows (long rows only, where one memset is noise).
 struct bwd_layout {
     int n_stripes;
     int64_t exchange, counters, partials, zeroed, total;
@@ -546,9 +560,11 @@ bwd_layout plan_layout(const gemsops_layer_norm_bwd_params *p,
     return l;
 }
 
+// workspace_bytes != NULL: plan only (the bytes a launch needs). need !=
+// NULL: a workspace short of the plan launches nothing and sets *need.
 template <typename T, typename P, int TPR, int VEC>
 int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
-        int64_t *workspace_bytes, gemsops_status *st)
+        int64_t *workspace_bytes, int64_t *need, gemsops_status *st)
 {
     using A = acc_t<T>;
     device_facts f;
@@ -574,6 +590,10 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
                             "layer_norm_bwd: a row of %lld elements needs %d "
                             "co-resident CTAs; device %d holds fewer",
                             (long long)p->cols, shape.split, p->device_id);
+    }
+    if (p->workspace_bytes < l.total && need) {
+        *need = l.total;
+        return GEMSOPS_OK;
     }
     if (p->workspace_bytes < l.total) {
         return gemsops_fail(st, GEMSOPS_ERR_VALUE,
@@ -607,8 +627,10 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.stages = ring.stages;
     a.deterministic = p->deterministic != 0;
 
-    if (l.zeroed > 0) {
-        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws, 0, l.zeroed, stream));
+    const int64_t zero_from = p->kept_zero ? l.exchange : 0;
+    if (l.zeroed > zero_from) {
+        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + zero_from, 0,
+                                               l.zeroed - zero_from, stream));
     }
     layer_norm_bwd_fused_atomic<T, P, TPR, VEC>
         <<<(unsigned)grid, layer_norm_block_threads(TPR), ring.smem,
@@ -620,7 +642,7 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
             <<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
                 a.deterministic ? a.partials : a.stripes,
                 a.deterministic ? grid / shape.split : l.n_stripes, p->cols,
-                a.dw, a.db);
+                a.dw, a.db, !a.deterministic);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_sum_partials");
     }
     return GEMSOPS_OK;
@@ -642,17 +664,17 @@ bool vector_ok(const gemsops_layer_norm_bwd_params *p)
 
 template <typename T, typename P, int VEC>
 int dispatch_tpr(const gemsops_layer_norm_bwd_params *p, layer_norm_shape s,
-                 int64_t *ws, gemsops_status *st)
+                 int64_t *ws, int64_t *need, gemsops_status *st)
 {
     switch (s.tpr) {
-    case 4: return run<T, P, 4, VEC>(p, s, ws, st);
-    case 8: return run<T, P, 8, VEC>(p, s, ws, st);
-    case 16: return run<T, P, 16, VEC>(p, s, ws, st);
-    case 32: return run<T, P, 32, VEC>(p, s, ws, st);
-    case 128: return run<T, P, 128, VEC>(p, s, ws, st);
-    case 256: return run<T, P, 256, VEC>(p, s, ws, st);
-    case 512: return run<T, P, 512, VEC>(p, s, ws, st);
-    case 1024: return run<T, P, 1024, VEC>(p, s, ws, st);
+    case 4: return run<T, P, 4, VEC>(p, s, ws, need, st);
+    case 8: return run<T, P, 8, VEC>(p, s, ws, need, st);
+    case 16: return run<T, P, 16, VEC>(p, s, ws, need, st);
+    case 32: return run<T, P, 32, VEC>(p, s, ws, need, st);
+    case 128: return run<T, P, 128, VEC>(p, s, ws, need, st);
+    case 256: return run<T, P, 256, VEC>(p, s, ws, need, st);
+    case 512: return run<T, P, 512, VEC>(p, s, ws, need, st);
+    case 1024: return run<T, P, 1024, VEC>(p, s, ws, need, st);
     default:
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "layer_norm_bwd: no kernel for %d threads/row",
@@ -661,7 +683,7 @@ int dispatch_tpr(const gemsops_layer_norm_bwd_params *p, layer_norm_shape s,
 }
 
 template <typename T, typename P>
-int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
+int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws, int64_t *need,
            gemsops_status *st)
 {
     device_guard guard;
@@ -672,26 +694,26 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
     const layer_norm_shape s =
         layer_norm_choose_shape(p->cols, bwd_elems<T>(), 1024);
     if (vector_ok<T, P>(p)) {
-        return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, st);
+        return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, need, st);
     }
-    return dispatch_tpr<T, P, 1>(p, s, ws, st);
+    return dispatch_tpr<T, P, 1>(p, s, ws, need, st);
 }
 
 int dispatch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
-             gemsops_status *st)
+             int64_t *need, gemsops_status *st)
 {
     const bool same = p->param_dtype == p->dtype;
     switch (p->dtype) {
     case GEMSOPS_FLOAT32:
-        return launch<float, float>(p, ws, st);
+        return launch<float, float>(p, ws, need, st);
     case GEMSOPS_FLOAT64:
-        return launch<double, double>(p, ws, st);
+        return launch<double, double>(p, ws, need, st);
     case GEMSOPS_FLOAT16:
-        return same ? launch<__half, __half>(p, ws, st)
-                    : launch<__half, float>(p, ws, st);
+        return same ? launch<__half, __half>(p, ws, need, st)
+                    : launch<__half, float>(p, ws, need, st);
     case GEMSOPS_BFLOAT16:
-        return same ? launch<__nv_bfloat16, __nv_bfloat16>(p, ws, st)
-                    : launch<__nv_bfloat16, float>(p, ws, st);
+        return same ? launch<__nv_bfloat16, __nv_bfloat16>(p, ws, need, st)
+                    : launch<__nv_bfloat16, float>(p, ws, need, st);
     default:
         return gemsops_fail(st, GEMSOPS_ERR_TYPE,
                             "layer_norm_bwd: unsupported dtype %s on CUDA",
@@ -703,14 +725,18 @@ int dispatch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
 } // namespace gemsops
 
 extern "C" int gemsops_layer_norm_bwd_cuda(
-    const struct gemsops_layer_norm_bwd_params *p, gemsops_status *st)
+    const struct gemsops_layer_norm_bwd_params *p, int64_t *need,
+    gemsops_status *st)
 {
-    return gemsops::dispatch(p, nullptr, st);
+    if (need) {
+        *need = 0;
+    }
+    return gemsops::dispatch(p, nullptr, need, st);
 }
 
 extern "C" int gemsops_layer_norm_bwd_workspace_cuda(
     const struct gemsops_layer_norm_bwd_params *p, int64_t *bytes,
     gemsops_status *st)
 {
-    return gemsops::dispatch(p, bytes, st);
+    return gemsops::dispatch(p, bytes, nullptr, st);
 }

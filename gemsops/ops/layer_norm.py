@@ -11,9 +11,14 @@ import torch
 
 from .. import _C
 
-# workspace bytes per (dtype, shape, ...): planned once by C, then reused
+# forward: workspace bytes per (dtype, shape, ...), planned once by C
 _fwd_ws = {}
-_bwd_ws = {}
+# backward: device -> (stream handle, uint8 workspace), the one last used,
+# and (device, stream) -> workspace for every stream seen. A workspace is
+# zeros when made and each launch leaves its dW/dB accumulators zero again
+# (kept_zero in C), so a backward costs no memset and no allocation.
+_bwd_last = {}
+_bwd_kept = {}
 
 
 def _normalized_shape(normalized_shape):
@@ -121,19 +126,37 @@ def _backward(grad_out, x, shape, weight, mean, rstd, want_dx, want_dw,
     db = torch.empty(shape, dtype=pdtype, device=x.device) if want_db else None
     if not (want_dx or want_dw or want_db):
         return dx, dw, db
-    ws = None
-    if x.is_cuda:
-        key = (x.dtype, pdtype, x.shape, nd, x.device.index,
-               bool(deterministic), want_dx, want_dw, want_db)
-        nbytes = _bwd_ws.get(key)
-        if nbytes is None:
-            nbytes = _bwd_ws[key] = _C.layer_norm_bwd_workspace(
-                x, weight, nd, deterministic, want_dx, want_dw, want_db)
-        if nbytes:
-            ws = torch.empty(nbytes, dtype=torch.uint8, device=x.device)
-    _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
-                      dx, dw, db, ws)
+    if not x.is_cuda:
+        _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
+                          dx, dw, db, None)
+        return dx, dw, db
+    device = x.get_device()
+    stream, ws = _bwd_last.get(device, (-1, None))
+    try:
+        need = _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean,
+                                 rstd, dx, dw, db, ws, stream)
+        if need is not None:  # first use, larger, or another stream
+            stream, ws = _kept_workspace(device, *need)
+            _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean,
+                              rstd, dx, dw, db, ws, stream)
+    except BaseException:
+        # a failed launch may leave accumulators non-zero: start afresh
+        _bwd_last.pop(device, None)
+        for key in [k for k in _bwd_kept if k[0] == device]:
+            del _bwd_kept[key]
+        raise
     return dx, dw, db
+
+
+def _kept_workspace(device, nbytes, stream):
+    """The kept (all-zero) backward workspace of `stream`, grown to
+    nbytes; it becomes the device's last used."""
+    ws = _bwd_kept.get((device, stream))
+    if ws is None or ws.numel() < nbytes:
+        ws = torch.zeros(max(nbytes, 4096), dtype=torch.uint8, device=device)
+        _bwd_kept[(device, stream)] = ws
+    _bwd_last[device] = (stream, ws)
+    return stream, ws
 
 
 class LayerNormFunction(torch.autograd.Function):

@@ -51,8 +51,12 @@ struct gemsops_layer_norm_bwd_params {
     void *dx;             /* [rows, cols] or NULL: input needs no grad     */
     void *dweight;        /* [cols] param_dtype, or NULL: no grad wanted   */
     void *dbias;          /* [cols] param_dtype, or NULL                   */
-    void *workspace;      /* zeroed, >= the planned size                   */
+    void *workspace;      /* >= the planned size (see kept_zero)           */
     int64_t workspace_bytes;
+    int kept_zero;        /* the caller keeps this workspace across launches
+                             on one stream: its dW/dB accumulators are zero
+                             on entry and every launch leaves them zero, so
+                             nothing is memset. 0: the launch zeroes them  */
     int64_t rows, cols;
     int64_t dy_row_stride, x_row_stride, dx_row_stride;
     gemsops_dtype dtype;
@@ -74,8 +78,11 @@ int gemsops_layer_norm_bwd_workspace_cuda(
 
 int gemsops_layer_norm_fwd_cuda(const struct gemsops_layer_norm_fwd_params *p,
                                 gemsops_status *st);
+/* need NULL: a workspace smaller than the plan is an error. Else, when it
+ * is smaller (or absent), nothing launches and *need gets the bytes the
+ * launch needs; *need = 0 when it launched. */
 int gemsops_layer_norm_bwd_cuda(const struct gemsops_layer_norm_bwd_params *p,
-                                gemsops_status *st);
+                                int64_t *need, gemsops_status *st);
 int gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
                                gemsops_status *st);
 int gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
