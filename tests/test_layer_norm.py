@@ -298,6 +298,7 @@ def test_cuda_runs_on_current_stream_and_other_device():
         g.double())
     for stream in (s, torch.cuda.current_stream(), s):
         ts = [t.detach().clone().requires_grad_() for t in (x, w, b)]
+        stream.wait_stream(torch.cuda.default_stream())
         with torch.cuda.stream(stream):
             gemsops.layer_norm(ts[0], pshape, ts[1], ts[2]).backward(g)
         stream.synchronize()
