@@ -48,7 +48,21 @@ namespace {
 // keeps them a small fraction of the 3 * cols * rows elements moved.
 constexpr int64_t kMinRowsPerCta = 8;
 
-template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
+#ifndef GEMSOPS_LN_BWD_HALF_ELEMS
+#define GEMSOPS_LN_BWD_HALF_ELEMS 8
+#endif
+template <typename T> __host__ __device__ constexpr int bwd_elems()
+{
+    return sizeof(T) == 8 ? 4 : sizeof(T) == 2 ? GEMSOPS_LN_BWD_HALF_ELEMS : 8;
+}
+
+// Resident threads per SM the register budget is planned for: 1024 (64
+// registers) where x, dy and the dW/dB sums of 8 elements fit, 512 (128
+// registers) for fp64 and for 16 half-type elements a thread.
+template <typename T> __host__ __device__ constexpr int bwd_sm_threads()
+{
+    return sizeof(T) == 8 || bwd_elems<T>() == 16 ? 512 : 1024;
+}
 
 // The ring feeds 16-byte accesses only (cp.async.cg); one stage of one
 // thread holds its x and dy vectors plus the row's mean and rstd.
@@ -86,9 +100,8 @@ template <typename T, typename P> struct bwd_args {
 // Registers: 1024 resident threads per SM (64 registers), the most the
 // ring's shared memory allows for 512-thread CTAs anyway; fp64 (not a
 // bandwidth target) gets 512 so that it does not spill.
-constexpr int bwd_min_ctas(int tpr, int elem_bytes)
+constexpr int bwd_min_ctas(int tpr, int threads)
 {
-    const int threads = elem_bytes == 8 ? 512 : 1024;
     const int block = tpr < 128 ? 128 : tpr;
     return block >= threads ? 1 : threads / block;
 }
@@ -105,7 +118,7 @@ __device__ __forceinline__ void ring_wait(int pending)
 }
 
 template <typename T, typename P, int TPR, int VEC>
-__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, sizeof(T)))
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_sm_threads<T>()))
     layer_norm_bwd_fused_atomic(const bwd_args<T, P> a)
 {
     using A = acc_t<T>;
@@ -470,7 +483,8 @@ bwd_ring_plan plan_ring(const device_facts &f)
     if (per == 0) {
         return {1, w_bytes};
     }
-    const int ctas = block >= 1024 ? 1 : 1024 / block;
+    const int threads = bwd_sm_threads<T>();
+    const int ctas = block >= threads ? 1 : threads / block;
     // per CTA: 1 KB the driver reserves, up to ~5 KB of static arrays
     int budget = f.smem_per_sm / ctas - 6 * 1024;
     budget = budget < f.smem_per_block_optin - 6 * 1024
@@ -691,8 +705,9 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws, int64_t *need,
     // A whole row per CTA up to 1024 threads: the ring keeps loads flowing
     // through the barriers, which costs less than exchanging partials
     // between CTAs through global memory for every row.
-    const layer_norm_shape s =
-        layer_norm_choose_shape(p->cols, bwd_elems<T>(), 1024);
+    // (1024-thread CTAs get 64 registers: too few for 16 elements)
+    const layer_norm_shape s = layer_norm_choose_shape(
+        p->cols, bwd_elems<T>(), bwd_elems<T>() == 16 ? 512 : 1024);
     if (vector_ok<T, P>(p)) {
         return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, need, st);
     }
