@@ -168,26 +168,35 @@ def test_cuda_workspace_too_small():
 @pytest.mark.cuda
 def test_cuda_kept_workspace_protocol():
     # a kept workspace: asked for (bytes, stream) when absent or for another
-    # stream; after a launch its accumulators are zero again (no memset)
-    a = fwd_args("cuda", rows=300, cols=4096)
-    call_fwd(a)
-    g = torch.randn_like(a["x"])
-    outs = [torch.empty_like(g), torch.empty_like(a["w"]),
-            torch.empty_like(a["b"])]
-    args = [g, a["x"], a["w"], 1, False, a["mean"], a["rstd"], *outs]
-    need = _C.layer_norm_bwd(*args, None, -1)
+    # stream; after every launch (atomic, deterministic, split rows) it is
+    # all zeros again, so the next launch may use it without a memset
     stream = torch.cuda.current_stream().cuda_stream
-    assert need == (_C.layer_norm_bwd_workspace(a["x"], a["w"], 1, False,
-                                                True, True, True), stream)
-    ws = torch.zeros(need[0], dtype=torch.uint8, device="cuda")
-    assert _C.layer_norm_bwd(*args, ws, stream + 1) == need  # wrong stream
-    for _ in range(2):
-        for o in outs:
-            o.fill_(float("nan"))
+    cases = [(300, 4096, False), (300, 4096, True), (40, 40000, False),
+             (40, 40000, True), (300, 4096, False)]
+    need = {}
+    for rows, cols, det in cases:
+        a = fwd_args("cuda", rows=rows, cols=cols)
+        n = _C.layer_norm_bwd_workspace(a["x"], a["w"], 1, det, True, True,
+                                        True)
+        assert n > 0
+        need[(rows, cols, det)] = n
+    ws = torch.zeros(max(need.values()), dtype=torch.uint8, device="cuda")
+    for rows, cols, det in cases:
+        a = fwd_args("cuda", rows=rows, cols=cols)
+        call_fwd(a)
+        g = torch.randn_like(a["x"])
+        outs = [torch.full_like(g, float("nan")),
+                torch.full_like(a["w"], float("nan")),
+                torch.full_like(a["b"], float("nan"))]
+        args = [g, a["x"], a["w"], 1, det, a["mean"], a["rstd"], *outs]
+        assert _C.layer_norm_bwd(*args, None, -1) == (need[(rows, cols, det)],
+                                                      stream)
+        assert _C.layer_norm_bwd(*args, ws, stream + 1) == (
+            need[(rows, cols, det)], stream)  # kept for another stream
         assert _C.layer_norm_bwd(*args, ws, stream) is None
-        assert int(torch.count_nonzero(ws)) == 0
+        assert int(torch.count_nonzero(ws)) == 0, (rows, cols, det)
         ref = torch.ops.aten.native_layer_norm_backward(
-            g.double(), a["x"].double(), [4096], a["mean"].double()[:, None],
+            g.double(), a["x"].double(), [cols], a["mean"].double()[:, None],
             a["rstd"].double()[:, None], a["w"].double(), a["b"].double(),
             [True, True, True])
         for o, r in zip(outs, ref):

@@ -48,20 +48,16 @@ namespace {
 // keeps them a small fraction of the 3 * cols * rows elements moved.
 constexpr int64_t kMinRowsPerCta = 8;
 
-#ifndef GEMSOPS_LN_BWD_HALF_ELEMS
-#define GEMSOPS_LN_BWD_HALF_ELEMS 8
-#endif
-template <typename T> __host__ __device__ constexpr int bwd_elems()
-{
-    return sizeof(T) == 8 ? 4 : sizeof(T) == 2 ? GEMSOPS_LN_BWD_HALF_ELEMS : 8;
-}
+// (16 for the half types measured no faster on the H100 at 16384 x 4096
+// and 8192 x 8192: the cost is per element, not per row; session 6.)
+template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
 // Resident threads per SM the register budget is planned for: 1024 (64
 // registers) where x, dy and the dW/dB sums of 8 elements fit, 512 (128
-// registers) for fp64 and for 16 half-type elements a thread.
+// registers) for fp64.
 template <typename T> __host__ __device__ constexpr int bwd_sm_threads()
 {
-    return sizeof(T) == 8 || bwd_elems<T>() == 16 ? 512 : 1024;
+    return sizeof(T) == 8 ? 512 : 1024;
 }
 
 // The ring feeds 16-byte accesses only (cp.async.cg); one stage of one
@@ -436,34 +432,30 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
 // Second kernel: column j sums its `parts` partial sums (stripes, or the
 // deterministic mode's per-group partials) in order and rounds once to the
 // parameters' dtype. Coalesced across threads; independent loads unrolled.
-// With `rezero` it writes zeros back over what it read: the stripes are
-// then zero again for the next launch on the stream, which saves a memset
-// launch per backward (the caller keeps the workspace; kept_zero).
+// It then writes zeros back over what it read: the workspace is zero
+// again for the next launch on the stream, which saves a memset launch per
+// backward where the caller keeps the workspace (kept_zero).
 template <typename A, typename P>
 __global__ void layer_norm_bwd_sum_partials(A *partials, int64_t parts,
-                                            int64_t cols, P *dw, P *db,
-                                            bool rezero)
+                                            int64_t cols, P *dw, P *db)
 {
     const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (j >= 2 * cols) {
         return;
-    }
-    P *out = j < cols ? dw : db;
-    if (!out) {
-        return; // not wanted: its stripes were never written
     }
     A s = 0;
 #pragma unroll 8
     for (int64_t gi = 0; gi < parts; gi++) {
         s += partials[gi * 2 * cols + j];
     }
-    if (rezero) {
 #pragma unroll 8
-        for (int64_t gi = 0; gi < parts; gi++) {
-            partials[gi * 2 * cols + j] = A(0);
-        }
+    for (int64_t gi = 0; gi < parts; gi++) {
+        partials[gi * 2 * cols + j] = A(0);
     }
-    out[j < cols ? j : j - cols] = from_acc<P>(s);
+    P *out = j < cols ? dw : db;
+    if (out) {
+        out[j < cols ? j : j - cols] = from_acc<P>(s);
+    }
 }
 
 // Dynamic shared memory of one launch: the ring, then the weights. The
@@ -534,10 +526,11 @@ inline int bwd_stripes(int64_t groups, int64_t cols, size_t acc_size)
 }
 
 // Workspace: [stripes][split exchange + counters] must be zero when the
-// kernel starts; [deterministic partials] follow and need no zeroing. The
-// stripes are zeroed again by the sum kernel (a kept workspace needs no
-// memset for them); the exchange region is memset by every launch that
-// splits rows (long rows only, where one memset is noise).
+// kernel starts; [deterministic partials] follow and need no zeroing. A
+// kept workspace (kept_zero) is all zeros between launches: the sum kernel
+// re-zeroes the stripes or partials it reads, and a launch that splits
+// rows memsets the exchange region after itself instead of before (long
+// rows only, where one memset launch is noise).
 struct bwd_layout {
     int n_stripes;
     int64_t exchange, counters, partials, zeroed, total;
@@ -641,10 +634,8 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.stages = ring.stages;
     a.deterministic = p->deterministic != 0;
 
-    const int64_t zero_from = p->kept_zero ? l.exchange : 0;
-    if (l.zeroed > zero_from) {
-        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + zero_from, 0,
-                                               l.zeroed - zero_from, stream));
+    if (!p->kept_zero && l.zeroed > 0) {
+        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws, 0, l.zeroed, stream));
     }
     layer_norm_bwd_fused_atomic<T, P, TPR, VEC>
         <<<(unsigned)grid, layer_norm_block_threads(TPR), ring.smem,
@@ -656,8 +647,12 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
             <<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
                 a.deterministic ? a.partials : a.stripes,
                 a.deterministic ? grid / shape.split : l.n_stripes, p->cols,
-                a.dw, a.db, !a.deterministic);
+                a.dw, a.db);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_sum_partials");
+    }
+    if (p->kept_zero && l.zeroed > l.exchange) {
+        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + l.exchange, 0,
+                                               l.zeroed - l.exchange, stream));
     }
     return GEMSOPS_OK;
 }
@@ -705,9 +700,8 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws, int64_t *need,
     // A whole row per CTA up to 1024 threads: the ring keeps loads flowing
     // through the barriers, which costs less than exchanging partials
     // between CTAs through global memory for every row.
-    // (1024-thread CTAs get 64 registers: too few for 16 elements)
-    const layer_norm_shape s = layer_norm_choose_shape(
-        p->cols, bwd_elems<T>(), bwd_elems<T>() == 16 ? 512 : 1024);
+    const layer_norm_shape s =
+        layer_norm_choose_shape(p->cols, bwd_elems<T>(), 1024);
     if (vector_ok<T, P>(p)) {
         return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, need, st);
     }
