@@ -52,22 +52,18 @@ constexpr int64_t kMinRowsPerCta = 8;
 // and 8192 x 8192: the cost is per element, not per row; session 6.)
 template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
-// Resident threads per SM the register budget is planned for: 512 (128
-// registers): xhat, w * dy, dy and the dW/dB sums of 8 elements in fp32.
-// The ring keeps the loads in flight, so fewer threads lose nothing
-// (1024 threads and 64 registers measured the same with recomputation).
-#ifndef GEMSOPS_LN_BWD_SM_THREADS
-#define GEMSOPS_LN_BWD_SM_THREADS 512
-#endif
+// Resident threads per SM the register budget is planned for: 1024 (64
+// registers) where x, dy and the dW/dB sums of 8 elements fit, 512 (128
+// registers) for fp64.
 template <typename T> __host__ __device__ constexpr int bwd_sm_threads()
 {
-    return sizeof(T) == 8 ? 512 : GEMSOPS_LN_BWD_SM_THREADS;
+    return sizeof(T) == 8 ? 512 : 1024;
 }
 
 // The ring feeds 16-byte accesses only (cp.async.cg); one stage of one
 // thread holds its x and dy vectors plus the row's mean and rstd.
 template <typename T, int VEC> __host__ __device__ constexpr bool bwd_ring() { return VEC * sizeof(T) == 16; }
-constexpr int kMaxStages = 6;
+constexpr int kMaxStages = 4;
 
 template <typename T, int VEC>
 __host__ __device__ constexpr int bwd_stage_bytes(int block)
@@ -113,8 +109,6 @@ __device__ __forceinline__ void ring_wait(int pending)
     case 0: cp_async_wait<0>(); break;
     case 1: cp_async_wait<1>(); break;
     case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
     default: cp_async_wait<kMaxStages - 1>(); break;
     }
 }
@@ -130,9 +124,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
     constexpr bool RING = bwd_ring<T, VEC>();
-    // the widened values stay in registers between the passes, except in
-    // 1024-thread CTAs (64 registers: they would spill)
-    constexpr bool KEEP = BLOCK * 64 < 65536 && sizeof(T) < 8;
     constexpr int SLAB = TPR * E;
     constexpr int STEP = TPR * VEC;
     // ring stage s: [x items][dy items] as [ITEMS][BLOCK] vectors, then
@@ -239,10 +230,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     }
     for (int64_t k = 0, row = first_row; k < steps; k++, row += step_rows) {
         const bool row_ok = row < a.rows;
-        // x and dy arrive in their storage type; the first pass widens
-        // them into xhat, g = w * dy and dy in fp32, which the second pass
-        // reuses where registers allow (KEEP): recomputing them costs ~8
-        // instructions an element, and the half types are issue-bound.
+        // x and dy stay in their storage type; xhat and g are recomputed
+        // in the second pass instead of being held as fp32.
         V xv[ITEMS], dv[ITEMS];
         A mean = 0, rstd = 0;
         if constexpr (RING) {
@@ -291,30 +280,21 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
                 }
             }
         }
-        // xhat, g and dy of item i in fp32
-        auto widen = [&](int i, A(&xh)[VEC], A(&g)[VEC], A(&d)[VEC]) {
-            const vec_t<P, VEC> wv = w_smem[i * BLOCK];
-#pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                // not x * rstd - mean * rstd: that cancels when x ~ mean
-                // and rstd is large (N = 1: xhat must be 0)
-                xh[v] = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
-                d[v] = to_acc<A>(dv[i].v[v]);
-                g[v] = d[v] * to_acc<A>(wv.v[v]);
-            }
-        };
-        A xh[ITEMS][VEC], gw[ITEMS][VEC], d[ITEMS][VEC];
         A c[2] = {0, 0};
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            widen(i, xh[i], gw[i], d[i]);
-#pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                c[0] += gw[i][v] * xh[i][v];
-                c[1] += gw[i][v];
-            }
-        }
         if (a.dx) {
+#pragma unroll
+            for (int i = 0; i < ITEMS; i++) {
+                const vec_t<P, VEC> wv = w_smem[i * BLOCK];
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    // not x * rstd - mean * rstd: that cancels when
+                    // x ~ mean and rstd is large (N = 1: xhat must be 0)
+                    const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
+                    const A g = to_acc<A>(dv[i].v[v]) * to_acc<A>(wv.v[v]);
+                    c[0] += g * xh;
+                    c[1] += g;
+                }
+            }
             row_sum<TPR, 2>(c, red, parity);
             if (a.split > 1) {
                 if (threadIdx.x == 0 && row_ok) {
@@ -343,15 +323,16 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
             if (!row_ok || i * STEP >= lim) {
                 continue;
             }
-            if constexpr (!KEEP) {
-                widen(i, xh[i], gw[i], d[i]);
-            }
+            const vec_t<P, VEC> wv = w_smem[i * BLOCK];
             A out[VEC];
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
-                out[v] = rstd * (gw[i][v] - (xh[i][v] * c1n + c2n));
-                dw[i][v] += d[i][v] * xh[i][v];
-                db[i][v] += d[i][v];
+                const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
+                const A d = to_acc<A>(dv[i].v[v]);
+                const A g = d * to_acc<A>(wv.v[v]);
+                out[v] = rstd * (g - (xh * c1n + c2n));
+                dw[i][v] += d * xh;
+                db[i][v] += d;
             }
             if (a.dx) {
                 store_rounded<T, VEC>(a.dx + row * a.dx_stride + col0 +
@@ -478,9 +459,9 @@ __global__ void layer_norm_bwd_sum_partials(A *partials, int64_t parts,
 }
 
 // Dynamic shared memory of one launch: the ring, then the weights. The
-// ring gets the most stages (up to 6 for half types, 4 for wider ones)
-// that leave room for the resident threads the registers are planned for
-// (bwd_sm_threads).
+// ring gets the most stages (up to 4 for half types, 3 for wider ones)
+// that leave room for 1024 resident threads per SM, the most the 64
+// registers allow anyway.
 struct bwd_ring_plan {
     int stages, smem;
 };
@@ -501,7 +482,7 @@ bwd_ring_plan plan_ring(const device_facts &f)
     budget = budget < f.smem_per_block_optin - 6 * 1024
                  ? budget
                  : f.smem_per_block_optin - 6 * 1024;
-    int stages = sizeof(T) == 2 ? kMaxStages : kMaxStages - 2;
+    int stages = sizeof(T) == 2 ? kMaxStages : kMaxStages - 1;
     const int fit = (budget - w_bytes) / per;
     stages = stages < fit ? stages : fit;
     stages = stages < 1 ? 1 : stages;
