@@ -48,8 +48,11 @@ namespace {
 // keeps them a small fraction of the 3 * cols * rows elements moved.
 constexpr int64_t kMinRowsPerCta = 8;
 
-// (16 for the half types measured no faster on the H100 at 16384 x 4096
-// and 8192 x 8192: the cost is per element, not per row; session 6.)
+// (Measured no faster on the H100 for the half types at 16384 x 4096 and
+// 8192 x 8192, session 6: 16 elements a thread, and keeping xhat, w * dy
+// and dy in fp32 between the passes at a 512-thread register budget, which
+// also slowed the split rows. Neither per-row overhead nor instruction
+// count is what holds the half types at ~75% of the copy bandwidth.)
 template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
 // Resident threads per SM the register budget is planned for: 1024 (64
