@@ -55,9 +55,7 @@ constexpr int64_t kMinRowsPerCta = 8;
 // count is what holds the half types at ~75% of the copy bandwidth.)
 template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
-// Resident threads per SM the register budget is planned for: 1024 (64
-// registers) where x, dy and the dW/dB sums of 8 elements fit, 512 (128
-// registers) for fp64.
+// Resident threads per SM the registers and the ring are planned for.
 template <typename T> __host__ __device__ constexpr int bwd_sm_threads()
 {
     return sizeof(T) == 8 ? 512 : 1024;
@@ -96,9 +94,10 @@ template <typename T, typename P> struct bwd_args {
     bool deterministic;
 };
 
-// Registers: 1024 resident threads per SM (64 registers), the most the
-// ring's shared memory allows for 512-thread CTAs anyway; fp64 (not a
-// bandwidth target) gets 512 so that it does not spill.
+// CTAs per SM the register budget of bwd_sm_threads asks for (1024
+// threads: 64 registers, the most the ring's shared memory allows for
+// 512-thread CTAs anyway; fp64, not a bandwidth target, gets 512 so that
+// it does not spill). The ring is planned for the same count.
 constexpr int bwd_min_ctas(int tpr, int threads)
 {
     const int block = tpr < 128 ? 128 : tpr;
