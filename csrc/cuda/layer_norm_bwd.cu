@@ -162,6 +162,17 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     // more than the rest of the step).
     constexpr int STAGE_BYTES = bwd_stage_bytes<T, VEC>(BLOCK);
     int64_t fetch_row = first_row;
+    // One lane per row and warp copies the row's mean and rstd and hands
+    // them to the others with a shuffle: 32 lanes copying the same 4 bytes
+    // each (cp.async.ca) cost 32 L1 wavefronts and sectors per warp and
+    // row, as many as the row's data (ncu, H100, session 7).
+#ifdef GEMSOPS_AB_ALL_LANE_STATS
+    constexpr int STAT_LANES = 1;
+#else
+    constexpr int STAT_LANES = TPR < 32 ? TPR : 32;
+#endif
+    const bool stat_owner = threadIdx.x % STAT_LANES == 0;
+    const int stat_src = (int)(threadIdx.x % 32) / STAT_LANES * STAT_LANES;
     int fetch_stage = 0, read_stage = 0;
     auto next_stage = [&](int st) { return st + 1 == a.stages ? 0 : st + 1; };
     // Copies the next row's x, dy, mean, rstd into its ring stage (RING
@@ -181,12 +192,14 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
                                    i * STEP);
                 }
             }
-            const unsigned stats = st - threadIdx.x * 16 +
-                                   2 * ITEMS * BLOCK * 16 +
-                                   threadIdx.x * (unsigned)sizeof(A);
-            cp_async_small<sizeof(A)>(stats, a.mean + fetch_row);
-            cp_async_small<sizeof(A)>(stats + BLOCK * sizeof(A),
-                                      a.rstd + fetch_row);
+            if (stat_owner) {
+                const unsigned stats = st - threadIdx.x * 16 +
+                                       2 * ITEMS * BLOCK * 16 +
+                                       threadIdx.x * (unsigned)sizeof(A);
+                cp_async_small<sizeof(A)>(stats, a.mean + fetch_row);
+                cp_async_small<sizeof(A)>(stats + BLOCK * sizeof(A),
+                                          a.rstd + fetch_row);
+            }
         }
         cp_async_commit();
         fetch_row += step_rows;
@@ -250,9 +263,16 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
                 xv[i] = xs[i * BLOCK];
                 dv[i] = xs[(ITEMS + i) * BLOCK];
             }
+            A m = 0, r = 0;
+            if (stat_owner) {
+                m = stats[threadIdx.x];
+                r = stats[BLOCK + threadIdx.x];
+            }
+            m = __shfl_sync(0xffffffffu, m, stat_src);
+            r = __shfl_sync(0xffffffffu, r, stat_src);
             if (row_ok) {
-                mean = stats[threadIdx.x];
-                rstd = stats[BLOCK + threadIdx.x];
+                mean = m;
+                rstd = r;
             }
         }
         else {
