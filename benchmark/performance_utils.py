@@ -5,9 +5,13 @@ per case and appends the rows to a JSON file under benchmark/results/.
 
 Kernel time: triton.testing.do_bench median (L2 flushed between reps) when
 Triton imports, CUDA events around repeated calls otherwise;
-GEMSOPS_BENCH_FLUSH=read flushes L2 by reading instead (see _read_flush). GB/s counts the
-fewest bytes the op must move; the copy bandwidth of this GPU is measured
-once per run and every GB/s is also given as a fraction of it.
+GEMSOPS_BENCH_FLUSH=read flushes L2 by reading instead (see _read_flush).
+GEMSOPS_BENCH_GRAPH=1 captures each provider's call (the forward, or the
+autograd.grad of the backward) in a CUDA graph once and times its replays:
+the host's Python and dispatch cost then stays out of the timed window
+(see _graph_replay). GB/s counts the fewest bytes the op must move; the
+copy bandwidth of this GPU is measured once per run and every GB/s is also
+given as a fraction of it.
 """
 import contextlib
 import datetime
@@ -24,6 +28,7 @@ _rows = []
 
 
 FLUSH = os.environ.get("GEMSOPS_BENCH_FLUSH", "zero")
+GRAPH = os.environ.get("GEMSOPS_BENCH_GRAPH", "0") == "1"
 _flush_buf = None
 
 
@@ -85,13 +90,40 @@ def do_bench(fn, warmup_ms=25, rep_ms=100):
     return _events_median(fn, lambda: None, warmup_ms, rep_ms)
 
 
+def _graph_replay(fn, stream):
+    """fn captured once in a CUDA graph on `stream` (where the tensors it
+    uses were made, so that a backward's kernels land on it too), after
+    warm-up calls there that make any lazy allocation or compilation;
+    returns the graph's replay, or None when fn cannot be captured.
+
+    Why: do_bench's window opens when the flush is queued; a call whose
+    host part (Python, autograd, dispatch) outlasts the flush leaves the
+    GPU idle inside the window. A graph's replay costs one launch."""
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    except Exception:  # a provider that cannot be captured runs eagerly
+        torch.cuda.synchronize()
+        return None
+    torch.cuda.synchronize()
+    return graph.replay
+
+
 def copy_bandwidth_gbps():
     """Device-to-device copy of 1 GiB, bytes read + written, GB/s."""
     global _copy_gbps
     if _copy_gbps is None:
         src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
         dst = torch.empty_like(src)
-        ms = do_bench(lambda: dst.copy_(src))
+        copy = lambda: dst.copy_(src)  # noqa: E731
+        if GRAPH:
+            copy = _graph_replay(copy, torch.cuda.Stream()) or copy
+        ms = do_bench(copy)
         _copy_gbps = 2 * src.numel() * 4 / ms / 1e6
         del src, dst
     return _copy_gbps
@@ -138,18 +170,31 @@ class Benchmark:
         self.result_file = result_file or op_name
 
     def _timed(self, op, args):
+        """(median ms, whether a graph replay was timed)."""
         ctx = contextlib.nullcontext
         if isinstance(op, tuple):
             op, ctx = op
+        stream = torch.cuda.Stream() if GRAPH else None
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream())
         with ctx():
-            if not self.is_backward:
-                return do_bench(lambda: op(*args))
-            inputs = [a for a in args
-                      if isinstance(a, torch.Tensor) and a.requires_grad]
-            out = op(*args)
-            grad = torch.randn_like(out)
-            return do_bench(lambda: torch.autograd.grad(
-                out, inputs, grad, retain_graph=True))
+            # a backward's kernels run on its forward's stream
+            with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+                if not self.is_backward:
+                    fn = lambda: op(*args)  # noqa: E731
+                else:
+                    inputs = [a for a in args
+                              if isinstance(a, torch.Tensor) and a.requires_grad]
+                    out = op(*args)
+                    grad = torch.randn_like(out)
+                    fn = lambda: torch.autograd.grad(  # noqa: E731
+                        out, inputs, grad, retain_graph=True)
+            if stream is not None:
+                torch.cuda.synchronize()
+                replay = _graph_replay(fn, stream)
+                if replay is not None:
+                    return do_bench(replay), True
+            return do_bench(fn), False
 
     def run(self):
         copy = copy_bandwidth_gbps()
@@ -168,8 +213,8 @@ class Benchmark:
         for dtype in self.dtypes:
             for shape in self.shapes:
                 args = self.arg_func(dtype, shape)
-                t_torch = self._timed(self.torch_op, args)
-                t_gems = self._timed(self.gems_op, args)
+                t_torch, g_torch = self._timed(self.torch_op, args)
+                t_gems, g_gems = self._timed(self.gems_op, args)
                 nbytes = self.bytes_func(dtype, shape) if self.bytes_func else 0
                 row = dict(op=self.op_name, pass_=pass_name,
                            dtype=dtype_name(dtype), shape=list(shape),
@@ -177,6 +222,8 @@ class Benchmark:
                            speedup=t_torch / t_gems,
                            torch_gbps=nbytes / t_torch / 1e6,
                            gems_gbps=nbytes / t_gems / 1e6)
+                if GRAPH:
+                    row.update(torch_graph=g_torch, gems_graph=g_gems)
                 row["gems_copy_fraction"] = row["gems_gbps"] / copy
                 row["torch_copy_fraction"] = row["torch_gbps"] / copy
                 line = (f"{row['dtype']:>9} {'x'.join(map(str, shape)):>18} "
@@ -185,8 +232,10 @@ class Benchmark:
                         f"{row['gems_copy_fraction']:9.1%}")
                 for peer, fn in self.peers.items():
                     try:
-                        t = self._timed(fn, args)
+                        t, g = self._timed(fn, args)
                         row[f"{peer}_ms"] = t
+                        if GRAPH:
+                            row[f"{peer}_graph"] = g
                         row[f"{peer}_gbps"] = nbytes / t / 1e6
                         line += f" {row[f'{peer}_gbps']:12.0f}"
                     except Exception as e:  # a peer refusing a case is data
@@ -195,6 +244,10 @@ class Benchmark:
                 if self.flops_func:
                     row["gems_tflops"] = self.flops_func(dtype, shape) / t_gems / 1e9
                     line += f" {row['gems_tflops']:12.1f}"
+                eager = [k[:-6] for k, v in row.items()
+                         if k.endswith("_graph") and not v]
+                if eager:  # timed without a graph: host time included
+                    line += f"  (eager: {', '.join(eager)})"
                 print(line, flush=True)
                 _rows.append(row)
                 del args
@@ -205,8 +258,9 @@ class Benchmark:
         RESULTS.mkdir(exist_ok=True)
         tag = gpu.replace(" ", "_").replace("/", "_")
         flush = "" if FLUSH == "zero" else f"_{FLUSH}flush"
+        flush += "_graph" if GRAPH else ""
         path = RESULTS / f"{self.result_file}{flush}_{tag}.json"
-        doc = dict(gpu=gpu, copy_gbps=copy, flush=FLUSH,
+        doc = dict(gpu=gpu, copy_gbps=copy, flush=FLUSH, graph=GRAPH,
                    torch=torch.__version__,
                    cuda=torch.version.cuda, commit=commit(),
                    date=datetime.datetime.now(datetime.timezone.utc)

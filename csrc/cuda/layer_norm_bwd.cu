@@ -164,13 +164,10 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     int64_t fetch_row = first_row;
     // One lane per row and warp copies the row's mean and rstd and hands
     // them to the others with a shuffle: 32 lanes copying the same 4 bytes
-    // each (cp.async.ca) cost 32 L1 wavefronts and sectors per warp and
-    // row, as many as the row's data (ncu, H100, session 7).
-#ifdef GEMSOPS_AB_ALL_LANE_STATS
-    constexpr int STAT_LANES = 1;
-#else
+    // (cp.async.ca) are 32 requests where one will do. (ncu, H100: the
+    // kernel made 3x the shared wavefronts its data needs; the time did
+    // not move when these went.)
     constexpr int STAT_LANES = TPR < 32 ? TPR : 32;
-#endif
     const bool stat_owner = threadIdx.x % STAT_LANES == 0;
     const int stat_src = (int)(threadIdx.x % 32) / STAT_LANES * STAT_LANES;
     int fetch_stage = 0, read_stage = 0;
