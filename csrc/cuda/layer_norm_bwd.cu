@@ -316,21 +316,20 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
             }
             row_sum<TPR, 2>(c, red, parity);
             if (a.split > 1) {
-                if (threadIdx.x == 0 && row_ok) {
-                    const A *all = split_exchange(a.exchange, a.counters, row,
-                                                  slab, a.split, c[0], c[1]);
-                    A s0 = 0, s1 = 0;
-                    for (int j = 0; j < a.split; j++) {
-                        s0 += __ldcg(all + 2 * j);
-                        s1 += __ldcg(all + 2 * j + 1);
+                // one row per CTA here (TPR >= 128): row_ok is uniform
+                if (threadIdx.x < 32 && row_ok) {
+                    split_exchange(a.exchange, a.counters, row, slab,
+                                   a.split, c[0], c[1]);
+                    if (threadIdx.x == 0) {
+                        merged[0] = c[0];
+                        merged[1] = c[1];
                     }
-                    merged[0] = s0;
-                    merged[1] = s1;
                 }
                 __syncthreads();
+                // merged[] is next written after the next row's row_sum
+                // barrier, which every thread reaches after this read
                 c[0] = merged[0];
                 c[1] = merged[1];
-                __syncthreads(); // merged[] is rewritten for the next row
             }
         }
         // dx = rstd * (g - (xhat * c1 + c2) / N); g - g is exactly 0 when
