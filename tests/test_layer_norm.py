@@ -283,6 +283,26 @@ def test_cuda_row_lengths_up_to_2_20(n):
                      reduce_len=rows if name != "dx" else 1)
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward_long_rows_with_zero_partials(dtype, device):
+    # rows long enough to be split over CTAs on CUDA (they exchange their
+    # partial sums; an exact zero partial must still count as arrived):
+    # dy all zero, zero past the first 1000 columns, and random
+    n = 131072
+    x, pshape, w, b = make((3, n), 1, dtype, device, "both", True)
+    g = torch.randn_like(x)
+    g[0] = 0
+    g[1, 1000:] = 0
+    gemsops.layer_norm(x, pshape, w, b).backward(g)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref = layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0]
+    ref.backward(g.double())
+    assert torch.equal(x.grad[0], torch.zeros_like(x.grad[0]))
+    for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
+        assert_close(t.grad, leaf.grad, dtype, name=name,
+                     reduce_len=3 if name != "dx" else 1)
+
+
 @pytest.mark.cuda
 def test_cuda_runs_on_current_stream_and_other_device():
     x, pshape, w, b = make((1024, 1024), 1, torch.float32, "cuda")

@@ -226,15 +226,8 @@ __device__ __forceinline__ void red_add(A *p, const A (&v)[N])
     }
 }
 
-// Cross-CTA handshake for rows split over several CTAs: release makes this
-// CTA's partial visible before the count; acquire makes peers' partials
-// visible after it.
-__device__ __forceinline__ void release_add(unsigned *p, unsigned v)
-{
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v)
-                 : "memory");
-}
-
+// Acquire load: what the writer stored before its release is visible
+// after it (the Stream-K flags).
 __device__ __forceinline__ unsigned acquire_load(const unsigned *p)
 {
     unsigned v;

@@ -86,8 +86,7 @@ template <typename T, typename P> struct bwd_args {
     acc_t<T> *stripes;   // atomics: [n_stripes][2 * cols] (dW then dB)
     int n_stripes;       // row group g adds into stripe g % n_stripes
     acc_t<T> *partials;  // deterministic: [groups][2 * cols]
-    acc_t<T> *exchange;  // split > 1: [rows][split][2]
-    unsigned *counters;  // split > 1: [rows]
+    acc_t<T> *exchange;  // split > 1: [rows][split][2], zero at launch
     int64_t rows, cols, dy_stride, x_stride, dx_stride;
     int split;
     int stages;          // ring depth, 1..kMaxStages (ring kernels only)
@@ -318,8 +317,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
             if (a.split > 1) {
                 // one row per CTA here (TPR >= 128): row_ok is uniform
                 if (threadIdx.x < 32 && row_ok) {
-                    split_exchange(a.exchange, a.counters, row, slab,
-                                   a.split, c[0], c[1]);
+                    split_exchange(a.exchange, row, slab, a.split, c[0],
+                                   c[1]);
                     if (threadIdx.x == 0) {
                         merged[0] = c[0];
                         merged[1] = c[1];
@@ -543,18 +542,18 @@ inline int bwd_stripes(int64_t groups, int64_t cols, size_t acc_size)
     return n < 1 ? 1 : (int)n;
 }
 
-// Workspace: [stripes][split exchange + counters] must be zero when the
-// kernel starts; [deterministic partials] follow and need no zeroing. A
-// kept workspace (kept_zero) is all zeros between launches: the sum kernel
+// Workspace: [stripes][split exchange] must be zero when the kernel
+// starts; [deterministic partials] follow and need no zeroing. A kept
+// workspace (kept_zero) is all zeros between launches: the sum kernel
 // re-zeroes the stripes or partials it reads, and a launch that splits
 // rows memsets the exchange region after itself as well as before (long
 // rows only, where a memset launch is noise). The memset before is not
-// redundant: it leaves the counters in L2, where the first atomic on each
-// row's counter finds them (cold counters measured ~35% slower on the H100
-// at 4096 x 12288, one DRAM round trip per row step).
+// redundant: it leaves the exchange slots in L2, where the polls find
+// them (cold per-row counters measured ~35% slower on the H100 at
+// 4096 x 12288, one DRAM round trip per row step).
 struct bwd_layout {
     int n_stripes;
-    int64_t exchange, counters, partials, zeroed, total;
+    int64_t exchange, partials, zeroed, total;
 };
 
 template <typename T, typename P>
@@ -573,11 +572,6 @@ bwd_layout plan_layout(const gemsops_layer_norm_bwd_params *p,
     l.exchange = at;
     if (p->dx && s.split > 1) {
         at += round16(p->rows * s.split * 2 * (int64_t)sizeof(A));
-        l.counters = at;
-        at += round16(p->rows * 4);
-    }
-    else {
-        l.counters = at;
     }
     l.zeroed = at;
     l.partials = at;
@@ -644,7 +638,6 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.n_stripes = l.n_stripes;
     a.partials = reinterpret_cast<A *>(ws + l.partials);
     a.exchange = reinterpret_cast<A *>(ws + l.exchange);
-    a.counters = reinterpret_cast<unsigned *>(ws + l.counters);
     a.rows = p->rows;
     a.cols = p->cols;
     a.dy_stride = p->dy_row_stride;

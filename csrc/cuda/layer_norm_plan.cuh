@@ -81,36 +81,79 @@ inline int64_t layer_norm_grid(int64_t rows, layer_norm_shape s,
     return groups * s.split;
 }
 
-// Publishes this CTA's two partials (v0, v1) for `row`, waits until every
-// slab of the row has published, and returns the row's totals in v0, v1.
-// Called by the 32 lanes of one warp, each holding the CTA's partials:
-// lane j loads slabs j, j + 32, ... and a butterfly adds them, so the wait
-// costs two L2 round trips however many slabs the row has (one lane
-// summing the slabs in a loop waited split / 4 round trips: ~4 us a row
-// step at 32 slabs, H100). Every CTA of the group adds the same values in
-// the same tree, so all get the same bits.
-template <typename A>
-__device__ void split_exchange(A *partials, unsigned *counters, int64_t row,
-                               int slab, int split, A &v0, A &v1)
+// Strong (relaxed, gpu-scope) accesses to the exchange slots: another
+// CTA writes what this one polls, so plain loads could sit in L1.
+__device__ __forceinline__ void st_relaxed(float *p, float v)
 {
-    using A2 = std::conditional_t<sizeof(A) == 4, float2, double2>;
+    asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p),
+                 "r"(__float_as_uint(v))
+                 : "memory");
+}
+__device__ __forceinline__ void st_relaxed(double *p, double v)
+{
+    asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p),
+                 "l"(__double_as_longlong(v))
+                 : "memory");
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_bits(const float *p)
+{
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];"
+                 : "=r"(v)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_bits(const double *p)
+{
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];"
+                 : "=l"(v)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ float from_bits(unsigned long long b, float)
+{
+    return __uint_as_float((unsigned)b);
+}
+__device__ __forceinline__ double from_bits(unsigned long long b, double)
+{
+    return __longlong_as_double((long long)b);
+}
+
+// Publishes this CTA's two partials (v0, v1) for `row` and returns the
+// row's totals in v0, v1 once every slab has published. Called by the 32
+// lanes of one warp, each holding the CTA's partials.
+//
+// The slots are zero when the launch starts and each is written once, so
+// a slot's own bits say whether it has arrived: a partial of +0 is
+// written as -0 (it adds the same), and lane j polls slabs j, j + 32, ...
+// until theirs are non-zero. No counter, no fence: the wait is the one
+// L2 round trip of the poll that sees the data. A butterfly then adds
+// the slabs; every CTA of the group adds the same values in the same tree
+// and gets the same bits. (One lane summing the slabs after an acquire on
+// a counter waited ~split / 4 round trips: ~4 us a row step at 32 slabs
+// on the H100.)
+template <typename A>
+__device__ void split_exchange(A *partials, int64_t row, int slab, int split,
+                               A &v0, A &v1)
+{
     const int lane = threadIdx.x % 32;
-    A2 *all = reinterpret_cast<A2 *>(partials) + row * split;
+    A *all = partials + row * split * 2;
     if (lane == 0) {
-        A2 mine;
-        mine.x = v0;
-        mine.y = v1;
-        __stcg(all + slab, mine);
-        release_add(counters + row, 1u);
-    }
-    __syncwarp();
-    while (acquire_load(counters + row) < (unsigned)split) {
+        st_relaxed(all + 2 * slab, v0 == A(0) ? -A(0) : v0);
+        st_relaxed(all + 2 * slab + 1, v1 == A(0) ? -A(0) : v1);
     }
     A s0 = 0, s1 = 0;
     for (int j = lane; j < split; j += 32) {
-        const A2 p = __ldcg(all + j);
-        s0 += p.x;
-        s1 += p.y;
+        unsigned long long b0, b1;
+        do {
+            b0 = ld_relaxed_bits(all + 2 * j);
+            b1 = ld_relaxed_bits(all + 2 * j + 1);
+        } while (b0 == 0 || b1 == 0);
+        s0 += from_bits(b0, A());
+        s1 += from_bits(b1, A());
     }
 #pragma unroll
     for (int off = 16; off > 0; off /= 2) {
