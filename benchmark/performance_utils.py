@@ -102,6 +102,17 @@ def _graph_replay(fn, stream):
     with torch.cuda.stream(stream):
         for _ in range(3):
             fn()
+        # a call that synchronizes (torch's prod backward looks for zeros)
+        # cannot be captured, and a failed capture leaves torch's CUDA
+        # generator unusable: find out before trying
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            fn()
+        except RuntimeError:
+            return None
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     try:
