@@ -205,6 +205,10 @@ class Benchmark:
                 replay = _graph_replay(fn, stream)
                 if replay is not None:
                     return do_bench(replay), True
+                # eager on the stream its forward ran on, so that the
+                # events and the flush share the backward's stream
+                with torch.cuda.stream(stream):
+                    return do_bench(fn), False
             return do_bench(fn), False
 
     def run(self):
