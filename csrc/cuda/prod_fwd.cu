@@ -163,7 +163,13 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
             return st->code;
         }
         const int64_t nvec = pl.vec ? l.len / V : l.len;
-        int64_t G = pow2_ceil(ceil_div(nvec, 4));
+#ifndef GEMSOPS_AB_PROD_VPT
+#define GEMSOPS_AB_PROD_VPT 4
+#endif
+#ifndef GEMSOPS_AB_PROD_WAVES
+#define GEMSOPS_AB_PROD_WAVES 1
+#endif
+        int64_t G = pow2_ceil(ceil_div(nvec, GEMSOPS_AB_PROD_VPT));
         G = G > kProdBlock ? kProdBlock : G;
         prod_rows_shape &r = pl.rows;
         r.G = (int)G;
@@ -173,7 +179,7 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
             // (H100: splitting 1024 rows of 65536 in two measured 7% slower
             // than a CTA per row, so rows >= resident CTAs stay whole)
             int64_t s = resident / l.outer;
-            const int64_t most = nvec / (kProdBlock * 4);
+            const int64_t most = nvec / (kProdBlock * GEMSOPS_AB_PROD_VPT);
             s = s < most ? s : most;
             s = s < 1 ? 1 : s;
             r.seg = ceil_div(nvec, s);
@@ -220,7 +226,9 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     // of CTAs, sized so that every CTA takes the same number of items (give
     // or take one): 1024 rows on 792 slots run as 512 CTAs x 2 rows, not
     // 792 CTAs of which 232 take a second row while the rest idle.
-    const int64_t rounds = pl.ctas > resident ? ceil_div(pl.ctas, resident) : 1;
+    const int64_t rounds = pl.ctas > resident * GEMSOPS_AB_PROD_WAVES
+                               ? ceil_div(pl.ctas, resident * GEMSOPS_AB_PROD_WAVES)
+                               : 1;
     pl.grid = prod_grid(ceil_div(pl.ctas, rounds));
     *out = pl;
     return GEMSOPS_OK;

@@ -135,8 +135,18 @@ template <typename T> struct prod_rows_args {
     prod_acc<T> *partial;     // else partial[row * splits + split]
 };
 
+#ifndef GEMSOPS_AB_PROD_UNROLL
+#define GEMSOPS_AB_PROD_UNROLL 4
+#endif
+#ifdef GEMSOPS_AB_PROD_MINB
+#define GEMSOPS_PROD_ROWS_BOUNDS kProdBlock, GEMSOPS_AB_PROD_MINB
+#else
+#define GEMSOPS_PROD_ROWS_BOUNDS kProdBlock
+#endif
+constexpr int kProdUnroll = GEMSOPS_AB_PROD_UNROLL;
+
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kProdBlock)
+__global__ void __launch_bounds__(GEMSOPS_PROD_ROWS_BOUNDS)
     prod_rows_kernel(const prod_rows_args<T> a)
 {
     using A = prod_acc<T>;
@@ -160,15 +170,15 @@ __global__ void __launch_bounds__(kProdBlock)
                 a.interleaved ? a.nvec : min((s + 1) * a.seg, a.nvec);
             const int64_t step = a.interleaved ? a.splits * G : G;
             int64_t v = (a.interleaved ? s * G : s * a.seg) + lane;
-            // four independent loads in flight before their products
-            for (; v + 3 * step < hi; v += 4 * step) {
-                A t[4][VEC];
+            // kProdUnroll independent loads in flight before their products
+            for (; v + (kProdUnroll - 1) * step < hi; v += kProdUnroll * step) {
+                A t[kProdUnroll][VEC];
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
+                for (int u = 0; u < kProdUnroll; u++) {
                     prod_load_vec<T, VEC>(p + (v + u * step) * VEC, t[u]);
                 }
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
+                for (int u = 0; u < kProdUnroll; u++) {
                     prod_mul<VEC>(acc, t[u]);
                 }
             }

@@ -1,0 +1,41 @@
+"""Forward prod kernel times for A/B runs: gemsops, torch and (when it
+imports) FlagGems, each through the benchmark's do_bench (same flush), one
+line per case.  usage: prod_time.py [case ...]   case = d0,d1,...:which:dtype
+e.g. 4096,4096:d1:float16  268435456:all:bfloat16"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmark"))
+import gemsops  # noqa: E402
+from performance_utils import do_bench  # noqa: E402
+
+DEFAULT = ["268435456:all:float16", "4096,4096:d1:float16",
+           "1024,65536:d1:float16", "65536,1024:d1:float16",
+           "4096,4096:d1:float32", "65536,1024:d1:float32",
+           "64,4096,64:d1:float32", "4096,4096:d0:float16"]
+try:
+    import flag_gems
+except Exception:
+    flag_gems = None
+
+for case in sys.argv[1:] or DEFAULT:
+    sizes, which, dt = case.split(":")
+    shape = [int(s) for s in sizes.split(",")]
+    dim = None if which == "all" else int(which[1:])
+    x = torch.empty(shape, device="cuda").uniform_(0.999, 1.001)
+    x = x.to(getattr(torch, dt))
+    args = () if dim is None else (dim,)
+    ref = torch.prod(x.double(), *args)
+    got = gemsops.prod(x, *args)
+    ok = torch.allclose(got.double(), ref, rtol=1e-2)
+    t = {"gems": do_bench(lambda: gemsops.prod(x, *args)),
+         "torch": do_bench(lambda: torch.prod(x, *args))}
+    if flag_gems is not None:
+        with flag_gems.use_gems():
+            t["flaggems"] = do_bench(lambda: torch.prod(x, *args))
+    gb = x.numel() * x.element_size() / 1e9
+    print(f"{case:28s} " + "  ".join(
+        f"{k} {v * 1e3:7.1f} us {gb / v * 1e3:6.0f} GB/s" for k, v in t.items())
+        + ("" if ok else "  WRONG"), flush=True)
