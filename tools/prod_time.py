@@ -30,6 +30,16 @@ for case in sys.argv[1:] or DEFAULT:
     ref = torch.prod(x.double(), *args)
     got = gemsops.prod(x, *args)
     ok = torch.allclose(got.double(), ref, rtol=1e-2)
+    calls = int(os.environ.get("PROD_CALLS", "0"))
+    if calls:
+        for _ in range(calls):
+            gemsops.prod(x, *args)
+        if flag_gems is not None:
+            with flag_gems.use_gems():
+                for _ in range(calls):
+                    torch.prod(x, *args)
+        torch.cuda.synchronize()
+        continue
     t = {"gems": do_bench(lambda: gemsops.prod(x, *args)),
          "torch": do_bench(lambda: torch.prod(x, *args))}
     if flag_gems is not None:
