@@ -79,6 +79,9 @@ class BuildExt(build_ext):
     def build_extensions(self):
         nvcc = find_nvcc()
         ext = self.extensions[0]
+        # headers are invisible to distutils' staleness check otherwise
+        ext.depends += [str(p) for p in list((ROOT / "include").rglob("*.h")) +
+                        list((ROOT / "csrc").rglob("*.h"))]
         if nvcc is None:
             print("gemsops: nvcc not found (or GEMSOPS_CUDA=0): building the "
                   "CPU-only extension", file=sys.stderr)
@@ -86,7 +89,11 @@ class BuildExt(build_ext):
         else:
             print(f"gemsops: building CUDA kernels with {nvcc} "
                   f"({' '.join(gencode_flags())})", file=sys.stderr)
-            ext.extra_objects += self.compile_cuda(nvcc)
+            objects = self.compile_cuda(nvcc)
+            ext.extra_objects += objects
+            # distutils relinks only when a listed source or dependency is
+            # newer than the module: a kernel rebuilt alone must count too
+            ext.depends += objects
             ext.library_dirs.append(cuda_lib_dir(nvcc))
             ext.libraries += ["cudart_static", "rt", "pthread", "dl"]
             ext.extra_link_args.append("-lstdc++")

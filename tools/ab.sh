@@ -15,6 +15,7 @@ for flags in "$@" "$1"; do
     touch "$AB_FILE"
     NVCC_APPEND_FLAGS="$flags" python3 setup.py build_ext --inplace \
         > "$OUT/build_ab.log" 2>&1 || tail -20 "$OUT/build_ab.log"
+    grep -q "building 'gemsops._C'" "$OUT/build_ab.log" || echo "!! not relinked"
     echo "== variant $n: ${flags:-(as committed)}"
     eval "$timer" | tee "$OUT/ab_$n.txt"
     n=$((n + 1))

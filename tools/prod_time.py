@@ -11,7 +11,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmark"))
 import gemsops  # noqa: E402
 from performance_utils import do_bench  # noqa: E402
 
-DEFAULT = ["268435456:all:float16", "4096,4096:d1:float16",
+DEFAULT = ["268435456:all:float16", "1048576:all:float16", "1048576:all:float32",
+           "4096,4096:d1:float16",
            "1024,65536:d1:float16", "65536,1024:d1:float16",
            "4096,4096:d1:float32", "65536,1024:d1:float32",
            "64,4096,64:d1:float32", "4096,4096:d0:float16"]
@@ -45,6 +46,17 @@ for case in sys.argv[1:] or DEFAULT:
     if flag_gems is not None:
         with flag_gems.use_gems():
             t["flaggems"] = do_bench(lambda: torch.prod(x, *args))
+    if os.environ.get("PROD_KERNELS"):
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                gemsops.prod(x, *args)
+            torch.cuda.synchronize()
+        ev = {}
+        for e in prof.events():
+            if e.device_type.name == "CUDA":
+                ev.setdefault(e.name.split("(")[0][-40:], []).append(e.device_time)
+        print("   kernels:", {k: round(sum(v) / len(v), 1) for k, v in ev.items()})
     gb = x.numel() * x.element_size() / 1e9
     print(f"{case:28s} " + "  ".join(
         f"{k} {v * 1e3:7.1f} us {gb / v * 1e3:6.0f} GB/s" for k, v in t.items())

@@ -82,6 +82,7 @@ __global__ void __launch_bounds__(kProdBlock)
 template <typename T> struct prod_combine_args {
     const prod_acc<T> *partial;
     int64_t outer, splits, inner;
+    int G; // inner == 1: threads per output (32, or the CTA for many splits)
     prod_out<T> *out;
 };
 
@@ -90,20 +91,29 @@ __global__ void __launch_bounds__(kProdBlock)
     prod_combine_kernel(const prod_combine_args<T> a)
 {
     using A = prod_acc<T>;
-    if (a.inner == 1) { // a warp per output: lanes stride the partials
-        const int64_t gthreads = (int64_t)gridDim.x * blockDim.x;
-        const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-        const int lane = threadIdx.x % 32;
-        for (int64_t o = tid / 32; o < a.outer; o += gthreads / 32) {
-            A v = A(1);
-            for (int64_t s = lane; s < a.splits; s += 32) {
-                v *= a.partial[o * a.splits + s];
+    if (a.inner == 1) { // G lanes stride one output's partials
+        __shared__ A warp_part[kProdBlock / 32];
+        const int per_cta = kProdBlock / a.G, lane = threadIdx.x % a.G;
+        for (int64_t b = blockIdx.x; b < ceil_div(a.outer, per_cta);
+             b += gridDim.x) {
+            const int64_t o = b * per_cta + threadIdx.x / a.G;
+            A v[4] = {A(1), A(1), A(1), A(1)}; // four loads in flight
+            if (o < a.outer) {
+                const A *p = a.partial + o * a.splits;
+                int64_t s = lane;
+                for (; s + 3 * a.G < a.splits; s += 4 * a.G) {
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        v[u] *= p[s + u * a.G];
+                    }
+                }
+                for (; s < a.splits; s += a.G) {
+                    v[0] *= p[s];
+                }
             }
-            for (int off = 16; off > 0; off /= 2) {
-                v *= __shfl_xor_sync(0xffffffffu, v, off);
-            }
-            if (lane == 0) {
-                a.out[o] = prod_store<prod_out<T>>(v);
+            const A r = prod_group(prod_fold<4>(v), a.G, warp_part);
+            if (lane == 0 && o < a.outer) {
+                a.out[o] = prod_store<prod_out<T>>(r);
             }
         }
         return;
@@ -140,6 +150,7 @@ struct fwd_plan {
     bool vec;              // 16-byte accesses are legal
     prod_rows_shape rows;  // kind == rows
     prod_cols_shape cols;  // kind == cols
+    bool interleaved = true; // rows: splits interleave
     int64_t partials;      // accumulator values in the workspace
     int64_t ctas;          // work items of the first launch
     int grid;              // its CTAs (at most one resident wave)
@@ -184,6 +195,11 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
             s = s < 1 ? 1 : s;
             r.seg = ceil_div(nvec, s);
             r.splits = ceil_div(nvec, r.seg);
+#ifdef GEMSOPS_AB_PROD_MANY
+            r.seg = kProdBlock * GEMSOPS_AB_PROD_VPT;
+            r.splits = ceil_div(nvec, r.seg);
+            pl.interleaved = false;
+#endif
         }
         pl.partials = r.splits > 1 ? l.outer * r.splits : 0;
         pl.ctas = ceil_div(l.outer, kProdBlock / r.G) * r.splits;
@@ -264,11 +280,11 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
     O *out = (O *)p->out;
     A *part = pl.partials > 0 ? (A *)p->workspace : nullptr;
     const int grid = pl.grid;
-    prod_combine_args<T> c{part, 1, 1, 1, out};
+    prod_combine_args<T> c{part, 1, 1, 1, 32, out};
     if (l.kind == prod_kind::rows) {
         const prod_rows_args<T> a{x,          l.outer,        l.outer_stride,
                                   pl.vec ? l.len / V : l.len, pl.rows.G,
-                                  pl.rows.splits, pl.rows.seg, true, out,
+                                  pl.rows.splits, pl.rows.seg, pl.interleaved, out,
                                   part};
         if (pl.vec) {
             prod_rows_kernel<T, V><<<grid, kProdBlock, 0, stream>>>(a);
@@ -277,7 +293,7 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
             prod_rows_kernel<T, 1><<<grid, kProdBlock, 0, stream>>>(a);
         }
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_rows_kernel");
-        c = {part, l.outer, pl.rows.splits, 1, out};
+        c = {part, l.outer, pl.rows.splits, 1, 32, out};
     }
     else if (l.kind == prod_kind::cols) {
         const prod_cols_shape &cs = pl.cols;
@@ -292,7 +308,7 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
             prod_cols_kernel<T, 1><<<grid, kProdBlock, 0, stream>>>(a);
         }
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_cols_kernel");
-        c = {part, l.outer, cs.splits, l.inner, out};
+        c = {part, l.outer, cs.splits, l.inner, 32, out};
     }
     else {
         prod_generic_args<T> a{};
@@ -309,10 +325,13 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
         a.partial = part;
         prod_generic_kernel<T><<<grid, kProdBlock, 0, stream>>>(a);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_generic_kernel");
-        c = {part, 1, a.lines, 1, out};
+        c = {part, 1, a.lines, 1, 32, out};
     }
     if (part != nullptr) {
-        const int64_t ctas = c.inner == 1 ? ceil_div(c.outer * 32, kProdBlock)
+        // a CTA per output when the partials are many (a warp would walk
+        // them in splits / 128 dependent rounds)
+        c.G = c.inner == 1 && c.splits >= 4 * kProdBlock ? kProdBlock : 32;
+        const int64_t ctas = c.inner == 1 ? ceil_div(c.outer * c.G, kProdBlock)
                                           : c.outer * ceil_div(c.inner, 32);
         prod_combine_kernel<T>
             <<<prod_grid(ctas), kProdBlock, 0, stream>>>(c);

@@ -19,7 +19,10 @@
 
 namespace gemsops {
 
-constexpr int kProdBlock = 256;
+#ifndef GEMSOPS_AB_PROD_BLOCK
+#define GEMSOPS_AB_PROD_BLOCK 256
+#endif
+constexpr int kProdBlock = GEMSOPS_AB_PROD_BLOCK;
 
 enum class prod_kind { rows, cols, generic };
 

@@ -50,19 +50,58 @@ template <typename O, typename A> __device__ __forceinline__ O prod_store(A v)
     }
 }
 
-// VEC elements at p (one access when VEC > 1), widened to A.
+// VEC elements at p as they are stored: one access when VEC > 1. Loops
+// fetch a whole batch before widening any of it, so that the batch's loads
+// are in flight together (a load followed at once by its conversions makes
+// the next load wait for the first one's data).
+template <typename T, int VEC>
+__device__ __forceinline__ vec_t<T, VEC> prod_fetch(const T *p)
+{
+    if constexpr (VEC == 1) {
+        vec_t<T, 1> w;
+        w.v[0] = *p;
+        return w;
+    }
+#ifdef GEMSOPS_AB_PROD_LD
+    else if constexpr (sizeof(T) * VEC == 16) {
+        vec_t<T, VEC> w;
+        uint4 &r = *reinterpret_cast<uint4 *>(&w);
+#if GEMSOPS_AB_PROD_LD == 256
+        asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0,%1,%2,%3}, [%4];"
+#elif GEMSOPS_AB_PROD_LD == 128
+        asm("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0,%1,%2,%3}, [%4];"
+#else
+        asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+#endif
+            : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+            : "l"(p));
+        return w;
+    }
+#endif
+    else {
+        return load_vec<T, VEC>(p);
+    }
+}
+
+// acc[k] *= w[k], widened to A.
+template <int VEC, typename A, typename T>
+__device__ __forceinline__ void prod_mul_raw(A (&acc)[VEC],
+                                             const vec_t<T, VEC> &w)
+{
+#pragma unroll
+    for (int k = 0; k < VEC; k++) {
+        acc[k] *= prod_load<A>(w.v[k]);
+    }
+}
+
+// VEC elements at p, widened to A.
 template <typename T, int VEC, typename A>
 __device__ __forceinline__ void prod_load_vec(const T *p, A (&v)[VEC])
 {
-    if constexpr (VEC == 1) {
-        v[0] = prod_load<A>(*p);
-    }
-    else {
-        const vec_t<T, VEC> w = load_vec<T, VEC>(p);
+    const vec_t<T, VEC> w = prod_fetch<T, VEC>(p);
 #pragma unroll
-        for (int k = 0; k < VEC; k++) {
-            v[k] = prod_load<A>(w.v[k]);
-        }
+    for (int k = 0; k < VEC; k++) {
+        v[k] = prod_load<A>(w.v[k]);
     }
 }
 
@@ -172,14 +211,14 @@ __global__ void __launch_bounds__(GEMSOPS_PROD_ROWS_BOUNDS)
             int64_t v = (a.interleaved ? s * G : s * a.seg) + lane;
             // kProdUnroll independent loads in flight before their products
             for (; v + (kProdUnroll - 1) * step < hi; v += kProdUnroll * step) {
-                A t[kProdUnroll][VEC];
+                vec_t<T, VEC> w[kProdUnroll];
 #pragma unroll
                 for (int u = 0; u < kProdUnroll; u++) {
-                    prod_load_vec<T, VEC>(p + (v + u * step) * VEC, t[u]);
+                    w[u] = prod_fetch<T, VEC>(p + (v + u * step) * VEC);
                 }
 #pragma unroll
                 for (int u = 0; u < kProdUnroll; u++) {
-                    prod_mul<VEC>(acc, t[u]);
+                    prod_mul_raw(acc, w[u]);
                 }
             }
             for (; v < hi; v += step) {
@@ -243,14 +282,14 @@ __global__ void __launch_bounds__(kProdBlock)
             const int64_t rstep = a.interleaved ? a.splits * TY : TY;
             int64_t r = (a.interleaved ? s * TY : s * a.rchunk) + ty;
             for (; r + 3 * rstep < hi; r += 4 * rstep) {
-                A t[4][VEC];
+                vec_t<T, VEC> w[4];
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    prod_load_vec<T, VEC>(p + (r + u * rstep) * a.step, t[u]);
+                    w[u] = prod_fetch<T, VEC>(p + (r + u * rstep) * a.step);
                 }
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    prod_mul<VEC>(acc, t[u]);
+                    prod_mul_raw(acc, w[u]);
                 }
             }
             for (; r < hi; r += rstep) {
