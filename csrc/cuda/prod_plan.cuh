@@ -19,10 +19,7 @@
 
 namespace gemsops {
 
-#ifndef GEMSOPS_AB_PROD_BLOCK
-#define GEMSOPS_AB_PROD_BLOCK 256
-#endif
-constexpr int kProdBlock = GEMSOPS_AB_PROD_BLOCK;
+constexpr int kProdBlock = 256;
 
 enum class prod_kind { rows, cols, generic };
 
