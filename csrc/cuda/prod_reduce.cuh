@@ -257,7 +257,7 @@ template <typename T> struct prod_cols_args {
     prod_acc<T> *partial;        // else partial[(o * splits + s) * I + i]
 };
 
-template <typename T, int VEC, bool L2_HINT>
+template <typename T, int VEC, bool L2_HINT = false>
 __global__ void __launch_bounds__(kProdBlock)
     prod_cols_kernel(const prod_cols_args<T> a)
 {
