@@ -8,7 +8,7 @@
 // Work split (prod_plan.cuh names the layouts):
 //   rows (reduced dim innermost, and every dense full product): G threads
 //     per row, G = the power of two that gives each thread about eight
-//     16-byte vectors (one batch of loads in flight), up to the whole CTA; when there are fewer long rows
+//     16-byte vectors, up to the whole CTA; when there are fewer long rows
 //     than resident CTAs, each row splits over several CTAs, each writing
 //     a partial. Splits interleave (CTA s takes every splits-th stretch of
 //     G vectors): all CTAs stream through one window of memory, which DRAM
@@ -23,8 +23,8 @@
 //   generic (anything else: kept dims that do not coalesce, the reduced
 //     dim strided with no unit-stride column): a thread per output.
 //   A CTA per work item; splits are sized to fill one wave of resident
-//   CTAs (the occupancy calculator's count). Per-dim rows and wide columns
-//   load with a 128-byte L2 fetch hint (prod_fetch in prod_reduce.cuh).
+//   CTAs (the occupancy calculator's count). Whole rows load eight vectors
+//   a thread at once with a 128-byte L2 fetch hint (prod_reduce.cuh).
 //   Partials (fp32/fp64/uint64) are multiplied by one small second launch
 //   (a warp per output, or a CTA when the partials are many; for columns
 //   32 adjacent outputs per CTA, its warps striding the splits), in a fixed
@@ -151,7 +151,7 @@ struct fwd_plan {
     bool vec;              // 16-byte accesses are legal
     prod_rows_shape rows;  // kind == rows
     prod_cols_shape cols;  // kind == cols
-    bool l2_hint;          // 128-byte L2 fetches (prod_fetch says where)
+    bool l2_hint;          // rows: U = 8 loads, 128-byte L2 fetches
     int64_t partials;      // accumulator values in the workspace
     int64_t ctas;          // work items of the first launch
     int grid;              // its CTAs (at most one resident wave)
@@ -169,13 +169,13 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     int resident = 1;
     if (l.kind == prod_kind::rows) {
         pl.vec = base_ok && l.len % V == 0 && l.outer_stride % V == 0;
-        const void *k = pl.vec ? (const void *)prod_rows_kernel<T, V, false>
-                               : (const void *)prod_rows_kernel<T, 1, false>;
+        const void *k = pl.vec ? (const void *)prod_rows_kernel<T, V>
+                               : (const void *)prod_rows_kernel<T, 1>;
         if (resident_ctas(k, dev, kProdBlock, 0, &resident, st) != GEMSOPS_OK) {
             return st->code;
         }
         const int64_t nvec = pl.vec ? l.len / V : l.len;
-        int64_t G = pow2_ceil(ceil_div(nvec, kProdUnroll));
+        int64_t G = pow2_ceil(ceil_div(nvec, 8)); // 8 vectors a thread
         G = G > kProdBlock ? kProdBlock : G;
         prod_rows_shape &r = pl.rows;
         r.G = (int)G;
@@ -185,7 +185,7 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
             // (H100: splitting 1024 rows of 65536 in two measured 7% slower
             // than a CTA per row, so rows >= resident CTAs stay whole)
             int64_t s = resident / l.outer;
-            const int64_t most = nvec / (kProdBlock * kProdUnroll);
+            const int64_t most = nvec / (kProdBlock * 4);
             s = s < most ? s : most;
             s = s < 1 ? 1 : s;
             r.seg = ceil_div(nvec, s);
@@ -198,8 +198,8 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     else if (l.kind == prod_kind::cols) {
         pl.vec = base_ok && l.inner % V == 0 && l.outer_stride % V == 0 &&
                  l.step % V == 0;
-        const void *k = pl.vec ? (const void *)prod_cols_kernel<T, V, false>
-                               : (const void *)prod_cols_kernel<T, 1, false>;
+        const void *k = pl.vec ? (const void *)prod_cols_kernel<T, V>
+                               : (const void *)prod_cols_kernel<T, 1>;
         if (resident_ctas(k, dev, kProdBlock, 0, &resident, st) != GEMSOPS_OK) {
             return st->code;
         }
@@ -221,7 +221,6 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         c.rchunk = ceil_div(l.len, s);
         c.splits = ceil_div(l.len, c.rchunk);
         pl.partials = c.splits > 1 ? l.outer * c.splits * l.inner : 0;
-        pl.l2_hint = pl.vec && c.tx == 32; // 512-byte runs per row
         pl.ctas = base * c.splits;
     }
     else {
@@ -275,14 +274,14 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
                                   part};
         if (pl.vec) {
             if (pl.l2_hint) {
-                prod_rows_kernel<T, V, true><<<grid, kProdBlock, 0, stream>>>(a);
+                prod_rows_kernel<T, V, true, 8><<<grid, kProdBlock, 0, stream>>>(a);
             }
             else {
-                prod_rows_kernel<T, V, false><<<grid, kProdBlock, 0, stream>>>(a);
+                prod_rows_kernel<T, V><<<grid, kProdBlock, 0, stream>>>(a);
             }
         }
         else {
-            prod_rows_kernel<T, 1, false><<<grid, kProdBlock, 0, stream>>>(a);
+            prod_rows_kernel<T, 1><<<grid, kProdBlock, 0, stream>>>(a);
         }
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_rows_kernel");
         c = {part, l.outer, pl.rows.splits, 1, 32, out};
@@ -294,15 +293,10 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
                                   cs.tx,   cs.ivecs,   cs.iblocks,
                                   cs.splits, cs.rchunk, true, out, part};
         if (pl.vec) {
-            if (pl.l2_hint) {
-                prod_cols_kernel<T, V, true><<<grid, kProdBlock, 0, stream>>>(a);
-            }
-            else {
-                prod_cols_kernel<T, V, false><<<grid, kProdBlock, 0, stream>>>(a);
-            }
+            prod_cols_kernel<T, V><<<grid, kProdBlock, 0, stream>>>(a);
         }
         else {
-            prod_cols_kernel<T, 1, false><<<grid, kProdBlock, 0, stream>>>(a);
+            prod_cols_kernel<T, 1><<<grid, kProdBlock, 0, stream>>>(a);
         }
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_cols_kernel");
         c = {part, l.outer, cs.splits, l.inner, 32, out};

@@ -54,12 +54,11 @@ template <typename O, typename A> __device__ __forceinline__ O prod_store(A v)
 // fetch a whole batch before widening any of it.
 //
 // L2_HINT: a read-only 16-byte load that asks L2 to fetch 128 bytes from
-// DRAM on a miss (ld.global.nc.L2::128B). Where a warp reads one 512-byte
-// run per row (per-dim rows, wide columns), H100 timings in one run: 4096 x
-// 4096 fp16 dim 1 25.8 -> 18.7 us, 65536 x 1024 62.6 -> 51.2, 4096 x 4096
-// fp32 36.6 -> 29.9. Left out where it measured slower: the interleaved
-// full product (2^28 fp32 364 -> 380 us) and narrow columns (64 x 4096 x
-// 64 fp32 40 -> 45).
+// DRAM on a miss (ld.global.nc.L2::128B): faster where each row is a run
+// of its own (per-dim rows; numbers at prod_rows_kernel). Not used where
+// it measured slower or mixed: the interleaved full product (2^28 fp32
+// 364 -> 380 us), columns (64 x 4096 x 64 fp32 40 -> 45 us; 1024^3 dim 1
+// bf16 706 -> 766 us).
 template <typename T, int VEC, bool L2_HINT = false>
 __device__ __forceinline__ vec_t<T, VEC> prod_fetch(const T *p)
 {
@@ -172,12 +171,12 @@ template <typename T> struct prod_rows_args {
     prod_acc<T> *partial;     // else partial[row * splits + split]
 };
 
-// Loads in flight per thread before their products (rows): 8 x 16 bytes.
-// H100, one run: 2^28 fp16 199.8 -> 191.9 us against 4 (with G sized for
-// about 8 vectors a thread and a CTA per work item).
-constexpr int kProdUnroll = 8;
-
-template <typename T, int VEC, bool L2_HINT = false>
+// Rows: each thread keeps U loads of VEC elements in flight before their
+// products. The forward's per-dim rows take U = 8 with the L2 hint (H100,
+// one run, bf16: 4096 x 4096 dim 1 26.0 -> 20.7 us, 65536 x 1024 63.1 ->
+// 53.5, 1024 x 65536 64.7 -> 55.2); split rows (full products) and the
+// backward keep U = 4, whose products round in the order the tests pinned.
+template <typename T, int VEC, bool L2_HINT = false, int U = 4>
 __global__ void __launch_bounds__(kProdBlock)
     prod_rows_kernel(const prod_rows_args<T> a)
 {
@@ -202,28 +201,28 @@ __global__ void __launch_bounds__(kProdBlock)
                 a.interleaved ? a.nvec : min((s + 1) * a.seg, a.nvec);
             const int64_t step = a.interleaved ? a.splits * G : G;
             int64_t v = (a.interleaved ? s * G : s * a.seg) + lane;
-            // kProdUnroll independent loads in flight before their products
-            for (; v + (kProdUnroll - 1) * step < hi; v += kProdUnroll * step) {
-                vec_t<T, VEC> w[kProdUnroll];
+            // U independent loads in flight before their products
+            for (; v + (U - 1) * step < hi; v += U * step) {
+                vec_t<T, VEC> w[U];
 #pragma unroll
-                for (int u = 0; u < kProdUnroll; u++) {
+                for (int u = 0; u < U; u++) {
                     w[u] = prod_fetch<T, VEC, L2_HINT>(p + (v + u * step) * VEC);
                 }
 #pragma unroll
-                for (int u = 0; u < kProdUnroll; u++) {
+                for (int u = 0; u < U; u++) {
                     prod_mul_raw(acc, w[u]);
                 }
             }
-            if (v < hi) { // fewer than kProdUnroll left: one guarded batch
-                vec_t<T, VEC> w[kProdUnroll];
+            if (v < hi) { // fewer than U left: one guarded batch
+                vec_t<T, VEC> w[U];
 #pragma unroll
-                for (int u = 0; u < kProdUnroll; u++) {
+                for (int u = 0; u < U; u++) {
                     if (v + u * step < hi) {
                         w[u] = prod_fetch<T, VEC, L2_HINT>(p + (v + u * step) * VEC);
                     }
                 }
 #pragma unroll
-                for (int u = 0; u < kProdUnroll; u++) {
+                for (int u = 0; u < U; u++) {
                     if (v + u * step < hi) {
                         prod_mul_raw(acc, w[u]);
                     }
@@ -257,7 +256,7 @@ template <typename T> struct prod_cols_args {
     prod_acc<T> *partial;        // else partial[(o * splits + s) * I + i]
 };
 
-template <typename T, int VEC, bool L2_HINT = false>
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kProdBlock)
     prod_cols_kernel(const prod_cols_args<T> a)
 {
@@ -288,7 +287,7 @@ __global__ void __launch_bounds__(kProdBlock)
                 vec_t<T, VEC> w[4];
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
-                    w[u] = prod_fetch<T, VEC, L2_HINT>(p + (r + u * rstep) * a.step);
+                    w[u] = prod_fetch<T, VEC>(p + (r + u * rstep) * a.step);
                 }
 #pragma unroll
                 for (int u = 0; u < 4; u++) {
