@@ -8,7 +8,7 @@ import gemsops
 g = torch.Generator(device="cuda").manual_seed(0)
 bad = 0
 for n in (1 << 20, 1 << 22, 3 << 20, 1000003, 1 << 25):
-    for dt in (torch.float16, torch.float32):
+    for dt in (torch.float16, torch.bfloat16, torch.float32):
         x = torch.ones(n, device="cuda", dtype=dt)
         idx = torch.randint(0, n, (64,), device="cuda", generator=g).unique()
         x[idx[: len(idx) // 2]] = 2.0

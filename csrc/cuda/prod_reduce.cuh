@@ -171,13 +171,30 @@ template <typename T> struct prod_rows_args {
     prod_acc<T> *partial;     // else partial[row * splits + split]
 };
 
+// CTAs a SM the four-load kernel is compiled for (0: no bound). bf16 and
+// fp32 take four (64 registers: 16 KB in flight a CTA); at their natural
+// 74-80 registers only three fit, and the interleaved full product could
+// not keep DRAM busy (H100, same-run A/B/A: 2^28 bf16 221.7 -> 192.0 us,
+// fp32 375.7 -> 364.1 us; 1024^3 bf16 820.8 -> 709.8). fp16 already fits
+// in 64; the eight-load and integer kernels keep what they need.
+template <typename T, int U, bool L2_HINT> constexpr int prod_rows_min_ctas()
+{
+    constexpr bool four = std::is_same_v<T, float> ||
+                          std::is_same_v<T, __nv_bfloat16>;
+    return four && !L2_HINT && U == 4 ? 4 : 0;
+}
+
 // Rows: each thread keeps U loads of VEC elements in flight before their
 // products. The forward's per-dim rows take U = 8 with the L2 hint (H100,
 // one run, bf16: 4096 x 4096 dim 1 26.0 -> 20.7 us, 65536 x 1024 63.1 ->
 // 53.5, 1024 x 65536 64.7 -> 55.2); split rows (full products) and the
-// backward keep U = 4, whose products round in the order the tests pinned.
+// backward keep U = 4. A split row is a grid-stride loop (interleaved),
+// so each lane multiplies a long serial chain: near-one products round with
+// a downward bias where a partial product crosses 1.0, and short chains
+// under a tree cross it far more often (2^27 fp32 near one, emulated: 64 KB
+// contiguous pieces a CTA -13.8%, this loop -5.6%, torch.prod ~9%).
 template <typename T, int VEC, bool L2_HINT = false, int U = 4>
-__global__ void __launch_bounds__(kProdBlock)
+__global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>())
     prod_rows_kernel(const prod_rows_args<T> a)
 {
     using A = prod_acc<T>;
