@@ -300,14 +300,18 @@ __global__ void __launch_bounds__(kProdBlock)
                 a.interleaved ? a.len : min((s + 1) * a.rchunk, a.len);
             const int64_t rstep = a.interleaved ? a.splits * TY : TY;
             int64_t r = (a.interleaved ? s * TY : s * a.rchunk) + ty;
-            for (; r + 3 * rstep < hi; r += 4 * rstep) {
-                vec_t<T, VEC> w[4];
+#ifndef GEMSOPS_AB_COLS_U
+#define GEMSOPS_AB_COLS_U 4
+#endif
+            constexpr int CU = GEMSOPS_AB_COLS_U;
+            for (; r + (CU - 1) * rstep < hi; r += CU * rstep) {
+                vec_t<T, VEC> w[CU];
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
+                for (int u = 0; u < CU; u++) {
                     w[u] = prod_fetch<T, VEC>(p + (r + u * rstep) * a.step);
                 }
 #pragma unroll
-                for (int u = 0; u < 4; u++) {
+                for (int u = 0; u < CU; u++) {
                     prod_mul_raw(acc, w[u]);
                 }
             }
