@@ -172,11 +172,13 @@ template <typename T> struct prod_rows_args {
 };
 
 // CTAs a SM the four-load kernel is compiled for (0: no bound). bf16 and
-// fp32 take four (64 registers: 16 KB in flight a CTA); at their natural
-// 74-80 registers only three fit, and the interleaved full product could
-// not keep DRAM busy (H100, same-run A/B/A: 2^28 bf16 221.7 -> 192.0 us,
-// fp32 375.7 -> 364.1 us; 1024^3 bf16 820.8 -> 709.8). fp16 already fits
-// in 64; the eight-load and integer kernels keep what they need.
+// fp32 take four (64 registers: 16 KB in flight a CTA). Unbounded, ptxas
+// gave bf16 74-80 registers, so three CTAs a SM, and the interleaved full
+// product could not keep DRAM busy; fp32 (61-64 unbounded) also measured
+// faster bounded (H100, same-run A/B/A: 2^28 bf16 221.7 -> 192.0 us, fp32
+// 375.7 -> 364.1 us; 1024^3 bf16 820.8 -> 709.8). fp16 fits in 64 as it
+// is; the eight-load and integer kernels keep what they need. (An explicit
+// minimum of 1 is not "no bound": it changed ptxas's register choices.)
 template <typename T, int U, bool L2_HINT> constexpr int prod_rows_min_ctas()
 {
     constexpr bool four = std::is_same_v<T, float> ||
