@@ -41,7 +41,31 @@ __host__ __device__ constexpr int fwd_rows_at_once(int, int) { return 1; }
 // barriers, and 512 threads holding 32 half elements each need more than
 // the 64 registers two such CTAs per SM leave; longer rows go to the
 // looped kernel.
-template <typename T> constexpr int fwd_max_tpr() { return sizeof(T) == 2 ? 256 : 512; }
+#ifndef GEMSOPS_AB_FWD_MAX_TPR_HALF
+#define GEMSOPS_AB_FWD_MAX_TPR_HALF 256
+#endif
+#ifndef GEMSOPS_AB_FWD_MAX_TPR_WIDE
+#define GEMSOPS_AB_FWD_MAX_TPR_WIDE 512
+#endif
+template <typename T> constexpr int fwd_max_tpr()
+{
+    return sizeof(T) == 2 ? GEMSOPS_AB_FWD_MAX_TPR_HALF
+                          : sizeof(T) == 4 ? GEMSOPS_AB_FWD_MAX_TPR_WIDE : 512;
+}
+
+#ifndef GEMSOPS_AB_FWD_BF16_OPAQUE
+#define GEMSOPS_AB_FWD_BF16_OPAQUE 0
+#endif
+template <typename A, typename T> __device__ __forceinline__ A widen(T v) { return to_acc<A>(v); }
+#if GEMSOPS_AB_FWD_BF16_OPAQUE
+template <> __device__ __forceinline__ float widen<float, __nv_bfloat16>(__nv_bfloat16 v)
+{
+    float f;
+    const unsigned short z = 0;
+    asm volatile("mov.b32 %0, {%1, %2};" : "=f"(f) : "h"(z), "h"(__bfloat16_as_ushort(v)));
+    return f;
+}
+#endif
 
 template <typename T, typename P> struct fwd_args {
     const T *x;
@@ -57,7 +81,13 @@ template <typename T, typename P> struct fwd_args {
 // Register budget: 768 resident threads per SM (<= 85 registers), and at
 // least two CTAs of 512 (64 registers), so that one CTA's barriers overlap
 // another's loads.
-constexpr int fwd_min_ctas(int block) { return block >= 512 ? 2 : 768 / block; }
+#ifndef GEMSOPS_AB_FWD_SM_THREADS
+#define GEMSOPS_AB_FWD_SM_THREADS 768
+#endif
+constexpr int fwd_min_ctas(int block)
+{
+    return block >= 1024 ? 1 : block >= 512 ? 2 : GEMSOPS_AB_FWD_SM_THREADS / block;
+}
 
 template <typename T, typename P, int TPR, int VEC>
 __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
@@ -115,7 +145,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             for (int i = 0; i < ITEMS; i++) {
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    s[r] += to_acc<A>(xv[r][i].v[v]);
+                    s[r] += widen<A>(xv[r][i].v[v]);
                 }
             }
         }
@@ -129,7 +159,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             for (int i = 0; i < ITEMS; i++) {
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    const A d = to_acc<A>(xv[r][i].v[v]) - slab_mean[r];
+                    const A d = widen<A>(xv[r][i].v[v]) - slab_mean[r];
                     m2[r] += (i * STEP + v < lim) ? d * d : A(0);
                 }
             }
@@ -166,7 +196,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                 A out[VEC];
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    A y = (to_acc<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
+                    A y = (widen<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
                     if (a.w) {
                         y *= to_acc<A>(wv.v[v]);
                     }
@@ -412,6 +442,11 @@ int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, int tpr,
     case 512:
         if constexpr (fwd_max_tpr<T>() >= 512) {
             return run<T, P, 512, VEC>(p, st);
+        }
+        [[fallthrough]];
+    case 1024:
+        if constexpr (fwd_max_tpr<T>() >= 1024) {
+            return run<T, P, 1024, VEC>(p, st);
         }
         [[fallthrough]];
     default:
