@@ -37,35 +37,30 @@ template <typename T> __host__ __device__ constexpr int fwd_elems()
 // in flight, and registers go to occupancy.
 __host__ __device__ constexpr int fwd_rows_at_once(int, int) { return 1; }
 
-// Widest thread group per row: 1024-thread CTAs spend too long in
-// barriers, and 512 threads holding 32 half elements each need more than
-// the 64 registers two such CTAs per SM leave; longer rows go to the
-// looped kernel.
-#ifndef GEMSOPS_AB_FWD_MAX_TPR_HALF
-#define GEMSOPS_AB_FWD_MAX_TPR_HALF 256
-#endif
-#ifndef GEMSOPS_AB_FWD_MAX_TPR_WIDE
-#define GEMSOPS_AB_FWD_MAX_TPR_WIDE 512
-#endif
-template <typename T> constexpr int fwd_max_tpr()
-{
-    return sizeof(T) == 2 ? GEMSOPS_AB_FWD_MAX_TPR_HALF
-                          : sizeof(T) == 4 ? GEMSOPS_AB_FWD_MAX_TPR_WIDE : 512;
-}
+// Widest thread group per row: 1024 threads hold rows up to 32768 half or
+// 16384 fp32 elements in registers, read once. (H100, same-run A/B against
+// 256/512 and the looped kernel: 2048 x 16384 bf16 66.0 -> 54.6 us, fp16
+// 65.1 -> 61.0, fp32 109.8 -> 100.0; 4096 x 12288 bf16 90.1 -> 81.6, fp32
+// 157.6 -> 150.1. A lone 1024-thread CTA per SM idles in its barriers, but
+// the second pass over L2 of the looped kernel cost more.) Longer rows go
+// to the looped kernel; fp64 stops at 512 (its registers double).
+template <typename T> constexpr int fwd_max_tpr() { return sizeof(T) == 8 ? 512 : 1024; }
 
-#ifndef GEMSOPS_AB_FWD_BF16_OPAQUE
-#define GEMSOPS_AB_FWD_BF16_OPAQUE 0
-#endif
+// Widening bf16 is one instruction (a shift or mask), so the compiler
+// widens each element once and keeps all E fp32 values live across the
+// row reductions: 71 registers, three 256-thread CTAs per SM. As an opaque
+// move it is redone in each pass, as fp16's conversion already is: 64
+// registers, four CTAs (8192 x 8192 bf16 100.5 -> 98.1 us, 4096 x 768
+// 12.6 -> 11.2, same-run A/B on the H100; a 64-register bound instead
+// spilled and lost 8-10%).
 template <typename A, typename T> __device__ __forceinline__ A widen(T v) { return to_acc<A>(v); }
-#if GEMSOPS_AB_FWD_BF16_OPAQUE
 template <> __device__ __forceinline__ float widen<float, __nv_bfloat16>(__nv_bfloat16 v)
 {
     float f;
-    const unsigned short z = 0;
-    asm volatile("mov.b32 %0, {%1, %2};" : "=f"(f) : "h"(z), "h"(__bfloat16_as_ushort(v)));
+    const unsigned short zero = 0;
+    asm volatile("mov.b32 %0, {%1, %2};" : "=f"(f) : "h"(zero), "h"(__bfloat16_as_ushort(v)));
     return f;
 }
-#endif
 
 template <typename T, typename P> struct fwd_args {
     const T *x;
@@ -78,15 +73,12 @@ template <typename T, typename P> struct fwd_args {
     acc_t<T> eps;
 };
 
-// Register budget: 768 resident threads per SM (<= 85 registers), and at
+// Register budget: 768 resident threads per SM (<= 85 registers), at
 // least two CTAs of 512 (64 registers), so that one CTA's barriers overlap
-// another's loads.
-#ifndef GEMSOPS_AB_FWD_SM_THREADS
-#define GEMSOPS_AB_FWD_SM_THREADS 768
-#endif
+// another's loads, and a lone CTA of 1024 (64 registers).
 constexpr int fwd_min_ctas(int block)
 {
-    return block >= 1024 ? 1 : block >= 512 ? 2 : GEMSOPS_AB_FWD_SM_THREADS / block;
+    return block >= 1024 ? 1 : block >= 512 ? 2 : 768 / block;
 }
 
 template <typename T, typename P, int TPR, int VEC>
@@ -238,19 +230,14 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
     n = nab;
 }
 
-// Threads per row in the looped kernel (measured on an H200): 256 for half
-// rows up to 16384 elements (whole chunks, four CTAs per SM), 512 beyond
-// and for fp32/fp64 (more bytes per chunk for very long rows).
-template <typename T> constexpr int looped_block_for(int64_t cols)
-{
-    return sizeof(T) == 2 && cols <= 16384 ? 256 : 512;
-}
+// Threads per row in the looped kernel (rows past the register kernel's
+// 1024 * E): 512, for the bytes of a chunk on very long rows (H200).
+constexpr int kLoopedBlock = 512;
 
-template <typename T, typename P, int VEC, int BLOCK>
-__global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
+template <typename T, typename P, int VEC>
+__global__ void __launch_bounds__(kLoopedBlock, 1024 / kLoopedBlock)
     layer_norm_fwd_looped(const fwd_args<T, P> a)
 {
-    constexpr int kLoopedBlock = BLOCK;
     using A = acc_t<T>;
     constexpr int U = sizeof(T) == 2 ? 2 : 4;    // accesses per chunk
     constexpr int STEP = kLoopedBlock * VEC;     // columns between accesses
@@ -400,15 +387,9 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 template <typename T, typename P, int VEC>
 int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
-    cudaStream_t stream = (cudaStream_t)p->stream;
-    if (looped_block_for<T>(p->cols) == 256) {
-        layer_norm_fwd_looped<T, P, VEC, 256>
-            <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
-    }
-    else {
-        layer_norm_fwd_looped<T, P, VEC, 512>
-            <<<fwd_grid(p->rows), 512, 0, stream>>>(make_args<T, P>(p));
-    }
+    layer_norm_fwd_looped<T, P, VEC>
+        <<<fwd_grid(p->rows), kLoopedBlock, 0, (cudaStream_t)p->stream>>>(
+            make_args<T, P>(p));
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
     return GEMSOPS_OK;
 }
