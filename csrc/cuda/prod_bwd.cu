@@ -36,8 +36,10 @@ template <typename A> struct prod_scan_args {
     int64_t outer, splits, inner;
 };
 
+// (A minimum of one CTA: with none, ptxas held the sm_80 build to 32-40
+// registers and spilled 16 bytes.)
 template <typename A>
-__global__ void __launch_bounds__(kProdBlock)
+__global__ void __launch_bounds__(kProdBlock, 1)
     prod_scan_kernel(const prod_scan_args<A> a)
 {
     __shared__ A chunk_pre[kProdBlock], chunk_suf[kProdBlock];

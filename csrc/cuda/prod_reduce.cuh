@@ -171,6 +171,18 @@ template <typename T> struct prod_rows_args {
     prod_acc<T> *partial;     // else partial[row * splits + split]
 };
 
+// Without a bound, ptxas spilled 4 bytes in the fp64 rows and the uint8
+// columns kernels (at 48-80 registers, with 255 allowed); a minimum of one
+// CTA stops that. The fp16/bf16/fp32 kernels keep the choices they were
+// timed with (a minimum of 1 moves their register counts).
+template <typename T> constexpr int prod_min_ctas_else()
+{
+    return std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16> ||
+                   std::is_same_v<T, float>
+               ? 0
+               : 1;
+}
+
 // CTAs a SM the four-load kernel is compiled for (0: no bound). bf16 and
 // fp32 take four (64 registers: 16 KB in flight a CTA). Unbounded, ptxas
 // gave bf16 74-80 registers, so three CTAs a SM, and the interleaved full
@@ -183,7 +195,7 @@ template <typename T, int U, bool L2_HINT> constexpr int prod_rows_min_ctas()
 {
     constexpr bool four = std::is_same_v<T, float> ||
                           std::is_same_v<T, __nv_bfloat16>;
-    return four && !L2_HINT && U == 4 ? 4 : 0;
+    return four && !L2_HINT && U == 4 ? 4 : prod_min_ctas_else<T>();
 }
 
 // Rows: each thread keeps U loads of VEC elements in flight before their
@@ -232,6 +244,7 @@ __global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>(
                     prod_mul_raw(acc, w[u]);
                 }
             }
+#if GEMSOPS_AB_PROD_TAIL_BATCH
             if (v < hi) { // fewer than U left: one guarded batch
                 vec_t<T, VEC> w[U];
 #pragma unroll
@@ -247,6 +260,14 @@ __global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>(
                     }
                 }
             }
+#else
+            // fewer than U left: one at a time, in the same order (a
+            // guarded batch of U kept U vectors' registers live and
+            // spilled in the bounded bf16 kernel)
+            for (; v < hi; v += step) {
+                prod_mul_raw(acc, prod_fetch<T, VEC, L2_HINT>(p + v * VEC));
+            }
+#endif
         }
         const A r = prod_group(prod_fold<VEC>(acc), G, warp_part);
         if (lane == 0 && row < a.rows) {
@@ -276,7 +297,7 @@ template <typename T> struct prod_cols_args {
 };
 
 template <typename T, int VEC>
-__global__ void __launch_bounds__(kProdBlock)
+__global__ void __launch_bounds__(kProdBlock, prod_min_ctas_else<T>())
     prod_cols_kernel(const prod_cols_args<T> a)
 {
     using A = prod_acc<T>;
