@@ -44,7 +44,15 @@ __host__ __device__ constexpr int fwd_rows_at_once(int, int) { return 1; }
 // 157.6 -> 150.1. A lone 1024-thread CTA per SM idles in its barriers, but
 // the second pass over L2 of the looped kernel cost more.) Longer rows go
 // to the looped kernel; fp64 stops at 512 (its registers double).
-template <typename T> constexpr int fwd_max_tpr() { return sizeof(T) == 8 ? 512 : 1024; }
+#ifndef GEMSOPS_AB_FWD_MAX_TPR_FP16
+#define GEMSOPS_AB_FWD_MAX_TPR_FP16 1024
+#endif
+template <typename T> constexpr int fwd_max_tpr()
+{
+    return sizeof(T) == 8 ? 512
+           : std::is_same_v<T, __half> ? GEMSOPS_AB_FWD_MAX_TPR_FP16
+                                       : 1024;
+}
 
 // Widening bf16 is one instruction (a shift or mask), so the compiler
 // widens each element once and keeps all E fp32 values live across the
@@ -232,7 +240,10 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
 
 // Threads per row in the looped kernel (rows past the register kernel's
 // 1024 * E): 512, for the bytes of a chunk on very long rows (H200).
-constexpr int kLoopedBlock = 512;
+#ifndef GEMSOPS_AB_LOOPED_BLOCK
+#define GEMSOPS_AB_LOOPED_BLOCK 512
+#endif
+constexpr int kLoopedBlock = GEMSOPS_AB_LOOPED_BLOCK;
 
 template <typename T, typename P, int VEC>
 __global__ void __launch_bounds__(kLoopedBlock, 1024 / kLoopedBlock)

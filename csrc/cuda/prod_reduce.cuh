@@ -198,6 +198,23 @@ template <typename T, int U, bool L2_HINT> constexpr int prod_rows_min_ctas()
     return four && !L2_HINT && U == 4 ? 4 : prod_min_ctas_else<T>();
 }
 
+// The rows' tail (fewer than U vectors left): a guarded batch of U loads
+// keeps U vectors' registers live; one vector at a time does not. The
+// batch spilled 4 bytes in the bounded bf16 kernel (and in the sm_80
+// eight-load half kernels) and held bf16's eight-load kernel at 128
+// registers; one at a time it takes 64 and is faster (65536 x 1024 dim 1
+// 52.8 -> 50.5 us). fp16 on sm_90 keeps the batch: one at a time measured
+// slower there (4096 x 4096 dim 1 22.0 -> 24.3 us, 1024 x 65536 59.1 ->
+// 63.4; H100, same-run A/B/A, commit 9de9309).
+template <typename T> __device__ constexpr bool prod_rows_batch_tail()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    return std::is_same_v<T, __half>;
+#else
+    return false;
+#endif
+}
+
 // Rows: each thread keeps U loads of VEC elements in flight before their
 // products. The forward's per-dim rows take U = 8 with the L2 hint (H100,
 // one run, bf16: 4096 x 4096 dim 1 26.0 -> 20.7 us, 65536 x 1024 63.1 ->
@@ -244,30 +261,28 @@ __global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>(
                     prod_mul_raw(acc, w[u]);
                 }
             }
-#if GEMSOPS_AB_PROD_TAIL_BATCH
-            if (v < hi) { // fewer than U left: one guarded batch
-                vec_t<T, VEC> w[U];
+            if constexpr (prod_rows_batch_tail<T>()) {
+                if (v < hi) { // fewer than U left: one guarded batch
+                    vec_t<T, VEC> w[U];
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (v + u * step < hi) {
-                        w[u] = prod_fetch<T, VEC, L2_HINT>(p + (v + u * step) * VEC);
+                    for (int u = 0; u < U; u++) {
+                        if (v + u * step < hi) {
+                            w[u] = prod_fetch<T, VEC, L2_HINT>(p + (v + u * step) * VEC);
+                        }
                     }
-                }
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (v + u * step < hi) {
-                        prod_mul_raw(acc, w[u]);
+                    for (int u = 0; u < U; u++) {
+                        if (v + u * step < hi) {
+                            prod_mul_raw(acc, w[u]);
+                        }
                     }
                 }
             }
-#else
-            // fewer than U left: one at a time, in the same order (a
-            // guarded batch of U kept U vectors' registers live and
-            // spilled in the bounded bf16 kernel)
-            for (; v < hi; v += step) {
-                prod_mul_raw(acc, prod_fetch<T, VEC, L2_HINT>(p + v * VEC));
+            else { // fewer than U left: one at a time, in the same order
+                for (; v < hi; v += step) {
+                    prod_mul_raw(acc, prod_fetch<T, VEC, L2_HINT>(p + v * VEC));
+                }
             }
-#endif
         }
         const A r = prod_group(prod_fold<VEC>(acc), G, warp_part);
         if (lane == 0 && row < a.rows) {
