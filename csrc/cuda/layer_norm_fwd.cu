@@ -37,21 +37,19 @@ template <typename T> __host__ __device__ constexpr int fwd_elems()
 // in flight, and registers go to occupancy.
 __host__ __device__ constexpr int fwd_rows_at_once(int, int) { return 1; }
 
-// Widest thread group per row: 1024 threads hold rows up to 32768 half or
-// 16384 fp32 elements in registers, read once. (H100, same-run A/B against
-// 256/512 and the looped kernel: 2048 x 16384 bf16 66.0 -> 54.6 us, fp16
-// 65.1 -> 61.0, fp32 109.8 -> 100.0; 4096 x 12288 bf16 90.1 -> 81.6, fp32
-// 157.6 -> 150.1. A lone 1024-thread CTA per SM idles in its barriers, but
-// the second pass over L2 of the looped kernel cost more.) Longer rows go
-// to the looped kernel; fp64 stops at 512 (its registers double).
-#ifndef GEMSOPS_AB_FWD_MAX_TPR_FP16
-#define GEMSOPS_AB_FWD_MAX_TPR_FP16 1024
-#endif
+// Widest thread group per row. bf16 and fp32: 1024 threads hold rows up
+// to 32768 bf16 or 16384 fp32 elements in registers, read once (H100,
+// same-run A/B against 256/512 threads and the looped kernel: 2048 x
+// 16384 bf16 66.0 -> 54.6 us, fp32 109.8 -> 100.0; 4096 x 12288 bf16 90.1
+// -> 81.6, fp32 157.6 -> 150.1). A lone 1024-thread CTA per SM idles in
+// its barriers, but the looped kernel's second pass over L2 cost more.
+// fp16 stays at 256: in registers at 512 threads it measured 99.3 us at
+// 4096 x 12288 against 85.7 looped (bf16 81.6 with the same plan; 2048 x
+// 16384 61.2 against 64.5); fp64 at 512 (its registers double). Longer
+// rows go to the looped kernel.
 template <typename T> constexpr int fwd_max_tpr()
 {
-    return sizeof(T) == 8 ? 512
-           : std::is_same_v<T, __half> ? GEMSOPS_AB_FWD_MAX_TPR_FP16
-                                       : 1024;
+    return sizeof(T) == 8 ? 512 : std::is_same_v<T, __half> ? 256 : 1024;
 }
 
 // Widening bf16 is one instruction (a shift or mask), so the compiler
@@ -238,17 +236,20 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
     n = nab;
 }
 
-// Threads per row in the looped kernel (rows past the register kernel's
-// 1024 * E): 512, for the bytes of a chunk on very long rows (H200).
-#ifndef GEMSOPS_AB_LOOPED_BLOCK
-#define GEMSOPS_AB_LOOPED_BLOCK 512
-#endif
-constexpr int kLoopedBlock = GEMSOPS_AB_LOOPED_BLOCK;
+// Threads per row in the looped kernel (measured on an H200): 256 for half
+// rows up to 16384 elements (whole chunks, four CTAs per SM; only fp16
+// rows that short are looped), 512 beyond and for fp32/fp64 (more bytes
+// per chunk for very long rows).
+template <typename T> constexpr int looped_block_for(int64_t cols)
+{
+    return sizeof(T) == 2 && cols <= 16384 ? 256 : 512;
+}
 
-template <typename T, typename P, int VEC>
-__global__ void __launch_bounds__(kLoopedBlock, 1024 / kLoopedBlock)
+template <typename T, typename P, int VEC, int BLOCK>
+__global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     layer_norm_fwd_looped(const fwd_args<T, P> a)
 {
+    constexpr int kLoopedBlock = BLOCK;
     using A = acc_t<T>;
     constexpr int U = sizeof(T) == 2 ? 2 : 4;    // accesses per chunk
     constexpr int STEP = kLoopedBlock * VEC;     // columns between accesses
@@ -398,9 +399,15 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 template <typename T, typename P, int VEC>
 int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
-    layer_norm_fwd_looped<T, P, VEC>
-        <<<fwd_grid(p->rows), kLoopedBlock, 0, (cudaStream_t)p->stream>>>(
-            make_args<T, P>(p));
+    cudaStream_t stream = (cudaStream_t)p->stream;
+    if (looped_block_for<T>(p->cols) == 256) {
+        layer_norm_fwd_looped<T, P, VEC, 256>
+            <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
+    }
+    else {
+        layer_norm_fwd_looped<T, P, VEC, 512>
+            <<<fwd_grid(p->rows), 512, 0, stream>>>(make_args<T, P>(p));
+    }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
     return GEMSOPS_OK;
 }
