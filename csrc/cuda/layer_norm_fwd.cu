@@ -21,8 +21,6 @@
 // stats per row; weight and bias (N elements each) come from L2.
 #include <algorithm>
 
-#include <cooperative_groups.h>
-
 #include "layer_norm_plan.cuh"
 #include "gemsops/layer_norm.h"
 
@@ -70,69 +68,6 @@ template <> __device__ __forceinline__ float widen<float, __nv_bfloat16>(__nv_bf
     return f;
 }
 
-// Rows past one CTA's registers (bf16 and fp32, sm_90): a cluster of 2, 4
-// or 8 CTAs holds the row, each CTA a slab of 1024 * E columns, and the
-// CTAs add their row sums through distributed shared memory: x is still
-// read once, where the looped kernel reads it twice.
-#ifndef GEMSOPS_AB_FWD_NO_CLUSTER
-#define GEMSOPS_AB_FWD_NO_CLUSTER 0
-#endif
-template <typename T> constexpr bool fwd_cluster_ok()
-{
-    return !GEMSOPS_AB_FWD_NO_CLUSTER &&
-           (std::is_same_v<T, float> || std::is_same_v<T, __nv_bfloat16>);
-}
-constexpr int kFwdClusterMax = 8; // the portable cluster size
-
-__device__ __forceinline__ int fwd_cluster_rank()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return (int)cooperative_groups::this_cluster().block_rank();
-#else
-    return 0;
-#endif
-}
-
-__device__ __forceinline__ void fwd_cluster_sync()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    cooperative_groups::this_cluster().sync();
-#else
-    __trap(); // the host launches clusters on sm_90 only
-#endif
-}
-
-// v[] (this CTA's row sums, the same in every thread) becomes the sum over
-// the cluster's CTAs, added in rank order, so every CTA gets the same bits.
-// Thread 0 publishes into slot k % 2: the barrier of exchange k + 1, which
-// every thread passes only after reading exchange k, guards the slot's
-// reuse by exchange k + 2.
-template <int CLUSTER, int N, typename A>
-__device__ __forceinline__ void cluster_sum(A (&v)[N], A *xch, int &k)
-{
-    A *slot = xch + (k & 1) * N;
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            slot[i] = v[i];
-        }
-    }
-    fwd_cluster_sync();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    auto cluster = cooperative_groups::this_cluster();
-#pragma unroll
-    for (int i = 0; i < N; i++) {
-        A t = 0;
-#pragma unroll
-        for (int r = 0; r < CLUSTER; r++) {
-            t += *cluster.map_shared_rank(slot + i, r);
-        }
-        v[i] = t;
-    }
-#endif
-    k++;
-}
-
 template <typename T, typename P> struct fwd_args {
     const T *x;
     T *y;
@@ -152,7 +87,7 @@ constexpr int fwd_min_ctas(int block)
     return block >= 1024 ? 1 : block >= 512 ? 2 : 768 / block;
 }
 
-template <typename T, typename P, int TPR, int VEC, int CLUSTER = 1>
+template <typename T, typename P, int TPR, int VEC>
 __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                                   fwd_min_ctas(TPR < 128 ? 128 : TPR))
     layer_norm_fwd_registers(const fwd_args<T, P> a)
@@ -165,17 +100,15 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     constexpr int R = fwd_rows_at_once(TPR, VEC);
     constexpr int STEP = TPR * VEC; // columns between a thread's items
     __shared__ A red[2 * 32 * R];
-    __shared__ A xch[CLUSTER > 1 ? 2 * R : 1];
-    int parity = 0, exchanges = 0;
+    int parity = 0;
 
     const int lane = threadIdx.x % TPR;
-    const int rank = CLUSTER > 1 ? fwd_cluster_rank() : 0;
-    const int64_t group = blockIdx.x / CLUSTER;
-    const int64_t groups = gridDim.x / CLUSTER;
-    const int64_t col0 = (int64_t)rank * TPR * E + lane * VEC;
+    const int64_t group = blockIdx.x;
+    const int64_t groups = gridDim.x;
+    const int64_t col0 = lane * VEC;
     // item i of this thread is valid when i * STEP < lim
-    const int slab_cols = (int)a.cols; // <= CLUSTER * TPR * E
-    const int lim = slab_cols - (int)col0;
+    const int slab_cols = (int)a.cols; // <= TPR * E
+    const int lim = slab_cols - lane * VEC;
 
     // Each step covers R * ROWS_PER_CTA rows: R independent rows per thread
     // keep twice the bytes in flight and share each reduction's barriers.
@@ -215,9 +148,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             }
         }
         row_sum<TPR, R>(s, red, parity);
-        if constexpr (CLUSTER > 1) {
-            cluster_sum<CLUSTER, R>(s, xch, exchanges);
-        }
         A slab_mean[R], m2[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
@@ -233,9 +163,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             }
         }
         row_sum<TPR, R>(m2, red, parity);
-        if constexpr (CLUSTER > 1) {
-            cluster_sum<CLUSTER, R>(m2, xch, exchanges);
-        }
 
         A mean[R], rstd[R];
 #pragma unroll
@@ -281,7 +208,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                                       out);
             }
         }
-        if (lane == 0 && rank == 0 && a.mean) {
+        if (lane == 0 && a.mean) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (row_ok[r]) {
@@ -290,9 +217,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                 }
             }
         }
-    }
-    if constexpr (CLUSTER > 1) {
-        fwd_cluster_sync(); // no CTA leaves while others read its xch[]
     }
 }
 
@@ -472,42 +396,6 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     return GEMSOPS_OK;
 }
 
-// A cluster of CLUSTER 1024-thread CTAs per row (see fwd_cluster_ok).
-template <typename T, typename P, int VEC, int CLUSTER>
-int run_cluster(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
-{
-    const int64_t groups =
-        std::min<int64_t>(p->rows, ((int64_t)1 << 30) / CLUSTER);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(groups * CLUSTER));
-    cfg.blockDim = dim3(1024);
-    cfg.stream = (cudaStream_t)p->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CLUSTER;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    GEMSOPS_CUDA_CHECK(
-        st, cudaLaunchKernelEx(&cfg,
-                               layer_norm_fwd_registers<T, P, 1024, VEC, CLUSTER>,
-                               make_args<T, P>(p)));
-    GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_registers (cluster)");
-    return GEMSOPS_OK;
-}
-
-// CTAs per cluster for a row of `cols` (0: none fits).
-inline int fwd_cluster_size(int64_t cols, int64_t cta_cols)
-{
-    for (int c = 2; c <= kFwdClusterMax; c *= 2) {
-        if (c * cta_cols >= cols) {
-            return c;
-        }
-    }
-    return 0;
-}
-
 template <typename T, typename P, int VEC>
 int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
@@ -575,23 +463,6 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     constexpr int V = 16 / sizeof(T);
     const bool vec = vector_ok<T, P>(p);
     if (p->cols > (int64_t)fwd_max_tpr<T>() * fwd_elems<T>()) {
-        if constexpr (fwd_cluster_ok<T>()) {
-            device_facts f;
-            const int err = get_device_facts(p->device_id, &f, st);
-            if (err != GEMSOPS_OK) {
-                return err;
-            }
-            const int c = fwd_cluster_size(p->cols, 1024 * fwd_elems<T>());
-            if (vec && f.cc_major >= 9 && c == 2) {
-                return run_cluster<T, P, V, 2>(p, st);
-            }
-            if (vec && f.cc_major >= 9 && c == 4) {
-                return run_cluster<T, P, V, 4>(p, st);
-            }
-            if (vec && f.cc_major >= 9 && c == 8) {
-                return run_cluster<T, P, V, 8>(p, st);
-            }
-        }
         return vec ? run_looped<T, P, V>(p, st) : run_looped<T, P, 1>(p, st);
     }
     const int tpr = layer_norm_choose_shape(p->cols, fwd_elems<T>(),
