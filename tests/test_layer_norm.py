@@ -21,7 +21,8 @@ SHAPES = [
     ((2, 3, 4, 5), 3),
     ((37, 1), 1),
     ((3, 131072), 1),
-    # a row per 512 or 1024 threads in registers (CUDA), aligned and odd
+    # CUDA: bf16/fp32 rows in 512 or 1024 threads' registers and fp16
+    # rows in the looped kernel, aligned and odd widths
     ((6, 12288), 1),
     ((5, 20001), 1),
     ((70000, 16), 1),
