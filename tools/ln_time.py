@@ -1,8 +1,10 @@
 """LayerNorm times for A/B runs: gemsops, torch and (when they import)
 FlagGems and Liger, each timed by the benchmark's own method (its
 Benchmark._timed: do_bench over a CUDA-graph replay, L2 flushed), one line
-per case.  usage: ln_time.py [case ...]   case = M,N:fwd|bwd:dtype
-e.g. 8192,8192:fwd:bfloat16  256,262144:bwd:float32"""
+per case.  usage: ln_time.py [case ...]
+case = M,N:fwd|bwd:dtype[:grads], grads (backward only) = the inputs that
+need a gradient, some of x, w, b (default xwb), e.g. 8192,8192:fwd:bfloat16
+256,262144:bwd:float32  16384,4096:bwd:bfloat16:x (dx alone)"""
 import os
 import sys
 
@@ -22,12 +24,14 @@ PEERS = {} if os.environ.get("LN_NO_PEERS") else peers()
 F = torch.nn.functional.layer_norm
 
 for case in sys.argv[1:] or DEFAULT:
-    sizes, which, dt = case.split(":")
+    sizes, which, dt, *grads = case.split(":")
     m, n = (int(s) for s in sizes.split(","))
     dtype = getattr(torch, dt)
     bwd = which == "bwd"
     args = layer_norm_args(dtype, (m, n), requires_grad=bwd)
     x, shape, w, b = args
+    for name, t in zip("xwb", (x, w, b)):
+        t.requires_grad_(bwd and name in (grads[0] if grads else "xwb"))
     ref = F(x.double(), shape, w.double(), b.double())
     err = (gemsops.layer_norm(*args).double() - ref).abs().max().item()
     bench = Benchmark("ln_time", F, gemsops.layer_norm, None, [dtype],

@@ -53,12 +53,18 @@ constexpr int64_t kMinRowsPerCta = 8;
 // and dy in fp32 between the passes at a 512-thread register budget, which
 // also slowed the split rows. Neither per-row overhead nor instruction
 // count is what holds the half types at ~75% of the copy bandwidth.)
-template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : 8; }
+#ifndef GEMSOPS_AB_BWD_HALF_E
+#define GEMSOPS_AB_BWD_HALF_E 8
+#endif
+#ifndef GEMSOPS_AB_BWD_HALF_THREADS
+#define GEMSOPS_AB_BWD_HALF_THREADS 1024
+#endif
+template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : sizeof(T) == 2 ? GEMSOPS_AB_BWD_HALF_E : 8; }
 
 // Resident threads per SM the registers and the ring are planned for.
 template <typename T> __host__ __device__ constexpr int bwd_sm_threads()
 {
-    return sizeof(T) == 8 ? 512 : 1024;
+    return sizeof(T) == 8 ? 512 : sizeof(T) == 2 ? GEMSOPS_AB_BWD_HALF_THREADS : 1024;
 }
 
 // The ring feeds 16-byte accesses only (cp.async.cg); one stage of one
@@ -307,8 +313,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
                 for (int v = 0; v < VEC; v++) {
                     // not x * rstd - mean * rstd: that cancels when
                     // x ~ mean and rstd is large (N = 1: xhat must be 0)
-                    const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
-                    const A g = to_acc<A>(dv[i].v[v]) * to_acc<A>(wv.v[v]);
+                    const A xh = (widen<A>(xv[i].v[v]) - mean) * rstd;
+                    const A g = widen<A>(dv[i].v[v]) * widen<A>(wv.v[v]);
                     c[0] += g * xh;
                     c[1] += g;
                 }
@@ -344,9 +350,9 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
             A out[VEC];
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
-                const A xh = (to_acc<A>(xv[i].v[v]) - mean) * rstd;
-                const A d = to_acc<A>(dv[i].v[v]);
-                const A g = d * to_acc<A>(wv.v[v]);
+                const A xh = (widen<A>(xv[i].v[v]) - mean) * rstd;
+                const A d = widen<A>(dv[i].v[v]);
+                const A g = d * widen<A>(wv.v[v]);
                 out[v] = rstd * (g - (xh * c1n + c2n));
                 dw[i][v] += d * xh;
                 db[i][v] += d;

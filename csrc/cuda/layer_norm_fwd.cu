@@ -52,22 +52,6 @@ template <typename T> constexpr int fwd_max_tpr()
     return sizeof(T) == 8 ? 512 : std::is_same_v<T, __half> ? 256 : 1024;
 }
 
-// Widening bf16 is one instruction (a shift or mask), so the compiler
-// widens each element once and keeps all E fp32 values live across the
-// row reductions: 71 registers, three 256-thread CTAs per SM. As an opaque
-// move it is redone in each pass, as fp16's conversion already is: 64
-// registers, four CTAs (8192 x 8192 bf16 100.5 -> 98.1 us, 4096 x 768
-// 12.6 -> 11.2, same-run A/B on the H100; a 64-register bound instead
-// spilled and lost 8-10%).
-template <typename A, typename T> __device__ __forceinline__ A widen(T v) { return to_acc<A>(v); }
-template <> __device__ __forceinline__ float widen<float, __nv_bfloat16>(__nv_bfloat16 v)
-{
-    float f;
-    const unsigned short zero = 0;
-    asm volatile("mov.b32 %0, {%1, %2};" : "=f"(f) : "h"(zero), "h"(__bfloat16_as_ushort(v)));
-    return f;
-}
-
 template <typename T, typename P> struct fwd_args {
     const T *x;
     T *y;
