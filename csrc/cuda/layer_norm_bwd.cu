@@ -48,23 +48,21 @@ namespace {
 // keeps them a small fraction of the 3 * cols * rows elements moved.
 constexpr int64_t kMinRowsPerCta = 8;
 
-// (Measured no faster on the H100 for the half types at 16384 x 4096 and
-// 8192 x 8192, session 6: 16 elements a thread, and keeping xhat, w * dy
-// and dy in fp32 between the passes at a 512-thread register budget, which
-// also slowed the split rows. Neither per-row overhead nor instruction
-// count is what holds the half types at ~75% of the copy bandwidth.)
-#ifndef GEMSOPS_AB_BWD_HALF_E
-#define GEMSOPS_AB_BWD_HALF_E 8
-#endif
-#ifndef GEMSOPS_AB_BWD_HALF_THREADS
-#define GEMSOPS_AB_BWD_HALF_THREADS 1024
-#endif
-template <typename T> __host__ __device__ constexpr int bwd_elems() { return sizeof(T) == 8 ? 4 : sizeof(T) == 2 ? GEMSOPS_AB_BWD_HALF_E : 8; }
+// Elements a thread owns per row: 8 (4 for fp64), and 16 for the half
+// types where that pads no more columns (bwd_wide): the row
+// reductions, barriers and ring bookkeeping are per row and thread, so
+// twice the elements halve their share (H100, same-run A/B/A, graph
+// replays: 16384 x 4096 bf16 167.5 -> 163.0 us, 1024 x 65536 300.7 ->
+// 267.8 (8 slabs -> 4), 2048 x 16384 132.2 -> 123.6 (2 -> 1); short rows
+// keep 8: 200000 x 64 42.7 -> 46.9, 4096 x 768 19.2 -> 19.9).
+template <typename T> __host__ __device__ constexpr int bwd_base_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
-// Resident threads per SM the registers and the ring are planned for.
-template <typename T> __host__ __device__ constexpr int bwd_sm_threads()
+// Resident threads per SM the registers and the ring are planned for:
+// 1024 at 8 elements (64 registers), 512 at 16 (x, dy and the fp32 dW/dB
+// accumulators take twice the registers) and for fp64.
+template <typename T, int E> __host__ __device__ constexpr int bwd_sm_threads()
 {
-    return sizeof(T) == 8 ? 512 : sizeof(T) == 2 ? GEMSOPS_AB_BWD_HALF_THREADS : 1024;
+    return sizeof(T) == 8 || E > 8 ? 512 : 1024;
 }
 
 // The ring feeds 16-byte accesses only (cp.async.cg); one stage of one
@@ -72,11 +70,11 @@ template <typename T> __host__ __device__ constexpr int bwd_sm_threads()
 template <typename T, int VEC> __host__ __device__ constexpr bool bwd_ring() { return VEC * sizeof(T) == 16; }
 constexpr int kMaxStages = 4;
 
-template <typename T, int VEC>
+template <typename T, int VEC, int E>
 __host__ __device__ constexpr int bwd_stage_bytes(int block)
 {
     return bwd_ring<T, VEC>()
-               ? block * (2 * (bwd_elems<T>() / VEC) * 16 + 2 * (int)sizeof(acc_t<T>))
+               ? block * (2 * (E / VEC) * 16 + 2 * (int)sizeof(acc_t<T>))
                : 0;
 }
 
@@ -103,7 +101,7 @@ template <typename T, typename P> struct bwd_args {
 // threads: 64 registers, the most the ring's shared memory allows for
 // 512-thread CTAs anyway; fp64, not a bandwidth target, gets 512 so that
 // it does not spill). The ring is planned for the same count.
-constexpr int bwd_min_ctas(int tpr, int threads)
+__host__ __device__ constexpr int bwd_min_ctas(int tpr, int threads)
 {
     const int block = tpr < 128 ? 128 : tpr;
     return block >= threads ? 1 : threads / block;
@@ -120,13 +118,12 @@ __device__ __forceinline__ void ring_wait(int pending)
     }
 }
 
-template <typename T, typename P, int TPR, int VEC>
-__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_sm_threads<T>()))
+template <typename T, typename P, int TPR, int VEC, int E>
+__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_sm_threads<T, E>()))
     layer_norm_bwd_fused_atomic(const bwd_args<T, P> a)
 {
     using A = acc_t<T>;
     using V = vec_t<T, VEC>;
-    constexpr int E = bwd_elems<T>();
     constexpr int ITEMS = E / VEC;
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
@@ -165,7 +162,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     // Ring cursors: the next row to copy and its stage, and the stage to
     // read (stage indices wrap by comparison: a 64-bit modulo per row cost
     // more than the rest of the step).
-    constexpr int STAGE_BYTES = bwd_stage_bytes<T, VEC>(BLOCK);
+    constexpr int STAGE_BYTES = bwd_stage_bytes<T, VEC, E>(BLOCK);
     int64_t fetch_row = first_row;
     // One lane per row and warp copies the row's mean and rstd and hands
     // them to the others with a shuffle: 32 lanes copying the same 4 bytes
@@ -483,22 +480,22 @@ __global__ void layer_norm_bwd_sum_partials(A *partials, int64_t parts,
 
 // Dynamic shared memory of one launch: the ring, then the weights. The
 // ring gets the most stages (up to 4 for half types, 3 for wider ones)
-// that leave room for 1024 resident threads per SM, the most the 64
-// registers allow anyway.
+// that leave room for the resident threads the registers are planned for
+// (bwd_sm_threads).
 struct bwd_ring_plan {
     int stages, smem;
 };
 
-template <typename T, typename P, int TPR, int VEC>
+template <typename T, typename P, int TPR, int VEC, int E>
 bwd_ring_plan plan_ring(const device_facts &f)
 {
     const int block = layer_norm_block_threads(TPR);
-    const int per = bwd_stage_bytes<T, VEC>(block);
-    const int w_bytes = block * bwd_elems<T>() * (int)sizeof(P);
+    const int per = bwd_stage_bytes<T, VEC, E>(block);
+    const int w_bytes = block * E * (int)sizeof(P);
     if (per == 0) {
         return {1, w_bytes};
     }
-    const int threads = bwd_sm_threads<T>();
+    const int threads = bwd_sm_threads<T, E>();
     const int ctas = block >= threads ? 1 : threads / block;
     // per CTA: 1 KB the driver reserves, up to ~5 KB of static arrays
     int budget = f.smem_per_sm / ctas - 6 * 1024;
@@ -513,13 +510,13 @@ bwd_ring_plan plan_ring(const device_facts &f)
 }
 
 // CTAs of this instantiation resident per SM with its ring.
-template <typename T, typename P, int TPR, int VEC>
+template <typename T, typename P, int TPR, int VEC, int E>
 int ctas_per_sm(int device, const device_facts &f, gemsops_status *st,
                 int *out)
 {
-    const bwd_ring_plan r = plan_ring<T, P, TPR, VEC>(f);
+    const bwd_ring_plan r = plan_ring<T, P, TPR, VEC, E>(f);
     int total = 0;
-    if (resident_ctas((const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC>,
+    if (resident_ctas((const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E>,
                       device, layer_norm_block_threads(TPR), r.smem, &total,
                       st)) {
         return st->code;
@@ -590,7 +587,7 @@ bwd_layout plan_layout(const gemsops_layer_norm_bwd_params *p,
 
 // workspace_bytes != NULL: plan only (the bytes a launch needs). need !=
 // NULL: a workspace short of the plan launches nothing and sets *need.
-template <typename T, typename P, int TPR, int VEC>
+template <typename T, typename P, int TPR, int VEC, int E>
 int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         int64_t *workspace_bytes, int64_t *need, gemsops_status *st)
 {
@@ -601,8 +598,8 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     // Both access widths get the same grid, so the workspace plan does not
     // depend on pointer alignment, and split rows stay co-resident.
     if (get_device_facts(p->device_id, &f, st) ||
-        ctas_per_sm<T, P, TPR, 16 / sizeof(T)>(p->device_id, f, st, &occ) ||
-        ctas_per_sm<T, P, TPR, 1>(p->device_id, f, st, &occ_scalar)) {
+        ctas_per_sm<T, P, TPR, 16 / sizeof(T), E>(p->device_id, f, st, &occ) ||
+        ctas_per_sm<T, P, TPR, 1, E>(p->device_id, f, st, &occ_scalar)) {
         return st->code;
     }
     occ = occ < occ_scalar ? occ : occ_scalar;
@@ -650,7 +647,7 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.x_stride = p->x_row_stride;
     a.dx_stride = p->dx_row_stride;
     a.split = shape.split;
-    const bwd_ring_plan ring = plan_ring<T, P, TPR, VEC>(f);
+    const bwd_ring_plan ring = plan_ring<T, P, TPR, VEC, E>(f);
     a.stages = ring.stages;
     a.deterministic = p->deterministic != 0;
 
@@ -659,7 +656,7 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + zero_from, 0,
                                                l.zeroed - zero_from, stream));
     }
-    layer_norm_bwd_fused_atomic<T, P, TPR, VEC>
+    layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E>
         <<<(unsigned)grid, layer_norm_block_threads(TPR), ring.smem,
            stream>>>(a);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_fused_atomic");
@@ -693,24 +690,57 @@ bool vector_ok(const gemsops_layer_norm_bwd_params *p)
            al(p->weight, PA);
 }
 
-template <typename T, typename P, int VEC>
+template <typename T, typename P, int VEC, int E>
 int dispatch_tpr(const gemsops_layer_norm_bwd_params *p, layer_norm_shape s,
                  int64_t *ws, int64_t *need, gemsops_status *st)
 {
-    switch (s.tpr) {
-    case 4: return run<T, P, 4, VEC>(p, s, ws, need, st);
-    case 8: return run<T, P, 8, VEC>(p, s, ws, need, st);
-    case 16: return run<T, P, 16, VEC>(p, s, ws, need, st);
-    case 32: return run<T, P, 32, VEC>(p, s, ws, need, st);
-    case 128: return run<T, P, 128, VEC>(p, s, ws, need, st);
-    case 256: return run<T, P, 256, VEC>(p, s, ws, need, st);
-    case 512: return run<T, P, 512, VEC>(p, s, ws, need, st);
-    case 1024: return run<T, P, 1024, VEC>(p, s, ws, need, st);
-    default:
-        return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                            "layer_norm_bwd: no kernel for %d threads/row",
-                            s.tpr);
+    if constexpr (E > bwd_base_elems<T>()) {
+        // 256 or 512 threads a row (slab) only: 16 elements at 1024
+        // threads need more than the 64 registers a thread then has
+        switch (s.tpr) {
+        case 256: return run<T, P, 256, VEC, E>(p, s, ws, need, st);
+        case 512: return run<T, P, 512, VEC, E>(p, s, ws, need, st);
+        default: break;
+        }
     }
+    else {
+        switch (s.tpr) {
+        case 4: return run<T, P, 4, VEC, E>(p, s, ws, need, st);
+        case 8: return run<T, P, 8, VEC, E>(p, s, ws, need, st);
+        case 16: return run<T, P, 16, VEC, E>(p, s, ws, need, st);
+        case 32: return run<T, P, 32, VEC, E>(p, s, ws, need, st);
+        case 128: return run<T, P, 128, VEC, E>(p, s, ws, need, st);
+        case 256: return run<T, P, 256, VEC, E>(p, s, ws, need, st);
+        case 512: return run<T, P, 512, VEC, E>(p, s, ws, need, st);
+        case 1024: return run<T, P, 1024, VEC, E>(p, s, ws, need, st);
+        default: break;
+        }
+    }
+    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                        "layer_norm_bwd: no kernel for %d threads/row",
+                        s.tpr);
+}
+
+// 16 elements a thread for the half types where a row (slab) then takes
+// 256 or 512 threads and no more padded columns than with 8 (768 columns
+// stay at 8, where 16 would leave 5/8 of a 128-thread CTA idle). Depends
+// on the dtype and the width only, so the workspace plan does not depend
+// on pointer alignment.
+constexpr int kWideMaxTpr = 512;
+
+template <typename T> bool bwd_wide(int64_t cols)
+{
+#ifdef GEMSOPS_AB_BWD_NARROW
+    return false;
+#endif
+    if (sizeof(T) != 2) {
+        return false;
+    }
+    const layer_norm_shape s8 = layer_norm_choose_shape(cols, 8, 1024);
+    const layer_norm_shape s16 =
+        layer_norm_choose_shape(cols, 16, kWideMaxTpr);
+    return s16.tpr >= 256 &&
+           (int64_t)s16.tpr * 16 * s16.split <= (int64_t)s8.tpr * 8 * s8.split;
 }
 
 template <typename T, typename P>
@@ -722,12 +752,20 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws, int64_t *need,
     // A whole row per CTA up to 1024 threads: the ring keeps loads flowing
     // through the barriers, which costs less than exchanging partials
     // between CTAs through global memory for every row.
-    const layer_norm_shape s =
-        layer_norm_choose_shape(p->cols, bwd_elems<T>(), 1024);
-    if (vector_ok<T, P>(p)) {
-        return dispatch_tpr<T, P, 16 / sizeof(T)>(p, s, ws, need, st);
+    constexpr int E = bwd_base_elems<T>();
+    constexpr int V = 16 / sizeof(T);
+    const bool vec = vector_ok<T, P>(p);
+    if constexpr (sizeof(T) == 2) {
+        if (bwd_wide<T>(p->cols)) {
+            const layer_norm_shape s =
+                layer_norm_choose_shape(p->cols, 2 * E, kWideMaxTpr);
+            return vec ? dispatch_tpr<T, P, V, 2 * E>(p, s, ws, need, st)
+                       : dispatch_tpr<T, P, 1, 2 * E>(p, s, ws, need, st);
+        }
     }
-    return dispatch_tpr<T, P, 1>(p, s, ws, need, st);
+    const layer_norm_shape s = layer_norm_choose_shape(p->cols, E, 1024);
+    return vec ? dispatch_tpr<T, P, V, E>(p, s, ws, need, st)
+               : dispatch_tpr<T, P, 1, E>(p, s, ws, need, st);
 }
 
 int dispatch(const gemsops_layer_norm_bwd_params *p, int64_t *ws,
