@@ -235,7 +235,13 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
 {
     constexpr int kLoopedBlock = BLOCK;
     using A = acc_t<T>;
-    constexpr int U = sizeof(T) == 2 ? 2 : 4;    // accesses per chunk
+#ifndef GEMSOPS_AB_FWD_U_HALF
+#define GEMSOPS_AB_FWD_U_HALF 2
+#endif
+#ifndef GEMSOPS_AB_FWD_U_F32
+#define GEMSOPS_AB_FWD_U_F32 4
+#endif
+    constexpr int U = sizeof(T) == 2 ? GEMSOPS_AB_FWD_U_HALF : sizeof(T) == 4 ? GEMSOPS_AB_FWD_U_F32 : 4; // accesses per chunk
     constexpr int STEP = kLoopedBlock * VEC;     // columns between accesses
     constexpr int CHUNK = STEP * U;
     constexpr int WARPS = kLoopedBlock / 32;
@@ -256,7 +262,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                     xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
 #pragma unroll
                     for (int v = 0; v < VEC; v++) {
-                        s += to_acc<A>(xv[u].v[v]);
+                        s += widen<A>(xv[u].v[v]);
                     }
                     cnt += VEC;
                 }
@@ -271,7 +277,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 if (u * STEP < lim) {
 #pragma unroll
                     for (int v = 0; v < VEC; v++) {
-                        const A d = to_acc<A>(xv[u].v[v]) - cm;
+                        const A d = widen<A>(xv[u].v[v]) - cm;
                         cm2 += d * d;
                     }
                 }
@@ -323,7 +329,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 A out[VEC];
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    A y = (to_acc<A>(xv.v[v]) - mu) * rstd;
+                    A y = (widen<A>(xv.v[v]) - mu) * rstd;
                     if (a.w) {
                         y *= to_acc<A>(wv.v[v]);
                     }
