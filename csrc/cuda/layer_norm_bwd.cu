@@ -730,9 +730,6 @@ constexpr int kWideMaxTpr = 512;
 
 template <typename T> bool bwd_wide(int64_t cols)
 {
-#ifdef GEMSOPS_AB_BWD_NARROW
-    return false;
-#endif
     if (sizeof(T) != 2) {
         return false;
     }
