@@ -224,14 +224,8 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
 // rows up to 16384 elements (whole chunks, four CTAs per SM; only fp16
 // rows that short are looped), 512 beyond and for fp32/fp64 (more bytes
 // per chunk for very long rows).
-#ifndef GEMSOPS_AB_FWD_BIG_ROW_BYTES
-#define GEMSOPS_AB_FWD_BIG_ROW_BYTES (1LL << 40)
-#endif
 template <typename T> constexpr int looped_block_for(int64_t cols)
 {
-    if (cols * (int64_t)sizeof(T) >= GEMSOPS_AB_FWD_BIG_ROW_BYTES) {
-        return 1024;
-    }
     return sizeof(T) == 2 && cols <= 16384 ? 256 : 512;
 }
 
@@ -397,10 +391,6 @@ int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     if (looped_block_for<T>(p->cols) == 256) {
         layer_norm_fwd_looped<T, P, VEC, 256>
             <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
-    }
-    else if (looped_block_for<T>(p->cols) == 1024) {
-        layer_norm_fwd_looped<T, P, VEC, 1024>
-            <<<fwd_grid(p->rows), 1024, 0, stream>>>(make_args<T, P>(p));
     }
     else {
         layer_norm_fwd_looped<T, P, VEC, 512>
