@@ -294,6 +294,26 @@ __device__ __forceinline__ unsigned smem_addr(const void *p)
     return (unsigned)__cvta_generic_to_shared(p);
 }
 
+// Programmatic dependent launch (sm_90). A grid launched after this one
+// with programmatic stream serialization may start once every CTA here has
+// called pdl_launch_dependents() or exited; it calls pdl_wait_primary()
+// before touching what this grid writes, which returns once this grid has
+// completed and its memory operations are visible. Both are no-ops before
+// sm_90, and the wait returns at once for a grid launched normally.
+__device__ __forceinline__ void pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait_primary()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Facts about a device, read once and cached (SM count, max threads/SM).
 struct device_facts {
     int sm_count;

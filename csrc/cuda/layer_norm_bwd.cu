@@ -367,6 +367,10 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     if (!want_dwb) {
         return;
     }
+    // The partial sums' kernel is this grid's programmatic dependent: it
+    // may be scheduled from here on, so its launch overlaps the atomics
+    // below; it reads them only after this grid has completed.
+    pdl_launch_dependents();
 
     // One value per column per CTA: sum the CTA's row groups, then emit.
     A *const stripe =
@@ -460,6 +464,7 @@ __global__ void layer_norm_bwd_sum_partials(A *partials, int64_t parts,
                                             int64_t cols, P *dw, P *db)
 {
     const int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    pdl_wait_primary(); // the fused kernel's atomics or partials are done
     if (j >= 2 * cols) {
         return;
     }
@@ -661,13 +666,28 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
            stream>>>(a);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_fused_atomic");
     if (a.dw || a.db) {
+        // launched as a programmatic dependent on sm_90 (pdl_wait_primary):
+        // its launch overlaps the fused kernel's tail instead of following
+        // it
         const int64_t n = 2 * p->cols;
-        layer_norm_bwd_sum_partials<A, P>
-            <<<(unsigned)((n + 255) / 256), 256, 0, stream>>>(
-                a.deterministic ? a.partials : a.stripes,
-                a.deterministic ? grid / shape.split : l.n_stripes, p->cols,
-                a.dw, a.db);
-        GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_sum_partials");
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)((n + 255) / 256));
+        cfg.blockDim = dim3(256);
+        cfg.stream = stream;
+        cudaLaunchAttribute pdl;
+        pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        pdl.val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = &pdl;
+#ifndef GEMSOPS_AB_NO_PDL
+        cfg.numAttrs = f.cc_major >= 9 ? 1 : 0;
+#endif
+        A *parts = a.deterministic ? a.partials : a.stripes;
+        const int64_t n_parts =
+            a.deterministic ? grid / shape.split : l.n_stripes;
+        GEMSOPS_CUDA_CHECK(st, cudaLaunchKernelEx(
+                                   &cfg, layer_norm_bwd_sum_partials<A, P>,
+                                   parts, n_parts, (int64_t)p->cols, a.dw,
+                                   a.db));
     }
     if (p->kept_zero && l.zeroed > l.exchange) {
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + l.exchange, 0,
