@@ -52,12 +52,12 @@ namespace {
 constexpr int64_t kMinRowsPerCta = 8;
 
 // Elements a thread owns per row: 8 (4 for fp64), and 16 for the half
-// types where that pads no more columns (bwd_wide): the row
-// reductions, barriers and ring bookkeeping are per row and thread, so
-// twice the elements halve their share (H100, same-run A/B/A, graph
-// replays: 16384 x 4096 bf16 167.5 -> 163.0 us, 1024 x 65536 300.7 ->
-// 267.8 (8 slabs -> 4), 2048 x 16384 132.2 -> 123.6 (2 -> 1); short rows
-// keep 8: 200000 x 64 42.7 -> 46.9, 4096 x 768 19.2 -> 19.9).
+// types where that pads no more columns (bwd_wide): the row reductions,
+// barriers and ring bookkeeping are per row and thread, so twice the
+// elements halve their share (H100, same-run A/B/A, graph replays:
+// 16384 x 4096 bf16 167.0 -> 163.2 us, 8192 x 8192 162.6 -> 160.8,
+// 2048 x 16384 131.9 -> 122.7, 1024 x 65536 300.9 -> 284.2; at 16 short
+// rows were slower: 200000 x 64 42.7 -> 46.9, 4096 x 768 19.2 -> 19.9).
 template <typename T> __host__ __device__ constexpr int bwd_base_elems() { return sizeof(T) == 8 ? 4 : 8; }
 
 // Resident threads per SM the registers and the ring are planned for:
