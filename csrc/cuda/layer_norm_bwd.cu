@@ -40,8 +40,6 @@
 //
 // Bytes: read x and dy once, write dx once (3 * N * sizeof(T) per row);
 // mean/rstd per row; dW/dB: 2 * N atomics per CTA (grid ~ #SMs * occupancy).
-#include <cooperative_groups.h>
-
 #include "layer_norm_plan.cuh"
 #include "gemsops/layer_norm.h"
 
@@ -100,7 +98,6 @@ template <typename T, typename P> struct bwd_args {
     int split;
     int stages;          // ring depth, 1..kMaxStages (ring kernels only)
     bool deterministic;
-    bool pair;           // clusters of 2: one CTA adds both CTAs' dW/dB
 };
 
 // CTAs per SM the register budget of bwd_sm_threads asks for (1024
@@ -112,59 +109,6 @@ __host__ __device__ constexpr int bwd_min_ctas(int tpr, int threads)
     const int block = tpr < 128 ? 128 : tpr;
     return block >= threads ? 1 : threads / block;
 }
-
-// The L2 performs the dW/dB reductions at a fixed rate, so their count,
-// 2 * cols per CTA, is what the kernel's tail costs (~4.5 us of 163 at
-// 16384 x 4096 bf16, H100). Launched as clusters of 2 (sm_90, whole rows,
-// the ring path), the CTAs pair up first: once both have left their row
-// loops, rank 1 stores its partials into rank 0's shared memory (free by
-// then; the caller checks it holds 2 * E * BLOCK values), and rank 0 adds
-// them to its own and emits for both. Returns whether this CTA emits.
-template <int E, int BLOCK, int ITEMS, int VEC, typename A>
-__device__ __forceinline__ bool pair_sum(A (&dw)[ITEMS][VEC],
-                                         A (&db)[ITEMS][VEC], void *smem)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    auto cluster = cooperative_groups::this_cluster();
-    A *slots = static_cast<A *>(smem) + threadIdx.x; // [2 * E][BLOCK]
-    const unsigned rank = cluster.block_rank();
-    cluster.sync(); // both CTAs are done with their rings
-    if (rank == 1) {
-        A *peer = cluster.map_shared_rank(slots, 0);
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-#pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                peer[(i * VEC + v) * BLOCK] = dw[i][v];
-                peer[(E + i * VEC + v) * BLOCK] = db[i][v];
-            }
-        }
-    }
-    cluster.sync(); // rank 1's stores are visible to rank 0
-    if (rank == 1) {
-        return false;
-    }
-#pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-#pragma unroll
-        for (int v = 0; v < VEC; v++) {
-            dw[i][v] += slots[(i * VEC + v) * BLOCK];
-            db[i][v] += slots[(E + i * VEC + v) * BLOCK];
-        }
-    }
-    return true;
-#else
-    (void)dw, (void)db, (void)smem;
-    __trap(); // the host pairs CTAs on sm_90 only
-    return true;
-#endif
-}
-
-#ifdef GEMSOPS_AB_NO_PAIR
-constexpr bool kPairCtas = false;
-#else
-constexpr bool kPairCtas = true;
-#endif
 
 // wait_group takes an immediate: one branch per ring depth.
 __device__ __forceinline__ void ring_wait(int pending)
@@ -433,9 +377,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
 
     // One value per column per CTA: sum the CTA's row groups, then emit.
     A *const stripe =
-        a.stripes +
-        (int64_t)((int)(a.pair ? group / 2 : group) % a.n_stripes) * 2 *
-            a.cols;
+        a.stripes + (int64_t)((int)group % a.n_stripes) * 2 * a.cols;
     auto emit = [&](int64_t col, A vw, A vb) {
         if (a.deterministic) {
             A *part = a.partials + group * 2 * a.cols;
@@ -452,12 +394,6 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
         }
     };
     if constexpr (ROWS_PER_CTA == 1) {
-        if constexpr (RING && sizeof(T) <= 4) { // fp64: not worth registers
-            if (a.pair &&
-                !pair_sum<E, BLOCK, ITEMS, VEC>(dw, db, ring_words)) {
-                return; // the cluster's other CTA adds this one's partials
-            }
-        }
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             if (i * STEP >= lim) {
@@ -675,18 +611,8 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         return st->code;
     }
     occ = occ < occ_scalar ? occ : occ_scalar;
-    int64_t grid = layer_norm_grid(p->rows, shape, 1, occ, f.sm_count,
-                                   kMinRowsPerCta);
-    // CTA pairs (pair_sum) for whole rows with atomics on sm_90; the grid
-    // is even for them whatever the alignment, so that the workspace plan
-    // does not depend on it
-    const bool atomics = (p->dweight || p->dbias) && !p->deterministic;
-    const bool pairs = kPairCtas && sizeof(T) <= 4 && f.cc_major >= 9 &&
-                       shape.split == 1 &&
-                       TPR >= 128 && atomics && grid >= 2;
-    if (pairs) {
-        grid &= ~(int64_t)1;
-    }
+    const int64_t grid = layer_norm_grid(p->rows, shape, 1, occ, f.sm_count,
+                                         kMinRowsPerCta);
     const bwd_layout l = plan_layout<T, P>(p, shape, grid);
     if (workspace_bytes) {
         *workspace_bytes = l.total;
@@ -738,24 +664,10 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + zero_from, 0,
                                                l.zeroed - zero_from, stream));
     }
-    const int block = layer_norm_block_threads(TPR);
-    a.pair = pairs && bwd_ring<T, VEC>() &&
-             ring.smem >= 2 * E * block * (int)sizeof(A);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)grid);
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = ring.smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = 2;
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    cfg.attrs = &cluster;
-    cfg.numAttrs = a.pair ? 1 : 0;
-    GEMSOPS_CUDA_CHECK(st, cudaLaunchKernelEx(
-                               &cfg, layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E>,
-                               a));
+    layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E>
+        <<<(unsigned)grid, layer_norm_block_threads(TPR), ring.smem,
+           stream>>>(a);
+    GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_fused_atomic");
     if (a.dw || a.db) {
         // launched as a programmatic dependent on sm_90 (pdl_wait_primary):
         // its launch overlaps the fused kernel's tail instead of following
