@@ -66,7 +66,7 @@ class ProdFunction(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         if x.is_cuda:  # the CUDA backward reads [outer, dim, inner] rows
             x = x.contiguous()
-        grad_in = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        grad_in = torch.empty_like(x, memory_format=torch.contiguous_format)
         ws = _workspace(_bwd_ws, _C.prod_bwd_workspace, x, ctx.dim)
         _C.prod_bwd(x, ctx.dim, grad.contiguous(), grad_in, ws)
         return grad_in, None
