@@ -8,16 +8,26 @@
 OUT=${OUT:-/tmp/gemsops_out}
 export GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+#   A variant "@FILE" builds FILE in place of AB_FILE (say, the committed
+#   version saved by `git show HEAD:$AB_FILE > FILE`) with no extra flags.
 timer=$1
 shift
 n=0
-for flags in "$@" "$1"; do
+cp "$AB_FILE" /tmp/ab_file.orig
+for variant in "$@" "$1"; do
+    flags=$variant
+    cp /tmp/ab_file.orig "$AB_FILE"
+    if [ "${variant#@}" != "$variant" ]; then
+        cp "${variant#@}" "$AB_FILE"
+        flags=
+    fi
     touch "$AB_FILE"
     NVCC_APPEND_FLAGS="$flags" python3 setup.py build_ext --inplace \
         > "$OUT/build_ab.log" 2>&1 || tail -20 "$OUT/build_ab.log"
     grep -q "building 'gemsops._C'" "$OUT/build_ab.log" || echo "!! not relinked"
-    echo "== variant $n: ${flags:-(as committed)}"
+    echo "== variant $n: ${variant:-(as committed)}"
     eval "$timer" | tee "$OUT/ab_$n.txt"
     n=$((n + 1))
 done
+cp /tmp/ab_file.orig "$AB_FILE"
 rm -f "$OUT/build_ab.log"

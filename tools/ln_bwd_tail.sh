@@ -6,6 +6,7 @@
 # Run after a build (tools/device_check.sh none).
 # usage: bash tools/ln_bwd_tail.sh [M,N,dtype ...]  (default 16384,4096,bfloat16)
 OUT=${OUT:-/tmp/gemsops_out}
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 cases=${*:-16384,4096,bfloat16}
 for c in $cases; do
     IFS=, read -r m n dt <<< "$c"
@@ -17,7 +18,9 @@ for c in $cases; do
             python3 tools/ln_bwd_ncu.py "$m" "$n" "$dt" 4 "$grads" \
             > "$OUT/ncu_tail_${m}x${n}_${dt}_${grads}.txt" 2>&1
         echo "== $c $grads"
+        f="$OUT/ncu_tail_${m}x${n}_${dt}_${grads}.txt"
+        grep -q Duration "$f" || tail -5 "$f"
         grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|L2 Cache Throughput|Mem Busy" \
-            "$OUT/ncu_tail_${m}x${n}_${dt}_${grads}.txt" | head -20
+            "$f" | head -20
     done
 done

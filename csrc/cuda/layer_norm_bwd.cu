@@ -35,8 +35,14 @@
 //
 // Rows longer than one CTA's threads hold (8192 elements; 4096 in fp64)
 // are split over co-resident CTAs that exchange their (c1, c2) partials
-// through global memory (split_exchange): x and dy are still read once.
-// This is the long-row path; there is no re-read.
+// through global memory (split_publish / split_collect): x and dy are
+// still read once. This is the long-row path; there is no re-read. Its
+// kernel (LAG) finishes each row one step late: step k publishes row k's
+// partials and then finishes row k - 1 from its ring stage, so the other
+// slabs' partials arrive while row k's first pass runs instead of
+// stalling the CTA every row (H100, same-run A/B/A, graph replays:
+// 256 x 262144 bf16 271 -> 201 us, fp32 441 -> 367; 1024 x 65536 bf16
+// 286 -> 226; 4096 x 12288 bf16 171 -> 151).
 //
 // Bytes: read x and dy once, write dx once (3 * N * sizeof(T) per row);
 // mean/rstd per row; dW/dB: 2 * N atomics per CTA (grid ~ #SMs * occupancy).
@@ -121,7 +127,7 @@ __device__ __forceinline__ void ring_wait(int pending)
     }
 }
 
-template <typename T, typename P, int TPR, int VEC, int E>
+template <typename T, typename P, int TPR, int VEC, int E, bool LAG>
 __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_sm_threads<T, E>()))
     layer_norm_bwd_fused_atomic(const bwd_args<T, P> a)
 {
@@ -137,7 +143,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     // [mean][rstd] as [BLOCK] each; a thread uses column threadIdx.x only.
     extern __shared__ uint4 ring_words[];
     __shared__ A red[2 * 32 * 2];
-    __shared__ A merged[2];
+    __shared__ A merged[2 * 2];
     __shared__ A colsum[ROWS_PER_CTA > 1 ? ROWS_PER_CTA * SLAB : 1];
     int parity = 0;
 
@@ -240,31 +246,92 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
         w_smem[i * BLOCK] = wv;
     }
 
+    // Split rows wait for the other slabs' partials of every row: one L2
+    // round trip at best, the row's slowest slab at worst. LAG defers the
+    // wait by a row: step k publishes row k's partials, then finishes row
+    // k - 1, whose partials had row k's first pass to arrive. Row k - 1's
+    // x and dy wait in its ring stage, so the ring prefetches one row less
+    // (the launcher picks LAG for split rows with dx, a ring of >= 2
+    // stages). A kernel of its own: as a runtime choice the two loop
+    // shapes raised every instantiation's registers (short rows spilled).
+    static_assert(!LAG || RING, "LAG re-reads rows from the ring");
+    constexpr int lag = LAG ? 1 : 0;
     if constexpr (RING) {
-        for (int k = 0; k < a.stages - 1; k++) {
+        for (int k = 0; k < a.stages - 1 - lag; k++) {
             issue();
         }
     }
-    for (int64_t k = 0, row = first_row; k < steps; k++, row += step_rows) {
-        const bool row_ok = row < a.rows;
-        // x and dy stay in their storage type; xhat and g are recomputed
-        // in the second pass instead of being held as fp32.
-        V xv[ITEMS], dv[ITEMS];
-        A mean = 0, rstd = 0;
+    auto stage_at = [&](int stage) {
+        return reinterpret_cast<const char *>(ring_words) + stage * STAGE_BYTES;
+    };
+    // This thread's x and dy of the row in the ring stage at st.
+    auto read_xd = [&](const char *st, V (&xv)[ITEMS], V (&dv)[ITEMS]) {
+        const V *xs = reinterpret_cast<const V *>(st) + threadIdx.x;
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            xv[i] = xs[i * BLOCK];
+            dv[i] = xs[(ITEMS + i) * BLOCK];
+        }
+    };
+    // Items past the row (or of a row past the end) were not loaded:
+    // zeros make their terms vanish from c1, c2 and dW/dB.
+    auto pad = [&](bool row_ok, V (&xv)[ITEMS], V (&dv)[ITEMS]) {
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (!row_ok || i * STEP >= lim) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    xv[i].v[v] = from_acc<T>(A(0));
+                    dv[i].v[v] = from_acc<T>(A(0));
+                }
+            }
+        }
+    };
+    // Second pass over a row: dx = rstd * (g - (xhat * c1 + c2) / N), and
+    // the row's dW/dB terms. g - g is exactly 0 when N = 1, which a form
+    // with rstd folded into the constants loses.
+    auto finish = [&](int64_t row, bool row_ok, const V (&xv)[ITEMS],
+                      const V (&dv)[ITEMS], A mean, A rstd, A c1, A c2) {
+        const A c1n = c1 * inv_n;
+        const A c2n = c2 * inv_n;
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (!row_ok || i * STEP >= lim) {
+                continue;
+            }
+            const vec_t<P, VEC> wv = w_smem[i * BLOCK];
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                const A xh = (widen<A>(xv[i].v[v]) - mean) * rstd;
+                const A d = widen<A>(dv[i].v[v]);
+                const A g = d * widen<A>(wv.v[v]);
+                out[v] = rstd * (g - (xh * c1n + c2n));
+                dw[i][v] += d * xh;
+                db[i][v] += d;
+            }
+            if (a.dx) {
+                store_rounded<T, VEC>(a.dx + row * a.dx_stride + col0 +
+                                          i * STEP,
+                                      out);
+            }
+        }
+    };
+    // Row `row`'s x, dy (this thread's items), mean and rstd, from the ring
+    // (refilling the stage finished lag + 1 steps ago) or from global
+    // memory; returns the ring stage it read.
+    auto load = [&](int64_t row, bool row_ok, V (&xv)[ITEMS], V (&dv)[ITEMS],
+                    A &mean, A &rstd) {
+        int stage = 0;
         if constexpr (RING) {
-            issue(); // refills the stage read at the previous step
-            ring_wait(a.stages - 1);
-            const char *st = reinterpret_cast<const char *>(ring_words) +
-                             read_stage * STAGE_BYTES;
+            issue();
+            ring_wait(a.stages - 1 - lag);
+            const char *st = stage_at(read_stage);
+            stage = read_stage;
             read_stage = next_stage(read_stage);
-            const V *xs = reinterpret_cast<const V *>(st) + threadIdx.x;
+            read_xd(st, xv, dv);
             const A *stats = reinterpret_cast<const A *>(
                 reinterpret_cast<const V *>(st) + 2 * ITEMS * BLOCK);
-#pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
-                xv[i] = xs[i * BLOCK];
-                dv[i] = xs[(ITEMS + i) * BLOCK];
-            }
             A m = 0, r = 0;
             if (stat_owner) {
                 m = stats[threadIdx.x];
@@ -292,76 +359,106 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
                 rstd = a.rstd[row];
             }
         }
-        // Items past the row (or of a row past the end) were not loaded:
-        // zeros make their terms vanish from c1, c2 and dW/dB.
+        pad(row_ok, xv, dv);
+        return stage;
+    };
+    // First pass: the CTA's partials c1 = sum g * xhat, c2 = sum g.
+    auto partials = [&](const V (&xv)[ITEMS], const V (&dv)[ITEMS], A mean,
+                        A rstd, A (&c)[2]) {
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
-            if (!row_ok || i * STEP >= lim) {
+            const vec_t<P, VEC> wv = w_smem[i * BLOCK];
 #pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    xv[i].v[v] = from_acc<T>(A(0));
-                    dv[i].v[v] = from_acc<T>(A(0));
-                }
+            for (int v = 0; v < VEC; v++) {
+                // not x * rstd - mean * rstd: that cancels when x ~ mean
+                // and rstd is large (N = 1: xhat must be 0)
+                const A xh = (widen<A>(xv[i].v[v]) - mean) * rstd;
+                const A g = widen<A>(dv[i].v[v]) * widen<A>(wv.v[v]);
+                c[0] += g * xh;
+                c[1] += g;
             }
         }
-        A c[2] = {0, 0};
-        if (a.dx) {
-#pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
-                const vec_t<P, VEC> wv = w_smem[i * BLOCK];
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    // not x * rstd - mean * rstd: that cancels when
-                    // x ~ mean and rstd is large (N = 1: xhat must be 0)
-                    const A xh = (widen<A>(xv[i].v[v]) - mean) * rstd;
-                    const A g = widen<A>(dv[i].v[v]) * widen<A>(wv.v[v]);
-                    c[0] += g * xh;
-                    c[1] += g;
+        row_sum<TPR, 2>(c, red, parity);
+    };
+    if constexpr (!LAG) {
+        for (int64_t k = 0, row = first_row; k < steps;
+             k++, row += step_rows) {
+            const bool row_ok = row < a.rows;
+            // x and dy stay in their storage type; xhat and g are
+            // recomputed in the second pass instead of being held as fp32.
+            V xv[ITEMS], dv[ITEMS];
+            A mean = 0, rstd = 0;
+            load(row, row_ok, xv, dv, mean, rstd);
+            A c[2] = {0, 0};
+            if (a.dx) {
+                partials(xv, dv, mean, rstd, c);
+                if (a.split > 1) {
+                    // one row per CTA here (TPR >= 128): row_ok is uniform
+                    if (threadIdx.x < 32 && row_ok) {
+                        if (threadIdx.x == 0) {
+                            split_publish(a.exchange, row, slab, a.split,
+                                          c[0], c[1]);
+                        }
+                        split_collect(a.exchange, row, a.split, c[0], c[1]);
+                        if (threadIdx.x == 0) {
+                            merged[0] = c[0];
+                            merged[1] = c[1];
+                        }
+                    }
+                    __syncthreads();
+                    // merged[] is next written after the next row's row_sum
+                    // barrier, which every thread reaches after this read
+                    c[0] = merged[0];
+                    c[1] = merged[1];
                 }
             }
-            row_sum<TPR, 2>(c, red, parity);
-            if (a.split > 1) {
-                // one row per CTA here (TPR >= 128): row_ok is uniform
-                if (threadIdx.x < 32 && row_ok) {
-                    split_exchange(a.exchange, row, slab, a.split, c[0],
-                                   c[1]);
+            finish(row, row_ok, xv, dv, mean, rstd, c[0], c[1]);
+        }
+    }
+    else {
+        // Step k: first pass and publish of row k (k < steps), then the
+        // second pass of row k - 1 (k > 0), re-read from its ring stage.
+        int held_stage = 0;
+        A held_mean = 0, held_rstd = 0;
+        for (int64_t k = 0, row = first_row; k <= steps;
+             k++, row += step_rows) {
+            int stage = 0;
+            A mean = 0, rstd = 0;
+            if (k < steps) {
+                const bool row_ok = row < a.rows;
+                V xv[ITEMS], dv[ITEMS];
+                stage = load(row, row_ok, xv, dv, mean, rstd);
+                A c[2] = {0, 0};
+                partials(xv, dv, mean, rstd, c);
+                if (threadIdx.x == 0 && row_ok) {
+                    split_publish(a.exchange, row, slab, a.split, c[0], c[1]);
+                }
+            }
+            if (k > 0) {
+                const int64_t held = row - step_rows;
+                const bool held_ok = held < a.rows;
+                // merged[] alternates between two slots: slot k % 2 is
+                // next written at step k + 2, after the barrier below of
+                // step k + 1, which each thread reaches after its read here
+                A *const m = merged + 2 * (int)(k & 1);
+                if (threadIdx.x < 32 && held_ok) {
+                    A t0, t1;
+                    split_collect(a.exchange, held, a.split, t0, t1);
                     if (threadIdx.x == 0) {
-                        merged[0] = c[0];
-                        merged[1] = c[1];
+                        m[0] = t0;
+                        m[1] = t1;
                     }
                 }
                 __syncthreads();
-                // merged[] is next written after the next row's row_sum
-                // barrier, which every thread reaches after this read
-                c[0] = merged[0];
-                c[1] = merged[1];
+                V xv[ITEMS], dv[ITEMS];
+                read_xd(stage_at(held_stage), xv, dv);
+                pad(held_ok, xv, dv);
+                finish(held, held_ok, xv, dv, held_mean, held_rstd, m[0],
+                       m[1]);
             }
-        }
-        // dx = rstd * (g - (xhat * c1 + c2) / N); g - g is exactly 0 when
-        // N = 1, which a form with rstd folded into the constants loses
-        const A c1n = c[0] * inv_n;
-        const A c2n = c[1] * inv_n;
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            if (!row_ok || i * STEP >= lim) {
-                continue;
-            }
-            const vec_t<P, VEC> wv = w_smem[i * BLOCK];
-            A out[VEC];
-#pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                const A xh = (widen<A>(xv[i].v[v]) - mean) * rstd;
-                const A d = widen<A>(dv[i].v[v]);
-                const A g = d * widen<A>(wv.v[v]);
-                out[v] = rstd * (g - (xh * c1n + c2n));
-                dw[i][v] += d * xh;
-                db[i][v] += d;
-            }
-            if (a.dx) {
-                store_rounded<T, VEC>(a.dx + row * a.dx_stride + col0 +
-                                          i * STEP,
-                                      out);
-            }
+            held_stage = stage;
+            held_mean = mean;
+            held_rstd = rstd;
         }
     }
     if constexpr (RING) {
@@ -518,13 +615,13 @@ bwd_ring_plan plan_ring(const device_facts &f)
 }
 
 // CTAs of this instantiation resident per SM with its ring.
-template <typename T, typename P, int TPR, int VEC, int E>
+template <typename T, typename P, int TPR, int VEC, int E, bool LAG = false>
 int ctas_per_sm(int device, const device_facts &f, gemsops_status *st,
                 int *out)
 {
     const bwd_ring_plan r = plan_ring<T, P, TPR, VEC, E>(f);
     int total = 0;
-    if (resident_ctas((const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E>,
+    if (resident_ctas((const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, LAG>,
                       device, layer_norm_block_threads(TPR), r.smem, &total,
                       st)) {
         return st->code;
@@ -611,6 +708,16 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         return st->code;
     }
     occ = occ < occ_scalar ? occ : occ_scalar;
+    constexpr int V16 = 16 / sizeof(T);
+    // split rows may take the LAG kernel: it must fit as many per SM
+    constexpr bool kLag = TPR >= 128 && bwd_ring<T, V16>();
+    if constexpr (kLag) {
+        int occ_lag = 0;
+        if (ctas_per_sm<T, P, TPR, V16, E, true>(p->device_id, f, st, &occ_lag)) {
+            return st->code;
+        }
+        occ = occ < occ_lag ? occ : occ_lag;
+    }
     const int64_t grid = layer_norm_grid(p->rows, shape, 1, occ, f.sm_count,
                                          kMinRowsPerCta);
     const bwd_layout l = plan_layout<T, P>(p, shape, grid);
@@ -664,9 +771,19 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + zero_from, 0,
                                                l.zeroed - zero_from, stream));
     }
-    layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E>
-        <<<(unsigned)grid, layer_norm_block_threads(TPR), ring.smem,
-           stream>>>(a);
+    const unsigned block = layer_norm_block_threads(TPR);
+    bool lagged = false;
+    if constexpr (TPR >= 128 && bwd_ring<T, VEC>()) {
+        if (shape.split > 1 && a.dx && ring.stages >= 2) {
+            layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, true>
+                <<<(unsigned)grid, block, ring.smem, stream>>>(a);
+            lagged = true;
+        }
+    }
+    if (!lagged) {
+        layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, false>
+            <<<(unsigned)grid, block, ring.smem, stream>>>(a);
+    }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_fused_atomic");
     if (a.dw || a.db) {
         // launched as a programmatic dependent on sm_90 (pdl_wait_primary):

@@ -122,9 +122,8 @@ __device__ __forceinline__ double from_bits(unsigned long long b, double)
     return __longlong_as_double((long long)b);
 }
 
-// Publishes this CTA's two partials (v0, v1) for `row` and returns the
-// row's totals in v0, v1 once every slab has published. Called by the 32
-// lanes of one warp, each holding the CTA's partials.
+// A row's slabs exchange their two partials (v0, v1) through global
+// memory: each CTA publishes its own, then collects all of them.
 //
 // The slots are zero when the launch starts and each is written once, so
 // a slot's own bits say whether it has arrived: a partial of +0 is
@@ -136,15 +135,22 @@ __device__ __forceinline__ double from_bits(unsigned long long b, double)
 // a counter waited ~split / 4 round trips: ~4 us a row step at 32 slabs
 // on the H100.)
 template <typename A>
-__device__ void split_exchange(A *partials, int64_t row, int slab, int split,
-                               A &v0, A &v1)
+__device__ __forceinline__ void split_publish(A *partials, int64_t row,
+                                              int slab, int split, A v0, A v1)
+{
+    A *all = partials + row * split * 2;
+    st_relaxed(all + 2 * slab, v0 == A(0) ? -A(0) : v0);
+    st_relaxed(all + 2 * slab + 1, v1 == A(0) ? -A(0) : v1);
+}
+
+// The row's totals once every slab has published; called by the 32 lanes
+// of one warp.
+template <typename A>
+__device__ void split_collect(const A *partials, int64_t row, int split,
+                              A &v0, A &v1)
 {
     const int lane = threadIdx.x % 32;
-    A *all = partials + row * split * 2;
-    if (lane == 0) {
-        st_relaxed(all + 2 * slab, v0 == A(0) ? -A(0) : v0);
-        st_relaxed(all + 2 * slab + 1, v1 == A(0) ? -A(0) : v1);
-    }
+    const A *all = partials + row * split * 2;
     A s0 = 0, s1 = 0;
     for (int j = lane; j < split; j += 32) {
         unsigned long long b0, b1;
