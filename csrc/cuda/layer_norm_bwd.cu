@@ -774,7 +774,14 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     const unsigned block = layer_norm_block_threads(TPR);
     bool lagged = false;
     if constexpr (TPR >= 128 && bwd_ring<T, VEC>()) {
-        if (shape.split > 1 && a.dx && ring.stages >= 2) {
+        // LAG holds a row back, so the ring prefetches one row less: with
+        // 3 stages (fp32) just one. At 2 slabs the exchange wait is short
+        // and the deeper prefetch wins (H100, same-run A/B/A, graph
+        // replays, 2048 x 16384 fp32: 182.0 us without LAG, 203.2 with
+        // it); with 3 or more slabs, or 4 stages, LAG won everywhere
+        // measured (4096 x 12288 fp32, 3 slabs: equal).
+        const bool lag_pays = shape.split > 2 || ring.stages > 3;
+        if (shape.split > 1 && a.dx && ring.stages >= 2 && lag_pays) {
             layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, true>
                 <<<(unsigned)grid, block, ring.smem, stream>>>(a);
             lagged = true;
