@@ -251,8 +251,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     // wait by a row: step k publishes row k's partials, then finishes row
     // k - 1, whose partials had row k's first pass to arrive. Row k - 1's
     // x and dy wait in its ring stage, so the ring prefetches one row less
-    // (the launcher picks LAG for split rows with dx, a ring of >= 2
-    // stages). A kernel of its own: as a runtime choice the two loop
+    // (the launcher picks LAG for split rows with dx where that pays: see
+    // run()). A kernel of its own: as a runtime choice the two loop
     // shapes raised every instantiation's registers (short rows spilled).
     static_assert(!LAG || RING, "LAG re-reads rows from the ring");
     constexpr int lag = LAG ? 1 : 0;
