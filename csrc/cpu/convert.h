@@ -2,6 +2,8 @@
  * buffer, whatever the storage dtype. */
 #pragma once
 
+#include <string.h>
+
 #include "gemsops/half.h"
 #include "gemsops/tensor.h"
 
@@ -37,18 +39,68 @@ gemsops_store_f64(void *base, gemsops_dtype dt, int64_t i, double v)
     }
 }
 
+/* Whole rows: one dtype switch per row, then a plain loop the compiler
+ * can vectorize (a switch per element kept every row loop scalar). */
 static inline void
 gemsops_load_row(const void *src, gemsops_dtype dt, int64_t n, double *dst)
 {
-    for (int64_t i = 0; i < n; i++) {
-        dst[i] = gemsops_load_f64(src, dt, i);
+    switch (dt) {
+    case GEMSOPS_FLOAT32: {
+        const float *s = src;
+        for (int64_t i = 0; i < n; i++) {
+            dst[i] = s[i];
+        }
+        break;
+    }
+    case GEMSOPS_FLOAT64: memcpy(dst, src, (size_t)n * sizeof *dst); break;
+    case GEMSOPS_BFLOAT16: {
+        const uint16_t *s = src;
+        for (int64_t i = 0; i < n; i++) {
+            dst[i] = gemsops_bf16_to_float(s[i]);
+        }
+        break;
+    }
+    case GEMSOPS_FLOAT16: {
+        const uint16_t *s = src;
+        for (int64_t i = 0; i < n; i++) {
+            dst[i] = gemsops_half_to_float(s[i]);
+        }
+        break;
+    }
+    default:
+        for (int64_t i = 0; i < n; i++) {
+            dst[i] = gemsops_load_f64(src, dt, i);
+        }
+        break;
     }
 }
 
 static inline void
 gemsops_store_row(const double *src, gemsops_dtype dt, int64_t n, void *dst)
 {
-    for (int64_t i = 0; i < n; i++) {
-        gemsops_store_f64(dst, dt, i, src[i]);
+    switch (dt) {
+    case GEMSOPS_FLOAT32: {
+        float *d = dst;
+        for (int64_t i = 0; i < n; i++) {
+            d[i] = (float)src[i];
+        }
+        break;
+    }
+    case GEMSOPS_FLOAT64: memcpy(dst, src, (size_t)n * sizeof *src); break;
+    case GEMSOPS_BFLOAT16: {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++) {
+            d[i] = gemsops_float_to_bf16((float)src[i]);
+        }
+        break;
+    }
+    case GEMSOPS_FLOAT16: {
+        uint16_t *d = dst;
+        for (int64_t i = 0; i < n; i++) {
+            d[i] = gemsops_float_to_half((float)src[i]);
+        }
+        break;
+    }
+    default: break; /* float types only */
     }
 }
