@@ -5,7 +5,13 @@
  * single line (the full product) is split into per-thread chunks whose
  * partial products are combined in thread order. Floats accumulate in
  * double (rounded once to the output dtype); integers in uint64, which
- * wraps exactly as torch's int64 products do. */
+ * wraps exactly as torch's int64 products do.
+ *
+ * Unit-stride runs (the reduced dim innermost, or a dense full product)
+ * multiply in `omp simd` lanes with one dtype switch per run (run_f64 /
+ * run_u64): a serial chain of double multiplies, one element at a time
+ * through a dtype switch and an index computation, ran at ~1/6 to 1/18
+ * of torch's speed. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +19,7 @@
 #include "convert.h"
 #include "gemsops/prod.h"
 #include "parallel.h"
+#include "simd.h"
 
 /* Element offset of the `k`-th element (row-major over `sizes`). */
 static int64_t
@@ -45,6 +52,142 @@ load_u64(const void *base, gemsops_dtype dt, int64_t i)
     case GEMSOPS_INT64: return (uint64_t)((const int64_t *)base)[i];
     default: return 0;
     }
+}
+
+/* Product of the `len` unit-stride elements at base + off: floats widened
+ * to double, lanes multiplied in a fixed order for a given build. */
+GEMSOPS_SIMD_CLONES static double
+run_f64(const void *base, gemsops_dtype dt, int64_t off, int64_t len)
+{
+    double f = 1.0;
+    switch (dt) {
+    case GEMSOPS_FLOAT32: {
+        const float *s = (const float *)base + off;
+#pragma omp simd reduction(* : f)
+        for (int64_t r = 0; r < len; r++) {
+            f *= s[r];
+        }
+        break;
+    }
+    case GEMSOPS_FLOAT64: {
+        const double *s = (const double *)base + off;
+#pragma omp simd reduction(* : f)
+        for (int64_t r = 0; r < len; r++) {
+            f *= s[r];
+        }
+        break;
+    }
+    case GEMSOPS_BFLOAT16: {
+        const uint16_t *s = (const uint16_t *)base + off;
+#pragma omp simd reduction(* : f)
+        for (int64_t r = 0; r < len; r++) {
+            f *= gemsops_bf16_to_float(s[r]);
+        }
+        break;
+    }
+    case GEMSOPS_FLOAT16: {
+        const uint16_t *s = (const uint16_t *)base + off;
+#pragma omp simd reduction(* : f)
+        for (int64_t r = 0; r < len; r++) {
+            f *= gemsops_half_to_float(s[r]);
+        }
+        break;
+    }
+    default: break;
+    }
+    return f;
+}
+
+/* The same for bool and integers, in uint64 (exact in any order). */
+GEMSOPS_SIMD_CLONES static uint64_t
+run_u64(const void *base, gemsops_dtype dt, int64_t off, int64_t len)
+{
+    uint64_t u = 1;
+#define GEMSOPS_RUN_U64(CT, WIDEN)                                       \
+    {                                                                    \
+        const CT *s = (const CT *)base + off;                            \
+        _Pragma("omp simd reduction(* : u)")                             \
+        for (int64_t r = 0; r < len; r++) {                              \
+            u *= WIDEN(s[r]);                                            \
+        }                                                                \
+    }                                                                    \
+    break;
+#define GEMSOPS_BOOL_U64(v) (uint64_t)((v) != 0)
+#define GEMSOPS_SIGNED_U64(v) (uint64_t)(int64_t)(v)
+    switch (dt) {
+    case GEMSOPS_BOOL: GEMSOPS_RUN_U64(uint8_t, GEMSOPS_BOOL_U64)
+    case GEMSOPS_UINT8: GEMSOPS_RUN_U64(uint8_t, (uint64_t))
+    case GEMSOPS_INT8: GEMSOPS_RUN_U64(int8_t, GEMSOPS_SIGNED_U64)
+    case GEMSOPS_INT16: GEMSOPS_RUN_U64(int16_t, GEMSOPS_SIGNED_U64)
+    case GEMSOPS_INT32: GEMSOPS_RUN_U64(int32_t, GEMSOPS_SIGNED_U64)
+    case GEMSOPS_INT64: GEMSOPS_RUN_U64(int64_t, (uint64_t))
+    default: break;
+    }
+#undef GEMSOPS_RUN_U64
+#undef GEMSOPS_BOOL_U64
+#undef GEMSOPS_SIGNED_U64
+    return u;
+}
+
+/* acc[i] *= x[off + i] for i < nb: one row of a block of unit-stride
+ * columns (SIMD across the columns; each column keeps its serial order). */
+GEMSOPS_SIMD_CLONES static void
+cols_f64(const void *base, gemsops_dtype dt, int64_t off, int nb, double *acc)
+{
+    switch (dt) {
+    case GEMSOPS_FLOAT32: {
+        const float *s = (const float *)base + off;
+#pragma omp simd
+        for (int i = 0; i < nb; i++) {
+            acc[i] *= s[i];
+        }
+        break;
+    }
+    case GEMSOPS_BFLOAT16: {
+        const uint16_t *s = (const uint16_t *)base + off;
+#pragma omp simd
+        for (int i = 0; i < nb; i++) {
+            acc[i] *= gemsops_bf16_to_float(s[i]);
+        }
+        break;
+    }
+    case GEMSOPS_FLOAT16: {
+        const uint16_t *s = (const uint16_t *)base + off;
+#pragma omp simd
+        for (int i = 0; i < nb; i++) {
+            acc[i] *= gemsops_half_to_float(s[i]);
+        }
+        break;
+    }
+    default:
+        for (int i = 0; i < nb; i++) {
+            acc[i] *= gemsops_load_f64(base, dt, off + i);
+        }
+        break;
+    }
+}
+
+GEMSOPS_SIMD_CLONES static void
+cols_u64(const void *base, gemsops_dtype dt, int64_t off, int nb,
+         uint64_t *acc)
+{
+    for (int i = 0; i < nb; i++) {
+        acc[i] *= load_u64(base, dt, off + i);
+    }
+}
+
+/* x is dense in row-major order (size-1 dims aside): element k sits at k. */
+static int
+is_dense(const struct gemsops_tensor *x)
+{
+    int64_t expect = 1;
+    for (int d = x->ndim - 1; d >= 0; d--) {
+        if (x->sizes[d] != 1 && x->strides[d] != expect) {
+            return 0;
+        }
+        expect *= x->sizes[d];
+    }
+    return 1;
 }
 
 /* The line layout: `lines` lines of `len` elements, element r of line o at
@@ -100,6 +243,7 @@ gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st)
     const struct gemsops_tensor *x = &p->x;
     const struct lines l = lines_of(x, p->dim);
     const int integral = is_integral(x->dtype);
+    const int dense = l.full && is_dense(x);
     if (l.count == 1) { /* one long line: chunks per thread, in order */
         const int nt = gemsops_thread_count();
         double *pf = malloc(nt * sizeof *pf);
@@ -117,7 +261,13 @@ gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st)
             const int64_t lo = l.len * t / n, hi = l.len * (t + 1) / n;
             double f = 1.0;
             uint64_t u = 1;
-            for (int64_t r = lo; r < hi; r++) {
+            if (dense && integral) {
+                u = run_u64(x->data, x->dtype, lo, hi - lo);
+            }
+            else if (dense) {
+                f = run_f64(x->data, x->dtype, lo, hi - lo);
+            }
+            for (int64_t r = lo; r < hi && !dense; r++) {
                 const int64_t off = element(&l, x, 0, r);
                 if (integral) {
                     u *= load_u64(x->data, x->dtype, off);
@@ -151,10 +301,58 @@ gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st)
         }
         return GEMSOPS_OK;
     }
+    if (l.step != 1 && l.kept_ndim > 0 &&
+        l.kept_strides[l.kept_ndim - 1] == 1) {
+        /* The innermost kept dim is unit-stride: blocks of CPU_COLS
+         * adjacent lines walk down the reduced dim together, a row of
+         * the block at a time (a line alone strides through memory). */
+        enum { CPU_COLS = 256 };
+        const int64_t inner = l.kept_sizes[l.kept_ndim - 1];
+        const int64_t per = (inner + CPU_COLS - 1) / CPU_COLS;
+        const int64_t blocks = l.count / inner * per;
+#pragma omp parallel for schedule(static)
+        for (int64_t k = 0; k < blocks; k++) {
+            const int64_t o0 = k / per * inner + k % per * CPU_COLS;
+            const int64_t left = inner - k % per * CPU_COLS;
+            const int nb = (int)(left < CPU_COLS ? left : CPU_COLS);
+            const int64_t base = element(&l, x, o0, 0);
+            double f[CPU_COLS];
+            uint64_t u[CPU_COLS];
+            for (int i = 0; i < nb; i++) {
+                f[i] = 1.0;
+                u[i] = 1;
+            }
+            for (int64_t r = 0; r < l.len; r++) {
+                if (integral) {
+                    cols_u64(x->data, x->dtype, base + r * l.step, nb, u);
+                }
+                else {
+                    cols_f64(x->data, x->dtype, base + r * l.step, nb, f);
+                }
+            }
+            for (int i = 0; i < nb; i++) {
+                if (integral) {
+                    ((int64_t *)p->out)[o0 + i] = (int64_t)u[i];
+                }
+                else {
+                    gemsops_store_f64(p->out, p->out_dtype, o0 + i, f[i]);
+                }
+            }
+        }
+        return GEMSOPS_OK;
+    }
 #pragma omp parallel for schedule(static)
     for (int64_t o = 0; o < l.count; o++) {
         const int64_t base = element(&l, x, o, 0);
-        if (integral) {
+        if (l.step == 1 && integral) {
+            ((int64_t *)p->out)[o] =
+                (int64_t)run_u64(x->data, x->dtype, base, l.len);
+        }
+        else if (l.step == 1) {
+            gemsops_store_f64(p->out, p->out_dtype, o,
+                              run_f64(x->data, x->dtype, base, l.len));
+        }
+        else if (integral) {
             uint64_t u = 1;
             for (int64_t r = 0; r < l.len; r++) {
                 u *= load_u64(x->data, x->dtype, base + r * l.step);
