@@ -157,6 +157,31 @@ def test_autograd_needs_input_grad(device):
     assert x.grad is None and b.grad is None and w.grad is not None
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_backward_takes_torch_cpu_half_stats(dtype):
+    # torch's CPU native_layer_norm returns mean/rstd in the input's half
+    # type; layer_norm_backward widens them (a Python step, the same on
+    # every device) and then matches the call given fp32 statistics
+    x = torch.randn(64, 96, dtype=dtype)
+    w, b = torch.randn(96, dtype=dtype), torch.randn(96, dtype=dtype)
+    g = torch.randn_like(x)
+    _, mean, rstd = torch.native_layer_norm(x, (96,), w, b, 1e-5)
+    assert mean.dtype == dtype
+    got = gemsops.layer_norm_backward(g, x, (96,), mean, rstd, w, b)
+    want = gemsops.layer_norm_backward(g, x, (96,), mean.float(),
+                                       rstd.float(), w, b)
+    for o, e in zip(got, want):
+        assert o.dtype == dtype and torch.equal(o, e)
+    theirs = torch.ops.aten.native_layer_norm_backward(
+        g, x, (96,), mean, rstd, w, b, (True, True, True))
+    leaves = [t.double().requires_grad_() for t in (x, w, b)]
+    layer_norm_reference(leaves[0], (96,), leaves[1], leaves[2])[0].backward(
+        g.double())
+    for name, o, t, leaf in zip(("dx", "dw", "db"), got, theirs, leaves):
+        assert_close(o, leaf.grad, dtype, torch_out=t, name=name,
+                     reduce_len=64 if name != "dx" else 1)
+
+
 def test_non_contiguous_rows_read_in_place(device):
     base = torch.randn(300, 1000 + 24, device=device)
     x = base[:, 8:1008]  # rows with a stride, last dim contiguous

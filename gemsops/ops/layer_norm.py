@@ -224,8 +224,14 @@ def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
                         weight=None, bias=None,
                         output_mask=(True, True, True), deterministic=None):
     """Like torch.ops.aten.native_layer_norm_backward: (grad_input,
-    grad_weight, grad_bias), each None where output_mask says so."""
+    grad_weight, grad_bias), each None where output_mask says so. mean and
+    rstd may come in the input's half type, as torch's CPU
+    native_layer_norm returns them; they are widened to fp32 first."""
     shape, weight, bias = _prepare(input, normalized_shape, weight, bias)
+    sd = _stats_dtype(input.dtype)
+    mean, rstd = (s.to(sd) if isinstance(s, torch.Tensor) and s.dtype in
+                  (torch.float16, torch.bfloat16) and sd == torch.float32
+                  else s for s in (mean, rstd))
     return _backward(grad_out, input, shape, weight, mean.reshape(-1),
                      rstd.reshape(-1), bool(output_mask[0]),
                      bool(output_mask[1]) and weight is not None,
