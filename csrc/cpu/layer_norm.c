@@ -39,47 +39,57 @@ load_param(const void *param, gemsops_dtype dt, int64_t n, double fill)
     return v;
 }
 
+/* A double rounded once to a storage type (half types through float, as
+ * the CUDA kernels round). */
+static inline float narrow_f32(double v) { return (float)v; }
+static inline double narrow_f64(double v) { return v; }
+static inline uint16_t narrow_bf16(double v) { return gemsops_float_to_bf16((float)v); }
+static inline uint16_t narrow_f16(double v) { return gemsops_float_to_half((float)v); }
+
+/* for (c < n) ((CT *)dst)[c] = NARROW(EXPR): the row loops that end in a
+ * store, one per float type, with `c` bound in EXPR. */
+#define GEMSOPS_STORE_ROW(dst, dt, EXPR)                                 \
+    switch (dt) {                                                        \
+    case GEMSOPS_FLOAT32: GEMSOPS_STORE_AS(dst, float, narrow_f32, EXPR) \
+    case GEMSOPS_FLOAT64: GEMSOPS_STORE_AS(dst, double, narrow_f64, EXPR) \
+    case GEMSOPS_BFLOAT16:                                               \
+        GEMSOPS_STORE_AS(dst, uint16_t, narrow_bf16, EXPR)               \
+    case GEMSOPS_FLOAT16: GEMSOPS_STORE_AS(dst, uint16_t, narrow_f16, EXPR) \
+    default: break;                                                      \
+    }
+#define GEMSOPS_STORE_AS(dst, CT, NARROW, EXPR)                          \
+    {                                                                    \
+        CT *d_ = (dst);                                                  \
+        _Pragma("omp simd")                                              \
+        for (int64_t c = 0; c < n; c++) {                                \
+            d_[c] = NARROW(EXPR);                                        \
+        }                                                                \
+    }                                                                    \
+    break;
+
 /* x's row widened into buf, returning its sum: one fused pass. */
 static inline double
 load_sum(const void *x, gemsops_dtype dt, int64_t n, double *buf)
 {
     double sum = 0;
+#define GEMSOPS_LOAD_SUM(CT, WIDEN)                                      \
+    {                                                                    \
+        const CT *s = x;                                                 \
+        _Pragma("omp simd reduction(+ : sum)")                           \
+        for (int64_t c = 0; c < n; c++) {                                \
+            buf[c] = WIDEN(s[c]);                                        \
+            sum += buf[c];                                               \
+        }                                                                \
+    }                                                                    \
+    break;
     switch (dt) {
-    case GEMSOPS_FLOAT32: {
-        const float *s = x;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < n; c++) {
-            buf[c] = s[c];
-            sum += buf[c];
-        }
-        break;
+    case GEMSOPS_FLOAT32: GEMSOPS_LOAD_SUM(float, (double))
+    case GEMSOPS_FLOAT64: GEMSOPS_LOAD_SUM(double, (double))
+    case GEMSOPS_BFLOAT16: GEMSOPS_LOAD_SUM(uint16_t, gemsops_bf16_to_float)
+    case GEMSOPS_FLOAT16: GEMSOPS_LOAD_SUM(uint16_t, gemsops_half_to_float)
+    default: break; /* float types only */
     }
-    case GEMSOPS_BFLOAT16: {
-        const uint16_t *s = x;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < n; c++) {
-            buf[c] = gemsops_bf16_to_float(s[c]);
-            sum += buf[c];
-        }
-        break;
-    }
-    case GEMSOPS_FLOAT16: {
-        const uint16_t *s = x;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < n; c++) {
-            buf[c] = gemsops_half_to_float(s[c]);
-            sum += buf[c];
-        }
-        break;
-    }
-    default:
-        gemsops_load_row(x, dt, n, buf);
-#pragma omp simd reduction(+ : sum)
-        for (int64_t c = 0; c < n; c++) {
-            sum += buf[c];
-        }
-        break;
-    }
+#undef GEMSOPS_LOAD_SUM
     return sum;
 }
 
@@ -99,36 +109,7 @@ fwd_row(const void *x, void *y, gemsops_dtype dt, int64_t n, double *buf,
         m2 += d * d;
     }
     const double rstd = 1.0 / sqrt(m2 / (double)n + eps);
-    if (dt == GEMSOPS_FLOAT32) {
-        float *d = y;
-#pragma omp simd
-        for (int64_t c = 0; c < n; c++) {
-            d[c] = (float)((buf[c] - mean) * rstd * w[c] + b[c]);
-        }
-    }
-    else if (dt == GEMSOPS_BFLOAT16) {
-        uint16_t *d = y;
-#pragma omp simd
-        for (int64_t c = 0; c < n; c++) {
-            d[c] = gemsops_float_to_bf16(
-                (float)((buf[c] - mean) * rstd * w[c] + b[c]));
-        }
-    }
-    else if (dt == GEMSOPS_FLOAT16) {
-        uint16_t *d = y;
-#pragma omp simd
-        for (int64_t c = 0; c < n; c++) {
-            d[c] = gemsops_float_to_half(
-                (float)((buf[c] - mean) * rstd * w[c] + b[c]));
-        }
-    }
-    else {
-#pragma omp simd
-        for (int64_t c = 0; c < n; c++) {
-            buf[c] = (buf[c] - mean) * rstd * w[c] + b[c];
-        }
-        gemsops_store_row(buf, dt, n, y);
-    }
+    GEMSOPS_STORE_ROW(y, dt, (buf[c] - mean) * rstd * w[c] + b[c])
     *mean_out = mean;
     *rstd_out = rstd;
 }
@@ -239,19 +220,7 @@ bwd_row(const void *x, const void *dy, void *dx, gemsops_dtype dt, int64_t n,
     }
     c1 /= (double)n;
     c2 /= (double)n;
-    if (dt == GEMSOPS_FLOAT32) {
-        float *d = dx;
-#pragma omp simd
-        for (int64_t c = 0; c < n; c++) {
-            d[c] = (float)(rstd * (dyb[c] * w[c] - (xh[c] * c1 + c2)));
-        }
-        return;
-    }
-#pragma omp simd
-    for (int64_t c = 0; c < n; c++) {
-        xh[c] = rstd * (dyb[c] * w[c] - (xh[c] * c1 + c2));
-    }
-    gemsops_store_row(xh, dt, n, dx);
+    GEMSOPS_STORE_ROW(dx, dt, rstd * (dyb[c] * w[c] - (xh[c] * c1 + c2)))
 }
 
 int

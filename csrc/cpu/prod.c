@@ -60,41 +60,23 @@ GEMSOPS_SIMD_CLONES static double
 run_f64(const void *base, gemsops_dtype dt, int64_t off, int64_t len)
 {
     double f = 1.0;
+#define GEMSOPS_RUN_F64(CT, WIDEN)                                       \
+    {                                                                    \
+        const CT *s = (const CT *)base + off;                            \
+        _Pragma("omp simd reduction(* : f)")                             \
+        for (int64_t r = 0; r < len; r++) {                              \
+            f *= WIDEN(s[r]);                                            \
+        }                                                                \
+    }                                                                    \
+    break;
     switch (dt) {
-    case GEMSOPS_FLOAT32: {
-        const float *s = (const float *)base + off;
-#pragma omp simd reduction(* : f)
-        for (int64_t r = 0; r < len; r++) {
-            f *= s[r];
-        }
-        break;
-    }
-    case GEMSOPS_FLOAT64: {
-        const double *s = (const double *)base + off;
-#pragma omp simd reduction(* : f)
-        for (int64_t r = 0; r < len; r++) {
-            f *= s[r];
-        }
-        break;
-    }
-    case GEMSOPS_BFLOAT16: {
-        const uint16_t *s = (const uint16_t *)base + off;
-#pragma omp simd reduction(* : f)
-        for (int64_t r = 0; r < len; r++) {
-            f *= gemsops_bf16_to_float(s[r]);
-        }
-        break;
-    }
-    case GEMSOPS_FLOAT16: {
-        const uint16_t *s = (const uint16_t *)base + off;
-#pragma omp simd reduction(* : f)
-        for (int64_t r = 0; r < len; r++) {
-            f *= gemsops_half_to_float(s[r]);
-        }
-        break;
-    }
+    case GEMSOPS_FLOAT32: GEMSOPS_RUN_F64(float, (double))
+    case GEMSOPS_FLOAT64: GEMSOPS_RUN_F64(double, (double))
+    case GEMSOPS_BFLOAT16: GEMSOPS_RUN_F64(uint16_t, gemsops_bf16_to_float)
+    case GEMSOPS_FLOAT16: GEMSOPS_RUN_F64(uint16_t, gemsops_half_to_float)
     default: break;
     }
+#undef GEMSOPS_RUN_F64
     return f;
 }
 
@@ -134,37 +116,23 @@ run_u64(const void *base, gemsops_dtype dt, int64_t off, int64_t len)
 GEMSOPS_SIMD_CLONES static void
 cols_f64(const void *base, gemsops_dtype dt, int64_t off, int nb, double *acc)
 {
+#define GEMSOPS_COLS_F64(CT, WIDEN)                                      \
+    {                                                                    \
+        const CT *s = (const CT *)base + off;                            \
+        _Pragma("omp simd")                                              \
+        for (int i = 0; i < nb; i++) {                                   \
+            acc[i] *= WIDEN(s[i]);                                       \
+        }                                                                \
+    }                                                                    \
+    break;
     switch (dt) {
-    case GEMSOPS_FLOAT32: {
-        const float *s = (const float *)base + off;
-#pragma omp simd
-        for (int i = 0; i < nb; i++) {
-            acc[i] *= s[i];
-        }
-        break;
+    case GEMSOPS_FLOAT32: GEMSOPS_COLS_F64(float, (double))
+    case GEMSOPS_FLOAT64: GEMSOPS_COLS_F64(double, (double))
+    case GEMSOPS_BFLOAT16: GEMSOPS_COLS_F64(uint16_t, gemsops_bf16_to_float)
+    case GEMSOPS_FLOAT16: GEMSOPS_COLS_F64(uint16_t, gemsops_half_to_float)
+    default: break;
     }
-    case GEMSOPS_BFLOAT16: {
-        const uint16_t *s = (const uint16_t *)base + off;
-#pragma omp simd
-        for (int i = 0; i < nb; i++) {
-            acc[i] *= gemsops_bf16_to_float(s[i]);
-        }
-        break;
-    }
-    case GEMSOPS_FLOAT16: {
-        const uint16_t *s = (const uint16_t *)base + off;
-#pragma omp simd
-        for (int i = 0; i < nb; i++) {
-            acc[i] *= gemsops_half_to_float(s[i]);
-        }
-        break;
-    }
-    default:
-        for (int i = 0; i < nb; i++) {
-            acc[i] *= gemsops_load_f64(base, dt, off + i);
-        }
-        break;
-    }
+#undef GEMSOPS_COLS_F64
 }
 
 GEMSOPS_SIMD_CLONES static void
@@ -176,19 +144,6 @@ cols_u64(const void *base, gemsops_dtype dt, int64_t off, int nb,
     }
 }
 
-/* x is dense in row-major order (size-1 dims aside): element k sits at k. */
-static int
-is_dense(const struct gemsops_tensor *x)
-{
-    int64_t expect = 1;
-    for (int d = x->ndim - 1; d >= 0; d--) {
-        if (x->sizes[d] != 1 && x->strides[d] != expect) {
-            return 0;
-        }
-        expect *= x->sizes[d];
-    }
-    return 1;
-}
 
 /* The line layout: `lines` lines of `len` elements, element r of line o at
  * base(o) + r * step. For the full product: one line over every element. */
@@ -243,7 +198,8 @@ gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st)
     const struct gemsops_tensor *x = &p->x;
     const struct lines l = lines_of(x, p->dim);
     const int integral = is_integral(x->dtype);
-    const int dense = l.full && is_dense(x);
+    /* dense: element k of the full product sits at offset k */
+    const int dense = l.full && gemsops_tensor_is_contiguous(x);
     if (l.count == 1) { /* one long line: chunks per thread, in order */
         const int nt = gemsops_thread_count();
         double *pf = malloc(nt * sizeof *pf);
