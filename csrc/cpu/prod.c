@@ -257,7 +257,7 @@ gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st)
         }
         return GEMSOPS_OK;
     }
-    if (l.step != 1 && l.kept_ndim > 0 &&
+    if (l.step != 1 && l.count > 0 && l.kept_ndim > 0 &&
         l.kept_strides[l.kept_ndim - 1] == 1) {
         /* The innermost kept dim is unit-stride: blocks of CPU_COLS
          * adjacent lines walk down the reduced dim together, a row of
