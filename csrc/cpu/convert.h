@@ -1,5 +1,5 @@
-/* Element access for the CPU backend: whole rows to and from a double
- * buffer, whatever the storage dtype. */
+/* Element access for the CPU backend: one element, or a whole row out of
+ * a double buffer, whatever the storage dtype. */
 #pragma once
 
 #include <string.h>
@@ -39,42 +39,8 @@ gemsops_store_f64(void *base, gemsops_dtype dt, int64_t i, double v)
     }
 }
 
-/* Whole rows: one dtype switch per row, then a plain loop the compiler
- * can vectorize (a switch per element kept every row loop scalar). */
-static inline void
-gemsops_load_row(const void *src, gemsops_dtype dt, int64_t n, double *dst)
-{
-    switch (dt) {
-    case GEMSOPS_FLOAT32: {
-        const float *s = src;
-        for (int64_t i = 0; i < n; i++) {
-            dst[i] = s[i];
-        }
-        break;
-    }
-    case GEMSOPS_FLOAT64: memcpy(dst, src, (size_t)n * sizeof *dst); break;
-    case GEMSOPS_BFLOAT16: {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) {
-            dst[i] = gemsops_bf16_to_float(s[i]);
-        }
-        break;
-    }
-    case GEMSOPS_FLOAT16: {
-        const uint16_t *s = src;
-        for (int64_t i = 0; i < n; i++) {
-            dst[i] = gemsops_half_to_float(s[i]);
-        }
-        break;
-    }
-    default:
-        for (int64_t i = 0; i < n; i++) {
-            dst[i] = gemsops_load_f64(src, dt, i);
-        }
-        break;
-    }
-}
-
+/* A whole row: one dtype switch, then a plain loop the compiler can
+ * vectorize (a switch per element kept every row loop scalar). */
 static inline void
 gemsops_store_row(const double *src, gemsops_dtype dt, int64_t n, void *dst)
 {

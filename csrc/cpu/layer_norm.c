@@ -168,19 +168,6 @@ store_param_grad(const double *part, int nthreads, int64_t n, int which,
     gemsops_store_row(scratch, dt, n, dst);
 }
 
-/* Row r's element c of a float-typed row, widened (the backward's loads;
- * the switch is outside the loops that call it after inlining). */
-static inline double
-widen_at(const void *row, gemsops_dtype dt, int64_t c)
-{
-    switch (dt) {
-    case GEMSOPS_FLOAT32: return ((const float *)row)[c];
-    case GEMSOPS_BFLOAT16: return gemsops_bf16_to_float(((const uint16_t *)row)[c]);
-    case GEMSOPS_FLOAT16: return gemsops_half_to_float(((const uint16_t *)row)[c]);
-    default: return gemsops_load_f64(row, dt, c);
-    }
-}
-
 /* One row of the backward in two passes: (1) widen x and dy, xhat into
  * xh, dy into dyb, the row sums c1 = sum g * xhat, c2 = sum g (g = w * dy)
  * and the row's dW/dB terms into mine[0..n), mine[n..2n) (when mine); (2)
@@ -194,8 +181,8 @@ bwd_row(const void *x, const void *dy, void *dx, gemsops_dtype dt, int64_t n,
 #define GEMSOPS_BWD_PASS1(DT)                                            \
     _Pragma("omp simd reduction(+ : c1, c2)")                            \
     for (int64_t c = 0; c < n; c++) {                                    \
-        const double xv = (widen_at(x, DT, c) - mean) * rstd;            \
-        const double d = widen_at(dy, DT, c);                            \
+        const double xv = (gemsops_load_f64(x, DT, c) - mean) * rstd;    \
+        const double d = gemsops_load_f64(dy, DT, c);                    \
         xh[c] = xv;                                                      \
         dyb[c] = d;                                                      \
         c1 += d * w[c] * xv;                                             \
@@ -205,7 +192,8 @@ bwd_row(const void *x, const void *dy, void *dx, gemsops_dtype dt, int64_t n,
     case GEMSOPS_FLOAT32: GEMSOPS_BWD_PASS1(GEMSOPS_FLOAT32) break;
     case GEMSOPS_BFLOAT16: GEMSOPS_BWD_PASS1(GEMSOPS_BFLOAT16) break;
     case GEMSOPS_FLOAT16: GEMSOPS_BWD_PASS1(GEMSOPS_FLOAT16) break;
-    default: GEMSOPS_BWD_PASS1(dt) break;
+    case GEMSOPS_FLOAT64: GEMSOPS_BWD_PASS1(GEMSOPS_FLOAT64) break;
+    default: break; /* float types only */
     }
 #undef GEMSOPS_BWD_PASS1
     if (mine) {
