@@ -1,14 +1,17 @@
 /* SIMD clones for the CPU backend's hot row loops: on x86-64 with GCC, a
- * function marked GEMSOPS_SIMD_CLONES is compiled twice, for the baseline
- * (SSE2) and for x86-64-v3 (AVX2, FMA), and the loader picks the one the
- * CPU runs (glibc ifunc). The wheel stays portable; an AVX2 machine gets
- * 4-wide double loops instead of 2-wide. Elsewhere: one plain build. */
+ * function marked GEMSOPS_SIMD_CLONES is compiled three times, for the
+ * baseline (SSE2), x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512), and the
+ * loader picks the one the CPU runs (glibc ifunc). The wheel stays
+ * portable; double loops run 2, 4 or 8 wide. (v4 over v3 on a 2-core
+ * AVX-512 machine: LayerNorm backward bf16 4096 x 1024 2.65 -> 2.1-2.4
+ * ms, fp32 2.7 -> 2.1; forward fp16 3.0 -> 2.2-2.5.) Elsewhere: one plain
+ * build. */
 #pragma once
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
     defined(__linux__)
 #define GEMSOPS_SIMD_CLONES \
-    __attribute__((target_clones("arch=x86-64-v3", "default")))
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define GEMSOPS_SIMD_CLONES
 #endif
