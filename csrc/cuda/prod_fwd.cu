@@ -192,9 +192,7 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
             r.splits = ceil_div(nvec, r.seg);
         }
         pl.partials = r.splits > 1 ? l.outer * r.splits : 0;
-        // not fp16: its per-element conversion made the wider batch slower
-        // (H100, 65536 x 1024: 63.2 -> 69.7 us, where bf16 went 63.1 -> 53.7)
-        pl.l2_hint = pl.vec && r.splits == 1 && !std::is_same_v<T, __half>;
+        pl.l2_hint = pl.vec && r.splits == 1;
         pl.ctas = ceil_div(l.outer, kProdBlock / r.G) * r.splits;
     }
     else if (l.kind == prod_kind::cols) {

@@ -203,13 +203,17 @@ template <typename T, int U, bool L2_HINT> constexpr int prod_rows_min_ctas()
 // batch spilled 4 bytes in the bounded bf16 kernel (and in the sm_80
 // eight-load half kernels) and held bf16's eight-load kernel at 128
 // registers; one at a time it takes 64 and is faster (65536 x 1024 dim 1
-// 52.8 -> 50.5 us). fp16 on sm_90 keeps the batch: one at a time measured
-// slower there (4096 x 4096 dim 1 22.0 -> 24.3 us, 1024 x 65536 59.1 ->
-// 63.4; H100, same-run A/B/A, commit 9de9309).
-template <typename T> __device__ constexpr bool prod_rows_batch_tail()
+// 52.8 -> 50.5 us). fp16's four-load kernel on sm_90 keeps the batch: one
+// at a time measured slower there (4096 x 4096 dim 1 22.0 -> 24.3 us,
+// 1024 x 65536 59.1 -> 63.4; H100, same-run A/B/A, commit 9de9309). Its
+// eight-load kernel does not: with the batch it took 80 registers (three
+// CTAs a SM) and was slower than four loads; one at a time it takes 64
+// and is the faster (see prod_rows_kernel).
+template <typename T, bool L2_HINT>
+__device__ constexpr bool prod_rows_batch_tail()
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    return std::is_same_v<T, __half>;
+    return std::is_same_v<T, __half> && !L2_HINT;
 #else
     return false;
 #endif
@@ -218,8 +222,9 @@ template <typename T> __device__ constexpr bool prod_rows_batch_tail()
 // Rows: each thread keeps U loads of VEC elements in flight before their
 // products. The forward's per-dim rows take U = 8 with the L2 hint (H100,
 // one run, bf16: 4096 x 4096 dim 1 26.0 -> 20.7 us, 65536 x 1024 63.1 ->
-// 53.5, 1024 x 65536 64.7 -> 55.2); split rows (full products) and the
-// backward keep U = 4. A split row is a grid-stride loop (interleaved),
+// 53.5, 1024 x 65536 64.7 -> 55.2; fp16, with the one-at-a-time tail:
+// 22.1 -> 18.8, 59.7 -> 50.6, 59.7 -> 53.4); split rows (full products)
+// and the backward keep U = 4. A split row is a grid-stride loop (interleaved),
 // so each lane multiplies a long serial chain: near-one products round with
 // a downward bias where a partial product crosses 1.0, and short chains
 // under a tree cross it far more often (2^27 fp32 near one, emulated: 64 KB
@@ -261,7 +266,7 @@ __global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>(
                     prod_mul_raw(acc, w[u]);
                 }
             }
-            if constexpr (prod_rows_batch_tail<T>()) {
+            if constexpr (prod_rows_batch_tail<T, L2_HINT>()) {
                 if (v < hi) { // fewer than U left: one guarded batch
                     vec_t<T, VEC> w[U];
 #pragma unroll
