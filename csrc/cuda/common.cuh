@@ -314,6 +314,28 @@ __device__ __forceinline__ void pdl_wait_primary()
 #endif
 }
 
+// Launches `kernel` as a programmatic dependent of the grid before it on
+// `stream` where `pdl` (sm_90 and later): it may be scheduled once that
+// grid's CTAs have called pdl_launch_dependents(), so its launch overlaps
+// their tail; it must call pdl_wait_primary() before reading what they
+// wrote. Without `pdl`, a plain launch.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid,
+                             dim3 block, cudaStream_t stream, bool pdl,
+                             Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 // Facts about a device, read once and cached (SM count, max threads/SM).
 struct device_facts {
     int sm_count;

@@ -798,22 +798,14 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         // it (H100, same-run A/B/A, graph replays: 4096 x 4096 bf16 53.5 ->
         // 52.2 us, 8192 x 8192 fp16 160.9 -> 159.3; 16384 x 4096 equal)
         const int64_t n = 2 * p->cols;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3((unsigned)((n + 255) / 256));
-        cfg.blockDim = dim3(256);
-        cfg.stream = stream;
-        cudaLaunchAttribute pdl;
-        pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        pdl.val.programmaticStreamSerializationAllowed = 1;
-        cfg.attrs = &pdl;
-        cfg.numAttrs = f.cc_major >= 9 ? 1 : 0;
         A *parts = a.deterministic ? a.partials : a.stripes;
         const int64_t n_parts =
             a.deterministic ? grid / shape.split : l.n_stripes;
-        GEMSOPS_CUDA_CHECK(st, cudaLaunchKernelEx(
-                                   &cfg, layer_norm_bwd_sum_partials<A, P>,
-                                   parts, n_parts, (int64_t)p->cols, a.dw,
-                                   a.db));
+        GEMSOPS_CUDA_CHECK(st, launch_dependent(
+                                   layer_norm_bwd_sum_partials<A, P>,
+                                   dim3((unsigned)((n + 255) / 256)), dim3(256),
+                                   stream, f.cc_major >= 9, parts, n_parts,
+                                   (int64_t)p->cols, a.dw, a.db));
     }
     if (p->kept_zero && l.zeroed > l.exchange) {
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + l.exchange, 0,

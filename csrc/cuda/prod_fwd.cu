@@ -28,7 +28,8 @@
 //   Partials (fp32/fp64/uint64) are multiplied by one small second launch
 //   (a warp per output, or a CTA when the partials are many; for columns
 //   32 adjacent outputs per CTA, its warps striding the splits), in a fixed
-//   order: the same result every run.
+//   order: the same result every run. On sm_90 it is a programmatic
+//   dependent launch, scheduled while the first grid finishes.
 //   No host sync.
 //
 // Bytes: the input once (numel * sizeof(T)) + the output + partials
@@ -53,6 +54,7 @@ __global__ void __launch_bounds__(kProdBlock)
     prod_generic_kernel(const prod_generic_args<T> a)
 {
     using A = prod_acc<T>;
+    pdl_launch_dependents();
     for (int64_t line = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
          line < a.lines; line += (int64_t)gridDim.x * blockDim.x) {
         int64_t off = 0, k = line;
@@ -87,11 +89,16 @@ template <typename T> struct prod_combine_args {
     prod_out<T> *out;
 };
 
+// A programmatic dependent of the first launch on sm_90: scheduled while
+// that grid finishes, it waits here until the partials are complete and
+// visible (H100, same-run A/B/A: 2^28 fp32 365.5 -> 363.6 us, 2^20 fp32
+// 11.5 -> 10.0, 4096 x 4096 dim 0 fp32 39.4 -> 37.9).
 template <typename T>
 __global__ void __launch_bounds__(kProdBlock)
     prod_combine_kernel(const prod_combine_args<T> a)
 {
     using A = prod_acc<T>;
+    pdl_wait_primary();
     if (a.inner == 1) { // G lanes stride one output's partials
         __shared__ A warp_part[kProdBlock / 32];
         const int per_cta = kProdBlock / a.G, lane = threadIdx.x % a.G;
@@ -324,9 +331,14 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
         c.G = c.inner == 1 && c.splits >= 4 * kProdBlock ? kProdBlock : 32;
         const int64_t ctas = c.inner == 1 ? ceil_div(c.outer * c.G, kProdBlock)
                                           : c.outer * ceil_div(c.inner, 32);
-        prod_combine_kernel<T>
-            <<<prod_grid(ctas), kProdBlock, 0, stream>>>(c);
-        GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_combine_kernel");
+        device_facts f;
+        if (get_device_facts(p->x.device_id, &f, st) != GEMSOPS_OK) {
+            return st->code;
+        }
+        GEMSOPS_CUDA_CHECK(st, launch_dependent(prod_combine_kernel<T>,
+                                                dim3((unsigned)prod_grid(ctas)),
+                                                dim3(kProdBlock), stream,
+                                                f.cc_major >= 9, c));
     }
     return GEMSOPS_OK;
 }

@@ -234,6 +234,7 @@ __global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>(
     prod_rows_kernel(const prod_rows_args<T> a)
 {
     using A = prod_acc<T>;
+    pdl_launch_dependents(); // the combine may launch (prod_combine_kernel)
     __shared__ A warp_part[kProdBlock / 32];
     const int G = a.G;
     const int rows_per_cta = kProdBlock / G;
@@ -321,6 +322,7 @@ __global__ void __launch_bounds__(kProdBlock, prod_min_ctas_else<T>())
     prod_cols_kernel(const prod_cols_args<T> a)
 {
     using A = prod_acc<T>;
+    pdl_launch_dependents();
     // lane-major so that a warp's accesses fall in distinct banks
     __shared__ A red[VEC * kProdBlock];
     const int TX = a.tx, TY = kProdBlock / a.tx;
