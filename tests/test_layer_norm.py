@@ -228,10 +228,10 @@ def test_empty_input(device):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_back_to_back_backwards_each_right(dtype, device):
-    # on CUDA each backward leaves its kept workspace (dW/dB stripes, the
-    # fold's tickets) zero for the next: launches queued without a sync,
-    # alternating shapes (2 * N columns over many or few folding CTAs),
-    # fresh inputs each time, every result checked
+    # on CUDA each backward leaves its kept workspace (the dW/dB stripes)
+    # zero for the next: launches queued without a sync, alternating shapes
+    # (many or few stripes, with and without dB), fresh inputs each time,
+    # every result checked
     cases = [((8192, 1024), True), ((600, 4096), False), ((8192, 1024), False),
              ((4096, 768), True)]
     runs = []
