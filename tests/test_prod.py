@@ -340,6 +340,19 @@ def test_long_integer_lines_exact(dtype, shape, dim, device):
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("l2_multiple", [0.25, 2.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_columns_on_either_side_of_l2(l2_multiple, dtype):
+    # a columns input that fits in L2 takes the evict-first loads, a larger
+    # one the normal loads (prod_cols_kernel): both against float64
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    cols = 4096
+    rows = max(2, int(l2_multiple * l2 / (cols * dtype.itemsize)))
+    x = near_one((rows, cols), dtype, device="cuda")
+    assert_close(gemsops.prod(x, 0), ref_prod(x, 0), dtype, chain_len=rows)
+
+
+@pytest.mark.cuda
 def test_cuda_workspace_too_small_is_an_error():
     x = torch.randn(4, 300000, device="cuda")
     need = gemsops._C.prod_workspace(x, 1)

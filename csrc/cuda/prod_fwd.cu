@@ -19,7 +19,8 @@
 //     each of 32/TX rows (coalesced), each thread walks down its column
 //     vector; the TY partial products meet as a tree in shared memory.
 //     Few column blocks: TX shrinks (down to 4) before the reduced dim
-//     splits over CTAs (at most ~8 partials per output).
+//     splits over CTAs (at most ~8 partials per output). An input that
+//     fits in L2 is read evict-first (prod_cols_kernel).
 //   generic (anything else: kept dims that do not coalesce, the reduced
 //     dim strided with no unit-stride column): a thread per output.
 //   A CTA per work item; splits are sized to fill one wave of resident
@@ -159,10 +160,25 @@ struct fwd_plan {
     prod_rows_shape rows;  // kind == rows
     prod_cols_shape cols;  // kind == cols
     bool l2_hint;          // rows: U = 8 loads, 128-byte L2 fetches
+    bool evict_first;      // cols: evict-first loads (prod_cols_kernel)
     int64_t partials;      // accumulator values in the workspace
     int64_t ctas;          // work items of the first launch
     int grid;              // its CTAs (at most one resident wave)
 };
+
+// The columns kernel for a plan: 16-byte vectors, evict-first where the
+// plan asks (prod_cols_kernel says when), or one element at a time.
+template <typename T>
+void (*cols_kernel(const fwd_plan &pl))(prod_cols_args<T>)
+{
+    constexpr int V = prod_vec<T>();
+    if constexpr (sizeof(T) * V == 16) {
+        if (pl.vec && pl.evict_first) {
+            return prod_cols_kernel<T, V, true>;
+        }
+    }
+    return pl.vec ? prod_cols_kernel<T, V> : prod_cols_kernel<T, 1>;
+}
 
 template <typename T>
 int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
@@ -205,8 +221,13 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     else if (l.kind == prod_kind::cols) {
         pl.vec = base_ok && l.inner % V == 0 && l.outer_stride % V == 0 &&
                  l.step % V == 0;
-        const void *k = pl.vec ? (const void *)prod_cols_kernel<T, V>
-                               : (const void *)prod_cols_kernel<T, 1>;
+        device_facts f;
+        if (get_device_facts(dev, &f, st) != GEMSOPS_OK) {
+            return st->code;
+        }
+        pl.evict_first = pl.vec && gemsops_tensor_numel(&p->x) *
+                                           (int64_t)sizeof(T) <= f.l2_bytes;
+        const void *k = (const void *)cols_kernel<T>(pl);
         if (resident_ctas(k, dev, kProdBlock, 0, &resident, st) != GEMSOPS_OK) {
             return st->code;
         }
@@ -299,12 +320,7 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
                                   l.len,   l.step,     l.inner,
                                   cs.tx,   cs.ivecs,   cs.iblocks,
                                   cs.splits, cs.rchunk, true, out, part};
-        if (pl.vec) {
-            prod_cols_kernel<T, V><<<grid, kProdBlock, 0, stream>>>(a);
-        }
-        else {
-            prod_cols_kernel<T, 1><<<grid, kProdBlock, 0, stream>>>(a);
-        }
+        cols_kernel<T>(pl)<<<grid, kProdBlock, 0, stream>>>(a);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_cols_kernel");
         c = {part, l.outer, cs.splits, l.inner, 32, out};
     }

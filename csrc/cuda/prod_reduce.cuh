@@ -58,7 +58,9 @@ template <typename O, typename A> __device__ __forceinline__ O prod_store(A v)
 // of its own (per-dim rows; numbers at prod_rows_kernel). Not used where
 // it measured slower or mixed: the interleaved full product (2^28 fp32
 // 364 -> 380 us), columns (64 x 4096 x 64 fp32 40 -> 45 us; 1024^3 dim 1
-// bf16 706 -> 766 us).
+// bf16 706 -> 766 us). Evict-first (load_vec_last) was slower on the rows
+// (1024 x 65536 dim 1 fp16 53.7 -> 55.2 us, 2^28 fp32 363.8 -> 376.6;
+// without the 128-byte fetch, 4096 x 4096 dim 1 equal).
 template <typename T, int VEC, bool L2_HINT = false>
 __device__ __forceinline__ vec_t<T, VEC> prod_fetch(const T *p)
 {
@@ -317,7 +319,16 @@ template <typename T> struct prod_cols_args {
     prod_acc<T> *partial;        // else partial[(o * splits + s) * I + i]
 };
 
-template <typename T, int VEC>
+// EVICT_FIRST: the batched loads are evict-first in L2 (load_vec_last),
+// chosen by the planner for 16-byte vectors of an input that fits in L2.
+// There a normal read displaces as many bytes of what L2 held, which the
+// benchmark's flush leaves dirty (H100, same-run A/B/A, 32 MB: 4096 x 4096
+// dim 0 fp16 26.2 -> 23.0 us, bf16 26.3 -> 23.1, 64 x 4096 x 64 dim 1 fp16
+// 27.0 -> 24.3). Beyond L2 it measured slower (1 GB bf16 256 x 8192 x 256
+// dim 1 364.8 -> 387.2 us; 64 MB fp32 64 x 4096 x 64 39.0 -> 41.9), and
+// the same loads at normal priority were slower too (fp32 4096 x 4096
+// dim 0 38.6 -> 41.4): the priority is what helps, not the load path.
+template <typename T, int VEC, bool EVICT_FIRST = false>
 __global__ void __launch_bounds__(kProdBlock, prod_min_ctas_else<T>())
     prod_cols_kernel(const prod_cols_args<T> a)
 {
@@ -353,7 +364,13 @@ __global__ void __launch_bounds__(kProdBlock, prod_min_ctas_else<T>())
                 vec_t<T, VEC> w[CU];
 #pragma unroll
                 for (int u = 0; u < CU; u++) {
-                    w[u] = prod_fetch<T, VEC>(p + (r + u * rstep) * a.step);
+                    const T *q = p + (r + u * rstep) * a.step;
+                    if constexpr (EVICT_FIRST) {
+                        w[u] = load_vec_last<T, VEC>(q);
+                    }
+                    else {
+                        w[u] = prod_fetch<T, VEC>(q);
+                    }
                 }
 #pragma unroll
                 for (int u = 0; u < CU; u++) {
