@@ -224,10 +224,21 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
 // Threads per row in the looped kernel (measured on an H200): 256 for half
 // rows up to 16384 elements (whole chunks, four CTAs per SM; only fp16
 // rows that short are looped), 512 beyond and for fp32/fp64 (more bytes
-// per chunk for very long rows).
-template <typename T> constexpr int looped_block_for(int64_t cols)
+// per chunk for very long rows). The launch bounds keep 1024 threads a SM,
+// so 1024 / block rows a SM in flight. Where those rows overflow L2 and
+// half as many fit, 1024 threads a row: pass 2 then re-reads from L2
+// (H100, same-run A/B/A: fp32 1024 x 65536, 67 MB in flight at 512, 290.0
+// -> 274.2 us). Where neither fits it gains nothing (256 x 262144 fp32
+// 292.4 -> 298.9, bf16 152.3 -> 156.7 with 1024 threads there).
+template <typename T>
+int looped_block_for(int64_t cols, const device_facts &f)
 {
-    return sizeof(T) == 2 && cols <= 16384 ? 256 : 512;
+    const int block = sizeof(T) == 2 && cols <= 16384 ? 256 : 512;
+    const int64_t row_bytes = cols * (int64_t)sizeof(T);
+    const int64_t sm_rows = (int64_t)f.sm_count * row_bytes;
+    const bool fits_half = sm_rows <= f.l2_bytes;
+    return block == 512 && sm_rows * 2 > f.l2_bytes && fits_half ? 1024
+                                                                 : block;
 }
 
 template <typename T, typename P, int VEC, int BLOCK>
@@ -394,9 +405,18 @@ template <typename T, typename P, int VEC>
 int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     cudaStream_t stream = (cudaStream_t)p->stream;
-    if (looped_block_for<T>(p->cols) == 256) {
+    device_facts f;
+    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    const int block = looped_block_for<T>(p->cols, f);
+    if (block == 256) {
         layer_norm_fwd_looped<T, P, VEC, 256>
             <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
+    }
+    else if (block == 1024) {
+        layer_norm_fwd_looped<T, P, VEC, 1024>
+            <<<fwd_grid(p->rows), 1024, 0, stream>>>(make_args<T, P>(p));
     }
     else {
         layer_norm_fwd_looped<T, P, VEC, 512>
