@@ -43,8 +43,9 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
                                    &f.smem_per_sm,
                                    cudaDevAttrMaxSharedMemoryPerMultiprocessor,
                                    device));
-        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
-                                   &f.l2_bytes, cudaDevAttrL2CacheSize, device));
+        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(&f.l2_bytes,
+                                                      cudaDevAttrL2CacheSize,
+                                                      device));
         g_facts[device] = f;
         g_known[device] = true;
     }

@@ -224,21 +224,20 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
 // Threads per row in the looped kernel (measured on an H200): 256 for half
 // rows up to 16384 elements (whole chunks, four CTAs per SM; only fp16
 // rows that short are looped), 512 beyond and for fp32/fp64 (more bytes
-// per chunk for very long rows). The launch bounds keep 1024 threads a SM,
-// so 1024 / block rows a SM in flight. Where those rows overflow L2 and
-// half as many fit, 1024 threads a row: pass 2 then re-reads from L2
-// (H100, same-run A/B/A: fp32 1024 x 65536, 67 MB in flight at 512, 290.0
-// -> 274.2 us). Where neither fits it gains nothing (256 x 262144 fp32
-// 292.4 -> 298.9, bf16 152.3 -> 156.7 with 1024 threads there).
+// per chunk for very long rows). At 512 threads two rows a SM are in
+// flight (two CTAs: their registers). Where those rows overflow L2 and one
+// a SM fits, 1024 threads a row: pass 2 then re-reads from L2 (H100,
+// same-run A/B/A: fp32 1024 x 65536, 67 MB in flight at 512, 290.0 ->
+// 274.2 us). Where neither fits it gains nothing (256 x 262144 fp32 292.4
+// -> 298.9, bf16 152.3 -> 156.7 with 1024 threads there).
 template <typename T>
 int looped_block_for(int64_t cols, const device_facts &f)
 {
     const int block = sizeof(T) == 2 && cols <= 16384 ? 256 : 512;
-    const int64_t row_bytes = cols * (int64_t)sizeof(T);
-    const int64_t sm_rows = (int64_t)f.sm_count * row_bytes;
-    const bool fits_half = sm_rows <= f.l2_bytes;
-    return block == 512 && sm_rows * 2 > f.l2_bytes && fits_half ? 1024
-                                                                 : block;
+    const int64_t one_row_a_sm = (int64_t)f.sm_count * cols * sizeof(T);
+    const bool overflows = 2 * one_row_a_sm > f.l2_bytes;
+    const bool one_fits = one_row_a_sm <= f.l2_bytes;
+    return block == 512 && overflows && one_fits ? 1024 : block;
 }
 
 template <typename T, typename P, int VEC, int BLOCK>
@@ -333,7 +332,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 // A/B/A: 1024 x 65536 bf16 147.0 -> 133.0 us, 4096 x 12288
                 // fp16 86.2 -> 83.9, 2048 x 16384 fp16 62.2 -> 60.4; fp32
                 // 1024 x 65536, whose rows in flight exceed L2, equal)
-                const vec_t<T, VEC> xv = load_vec_last<T, VEC>(xr + c0 + u * STEP);
+                const vec_t<T, VEC> xv =
+                    load_vec_last<T, VEC>(xr + c0 + u * STEP);
                 vec_t<P, VEC> wv, bv;
                 if (a.w) {
                     wv = load_vec<P, VEC>(a.w + c);
