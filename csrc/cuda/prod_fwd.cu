@@ -164,6 +164,7 @@ struct fwd_plan {
     int64_t partials;      // accumulator values in the workspace
     int64_t ctas;          // work items of the first launch
     int grid;              // its CTAs (at most one resident wave)
+    bool pdl;              // the combine as a programmatic dependent (sm_90)
 };
 
 // The columns kernel for a plan: 16-byte vectors, evict-first where the
@@ -186,6 +187,11 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     constexpr int V = prod_vec<T>();
     const int dev = p->x.device_id;
     fwd_plan pl{};
+    device_facts f;
+    if (get_device_facts(dev, &f, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    pl.pdl = f.cc_major >= 9;
     pl.l = prod_layout_of(&p->x, p->dim);
     const prod_layout &l = pl.l;
     const bool base_ok = (uintptr_t)p->x.data % 16 == 0;
@@ -221,10 +227,6 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     else if (l.kind == prod_kind::cols) {
         pl.vec = base_ok && l.inner % V == 0 && l.outer_stride % V == 0 &&
                  l.step % V == 0;
-        device_facts f;
-        if (get_device_facts(dev, &f, st) != GEMSOPS_OK) {
-            return st->code;
-        }
         pl.evict_first = pl.vec && gemsops_tensor_numel(&p->x) *
                                            (int64_t)sizeof(T) <= f.l2_bytes;
         const void *k = (const void *)cols_kernel<T>(pl);
@@ -347,14 +349,10 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
         c.G = c.inner == 1 && c.splits >= 4 * kProdBlock ? kProdBlock : 32;
         const int64_t ctas = c.inner == 1 ? ceil_div(c.outer * c.G, kProdBlock)
                                           : c.outer * ceil_div(c.inner, 32);
-        device_facts f;
-        if (get_device_facts(p->x.device_id, &f, st) != GEMSOPS_OK) {
-            return st->code;
-        }
         GEMSOPS_CUDA_CHECK(st, launch_dependent(prod_combine_kernel<T>,
                                                 dim3((unsigned)prod_grid(ctas)),
                                                 dim3(kProdBlock), stream,
-                                                f.cc_major >= 9, c));
+                                                pl.pdl, c));
     }
     return GEMSOPS_OK;
 }
