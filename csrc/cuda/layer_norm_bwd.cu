@@ -46,10 +46,17 @@
 // slabs' partials arrive while row k's first pass runs instead of
 // stalling the CTA every row (H100, same-run A/B/A, graph replays:
 // 256 x 262144 bf16 271 -> 201 us, fp32 441 -> 367; 1024 x 65536 bf16
-// 286 -> 226; 4096 x 12288 bf16 171 -> 151).
+// 286 -> 226; 4096 x 12288 bf16 171 -> 151). Warp 0 reads the held row's
+// exchange slots at the top of the step and uses them after the first
+// pass, so the collect rarely waits for an L2 round trip of its own
+// (256 x 262144 bf16 183.7 -> 173.9 us, fp32 360.4 -> 353.9; 1024 x 65536
+// bf16 201.0 -> 169.9, fp32 377.6 -> 352.7; 4096 x 12288 bf16 144.4 ->
+// 135.5, but fp32, two CTAs a SM, 229.1 -> 236.0).
 //
 // Bytes: read x and dy once, write dx once (3 * N * sizeof(T) per row);
 // mean/rstd per row; dW/dB: 2 * N atomics per CTA (grid ~ #SMs * occupancy).
+#include <algorithm>
+
 #include "layer_norm_plan.cuh"
 #include "gemsops/layer_norm.h"
 
@@ -78,18 +85,41 @@ template <typename T, int E> __host__ __device__ constexpr int bwd_sm_threads()
     return sizeof(T) == 8 || E > 8 ? 512 : 1024;
 }
 
-// The ring feeds 16-byte accesses only (cp.async.cg); one stage of one
-// thread holds its x and dy vectors plus the row's mean and rstd.
+// The ring feeds 16-byte accesses only; one stage holds each thread's x
+// and dy vectors, then the rows' mean and rstd.
 template <typename T, int VEC> __host__ __device__ constexpr bool bwd_ring() { return VEC * sizeof(T) == 16; }
 constexpr int kMaxStages = 4;
 
+// One lane per row and warp copies the row's mean and rstd and hands them
+// to the others with a shuffle: 32 lanes copying the same 4 bytes are 32
+// requests where one will do (ncu, H100: the kernel made 3x the shared
+// wavefronts its data needs). A stage keeps one (mean, rstd) slot per
+// such lane, not per thread: at 1024 threads in fp32 that is 256 bytes
+// instead of 8 KB, and it is what lets the long-row kernel hold three
+// stages beside its weights instead of two.
+__host__ __device__ constexpr int bwd_stat_lanes(int tpr) { return tpr < 32 ? tpr : 32; }
+
 template <typename T, int VEC, int E>
-__host__ __device__ constexpr int bwd_stage_bytes(int block)
+__host__ __device__ constexpr int bwd_stage_bytes(int block, int tpr)
 {
     return bwd_ring<T, VEC>()
-               ? block * (2 * (E / VEC) * 16 + 2 * (int)sizeof(acc_t<T>))
+               ? (block * 2 * (E / VEC) * 16 +
+                  2 * (block / bwd_stat_lanes(tpr)) * (int)sizeof(acc_t<T>) +
+                  127) / 128 * 128
                : 0;
 }
+
+// The kernel's static shared memory, in one place so that the ring's
+// planner (plan_ring) can give the dynamic part everything else.
+template <typename T, int TPR, int E> struct bwd_static_smem {
+    static constexpr int block = TPR < 128 ? 128 : TPR;
+    static constexpr int rows_per_cta = block / TPR;
+    static constexpr int red = 2 * 32 * 2;   // row_sum's warp partials
+    static constexpr int merged = 2 * 2;     // split rows' totals, 2 slots
+    static constexpr int colsum = rows_per_cta > 1 ? rows_per_cta * TPR * E : 1;
+    static constexpr int bytes =
+        (red + merged + colsum) * (int)sizeof(acc_t<T>);
+};
 
 template <typename T, typename P> struct bwd_args {
     const T *dy;
@@ -145,10 +175,11 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     constexpr int STEP = TPR * VEC;
     // ring stage s: [x items][dy items] as [ITEMS][BLOCK] vectors, then
     // [mean][rstd] as [BLOCK] each; a thread uses column threadIdx.x only.
+    using S = bwd_static_smem<T, TPR, E>;
     extern __shared__ uint4 ring_words[];
-    __shared__ A red[2 * 32 * 2];
-    __shared__ A merged[2 * 2];
-    __shared__ A colsum[ROWS_PER_CTA > 1 ? ROWS_PER_CTA * SLAB : 1];
+    __shared__ A red[S::red];
+    __shared__ A merged[S::merged];
+    __shared__ A colsum[S::colsum];
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
@@ -175,15 +206,14 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     // Ring cursors: the next row to copy and its stage, and the stage to
     // read (stage indices wrap by comparison: a 64-bit modulo per row cost
     // more than the rest of the step).
-    constexpr int STAGE_BYTES = bwd_stage_bytes<T, VEC, E>(BLOCK);
+    constexpr int STAGE_BYTES = bwd_stage_bytes<T, VEC, E>(BLOCK, TPR);
     int64_t fetch_row = first_row;
-    // One lane per row and warp copies the row's mean and rstd and hands
-    // them to the others with a shuffle: 32 lanes copying the same 4 bytes
-    // (cp.async.ca) are 32 requests where one will do. (ncu, H100: the
-    // kernel made 3x the shared wavefronts its data needs; the time did
-    // not move when these went.)
-    constexpr int STAT_LANES = TPR < 32 ? TPR : 32;
+    // mean and rstd: one copy per row and warp (bwd_stat_lanes), in slot
+    // stat_slot of the stage's [STAT_SLOTS] mean then [STAT_SLOTS] rstd
+    constexpr int STAT_LANES = bwd_stat_lanes(TPR);
+    constexpr int STAT_SLOTS = BLOCK / STAT_LANES;
     const bool stat_owner = threadIdx.x % STAT_LANES == 0;
+    const int stat_slot = threadIdx.x / STAT_LANES;
     const int stat_src = (int)(threadIdx.x % 32) / STAT_LANES * STAT_LANES;
     int fetch_stage = 0, read_stage = 0;
     auto next_stage = [&](int st) { return st + 1 == a.stages ? 0 : st + 1; };
@@ -208,9 +238,9 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
             if (stat_owner) {
                 const unsigned stats = st - threadIdx.x * 16 +
                                        2 * ITEMS * BLOCK * 16 +
-                                       threadIdx.x * (unsigned)sizeof(A);
+                                       stat_slot * (unsigned)sizeof(A);
                 cp_async_small<sizeof(A)>(stats, a.mean + fetch_row);
-                cp_async_small<sizeof(A)>(stats + BLOCK * sizeof(A),
+                cp_async_small<sizeof(A)>(stats + STAT_SLOTS * sizeof(A),
                                           a.rstd + fetch_row);
             }
         }
@@ -339,8 +369,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
                 reinterpret_cast<const V *>(st) + 2 * ITEMS * BLOCK);
             A m = 0, r = 0;
             if (stat_owner) {
-                m = stats[threadIdx.x];
-                r = stats[BLOCK + threadIdx.x];
+                m = stats[stat_slot];
+                r = stats[STAT_SLOTS + stat_slot];
             }
             m = __shfl_sync(0xffffffffu, m, stat_src);
             r = __shfl_sync(0xffffffffu, r, stat_src);
@@ -429,6 +459,12 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
              k++, row += step_rows) {
             int stage = 0;
             A mean = 0, rstd = 0;
+            // the held row's slabs published during the last step: their
+            // slots are read now and used after this step's first pass
+            unsigned long long peek0 = 0, peek1 = 0;
+            if (k > 0 && threadIdx.x < 32 && row - step_rows < a.rows) {
+                split_peek(a.exchange, row - step_rows, a.split, peek0, peek1);
+            }
             if (k < steps) {
                 const bool row_ok = row < a.rows;
                 V xv[ITEMS], dv[ITEMS];
@@ -448,7 +484,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
                 A *const m = merged + 2 * (int)(k & 1);
                 if (threadIdx.x < 32 && held_ok) {
                     A t0, t1;
-                    split_collect(a.exchange, held, a.split, t0, t1);
+                    split_collect(a.exchange, held, a.split, t0, t1, peek0,
+                                  peek1);
                     if (threadIdx.x == 0) {
                         m[0] = t0;
                         m[1] = t1;
@@ -608,30 +645,48 @@ __global__ void __launch_bounds__(kSumCols * kSumLanes)
 // Dynamic shared memory of one launch: the ring, then the weights. The
 // ring gets the most stages (up to 4 for half types, 3 for wider ones)
 // that leave room for the resident threads the registers are planned for
-// (bwd_sm_threads).
+// (bwd_sm_threads) with ~6 KB a CTA to spare. Exactly counted, a third
+// fp32 stage fits at 512 and 1024 threads a row, but what the ring takes
+// comes out of L1, which its copies pass through (cp.async.ca): with 28
+// KB of L1 left, 8192 x 8192 fp32 went 287 -> 296 us and 2048 x 16384
+// 179 -> 191 (H100, same-run A/B/A, graph replays). The exception is a
+// lone CTA per SM that holds a row back (LAG): with two stages it
+// prefetches nothing, so it takes a third where the exact count allows
+// (256 x 262144 fp32 371 -> 359 us, 1024 x 65536 391 -> 375).
 struct bwd_ring_plan {
     int stages, smem;
 };
 
-template <typename T, typename P, int TPR, int VEC, int E>
+template <typename T, typename P, int TPR, int VEC, int E, bool LAG = false>
 bwd_ring_plan plan_ring(const device_facts &f)
 {
     const int block = layer_norm_block_threads(TPR);
-    const int per = bwd_stage_bytes<T, VEC, E>(block);
+    const int per = bwd_stage_bytes<T, VEC, E>(block, TPR);
     const int w_bytes = block * E * (int)sizeof(P);
     if (per == 0) {
         return {1, w_bytes};
     }
     const int threads = bwd_sm_threads<T, E>();
     const int ctas = block >= threads ? 1 : threads / block;
-    // per CTA: 1 KB the driver reserves, up to ~5 KB of static arrays
-    int budget = f.smem_per_sm / ctas - 6 * 1024;
-    budget = budget < f.smem_per_block_optin - 6 * 1024
-                 ? budget
-                 : f.smem_per_block_optin - 6 * 1024;
-    int stages = sizeof(T) == 2 ? kMaxStages : kMaxStages - 1;
-    const int fit = (budget - w_bytes) / per;
-    stages = stages < fit ? stages : fit;
+    const int most = sizeof(T) == 2 ? kMaxStages : kMaxStages - 1;
+    auto fit = [&](int budget) {
+        const int n = (budget - w_bytes) / per;
+        return n < most ? n : most;
+    };
+    const int spare = 6 * 1024;
+    int stages = fit(std::min(f.smem_per_sm / ctas, f.smem_per_block_optin) -
+                     spare);
+    if (LAG && ctas == 1 && stages < 3) {
+        // exactly: shared memory goes in 128-byte units; a CTA costs the
+        // driver's reserve, the static arrays and the dynamic part, and
+        // static plus dynamic may not pass the opt-in limit
+        constexpr int kStatic = bwd_static_smem<T, TPR, E>::bytes;
+        const int exact =
+            fit(std::min(f.smem_per_sm / 128 * 128 - f.smem_reserved,
+                         f.smem_per_block_optin) -
+                kStatic);
+        stages = exact < 3 ? exact : 3;
+    }
     stages = stages < 1 ? 1 : stages;
     return {stages, stages * per + w_bytes};
 }
@@ -641,7 +696,7 @@ template <typename T, typename P, int TPR, int VEC, int E, bool LAG = false>
 int ctas_per_sm(int device, const device_facts &f, gemsops_status *st,
                 int *out)
 {
-    const bwd_ring_plan r = plan_ring<T, P, TPR, VEC, E>(f);
+    const bwd_ring_plan r = plan_ring<T, P, TPR, VEC, E, LAG>(f);
     int total = 0;
     if (resident_ctas((const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, LAG>,
                       device, layer_norm_block_threads(TPR), r.smem, &total,
@@ -784,8 +839,6 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.x_stride = p->x_row_stride;
     a.dx_stride = p->dx_row_stride;
     a.split = shape.split;
-    const bwd_ring_plan ring = plan_ring<T, P, TPR, VEC, E>(f);
-    a.stages = ring.stages;
     a.deterministic = p->deterministic != 0;
 
     const int64_t zero_from = p->kept_zero ? l.exchange : 0;
@@ -794,22 +847,26 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
                                                l.zeroed - zero_from, stream));
     }
     const unsigned block = layer_norm_block_threads(TPR);
+    bwd_ring_plan ring = plan_ring<T, P, TPR, VEC, E>(f);
     bool lagged = false;
     if constexpr (TPR >= 128 && bwd_ring<T, VEC>()) {
-        // LAG holds a row back, so the ring prefetches one row less: with
-        // 3 stages (fp32) just one. At 2 slabs the exchange wait is short
-        // and the deeper prefetch wins (H100, same-run A/B/A, graph
-        // replays, 2048 x 16384 fp32: 182.0 us without LAG, 203.2 with
-        // it); with 3 or more slabs, or 4 stages, LAG won everywhere
-        // measured (4096 x 12288 fp32, 3 slabs: equal).
+        // LAG holds a row back, so the ring prefetches one row less. At 2
+        // slabs the exchange wait is short and the deeper prefetch wins
+        // (H100, same-run A/B/A, graph replays, 2048 x 16384 fp32: 182.0
+        // us without LAG, 203.2 with it); with 3 or more slabs, or 4
+        // stages, LAG won everywhere measured (4096 x 12288 fp32, 3 slabs:
+        // equal).
         const bool lag_pays = shape.split > 2 || ring.stages > 3;
         if (shape.split > 1 && a.dx && ring.stages >= 2 && lag_pays) {
+            ring = plan_ring<T, P, TPR, VEC, E, true>(f);
+            a.stages = ring.stages;
             layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, true>
                 <<<(unsigned)grid, block, ring.smem, stream>>>(a);
             lagged = true;
         }
     }
     if (!lagged) {
+        a.stages = ring.stages;
         layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, false>
             <<<(unsigned)grid, block, ring.smem, stream>>>(a);
     }

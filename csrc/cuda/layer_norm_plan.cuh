@@ -143,21 +143,41 @@ __device__ __forceinline__ void split_publish(A *partials, int64_t row,
     st_relaxed(all + 2 * slab + 1, v1 == A(0) ? -A(0) : v1);
 }
 
+// The first round of split_collect's polls (lane j: slab j), issued early:
+// the loads' latency then overlaps whatever the warp does until the
+// collect, which polls again only for slabs that had not yet published.
+template <typename A>
+__device__ __forceinline__ void split_peek(const A *partials, int64_t row,
+                                           int split, unsigned long long &b0,
+                                           unsigned long long &b1)
+{
+    const int lane = threadIdx.x % 32;
+    const A *all = partials + row * split * 2;
+    b0 = 0;
+    b1 = 0;
+    if (lane < split) {
+        b0 = ld_relaxed_bits(all + 2 * lane);
+        b1 = ld_relaxed_bits(all + 2 * lane + 1);
+    }
+}
+
 // The row's totals once every slab has published; called by the 32 lanes
-// of one warp.
+// of one warp, with the bits split_peek saw (zeros: none seen).
 template <typename A>
 __device__ void split_collect(const A *partials, int64_t row, int split,
-                              A &v0, A &v1)
+                              A &v0, A &v1, unsigned long long peek0 = 0,
+                              unsigned long long peek1 = 0)
 {
     const int lane = threadIdx.x % 32;
     const A *all = partials + row * split * 2;
     A s0 = 0, s1 = 0;
     for (int j = lane; j < split; j += 32) {
-        unsigned long long b0, b1;
-        do {
+        unsigned long long b0 = j == lane ? peek0 : 0;
+        unsigned long long b1 = j == lane ? peek1 : 0;
+        while (b0 == 0 || b1 == 0) {
             b0 = ld_relaxed_bits(all + 2 * j);
             b1 = ld_relaxed_bits(all + 2 * j + 1);
-        } while (b0 == 0 || b1 == 0);
+        }
         s0 += from_bits(b0, A());
         s1 += from_bits(b1, A());
     }
