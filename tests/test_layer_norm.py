@@ -343,6 +343,24 @@ def test_cuda_row_lengths_up_to_2_20(n):
                      reduce_len=rows if name != "dx" else 1)
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(64, 262144), (1000, 65536)])
+def test_cuda_split_rows_many_slabs(shape, dtype):
+    # many rows split into 64 or 16 slabs (fp32: 512-thread slabs of 4096
+    # columns; warp 0 collects 64 slabs' partials in two rounds), every
+    # row group walking many rows through the lagged ring
+    x, pshape, w, b = make(shape, 1, dtype, "cuda", "both", True)
+    g = torch.randn_like(x)
+    gemsops.layer_norm(x, pshape, w, b).backward(g)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref = layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0]
+    ref.backward(g.double())
+    for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
+        assert_close(t.grad, leaf.grad, dtype, name=name,
+                     reduce_len=shape[0] if name != "dx" else 1)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_backward_long_rows_with_zero_partials(dtype, device):
     # rows long enough to be split over CTAs on CUDA (they exchange their

@@ -390,8 +390,6 @@ struct device_facts {
     int cc_major, cc_minor;
     int smem_per_block_optin; // bytes of shared memory one CTA may ask for
     int smem_per_sm;          // bytes of shared memory of one SM
-    int smem_reserved;        // bytes of an SM's shared memory each CTA
-                              // costs beyond what it asks for
     int l2_bytes;             // L2 cache size
 };
 int get_device_facts(int device, device_facts *out, gemsops_status *st);

@@ -43,10 +43,6 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
                                    &f.smem_per_sm,
                                    cudaDevAttrMaxSharedMemoryPerMultiprocessor,
                                    device));
-        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
-                                   &f.smem_reserved,
-                                   cudaDevAttrReservedSharedMemoryPerBlock,
-                                   device));
         GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(&f.l2_bytes,
                                                       cudaDevAttrL2CacheSize,
                                                       device));

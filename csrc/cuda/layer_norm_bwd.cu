@@ -38,25 +38,24 @@
 // them in a fixed order, so repeated runs are bitwise identical.
 //
 // Rows longer than one CTA's threads hold (8192 elements; 4096 in fp64)
-// are split over co-resident CTAs that exchange their (c1, c2) partials
-// through global memory (split_publish / split_collect): x and dy are
-// still read once. This is the long-row path; there is no re-read. Its
-// kernel (LAG) finishes each row one step late: step k publishes row k's
-// partials and then finishes row k - 1 from its ring stage, so the other
-// slabs' partials arrive while row k's first pass runs instead of
-// stalling the CTA every row (H100, same-run A/B/A, graph replays:
-// 256 x 262144 bf16 271 -> 201 us, fp32 441 -> 367; 1024 x 65536 bf16
-// 286 -> 226; 4096 x 12288 bf16 171 -> 151). Warp 0 reads the held row's
+// are split over co-resident CTAs (slabs of 512 threads, two a SM; see
+// launch()) that exchange their (c1, c2) partials through global memory
+// (split_publish / split_collect): x and dy are still read once. This
+// is the long-row path; there is no re-read. Its kernel (LAG) finishes
+// each row one step late: step k publishes row k's partials and then
+// finishes row k - 1 from its ring stage, so the other slabs' partials
+// arrive while row k's first pass runs instead of stalling the CTA every
+// row (H100, same-run A/B/A, graph replays: 256 x 262144 bf16 271 -> 201
+// us, fp32 441 -> 367; 1024 x 65536 bf16 286 -> 226; 4096 x 12288 bf16
+// 171 -> 151). Warp 0 reads the held row's
 // exchange slots at the top of the step and uses them after the first
 // pass, so the collect rarely waits for an L2 round trip of its own
 // (256 x 262144 bf16 183.7 -> 173.9 us, fp32 360.4 -> 353.9; 1024 x 65536
-// bf16 201.0 -> 169.9, fp32 377.6 -> 352.7; 4096 x 12288 bf16 144.4 ->
-// 135.5, but fp32, two CTAs a SM, 229.1 -> 236.0).
+// bf16 201.0 -> 169.9, fp32 377.6 -> 352.7, both at 1024-thread slabs
+// then; 4096 x 12288 bf16 144.4 -> 135.5, but fp32 229.1 -> 236.0).
 //
 // Bytes: read x and dy once, write dx once (3 * N * sizeof(T) per row);
 // mean/rstd per row; dW/dB: 2 * N atomics per CTA (grid ~ #SMs * occupancy).
-#include <algorithm>
-
 #include "layer_norm_plan.cuh"
 #include "gemsops/layer_norm.h"
 
@@ -94,9 +93,9 @@ constexpr int kMaxStages = 4;
 // to the others with a shuffle: 32 lanes copying the same 4 bytes are 32
 // requests where one will do (ncu, H100: the kernel made 3x the shared
 // wavefronts its data needs). A stage keeps one (mean, rstd) slot per
-// such lane, not per thread: at 1024 threads in fp32 that is 256 bytes
-// instead of 8 KB, and it is what lets the long-row kernel hold three
-// stages beside its weights instead of two.
+// such lane, not per thread: at 1024 threads in fp32, 256 bytes instead
+// of 8 KB, which L1 keeps (2048 x 16384 fp32 at 1024 threads a slab, two
+// stages: 178.9 -> 170.1 us; H100, same-run A/B/A, graph replays).
 __host__ __device__ constexpr int bwd_stat_lanes(int tpr) { return tpr < 32 ? tpr : 32; }
 
 template <typename T, int VEC, int E>
@@ -108,18 +107,6 @@ __host__ __device__ constexpr int bwd_stage_bytes(int block, int tpr)
                   127) / 128 * 128
                : 0;
 }
-
-// The kernel's static shared memory, in one place so that the ring's
-// planner (plan_ring) can give the dynamic part everything else.
-template <typename T, int TPR, int E> struct bwd_static_smem {
-    static constexpr int block = TPR < 128 ? 128 : TPR;
-    static constexpr int rows_per_cta = block / TPR;
-    static constexpr int red = 2 * 32 * 2;   // row_sum's warp partials
-    static constexpr int merged = 2 * 2;     // split rows' totals, 2 slots
-    static constexpr int colsum = rows_per_cta > 1 ? rows_per_cta * TPR * E : 1;
-    static constexpr int bytes =
-        (red + merged + colsum) * (int)sizeof(acc_t<T>);
-};
 
 template <typename T, typename P> struct bwd_args {
     const T *dy;
@@ -173,13 +160,13 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR, bwd_min_ctas(TPR, bwd_s
     constexpr bool RING = bwd_ring<T, VEC>();
     constexpr int SLAB = TPR * E;
     constexpr int STEP = TPR * VEC;
-    // ring stage s: [x items][dy items] as [ITEMS][BLOCK] vectors, then
-    // [mean][rstd] as [BLOCK] each; a thread uses column threadIdx.x only.
-    using S = bwd_static_smem<T, TPR, E>;
+    // ring stage s: [x items][dy items] as [ITEMS][BLOCK] vectors (a
+    // thread uses column threadIdx.x only), then [mean][rstd] as
+    // [BLOCK / bwd_stat_lanes] each.
     extern __shared__ uint4 ring_words[];
-    __shared__ A red[S::red];
-    __shared__ A merged[S::merged];
-    __shared__ A colsum[S::colsum];
+    __shared__ A red[2 * 32 * 2];
+    __shared__ A merged[2 * 2];
+    __shared__ A colsum[ROWS_PER_CTA > 1 ? ROWS_PER_CTA * SLAB : 1];
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
@@ -645,19 +632,17 @@ __global__ void __launch_bounds__(kSumCols * kSumLanes)
 // Dynamic shared memory of one launch: the ring, then the weights. The
 // ring gets the most stages (up to 4 for half types, 3 for wider ones)
 // that leave room for the resident threads the registers are planned for
-// (bwd_sm_threads) with ~6 KB a CTA to spare. Exactly counted, a third
-// fp32 stage fits at 512 and 1024 threads a row, but what the ring takes
-// comes out of L1, which its copies pass through (cp.async.ca): with 28
-// KB of L1 left, 8192 x 8192 fp32 went 287 -> 296 us and 2048 x 16384
-// 179 -> 191 (H100, same-run A/B/A, graph replays). The exception is a
-// lone CTA per SM that holds a row back (LAG): with two stages it
-// prefetches nothing, so it takes a third where the exact count allows
-// (256 x 262144 fp32 371 -> 359 us, 1024 x 65536 391 -> 375).
+// (bwd_sm_threads) with ~6 KB a CTA to spare. What the ring takes comes
+// out of L1, which its copies pass through (cp.async.ca): counting the
+// driver's 1 KB and the static arrays exactly, a third fp32 stage would
+// fit at 512 and 1024 threads a row, but with the 28 KB of L1 it leaves
+// 8192 x 8192 fp32 went 287 -> 296 us and 2048 x 16384 179 -> 191 (H100,
+// same-run A/B/A, graph replays).
 struct bwd_ring_plan {
     int stages, smem;
 };
 
-template <typename T, typename P, int TPR, int VEC, int E, bool LAG = false>
+template <typename T, typename P, int TPR, int VEC, int E>
 bwd_ring_plan plan_ring(const device_facts &f)
 {
     const int block = layer_norm_block_threads(TPR);
@@ -668,25 +653,14 @@ bwd_ring_plan plan_ring(const device_facts &f)
     }
     const int threads = bwd_sm_threads<T, E>();
     const int ctas = block >= threads ? 1 : threads / block;
-    const int most = sizeof(T) == 2 ? kMaxStages : kMaxStages - 1;
-    auto fit = [&](int budget) {
-        const int n = (budget - w_bytes) / per;
-        return n < most ? n : most;
-    };
-    const int spare = 6 * 1024;
-    int stages = fit(std::min(f.smem_per_sm / ctas, f.smem_per_block_optin) -
-                     spare);
-    if (LAG && ctas == 1 && stages < 3) {
-        // exactly: shared memory goes in 128-byte units; a CTA costs the
-        // driver's reserve, the static arrays and the dynamic part, and
-        // static plus dynamic may not pass the opt-in limit
-        constexpr int kStatic = bwd_static_smem<T, TPR, E>::bytes;
-        const int exact =
-            fit(std::min(f.smem_per_sm / 128 * 128 - f.smem_reserved,
-                         f.smem_per_block_optin) -
-                kStatic);
-        stages = exact < 3 ? exact : 3;
-    }
+    // per CTA: 1 KB the driver reserves, up to ~5 KB of static arrays
+    int budget = f.smem_per_sm / ctas - 6 * 1024;
+    budget = budget < f.smem_per_block_optin - 6 * 1024
+                 ? budget
+                 : f.smem_per_block_optin - 6 * 1024;
+    int stages = sizeof(T) == 2 ? kMaxStages : kMaxStages - 1;
+    const int fit = (budget - w_bytes) / per;
+    stages = stages < fit ? stages : fit;
     stages = stages < 1 ? 1 : stages;
     return {stages, stages * per + w_bytes};
 }
@@ -696,7 +670,7 @@ template <typename T, typename P, int TPR, int VEC, int E, bool LAG = false>
 int ctas_per_sm(int device, const device_facts &f, gemsops_status *st,
                 int *out)
 {
-    const bwd_ring_plan r = plan_ring<T, P, TPR, VEC, E, LAG>(f);
+    const bwd_ring_plan r = plan_ring<T, P, TPR, VEC, E>(f);
     int total = 0;
     if (resident_ctas((const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, LAG>,
                       device, layer_norm_block_threads(TPR), r.smem, &total,
@@ -847,7 +821,7 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
                                                l.zeroed - zero_from, stream));
     }
     const unsigned block = layer_norm_block_threads(TPR);
-    bwd_ring_plan ring = plan_ring<T, P, TPR, VEC, E>(f);
+    const bwd_ring_plan ring = plan_ring<T, P, TPR, VEC, E>(f);
     bool lagged = false;
     if constexpr (TPR >= 128 && bwd_ring<T, VEC>()) {
         // LAG holds a row back, so the ring prefetches one row less. At 2
@@ -858,7 +832,6 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         // equal).
         const bool lag_pays = shape.split > 2 || ring.stages > 3;
         if (shape.split > 1 && a.dx && ring.stages >= 2 && lag_pays) {
-            ring = plan_ring<T, P, TPR, VEC, E, true>(f);
             a.stages = ring.stages;
             layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, true>
                 <<<(unsigned)grid, block, ring.smem, stream>>>(a);
@@ -978,7 +951,15 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws, int64_t *need,
                        : dispatch_tpr<T, P, 1, 2 * E>(p, s, ws, need, st);
         }
     }
-    const layer_norm_shape s = layer_norm_choose_shape(p->cols, E, 1024);
+    // Split rows take slabs of 512 threads, two CTAs a SM: while one waits
+    // on its barriers or the exchange, the other's loads flow. One
+    // 1024-thread CTA a SM stalls with nothing beside it (H100, same-run
+    // A/B/A, graph replays, fp32: 256 x 262144 354.1 -> 326.6 us, 1024 x
+    // 65536 354.0 -> 311.7, 2048 x 16384 172.3 -> 164.4). fp64 keeps 1024:
+    // its registers allow one 512-thread CTA a SM, nothing to interleave.
+    const int max_tpr =
+        sizeof(T) < 8 && p->cols > 1024 * (int64_t)E ? 512 : 1024;
+    const layer_norm_shape s = layer_norm_choose_shape(p->cols, E, max_tpr);
     return vec ? dispatch_tpr<T, P, V, E>(p, s, ws, need, st)
                : dispatch_tpr<T, P, 1, E>(p, s, ws, need, st);
 }
