@@ -347,9 +347,10 @@ def test_cuda_row_lengths_up_to_2_20(n):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(64, 262144), (1000, 65536)])
 def test_cuda_split_rows_many_slabs(shape, dtype):
-    # many rows split into 64 or 16 slabs (fp32: 512-thread slabs of 4096
-    # columns; warp 0 collects 64 slabs' partials in two rounds), every
-    # row group walking many rows through the lagged ring
+    # many rows split into slabs of 512 threads (fp32: 64 or 16 slabs of
+    # 4096 columns, warp 0 collecting 64 slabs' partials in two rounds;
+    # bf16: 32 or 8 of 8192), every row group walking many rows through
+    # the lagged ring
     x, pshape, w, b = make(shape, 1, dtype, "cuda", "both", True)
     g = torch.randn_like(x)
     gemsops.layer_norm(x, pshape, w, b).backward(g)

@@ -47,12 +47,12 @@
 // arrive while row k's first pass runs instead of stalling the CTA every
 // row (H100, same-run A/B/A, graph replays: 256 x 262144 bf16 271 -> 201
 // us, fp32 441 -> 367; 1024 x 65536 bf16 286 -> 226; 4096 x 12288 bf16
-// 171 -> 151). Warp 0 reads the held row's
-// exchange slots at the top of the step and uses them after the first
-// pass, so the collect rarely waits for an L2 round trip of its own
-// (256 x 262144 bf16 183.7 -> 173.9 us, fp32 360.4 -> 353.9; 1024 x 65536
-// bf16 201.0 -> 169.9, fp32 377.6 -> 352.7, both at 1024-thread slabs
-// then; 4096 x 12288 bf16 144.4 -> 135.5, but fp32 229.1 -> 236.0).
+// 171 -> 151). Warp 0 reads the held row's exchange slots at the top of
+// the step and uses them after the first pass, so the collect rarely
+// waits for an L2 round trip of its own (256 x 262144 bf16 183.7 ->
+// 173.9 us, fp32 360.4 -> 353.9; 1024 x 65536 bf16 201.0 -> 169.9, fp32
+// 377.6 -> 352.7, both at 1024-thread slabs then; 4096 x 12288 bf16
+// 144.4 -> 135.5, but fp32 229.1 -> 236.0).
 //
 // Bytes: read x and dy once, write dx once (3 * N * sizeof(T) per row);
 // mean/rstd per row; dW/dB: 2 * N atomics per CTA (grid ~ #SMs * occupancy).
@@ -98,6 +98,8 @@ constexpr int kMaxStages = 4;
 // stages: 178.9 -> 170.1 us; H100, same-run A/B/A, graph replays).
 __host__ __device__ constexpr int bwd_stat_lanes(int tpr) { return tpr < 32 ? tpr : 32; }
 
+// Rounded up to 128 bytes: the next stage and the weights after the ring
+// stay aligned for their vector accesses.
 template <typename T, int VEC, int E>
 __host__ __device__ constexpr int bwd_stage_bytes(int block, int tpr)
 {
@@ -813,6 +815,8 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.x_stride = p->x_row_stride;
     a.dx_stride = p->dx_row_stride;
     a.split = shape.split;
+    const bwd_ring_plan ring = plan_ring<T, P, TPR, VEC, E>(f);
+    a.stages = ring.stages;
     a.deterministic = p->deterministic != 0;
 
     const int64_t zero_from = p->kept_zero ? l.exchange : 0;
@@ -821,7 +825,6 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
                                                l.zeroed - zero_from, stream));
     }
     const unsigned block = layer_norm_block_threads(TPR);
-    const bwd_ring_plan ring = plan_ring<T, P, TPR, VEC, E>(f);
     bool lagged = false;
     if constexpr (TPR >= 128 && bwd_ring<T, VEC>()) {
         // LAG holds a row back, so the ring prefetches one row less. At 2
@@ -832,14 +835,12 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
         // equal).
         const bool lag_pays = shape.split > 2 || ring.stages > 3;
         if (shape.split > 1 && a.dx && ring.stages >= 2 && lag_pays) {
-            a.stages = ring.stages;
             layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, true>
                 <<<(unsigned)grid, block, ring.smem, stream>>>(a);
             lagged = true;
         }
     }
     if (!lagged) {
-        a.stages = ring.stages;
         layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, false>
             <<<(unsigned)grid, block, ring.smem, stream>>>(a);
     }
