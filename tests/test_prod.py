@@ -247,13 +247,22 @@ def assert_close_or_torch(out, x, dim, dtype, n):
 def test_layouts_exact_with_powers_of_two(shape, dim, view, dtype, device):
     """Every element counted once: lines of +-1 holding a few 2s and 0.5s
     (products exact in any order), one 2 more than 0.5s in some lines."""
+    x = make_view(exact_lines(shape, dim, device), view).to(dtype)
+    assert_exact(x, dim)
+
+
+def exact_lines(shape, dim, device):
+    """+-1 with a few 2s and 0.5s: every product exact in any order."""
     x = torch.where(torch.rand(shape) < 0.5, -1.0, 1.0)
     pick = torch.rand(shape)
     line = math.prod(shape) if dim is None else shape[dim]
     rate = min(0.002, 40 / line)  # |log2| of any partial product < 127
     x[pick < rate] = 2.0
     x[(pick >= rate) & (pick < 2 * rate)] = 0.5
-    x = make_view(x.to(device), view).to(dtype)
+    return x.to(device)
+
+
+def assert_exact(x, dim):
     out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
     ref = ref_prod(x, dim)
     assert torch.equal(out.double(), ref.to(out.dtype).double())
@@ -350,6 +359,28 @@ def test_cuda_columns_on_either_side_of_l2(l2_multiple, dtype):
     rows = max(2, int(l2_multiple * l2 / (cols * dtype.itemsize)))
     x = near_one((rows, cols), dtype, device="cuda")
     assert_close(gemsops.prod(x, 0), ref_prod(x, 0), dtype, chain_len=rows)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,dim,view", [
+    ((3, 1000004), 1, None),     # split rows, a short last chunk
+    ((700, 20008), 1, None),     # more rows than CTAs: items loop
+    ((700, 20008), 1, "cut"),    # rows 20008 apart, 20000 long
+    ((1 << 22) + 12, None, None),  # full product, split over every CTA
+])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_cuda_long_rows_of_the_copy_engine(shape, dim, view, dtype):
+    # the shapes prod_bulk_kernel takes on sm_90 (other GPUs: the rows
+    # kernel): every element counted once, and near-one values
+    shape = shape if isinstance(shape, tuple) else (shape,)
+    x = exact_lines(shape, dim, "cuda").to(dtype)
+    x = x[:, :20000] if view == "cut" else x
+    assert_exact(x, dim)
+    x = unit_lines(shape, dim, torch.float64, "cuda").to(dtype)
+    x = x[:, :20000] if view == "cut" else x
+    out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
+    n = x.numel() if dim is None else x.shape[dim]
+    assert_close_or_torch(out, x, dim, dtype, n)
 
 
 @pytest.mark.cuda

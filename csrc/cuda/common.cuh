@@ -116,6 +116,15 @@ __device__ __forceinline__ uint64_t l2_evict_first_policy()
     return policy;
 }
 
+// The default priority, as a policy for instructions that take one.
+__device__ __forceinline__ uint64_t l2_evict_normal_policy()
+{
+    uint64_t policy;
+    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;"
+        : "=l"(policy));
+    return policy;
+}
+
 // load_vec for a last read: 16-byte vectors on the read-only path, not
 // allocated in L1, evict-first in L2 (the compiler creates the policy once
 // per kernel); other widths as load_vec.
@@ -339,6 +348,56 @@ template <int N> __device__ __forceinline__ void cp_async_wait()
 __device__ __forceinline__ unsigned smem_addr(const void *p)
 {
     return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// mbarriers (sm_90): a shared-memory barrier whose phase completes once
+// `count` threads have arrived and the bytes a transaction expects have
+// landed. Used with the copy engine (TMA, bulk copies), whose writes to
+// shared memory are visible to a thread once its wait on the phase returns.
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar),
+                 "r"(count)
+                 : "memory");
+}
+// Makes the initialised barriers visible to the async proxy (TMA).
+__device__ __forceinline__ void mbar_init_fence()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
+                     bar),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity)
+{
+    asm volatile("{\n.reg .pred done;\nWAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+// Arrive on `bar` (release: this thread's shared-memory reads before it
+// are done before the phase completes, so a producer may then overwrite).
+__device__ __forceinline__ void mbar_arrive(unsigned bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar)
+                 : "memory");
+}
+// `bytes` (a multiple of 16, both addresses 16-byte aligned) from global
+// to shared memory by the copy engine, counted toward `bar`'s transaction;
+// `policy` is an L2 cache policy (createpolicy).
+__device__ __forceinline__ void bulk_load(unsigned dst, const void *src,
+                                          unsigned bytes, unsigned bar,
+                                          uint64_t policy)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx"
+                 "::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+                 : "memory");
 }
 
 // Programmatic dependent launch (sm_90). A grid launched after this one

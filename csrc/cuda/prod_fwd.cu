@@ -35,7 +35,7 @@
 //
 // Bytes: the input once (numel * sizeof(T)) + the output + partials
 // (splits * outputs * sizeof(acc), under 1% for the planned splits).
-#include "prod_reduce.cuh"
+#include "prod_bulk.cuh"
 
 namespace gemsops {
 namespace {
@@ -160,7 +160,8 @@ struct fwd_plan {
     prod_rows_shape rows;  // kind == rows
     prod_cols_shape cols;  // kind == cols
     bool l2_hint;          // rows: U = 8 loads, 128-byte L2 fetches
-    bool evict_first;      // cols: evict-first loads (prod_cols_kernel)
+    bool bulk;             // rows: prod_bulk_kernel (sm_90)
+    bool evict_first;      // cols, bulk: evict-first loads or copies
     int64_t partials;      // accumulator values in the workspace
     int64_t ctas;          // work items of the first launch
     int grid;              // its CTAs (at most one resident wave)
@@ -179,6 +180,54 @@ void (*cols_kernel(const fwd_plan &pl))(prod_cols_args<T>)
         }
     }
     return pl.vec ? prod_cols_kernel<T, V> : prod_cols_kernel<T, 1>;
+}
+
+// Rows the copy engine streams (prod_bulk.cuh): 16-byte vectors of rows
+// that take a whole CTA, on sm_90.
+#ifndef GEMSOPS_AB_BULK
+#define GEMSOPS_AB_BULK 2
+#endif
+template <typename T> bool bulk_rows(const fwd_plan &pl, const device_facts &f)
+{
+#ifdef GEMSOPS_HAVE_SM90A
+    const bool sm90 = f.cc_major == 9 && f.cc_minor == 0;
+#else
+    const bool sm90 = false;
+#endif
+    const bool split = pl.rows.splits > 1;
+    return GEMSOPS_AB_BULK > 0 && sm90 && pl.vec &&
+           prod_vec<T>() * sizeof(T) == 16 && pl.rows.G == kProdBlock &&
+           (split || GEMSOPS_AB_BULK > 1);
+}
+
+// The bulk kernel's split and grid: rows split over the resident CTAs (a
+// split takes at least four chunks), each CTA looping over its items.
+template <typename T> int plan_bulk(fwd_plan &pl, int dev, gemsops_status *st)
+{
+    int resident = 1;
+    if (resident_ctas((const void *)prod_bulk_kernel<T>, dev, kBulkThreads,
+                      kBulkSmem, &resident, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    const prod_layout &l = pl.l;
+    const int64_t chunks = ceil_div(l.len * (int64_t)sizeof(T), kBulkChunk);
+    int64_t s = resident / l.outer;
+#ifdef GEMSOPS_AB_BULK_BALANCE
+    if (s == 0) {
+        s = ceil_div(GEMSOPS_AB_BULK_BALANCE * resident, l.outer);
+    }
+#endif
+    const int64_t most = chunks / 4;
+    s = s < most ? s : most;
+    s = s < 1 ? 1 : s;
+    pl.bulk = true;
+    pl.l2_hint = false;
+    pl.rows.splits = s;
+    pl.evict_first = l.outer >= resident;
+    pl.partials = s > 1 ? l.outer * s : 0;
+    pl.ctas = l.outer * s;
+    pl.grid = (int)(pl.ctas < resident ? pl.ctas : resident);
+    return GEMSOPS_OK;
 }
 
 template <typename T>
@@ -223,6 +272,11 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         pl.partials = r.splits > 1 ? l.outer * r.splits : 0;
         pl.l2_hint = pl.vec && r.splits == 1;
         pl.ctas = ceil_div(l.outer, kProdBlock / r.G) * r.splits;
+        if (bulk_rows<T>(pl, f)) {
+            if (plan_bulk<T>(pl, dev, st) != GEMSOPS_OK) {
+                return st->code;
+            }
+        }
     }
     else if (l.kind == prod_kind::cols) {
         pl.vec = base_ok && l.inner % V == 0 && l.outer_stride % V == 0 &&
@@ -261,7 +315,7 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     // a CTA per work item: the hardware keeps every SM fed as CTAs finish
     // (H100, measured together with the eight-load rows: 4096 x 4096 fp16
     // dim 1 25.8 -> 21.3 us against a resident wave looping over the items)
-    pl.grid = prod_grid(pl.ctas);
+    pl.grid = pl.bulk ? pl.grid : prod_grid(pl.ctas);
     *out = pl;
     return GEMSOPS_OK;
 }
@@ -302,7 +356,14 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
                                   pl.vec ? l.len / V : l.len, pl.rows.G,
                                   pl.rows.splits, pl.rows.seg, true, out,
                                   part};
-        if (pl.vec) {
+        if (pl.bulk) {
+            const prod_bulk_args<T> b{x,      l.outer,        l.outer_stride,
+                                      l.len * (int64_t)sizeof(T),
+                                      pl.rows.splits, pl.evict_first,
+                                      out,    part};
+            prod_bulk_kernel<T><<<grid, kBulkThreads, kBulkSmem, stream>>>(b);
+        }
+        else if (pl.vec) {
             if (pl.l2_hint) {
                 prod_rows_kernel<T, V, true, 8><<<grid, kProdBlock, 0, stream>>>(a);
             }
@@ -313,7 +374,7 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
         else {
             prod_rows_kernel<T, 1><<<grid, kProdBlock, 0, stream>>>(a);
         }
-        GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_rows_kernel");
+        GEMSOPS_CUDA_CHECK_LAUNCH(st, pl.bulk ? "prod_bulk_kernel" : "prod_rows_kernel");
         c = {part, l.outer, pl.rows.splits, 1, 32, out};
     }
     else if (l.kind == prod_kind::cols) {
