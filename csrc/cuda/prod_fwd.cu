@@ -14,6 +14,10 @@
 //     G vectors): all CTAs stream through one window of memory, which DRAM
 //     serves faster than a thousand separate streams (H100, 2^28 fp32: 91%
 //     of the copy bandwidth with contiguous pieces, 98% interleaved).
+//     On sm_90, rows that take a whole CTA (G = 256) in 16-byte vectors
+//     are streamed by the copy engine instead (prod_bulk.cuh), split and
+//     interleaved the same way in 16 KB chunks: 100% of the copy
+//     bandwidth at 2^28 fp32.
 //   cols (reduced dim outer or middle, kept columns unit-stride): a CTA
 //     covers TX column vectors x 256/TX rows: a warp reads TX vectors of
 //     each of 32/TX rows (coalesced), each thread walks down its column
@@ -182,11 +186,11 @@ void (*cols_kernel(const fwd_plan &pl))(prod_cols_args<T>)
     return pl.vec ? prod_cols_kernel<T, V> : prod_cols_kernel<T, 1>;
 }
 
-// Rows the copy engine streams (prod_bulk.cuh): 16-byte vectors of rows
-// that take a whole CTA, on sm_90.
-#ifndef GEMSOPS_AB_BULK
-#define GEMSOPS_AB_BULK 2
-#endif
+// Rows the copy engine streams (prod_bulk.cuh): rows long enough to take a
+// whole CTA, in 16-byte vectors, on sm_90. H100, same-run A/B/A against
+// the rows kernel: 2^28 fp32 363.6 -> 356.5 us, bf16 190.0 -> 187.9, fp16
+// 190.7 -> 187.6; 1024^3 fp32 1404.4 -> 1378.0; 1024 x 65536 dim 1 fp32
+// 101.9 -> 100.3, the half types equal (53-54 us); 2^20 equal.
 template <typename T> bool bulk_rows(const fwd_plan &pl, const device_facts &f)
 {
 #ifdef GEMSOPS_HAVE_SM90A
@@ -194,14 +198,16 @@ template <typename T> bool bulk_rows(const fwd_plan &pl, const device_facts &f)
 #else
     const bool sm90 = false;
 #endif
-    const bool split = pl.rows.splits > 1;
-    return GEMSOPS_AB_BULK > 0 && sm90 && pl.vec &&
-           prod_vec<T>() * sizeof(T) == 16 && pl.rows.G == kProdBlock &&
-           (split || GEMSOPS_AB_BULK > 1);
+    return sm90 && pl.vec && prod_vec<T>() * sizeof(T) == 16 &&
+           pl.rows.G == kProdBlock;
 }
 
 // The bulk kernel's split and grid: rows split over the resident CTAs (a
 // split takes at least four chunks), each CTA looping over its items.
+// Copies are evict-first where whole rows stream through many CTAs (1024 x
+// 65536 fp16 58.0 us at normal priority, 54.0 evict-first) and normal where
+// every CTA shares one window of one row (2^28 fp32 367.2 us evict-first,
+// 356.8 normal).
 template <typename T> int plan_bulk(fwd_plan &pl, int dev, gemsops_status *st)
 {
     int resident = 1;
@@ -212,18 +218,13 @@ template <typename T> int plan_bulk(fwd_plan &pl, int dev, gemsops_status *st)
     const prod_layout &l = pl.l;
     const int64_t chunks = ceil_div(l.len * (int64_t)sizeof(T), kBulkChunk);
     int64_t s = resident / l.outer;
-#ifdef GEMSOPS_AB_BULK_BALANCE
-    if (s == 0) {
-        s = ceil_div(GEMSOPS_AB_BULK_BALANCE * resident, l.outer);
-    }
-#endif
     const int64_t most = chunks / 4;
     s = s < most ? s : most;
     s = s < 1 ? 1 : s;
     pl.bulk = true;
     pl.l2_hint = false;
-    pl.rows.splits = s;
     pl.evict_first = l.outer >= resident;
+    pl.rows.splits = s;
     pl.partials = s > 1 ? l.outer * s : 0;
     pl.ctas = l.outer * s;
     pl.grid = (int)(pl.ctas < resident ? pl.ctas : resident);
