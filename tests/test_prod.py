@@ -361,23 +361,31 @@ def test_cuda_columns_on_either_side_of_l2(l2_multiple, dtype):
     assert_close(gemsops.prod(x, 0), ref_prod(x, 0), dtype, chain_len=rows)
 
 
+def beyond_l2(kind, dtype):
+    """(shape, dim, view) of an input just past L2, for the layouts the
+    copy-engine rows kernel takes (prod_bulk.cuh; sm_90, inputs beyond L2):
+    row lengths a multiple of 8 elements (16-byte vectors in every float
+    dtype) plus 8, so the last 16 KB chunk of a row is short."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    elems = int(1.1 * l2) // dtype.itemsize
+    if kind == "split":  # three rows, each split over many CTAs
+        return (3, elems // 3 // 8192 * 8192 + 8), 1, None
+    if kind == "many":   # more rows than CTAs: each CTA loops over rows
+        return (700, elems // 700 // 8 * 8 + 8), 1, None
+    if kind == "cut":    # rows 8 elements longer than what is reduced
+        return (700, elems // 700 // 8 * 8 + 16), 1, "cut"
+    return (elems // 8 * 8 + 8,), None, None  # full: one row, every CTA
+
+
 @pytest.mark.cuda
-@pytest.mark.parametrize("shape,dim,view", [
-    ((3, 1000004), 1, None),     # split rows, a short last chunk
-    ((700, 20008), 1, None),     # more rows than CTAs: items loop
-    ((700, 20008), 1, "cut"),    # rows 20008 apart, 20000 long
-    ((1 << 22) + 12, None, None),  # full product, split over every CTA
-])
+@pytest.mark.parametrize("kind", ["split", "many", "cut", "full"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_cuda_long_rows_of_the_copy_engine(shape, dim, view, dtype):
-    # the shapes prod_bulk_kernel takes on sm_90 (other GPUs: the rows
-    # kernel): every element counted once, and near-one values
-    shape = shape if isinstance(shape, tuple) else (shape,)
-    x = exact_lines(shape, dim, "cuda").to(dtype)
-    x = x[:, :20000] if view == "cut" else x
-    assert_exact(x, dim)
-    x = unit_lines(shape, dim, torch.float64, "cuda").to(dtype)
-    x = x[:, :20000] if view == "cut" else x
+def test_cuda_long_rows_beyond_l2(kind, dtype):
+    # every element counted once (exact), and near-one values
+    shape, dim, view = beyond_l2(kind, dtype)
+    cut = (lambda x: x[:, :-8]) if view == "cut" else (lambda x: x)
+    assert_exact(cut(exact_lines(shape, dim, "cuda").to(dtype)), dim)
+    x = cut(unit_lines(shape, dim, torch.float64, "cuda").to(dtype))
     out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
     n = x.numel() if dim is None else x.shape[dim]
     assert_close_or_torch(out, x, dim, dtype, n)

@@ -187,11 +187,15 @@ void (*cols_kernel(const fwd_plan &pl))(prod_cols_args<T>)
 }
 
 // Rows the copy engine streams (prod_bulk.cuh): rows long enough to take a
-// whole CTA, in 16-byte vectors, on sm_90. H100, same-run A/B/A against
-// the rows kernel: 2^28 fp32 363.6 -> 356.5 us, bf16 190.0 -> 187.9, fp16
-// 190.7 -> 187.6; 1024^3 fp32 1404.4 -> 1378.0; 1024 x 65536 dim 1 fp32
-// 101.9 -> 100.3, the half types equal (53-54 us); 2^20 equal.
-template <typename T> bool bulk_rows(const fwd_plan &pl, const device_facts &f)
+// whole CTA, in 16-byte vectors, of an input larger than L2, on sm_90.
+// H100, same-run A/B/A against the rows kernel: 2^28 fp32 363.6 -> 356.5
+// us, bf16 190.0 -> 187.9, fp16 190.7 -> 187.6; 1024^3 fp32 1404.4 ->
+// 1378.0; 1024 x 65536 dim 1 fp32 101.9 -> 100.3, the half types equal
+// (53-54 us). Inputs that fit in L2 keep the rows kernel: at 2^20 the bulk
+// kernel was equal in eager timing but slower in graph replays (bf16 9.2
+// -> 9.9 us, fp16 9.2 -> 9.5).
+template <typename T>
+bool bulk_rows(const fwd_plan &pl, const device_facts &f, int64_t bytes)
 {
 #ifdef GEMSOPS_HAVE_SM90A
     const bool sm90 = f.cc_major == 9 && f.cc_minor == 0;
@@ -199,7 +203,7 @@ template <typename T> bool bulk_rows(const fwd_plan &pl, const device_facts &f)
     const bool sm90 = false;
 #endif
     return sm90 && pl.vec && prod_vec<T>() * sizeof(T) == 16 &&
-           pl.rows.G == kProdBlock;
+           pl.rows.G == kProdBlock && bytes > f.l2_bytes;
 }
 
 // The bulk kernel's split and grid: rows split over the resident CTAs (a
@@ -273,7 +277,8 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         pl.partials = r.splits > 1 ? l.outer * r.splits : 0;
         pl.l2_hint = pl.vec && r.splits == 1;
         pl.ctas = ceil_div(l.outer, kProdBlock / r.G) * r.splits;
-        if (bulk_rows<T>(pl, f)) {
+        const int64_t bytes = gemsops_tensor_numel(&p->x) * (int64_t)sizeof(T);
+        if (bulk_rows<T>(pl, f, bytes)) {
             if (plan_bulk<T>(pl, dev, st) != GEMSOPS_OK) {
                 return st->code;
             }
