@@ -39,7 +39,8 @@ src = torch.empty(1 << 28, device="cuda").normal_()
 dst = torch.empty_like(src)
 for name, (fl, gap) in flushes.items():
     t = median_us(lambda: dst.copy_(src), fl, gap, reps=20)
-    print(f"copy 1 GiB  {name:9s} {t:8.1f} us {2 * src.numel() * 4 / t / 1e3:6.0f} GB/s")
+    gbps = 2 * src.numel() * 4 / t / 1e3
+    print(f"copy 1 GiB  {name:9s} {t:8.1f} us {gbps:6.0f} GB/s")
 for shape, dim, dt in CASES:
     x = torch.empty(shape, device="cuda").uniform_(0.999, 1.001).to(dt)
     args = () if dim is None else (dim,)

@@ -116,7 +116,8 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
         }
         for (int64_t c = item % a.splits; c < chunks; c += a.splits) {
             const int64_t at = c * kBulkChunk;
-            const int nvec = (int)(min((int64_t)kBulkChunk, a.row_bytes - at) / 16);
+            const int nvec =
+                (int)(min((int64_t)kBulkChunk, a.row_bytes - at) / 16);
             const vec_t<T, V> *st = reinterpret_cast<const vec_t<T, V> *>(
                 ring_mem + ring.stage * kBulkChunk);
             mbar_wait(full0 + 8 * ring.stage, ring.phase);

@@ -194,16 +194,19 @@ void (*cols_kernel(const fwd_plan &pl))(prod_cols_args<T>)
 // (53-54 us). Inputs that fit in L2 keep the rows kernel: at 2^20 the bulk
 // kernel was equal in eager timing but slower in graph replays (bf16 9.2
 // -> 9.9 us, fp16 9.2 -> 9.5).
-template <typename T>
-bool bulk_rows(const fwd_plan &pl, const device_facts &f, int64_t bytes)
+template <typename T> constexpr bool bulk_type()
+{
+    return prod_vec<T>() * sizeof(T) == 16; // not the 1-byte types
+}
+
+inline bool bulk_rows(const fwd_plan &pl, const device_facts &f, int64_t bytes)
 {
 #ifdef GEMSOPS_HAVE_SM90A
     const bool sm90 = f.cc_major == 9 && f.cc_minor == 0;
 #else
     const bool sm90 = false;
 #endif
-    return sm90 && pl.vec && prod_vec<T>() * sizeof(T) == 16 &&
-           pl.rows.G == kProdBlock && bytes > f.l2_bytes;
+    return sm90 && pl.vec && pl.rows.G == kProdBlock && bytes > f.l2_bytes;
 }
 
 // The bulk kernel's split and grid: rows split over the resident CTAs (a
@@ -277,9 +280,11 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         pl.partials = r.splits > 1 ? l.outer * r.splits : 0;
         pl.l2_hint = pl.vec && r.splits == 1;
         pl.ctas = ceil_div(l.outer, kProdBlock / r.G) * r.splits;
-        const int64_t bytes = gemsops_tensor_numel(&p->x) * (int64_t)sizeof(T);
-        if (bulk_rows<T>(pl, f, bytes)) {
-            if (plan_bulk<T>(pl, dev, st) != GEMSOPS_OK) {
+        if constexpr (bulk_type<T>()) {
+            const int64_t bytes =
+                gemsops_tensor_numel(&p->x) * (int64_t)sizeof(T);
+            if (bulk_rows(pl, f, bytes) &&
+                plan_bulk<T>(pl, dev, st) != GEMSOPS_OK) {
                 return st->code;
             }
         }
@@ -363,11 +368,18 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
                                   pl.rows.splits, pl.rows.seg, true, out,
                                   part};
         if (pl.bulk) {
-            const prod_bulk_args<T> b{x,      l.outer,        l.outer_stride,
-                                      l.len * (int64_t)sizeof(T),
-                                      pl.rows.splits, pl.evict_first,
-                                      out,    part};
-            prod_bulk_kernel<T><<<grid, kBulkThreads, kBulkSmem, stream>>>(b);
+            if constexpr (bulk_type<T>()) {
+                const prod_bulk_args<T> b{x,
+                                          l.outer,
+                                          l.outer_stride,
+                                          l.len * (int64_t)sizeof(T),
+                                          pl.rows.splits,
+                                          pl.evict_first,
+                                          out,
+                                          part};
+                prod_bulk_kernel<T>
+                    <<<grid, kBulkThreads, kBulkSmem, stream>>>(b);
+            }
         }
         else if (pl.vec) {
             if (pl.l2_hint) {
@@ -380,7 +392,8 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
         else {
             prod_rows_kernel<T, 1><<<grid, kProdBlock, 0, stream>>>(a);
         }
-        GEMSOPS_CUDA_CHECK_LAUNCH(st, pl.bulk ? "prod_bulk_kernel" : "prod_rows_kernel");
+        GEMSOPS_CUDA_CHECK_LAUNCH(st, pl.bulk ? "prod_bulk_kernel"
+                                              : "prod_rows_kernel");
         c = {part, l.outer, pl.rows.splits, 1, 32, out};
     }
     else if (l.kind == prod_kind::cols) {
