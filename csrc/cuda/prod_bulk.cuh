@@ -60,6 +60,15 @@ struct bulk_ring {
     }
 };
 
+// Bytes of chunk c of a row: what the producer copies and the consumers
+// then multiply (the last chunk of a row may be short).
+__device__ __forceinline__ unsigned bulk_chunk_bytes(int64_t row_bytes,
+                                                     int64_t c)
+{
+    const int64_t left = row_bytes - c * kBulkChunk;
+    return (unsigned)(left < kBulkChunk ? left : kBulkChunk);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kBulkThreads, 1)
     prod_bulk_kernel(const prod_bulk_args<T> a)
@@ -92,13 +101,12 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
                 const char *row = (const char *)(a.x + item / a.splits *
                                                            a.row_stride);
                 for (int64_t c = item % a.splits; c < chunks; c += a.splits) {
-                    const int64_t at = c * kBulkChunk;
-                    const unsigned bytes = (unsigned)min(
-                        (int64_t)kBulkChunk, a.row_bytes - at);
+                    const unsigned bytes = bulk_chunk_bytes(a.row_bytes, c);
                     // the previous use of the stage has been read by all
                     mbar_wait(empty0 + 8 * ring.stage, ring.phase ^ 1);
                     mbar_expect_tx(full0 + 8 * ring.stage, bytes);
-                    bulk_load(ring0 + ring.stage * kBulkChunk, row + at, bytes,
+                    bulk_load(ring0 + ring.stage * kBulkChunk,
+                              row + c * kBulkChunk, bytes,
                               full0 + 8 * ring.stage, policy);
                     ring.next();
                 }
@@ -115,9 +123,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
             acc[k] = A(1);
         }
         for (int64_t c = item % a.splits; c < chunks; c += a.splits) {
-            const int64_t at = c * kBulkChunk;
-            const int nvec =
-                (int)(min((int64_t)kBulkChunk, a.row_bytes - at) / 16);
+            const int nvec = (int)(bulk_chunk_bytes(a.row_bytes, c) / 16);
             const vec_t<T, V> *st = reinterpret_cast<const vec_t<T, V> *>(
                 ring_mem + ring.stage * kBulkChunk);
             mbar_wait(full0 + 8 * ring.stage, ring.phase);
@@ -144,8 +150,9 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
             ring.next();
         }
         // the item's product: lanes, the warp, then the eight warps (a
-        // named barrier of the consumers; warp_part alternates between
-        // items so one barrier an item suffices)
+        // named barrier of the consumers, not prod_group's __syncthreads:
+        // the producer warp has left; warp_part alternates between items
+        // so one barrier an item suffices)
         A v = prod_fold<V>(acc);
         for (int off = 16; off > 0; off /= 2) {
             v *= __shfl_xor_sync(0xffffffffu, v, off);
