@@ -1,0 +1,124 @@
+"""Layouts and values at the edges, on both backends, against float64
+references: normalized size 1 under channels_last, stride-0 (expanded)
+inputs and weights, sliced gradients, non-finite values."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gemsops
+from gemsops.testing import assert_close
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_unit_rows_channels_last(device, dtype):
+    # normalized size 1: mean = x, var = 0, so y = bias and dx = 0 exactly
+    x = torch.randn(3, 5, 4, 1)
+    w, b = torch.randn(1), torch.randn(1)
+    dy = torch.randn(3, 5, 4, 1)
+    xs = x.to(device, dtype).contiguous(memory_format=torch.channels_last)
+    xs.requires_grad_(True)
+    ws = w.to(device, dtype).requires_grad_(True)
+    bs = b.to(device, dtype).requires_grad_(True)
+    dys = dy.to(device, dtype).contiguous(memory_format=torch.channels_last)
+    y = gemsops.layer_norm(xs, (1,), ws, bs)
+    dx, dw, db = torch.autograd.grad(y, (xs, ws, bs), dys)
+    ref = [t.to(dtype).double().requires_grad_(True) for t in (x, w, b)]
+    ry = F.layer_norm(ref[0], (1,), ref[1], ref[2])
+    rdx, rdw, rdb = torch.autograd.grad(ry, ref, dy.to(dtype).double())
+    assert_close(y, ry, dtype)
+    assert_close(dx, rdx, dtype)
+    assert_close(dw, rdw, dtype, reduce_len=x.numel())
+    assert_close(db, rdb, dtype, reduce_len=x.numel())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_expanded_input_with_inf(device, dtype):
+    row = torch.randn(1, 64)
+    row[0, 5] = float("inf")
+    x = row.to(device, dtype).expand(8, 64)  # stride 0 over rows
+    ref = F.layer_norm(row.double().expand(8, 64), (64,))
+    got = gemsops.layer_norm(x, (64,))
+    assert torch.equal(got.isnan().cpu(), ref.isnan())
+    finite = ~ref.isnan()
+    assert_close(got.cpu()[finite], ref[finite].to(dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_norm_backward_expanded_weight_sliced_dy(device, dtype):
+    m, n = 37, 96
+    x = torch.randn(m, n)
+    w1 = torch.randn(1)
+    b = torch.randn(n)
+    big = torch.randn(m, 2 * n)
+    dy = big[:, 1::2]  # sliced: row stride 2n, column stride 2
+    xs = x.to(device, dtype).requires_grad_(True)
+    ws = w1.to(device, dtype).expand(n).detach().requires_grad_(True)
+    bs = b.to(device, dtype).requires_grad_(True)
+    assert ws.stride() == (0,)
+    dys = big.to(device, dtype)[:, 1::2]
+    y = gemsops.layer_norm(xs, (n,), ws, bs)
+    dx, dw, db = torch.autograd.grad(y, (xs, ws, bs), dys)
+    ref = [t.to(dtype).double().requires_grad_(True)
+           for t in (x, w1.expand(n).contiguous(), b)]
+    ry = F.layer_norm(ref[0], (n,), ref[1], ref[2])
+    rdx, rdw, rdb = torch.autograd.grad(ry, ref, dy.to(dtype).double())
+    assert_close(y, ry, dtype)
+    assert_close(dx, rdx, dtype)
+    assert_close(dw, rdw, dtype, reduce_len=m)
+    assert_close(db, rdb, dtype, reduce_len=m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prod_expanded_input_with_inf(device, dtype):
+    row = torch.rand(1, 33) + 0.5
+    row[0, 7] = float("inf")
+    row[0, 9] = -2.0
+    for x in (row.expand(6, 33), row.t().expand(33, 6)):
+        xs = x.to(device, dtype)
+        for dim in (None, 0, 1):
+            ref = (x.double().prod() if dim is None
+                   else x.double().prod(dim)).to(dtype)
+            got = gemsops.prod(xs) if dim is None else gemsops.prod(xs, dim)
+            assert torch.equal(got.isinf().cpu(), ref.isinf())
+            assert torch.equal(got.isnan().cpu(), ref.isnan())
+            assert_close(got.cpu(), ref, dtype, reduce_len=x.numel())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prod_backward_non_finite(device, dtype):
+    """torch's pattern: a line without zeros takes grad * prod / x (so an
+    inf's own gradient is nan); with a zero anywhere, products of the
+    others. Compared with torch's float64 CPU gradient, cast."""
+    big = 1e4 if dtype == torch.float16 else 1e30
+    x = torch.tensor([[float("inf"), 2.0, 3.0, 0.5],
+                      [float("-inf"), 0.0, 3.0, 2.0],
+                      [big, big, 3.0, 0.25],
+                      [1.5, float("nan"), 2.0, 1.0]])
+    for dim in (None, 0, 1):
+        xs = x.to(device, dtype).requires_grad_(True)
+        xr = x.to(dtype).double().requires_grad_(True)
+        fn = (lambda t: t.prod()) if dim is None else (lambda t: t.prod(dim))
+        gfn = ((lambda t: gemsops.prod(t)) if dim is None
+               else (lambda t: gemsops.prod(t, dim)))
+        (got,) = torch.autograd.grad(gfn(xs).sum(), xs)
+        (ref,) = torch.autograd.grad(fn(xr).sum(), xr)
+        ref = ref.to(dtype)
+        got = got.cpu()
+        assert torch.equal(got.isnan(), ref.isnan()), (dim, got, ref)
+        assert torch.equal(got.isinf(), ref.isinf()), (dim, got, ref)
+        fin = torch.isfinite(ref)
+        assert_close(got[fin], ref[fin], dtype, reduce_len=4)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matmul_expanded_operand_with_inf(device, dtype):
+    a_row = torch.randn(1, 40)
+    a_row[0, 3] = float("inf")
+    a = a_row.expand(24, 40)
+    b = torch.randn(40, 16)
+    got = gemsops.mm(a.to(device, dtype), b.to(device, dtype)).cpu()
+    ref = (a.to(dtype).double() @ b.to(dtype).double()).to(dtype)
+    assert torch.equal(got.isnan(), ref.isnan())
+    assert torch.equal(got.isinf(), ref.isinf())
