@@ -8,7 +8,9 @@
 #include "gemsops/tensor.h"
 
 /* Fills *t with a borrowed view of `obj` (torch tensor, NumPy array, any
- * DLPack producer). The view is valid while `obj` is alive. On failure sets
+ * DLPack producer). The view is valid while `obj` is alive. Refuses views
+ * DLPack cannot describe faithfully (torch's lazy negation bit) and
+ * negative strides. On failure sets
  * a Python exception naming fn and arg, and returns -1. If `stream` is not
  * NULL and obj is a CUDA tensor whose type offers the DLPack C exchange API,
  * *stream receives the producer's current stream for its device. */
@@ -17,6 +19,14 @@ int gemsops_tensor_from_object(PyObject *obj, const char *fn, const char *arg,
 
 /* Like gemsops_tensor_from_object, but Py_None gives *present = 0. */
 int gemsops_optional_tensor(PyObject *obj, const char *fn, const char *arg,
+                            struct gemsops_tensor *t, int *present);
+
+/* For tensors gemsops writes (outputs, workspaces): also refuses memory
+ * its producer marked read-only (DLPack's read-only flag: read-only NumPy
+ * arrays, memory maps opened for reading, arrays over bytes). */
+int gemsops_output_from_object(PyObject *obj, const char *fn,
+                               const char *arg, struct gemsops_tensor *t);
+int gemsops_optional_output(PyObject *obj, const char *fn, const char *arg,
                             struct gemsops_tensor *t, int *present);
 
 /* Sets the Python exception that st describes; returns NULL. */
@@ -32,6 +42,16 @@ void gemsops_tensor_extent(const struct gemsops_tensor *t, char **lo,
 /* 1 when the address ranges of a and b intersect. */
 int gemsops_tensors_overlap(const struct gemsops_tensor *a,
                             const struct gemsops_tensor *b);
+
+/* Buffers kept by the caller across launches (csrc/kept.c): 1 when obj
+ * is the buffer a launch on `stream` left in a known state, recorded with
+ * gemsops_kept_store and not written through torch since (*tag: what was
+ * stored with it); 0 when the launch must prepare it again; -1 on error. */
+int gemsops_kept_lookup(PyObject *obj, const struct gemsops_tensor *t,
+                        void *stream, unsigned long long *tag);
+int gemsops_kept_store(PyObject *obj, const struct gemsops_tensor *t,
+                       void *stream, unsigned long long tag);
+void gemsops_kept_forget(const struct gemsops_tensor *t, void *stream);
 
 extern PyMethodDef gemsops_layer_norm_methods[];
 extern PyMethodDef gemsops_prod_methods[];

@@ -39,7 +39,7 @@ gemsops_check_backend(const struct gemsops_tensor *t, const char *fn,
         return 0;
     }
     if (t->device_type != GEMSOPS_CUDA) {
-        PyErr_Format(PyExc_ValueError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): argument '%s' lives on %s; gemsops runs on cpu "
                      "and cuda",
                      fn, arg, device_name(t, name, sizeof name));
@@ -65,7 +65,7 @@ gemsops_check_device(const struct gemsops_tensor *t,
         return 0;
     }
     char a[48], b[48];
-    PyErr_Format(PyExc_ValueError,
+    PyErr_Format(PyExc_RuntimeError,
                  "%s(): Expected all tensors to be on the same device, but "
                  "'%s' is on %s and '%s' is on %s",
                  fn, arg, device_name(t, a, sizeof a), ref_arg,
@@ -82,7 +82,7 @@ gemsops_check_contiguous(const struct gemsops_tensor *t, const char *fn,
     }
     char s[256];
     gemsops_format_shape(t->strides, t->ndim, s, sizeof s);
-    PyErr_Format(PyExc_ValueError,
+    PyErr_Format(PyExc_RuntimeError,
                  "%s(): argument '%s' must be contiguous, got strides %s", fn,
                  arg, s);
     return -1;
@@ -118,7 +118,7 @@ gemsops_check_same_shape(const struct gemsops_tensor *t,
     char a[256], b[256];
     gemsops_format_shape(t->sizes, t->ndim, a, sizeof a);
     gemsops_format_shape(ref->sizes, ref->ndim, b, sizeof b);
-    PyErr_Format(PyExc_ValueError,
+    PyErr_Format(PyExc_RuntimeError,
                  "%s(): argument '%s' has shape %s; expected %s (the shape of "
                  "'%s')",
                  fn, arg, a, b, ref_arg);
@@ -130,7 +130,7 @@ gemsops_check_workspace(const struct gemsops_tensor *ws,
                         const struct gemsops_tensor *ref, const char *fn)
 {
     if (ws->dtype != GEMSOPS_UINT8) {
-        PyErr_Format(PyExc_TypeError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): argument 'workspace' must be uint8, got %s", fn,
                      gemsops_dtype_name(ws->dtype));
         return -1;
@@ -159,7 +159,7 @@ gemsops_check_no_overlap(const struct gemsops_tensor *const *written,
         for (int j = i + 1; j < nw; j++) {
             if (written[j] &&
                 gemsops_tensors_overlap(written[i], written[j])) {
-                PyErr_Format(PyExc_ValueError,
+                PyErr_Format(PyExc_RuntimeError,
                              "%s(): outputs '%s' and '%s' overlap in memory",
                              fn, wnames[i], wnames[j]);
                 return -1;
@@ -168,7 +168,7 @@ gemsops_check_no_overlap(const struct gemsops_tensor *const *written,
         for (int j = 0; j < nr; j++) {
             if (read[j] && read[j] != written[i] &&
                 gemsops_tensors_overlap(written[i], read[j])) {
-                PyErr_Format(PyExc_ValueError,
+                PyErr_Format(PyExc_RuntimeError,
                              "%s(): output '%s' overlaps input '%s' in memory",
                              fn, wnames[i], rnames[j]);
                 return -1;

@@ -15,18 +15,20 @@
 
 #define TYPE_CACHE_SIZE 8
 
-static struct {
+struct type_facts {
     PyTypeObject *type; /* strong reference */
     const gemsops_dl_exchange_api *api; /* NULL: type has none */
-} type_cache[TYPE_CACHE_SIZE];
+    int has_is_neg; /* torch: negation may be a lazy bit, see lazy_negation */
+};
+static struct type_facts type_cache[TYPE_CACHE_SIZE];
 static int type_cache_next;
 
-static const gemsops_dl_exchange_api *
-exchange_api_of(PyTypeObject *type)
+static const struct type_facts *
+facts_of(PyTypeObject *type)
 {
     for (int i = 0; i < TYPE_CACHE_SIZE; i++) {
         if (type_cache[i].type == type) {
-            return type_cache[i].api;
+            return &type_cache[i];
         }
     }
     const gemsops_dl_exchange_api *api = NULL;
@@ -48,12 +50,47 @@ exchange_api_of(PyTypeObject *type)
         Py_DECREF(cap);
         PyErr_Clear();
     }
+    int has_is_neg = PyObject_HasAttrString((PyObject *)type, "is_neg");
     int slot = type_cache_next++ % TYPE_CACHE_SIZE;
     Py_XDECREF(type_cache[slot].type);
     Py_INCREF(type);
     type_cache[slot].type = type;
     type_cache[slot].api = api;
-    return api;
+    type_cache[slot].has_is_neg = has_is_neg;
+    return &type_cache[slot];
+}
+
+static PyObject *
+is_neg_name(void)
+{
+    static PyObject *name; /* interned once, kept for the process */
+    if (name == NULL) {
+        name = PyUnicode_InternFromString("is_neg");
+    }
+    return name;
+}
+
+/* torch keeps a negation (torch._neg_view, the imaginary part of a
+ * conjugate) as a bit on the tensor; DLPack has no such bit and exports
+ * the memory, which holds the un-negated values. Real dtypes never carry
+ * the conjugate bit, and gemsops takes real dtypes only. */
+static int
+refuse_lazy_negation(PyObject *obj, const char *fn, const char *arg)
+{
+    PyObject *r = PyObject_CallMethodNoArgs(obj, is_neg_name());
+    if (r == NULL) {
+        return -1;
+    }
+    const int neg = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (neg > 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): argument '%s' has the negative bit set (a lazy "
+                     "negation, e.g. from torch._neg_view or z.conj().imag); "
+                     "call .resolve_neg() first",
+                     fn, arg);
+    }
+    return neg != 0 ? -1 : 0;
 }
 
 static PyObject *
@@ -106,6 +143,17 @@ fill_view(const gemsops_dl_tensor *dl, const char *fn, const char *arg,
                      fn, arg, (int)dl->ndim, GEMSOPS_MAX_DIMS);
         return -1;
     }
+    /* Every row view and extent below assumes strides >= 0 (torch never
+     * makes others; NumPy's reversed views do). */
+    for (int i = 0; dl->strides && i < dl->ndim; i++) {
+        if (dl->strides[i] < 0 && dl->shape[i] > 1) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s(): argument '%s' has a negative stride (%lld in "
+                         "dim %d); gemsops takes strides >= 0: pass a copy",
+                         fn, arg, (long long)dl->strides[i], i);
+            return -1;
+        }
+    }
     t->data = (char *)dl->data + dl->byte_offset;
     t->dtype = dtype_from_dl(dl->dtype);
     t->device_type = dl->device.device_type;
@@ -149,7 +197,7 @@ call_dunder_dlpack(PyObject *obj)
 
 static int
 from_capsule_protocol(PyObject *obj, const char *fn, const char *arg,
-                      struct gemsops_tensor *t)
+                      struct gemsops_tensor *t, int *read_only)
 {
     PyObject *cap = call_dunder_dlpack(obj);
     if (cap == NULL && PyErr_ExceptionMatches(PyExc_BufferError) &&
@@ -181,6 +229,7 @@ from_capsule_protocol(PyObject *obj, const char *fn, const char *arg,
         }
         else {
             rc = fill_view(&m->dl_tensor, fn, arg, t);
+            *read_only = (m->flags & GEMSOPS_DL_FLAG_READ_ONLY) != 0;
         }
     }
     else if (PyCapsule_IsValid(cap, "dltensor")) {
@@ -228,12 +277,19 @@ from_exchange_api(const gemsops_dl_exchange_api *api, PyObject *obj,
     return rc;
 }
 
-int
-gemsops_tensor_from_object(PyObject *obj, const char *fn, const char *arg,
-                           struct gemsops_tensor *t, void **stream)
+/* The view of obj, and whether the producer marked it read-only (only
+ * versioned capsules can say so; torch tensors are always writable). */
+static int
+import_tensor(PyObject *obj, const char *fn, const char *arg,
+              struct gemsops_tensor *t, void **stream, int *read_only)
 {
-    const gemsops_dl_exchange_api *api = exchange_api_of(Py_TYPE(obj));
-    if (api != NULL) {
+    const struct type_facts *facts = facts_of(Py_TYPE(obj));
+    *read_only = 0;
+    if (facts->has_is_neg && refuse_lazy_negation(obj, fn, arg)) {
+        return -1;
+    }
+    if (facts->api != NULL) {
+        const gemsops_dl_exchange_api *api = facts->api;
         if (from_exchange_api(api, obj, fn, arg, t) == 0) {
             if (stream != NULL && t->device_type == GEMSOPS_CUDA &&
                 api->current_work_stream != NULL &&
@@ -254,7 +310,7 @@ gemsops_tensor_from_object(PyObject *obj, const char *fn, const char *arg,
                      fn, arg, Py_TYPE(obj)->tp_name);
         return -1;
     }
-    if (from_capsule_protocol(obj, fn, arg, t) != 0) {
+    if (from_capsule_protocol(obj, fn, arg, t, read_only) != 0) {
         if (PyErr_ExceptionMatches(PyExc_BufferError)) {
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
@@ -275,6 +331,32 @@ gemsops_tensor_from_object(PyObject *obj, const char *fn, const char *arg,
 }
 
 int
+gemsops_tensor_from_object(PyObject *obj, const char *fn, const char *arg,
+                           struct gemsops_tensor *t, void **stream)
+{
+    int read_only;
+    return import_tensor(obj, fn, arg, t, stream, &read_only);
+}
+
+int
+gemsops_output_from_object(PyObject *obj, const char *fn, const char *arg,
+                           struct gemsops_tensor *t)
+{
+    int read_only;
+    if (import_tensor(obj, fn, arg, t, NULL, &read_only)) {
+        return -1;
+    }
+    if (read_only) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s(): argument '%s' is read-only (its producer marked "
+                     "the memory so); outputs must be writable",
+                     fn, arg);
+        return -1;
+    }
+    return 0;
+}
+
+int
 gemsops_optional_tensor(PyObject *obj, const char *fn, const char *arg,
                         struct gemsops_tensor *t, int *present)
 {
@@ -284,6 +366,18 @@ gemsops_optional_tensor(PyObject *obj, const char *fn, const char *arg,
         return 0;
     }
     return gemsops_tensor_from_object(obj, fn, arg, t, NULL);
+}
+
+int
+gemsops_optional_output(PyObject *obj, const char *fn, const char *arg,
+                        struct gemsops_tensor *t, int *present)
+{
+    *present = obj != Py_None;
+    if (!*present) {
+        memset(t, 0, sizeof *t);
+        return 0;
+    }
+    return gemsops_output_from_object(obj, fn, arg, t);
 }
 
 void

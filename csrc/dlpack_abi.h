@@ -56,9 +56,12 @@ typedef struct gemsops_dl_managed_versioned {
     gemsops_dl_version version;
     void *manager_ctx;
     void (*deleter)(struct gemsops_dl_managed_versioned *self);
-    uint64_t flags;
+    uint64_t flags; /* GEMSOPS_DL_FLAG_* */
     gemsops_dl_tensor dl_tensor;
 } gemsops_dl_managed_versioned;
+
+/* DLPACK_FLAG_BITMASK_READ_ONLY: the consumer must not write the memory */
+#define GEMSOPS_DL_FLAG_READ_ONLY ((uint64_t)1)
 
 /* `type(t).__dlpack_c_exchange_api__`: a capsule named
  * "dlpack_exchange_api" holding this table (DLPack 1.2+). */

@@ -3,7 +3,6 @@
  * on a pointer that was not checked here. */
 #include "boundary.h" /* Python.h first: it sets feature macros */
 
-#include <stdio.h>
 #include <string.h>
 #include "checks.h"
 #include "gemsops/layer_norm.h"
@@ -30,7 +29,7 @@ row_view(const struct gemsops_tensor *t, int nd, const char *fn,
     int64_t expect = 1;
     for (int i = t->ndim - 1; i >= t->ndim - nd; i--) {
         if (t->sizes[i] != 1 && t->strides[i] != expect) {
-            PyErr_Format(PyExc_ValueError,
+            PyErr_Format(PyExc_RuntimeError,
                          "%s(): argument '%s' must be contiguous over the "
                          "normalized dimensions (dim %d has stride %lld, "
                          "expected %lld)",
@@ -52,7 +51,7 @@ row_view(const struct gemsops_tensor *t, int nd, const char *fn,
             inner = t->sizes[i] * t->strides[i];
         }
         else if (t->strides[i] != inner) {
-            PyErr_Format(PyExc_ValueError,
+            PyErr_Format(PyExc_RuntimeError,
                          "%s(): argument '%s' has leading dimensions that "
                          "cannot be viewed as rows of one stride (dim %d "
                          "stride %lld); pass a contiguous tensor",
@@ -64,7 +63,7 @@ row_view(const struct gemsops_tensor *t, int nd, const char *fn,
         }
     }
     if (row_stride >= 0 && row_stride < n && m > 1) {
-        PyErr_Format(PyExc_ValueError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): argument '%s' has rows that overlap (row stride "
                      "%lld < %lld elements per row)",
                      fn, arg, (long long)row_stride, (long long)n);
@@ -100,7 +99,7 @@ check_param(const struct gemsops_tensor *p, const struct gemsops_tensor *x,
         char got[256], want[256];
         gemsops_format_shape(p->sizes, p->ndim, got, sizeof got);
         gemsops_format_shape(x->sizes + x->ndim - nd, nd, want, sizeof want);
-        PyErr_Format(PyExc_ValueError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): Expected %s to be of same shape as "
                      "normalized_shape, but got %s of shape %s and "
                      "normalized_shape = %s",
@@ -109,7 +108,7 @@ check_param(const struct gemsops_tensor *p, const struct gemsops_tensor *x,
     }
     if (p->dtype != x->dtype &&
         !(p->dtype == GEMSOPS_FLOAT32 && is_half(x->dtype))) {
-        PyErr_Format(PyExc_TypeError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): argument '%s' has dtype %s; expected %s%s", fn,
                      arg, gemsops_dtype_name(p->dtype),
                      gemsops_dtype_name(x->dtype),
@@ -126,13 +125,13 @@ check_stats(const struct gemsops_tensor *s, const struct gemsops_tensor *x,
             int64_t rows, const char *fn, const char *arg)
 {
     if (s->dtype != stats_dtype(x->dtype)) {
-        PyErr_Format(PyExc_TypeError, "%s(): argument '%s' has dtype %s; "
+        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has dtype %s; "
                      "expected %s", fn, arg, gemsops_dtype_name(s->dtype),
                      gemsops_dtype_name(stats_dtype(x->dtype)));
         return -1;
     }
     if (gemsops_tensor_numel(s) != rows) {
-        PyErr_Format(PyExc_ValueError, "%s(): argument '%s' has %lld "
+        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has %lld "
                      "elements; expected one per row (%lld)", fn, arg,
                      (long long)gemsops_tensor_numel(s), (long long)rows);
         return -1;
@@ -148,7 +147,7 @@ check_like_x(const struct gemsops_tensor *t, const struct gemsops_tensor *x,
              int nd, const char *fn, const char *arg, int64_t *stride)
 {
     if (t->dtype != x->dtype) {
-        PyErr_Format(PyExc_TypeError, "%s(): argument '%s' has dtype %s; "
+        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has dtype %s; "
                      "expected %s (the input's)", fn, arg,
                      gemsops_dtype_name(t->dtype),
                      gemsops_dtype_name(x->dtype));
@@ -172,7 +171,7 @@ parse_nd(PyObject *obj, const struct gemsops_tensor *x, const char *fn,
         return -1;
     }
     if (v < 1 || v > x->ndim) {
-        PyErr_Format(PyExc_ValueError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): normalized_ndim=%ld must be in [1, %d] (the "
                      "input's number of dimensions)",
                      fn, v, x->ndim);
@@ -187,7 +186,7 @@ check_input(const struct gemsops_tensor *x, const char *fn, const char *arg)
 {
     if (x->dtype != GEMSOPS_FLOAT32 && x->dtype != GEMSOPS_FLOAT64 &&
         !is_half(x->dtype)) {
-        PyErr_Format(PyExc_TypeError,
+        PyErr_Format(PyExc_NotImplementedError,
                      "%s(): argument '%s' must be a floating point tensor "
                      "(float16, bfloat16, float32 or float64), got %s",
                      fn, arg, gemsops_dtype_name(x->dtype));
@@ -220,7 +219,7 @@ parse_fwd(PyObject *const *args, int with_outputs,
         return -1;
     }
     if (has_w && has_b && w.dtype != b.dtype) {
-        PyErr_Format(PyExc_TypeError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): weight (%s) and bias (%s) must have one dtype",
                      fn, gemsops_dtype_name(w.dtype),
                      gemsops_dtype_name(b.dtype));
@@ -241,25 +240,20 @@ parse_fwd(PyObject *const *args, int with_outputs,
     if (eps == -1.0 && PyErr_Occurred()) {
         return -1;
     }
-    if (!(eps >= 0.0)) {
-        char text[32]; /* PyErr_Format has no %g */
-        snprintf(text, sizeof text, "%g", eps);
-        PyErr_Format(PyExc_ValueError, "%s(): eps=%s must be >= 0", fn, text);
-        return -1;
-    }
+    /* any value, as torch: a negative or NaN eps gives NaN rows */
     p->eps = eps;
-    if (gemsops_tensor_from_object(args[5], fn, "out", &y, NULL) ||
+    if (gemsops_output_from_object(args[5], fn, "out", &y) ||
         check_like_x(&y, &x, nd, fn, "out", &p->y_row_stride) ||
-        gemsops_optional_tensor(args[6], fn, "mean", &mean, &has_mean) ||
+        gemsops_optional_output(args[6], fn, "mean", &mean, &has_mean) ||
         (has_mean && check_stats(&mean, &x, p->rows, fn, "mean")) ||
-        gemsops_optional_tensor(args[7], fn, "rstd", &rstd, &has_rstd) ||
+        gemsops_optional_output(args[7], fn, "rstd", &rstd, &has_rstd) ||
         (has_rstd && check_stats(&rstd, &x, p->rows, fn, "rstd")) ||
-        gemsops_optional_tensor(args[8], fn, "workspace", &ws, &has_ws) ||
+        gemsops_optional_output(args[8], fn, "workspace", &ws, &has_ws) ||
         (has_ws && gemsops_check_workspace(&ws, &x, fn))) {
         return -1;
     }
     if (has_mean != has_rstd) {
-        PyErr_Format(PyExc_ValueError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): mean and rstd must both be tensors or both None",
                      fn);
         return -1;
@@ -288,9 +282,9 @@ PyDoc_STRVAR(layer_norm_fwd_doc,
 "caller-allocated `out` (input's shape and dtype), `mean` and `rstd` (one\n"
 "per row; float32, or float64 for float64 input; both may be None when the\n"
 "statistics are not wanted). weight/bias may be None;\n"
-"for float16/bfloat16 input they may be float32. `workspace` (None or a\n"
-"zero-filled uint8 tensor of layer_norm_fwd_workspace() bytes) serves rows\n"
-"split across CTAs. Runs on the current CUDA stream, or on the CPU.");
+"for float16/bfloat16 input they may be float32. `workspace`: None or a\n"
+"uint8 tensor of layer_norm_fwd_workspace() bytes (0 today: no forward\n"
+"variant needs one). Runs on the current CUDA stream, or on the CPU.");
 
 static PyObject *
 layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -398,7 +392,7 @@ parse_bwd(PyObject *const *args, int with_outputs,
         p->dweight = want[1] ? &marker : NULL;
         p->dbias = want[2] ? &marker : NULL;
         if (want[1] && !has_w) {
-            PyErr_Format(PyExc_ValueError, "%s(): a weight gradient needs "
+            PyErr_Format(PyExc_RuntimeError, "%s(): a weight gradient needs "
                          "the weight", fn);
             return -1;
         }
@@ -410,17 +404,17 @@ parse_bwd(PyObject *const *args, int with_outputs,
         check_stats(&mean, &x, p->rows, fn, "mean") ||
         gemsops_tensor_from_object(args[6], fn, "rstd", &rstd, NULL) ||
         check_stats(&rstd, &x, p->rows, fn, "rstd") ||
-        gemsops_optional_tensor(args[7], fn, "grad_input", &dx, &has_dx) ||
+        gemsops_optional_output(args[7], fn, "grad_input", &dx, &has_dx) ||
         (has_dx && check_like_x(&dx, &x, nd, fn, "grad_input",
                                 &p->dx_row_stride)) ||
-        gemsops_optional_tensor(args[8], fn, "grad_weight", &dw, &has_dw) ||
-        gemsops_optional_tensor(args[9], fn, "grad_bias", &db, &has_db) ||
-        gemsops_optional_tensor(args[10], fn, "workspace", &ws, &has_ws) ||
+        gemsops_optional_output(args[8], fn, "grad_weight", &dw, &has_dw) ||
+        gemsops_optional_output(args[9], fn, "grad_bias", &db, &has_db) ||
+        gemsops_optional_output(args[10], fn, "workspace", &ws, &has_ws) ||
         (has_ws && gemsops_check_workspace(&ws, &x, fn))) {
         return -1;
     }
     if (has_dw && !has_w) {
-        PyErr_Format(PyExc_ValueError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): grad_weight was given but weight is None", fn);
         return -1;
     }
@@ -431,7 +425,7 @@ parse_bwd(PyObject *const *args, int with_outputs,
     }
     if ((has_dw && dw.dtype != p->param_dtype) ||
         (has_db && db.dtype != p->param_dtype)) {
-        PyErr_Format(PyExc_TypeError,
+        PyErr_Format(PyExc_RuntimeError,
                      "%s(): grad_weight and grad_bias must have dtype %s (the "
                      "weight's)", fn, gemsops_dtype_name(p->param_dtype));
         return -1;
@@ -469,11 +463,28 @@ PyDoc_STRVAR(layer_norm_bwd_doc,
 "layer_norm_bwd_workspace() bytes (None when that is 0); the launch zeroes\n"
 "what it needs.\n"
 "workspace_stream=S, an int (the stream handle the workspace is kept for,\n"
-"-1 for none yet): the caller keeps one workspace per stream, all zeros\n"
-"when first passed; every launch leaves its accumulators zero again, so\n"
-"none is memset. When the workspace is None or too small, or S is not the\n"
+"-1 for none yet): the caller keeps one workspace per stream; the first\n"
+"launch that gets it zeroes it and every launch leaves its accumulators\n"
+"zero again, so later launches on S memset nothing (the same object, not\n"
+"written through torch since). When the workspace is None or too small, or S is not the\n"
 "current stream, nothing launches and the call returns (bytes needed,\n"
 "current stream handle); a launch that needs no workspace just runs.");
+
+/* The workspace as a flat uint8 view (the key of csrc/kept.c's records). */
+static struct gemsops_tensor
+workspace_view(const struct gemsops_layer_norm_bwd_params *p)
+{
+    struct gemsops_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = p->workspace;
+    t.dtype = GEMSOPS_UINT8;
+    t.device_type = GEMSOPS_CUDA;
+    t.device_id = p->device_id;
+    t.ndim = 1;
+    t.sizes[0] = p->workspace_bytes;
+    t.strides[0] = 1;
+    return t;
+}
 
 static PyObject *
 layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -507,19 +518,36 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
     if (x.device_type == GEMSOPS_CUDA) {
-        if (p.rows * p.cols == 0) {
-            Py_RETURN_NONE;
-        }
         int64_t need = 0;
         p.kept_zero = kept;
         if (kept && (long long)(uintptr_t)p.stream != ws_stream) {
             p.workspace = NULL; /* kept for another stream: ask again */
             p.workspace_bytes = 0;
         }
+        /* the accumulators are zero only if this boundary saw the last
+         * launch leave them so (csrc/kept.c); else the launch zeroes them */
+        struct gemsops_tensor ws = workspace_view(&p);
+        unsigned long long tag;
+        if (kept && p.workspace != NULL) {
+            const int known = gemsops_kept_lookup(args[10], &ws, p.stream,
+                                                  &tag);
+            if (known < 0) {
+                return NULL;
+            }
+            p.known_zero = known;
+        }
         rc = gemsops_layer_norm_bwd_cuda(&p, p.kept_zero ? &need : NULL, &st);
         if (rc == GEMSOPS_OK && need > 0) {
             return Py_BuildValue("(LL)", (long long)need,
                                  (long long)(uintptr_t)p.stream);
+        }
+        if (kept && p.workspace != NULL) {
+            if (rc != GEMSOPS_OK) {
+                gemsops_kept_forget(&ws, p.stream);
+            }
+            else if (gemsops_kept_store(args[10], &ws, p.stream, 0) < 0) {
+                return NULL;
+            }
         }
     }
     else {

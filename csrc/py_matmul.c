@@ -13,14 +13,14 @@ static int
 check_operand(const struct gemsops_tensor *t, const char *fn, const char *arg)
 {
     if (t->ndim != 2 && t->ndim != 3) {
-        PyErr_Format(PyExc_ValueError, "%s(): argument '%s' must be 2-D "
+        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' must be 2-D "
                      "[rows, cols] or 3-D [batch, rows, cols], got %d dims",
                      fn, arg, t->ndim);
         return -1;
     }
     if (t->dtype != GEMSOPS_FLOAT16 && t->dtype != GEMSOPS_BFLOAT16 &&
         t->dtype != GEMSOPS_FLOAT32) {
-        PyErr_Format(PyExc_TypeError, "%s(): argument '%s' has dtype %s; "
+        PyErr_Format(PyExc_NotImplementedError, "%s(): argument '%s' has dtype %s; "
                      "gemsops matmul takes float16, bfloat16 and float32",
                      fn, arg, gemsops_dtype_name(t->dtype));
         return -1;
@@ -70,7 +70,7 @@ parse_problem(PyObject *const *args, const char *fn,
         check_operand(a, fn, "a") ||
         gemsops_tensor_from_object(args[1], fn, "b", b, NULL) ||
         check_operand(b, fn, "b") ||
-        gemsops_tensor_from_object(args[2], fn, "out", c, NULL) ||
+        gemsops_output_from_object(args[2], fn, "out", c) ||
         check_operand(c, fn, "out") ||
         parse_ll(args[3], fn, "schedule", 0, 3, &mode) ||
         parse_ll(args[4], fn, "two_tiles", 0, 1, &two) ||
@@ -80,7 +80,7 @@ parse_problem(PyObject *const *args, const char *fn,
         return -1;
     }
     if (b->dtype != a->dtype || c->dtype != a->dtype) {
-        PyErr_Format(PyExc_TypeError, "%s(): expected a, b and out to have "
+        PyErr_Format(PyExc_RuntimeError, "%s(): expected a, b and out to have "
                      "the same dtype, got %s, %s and %s", fn,
                      gemsops_dtype_name(a->dtype), gemsops_dtype_name(b->dtype),
                      gemsops_dtype_name(c->dtype));
@@ -97,7 +97,7 @@ parse_problem(PyObject *const *args, const char *fn,
         gemsops_format_shape(a->sizes, a->ndim, sa, sizeof sa);
         gemsops_format_shape(b->sizes, b->ndim, sb, sizeof sb);
         gemsops_format_shape(c->sizes, c->ndim, sc, sizeof sc);
-        PyErr_Format(PyExc_ValueError, "%s(): shapes do not chain: a %s, b "
+        PyErr_Format(PyExc_RuntimeError, "%s(): shapes do not chain: a %s, b "
                      "%s, out %s (want [B, m, k] x [B, k, n] -> [B, m, n], "
                      "or the same without B)", fn, sa, sb, sc);
         return -1;
@@ -210,6 +210,8 @@ PyDoc_STRVAR(matmul_doc,
 static int
 parse_cuda_extras(PyObject *const *args, const char *fn,
                   const struct gemsops_tensor *a,
+                  const struct gemsops_tensor *b,
+                  const struct gemsops_tensor *c,
                   struct gemsops_matmul_params *p)
 {
     struct gemsops_tensor ws, fl, er;
@@ -223,15 +225,15 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
     if (a->device_type != GEMSOPS_CUDA) {
         return 0; /* the CPU executor keeps its own workspace and flags */
     }
-    if (gemsops_optional_tensor(args[7], fn, "workspace", &ws, &has_ws) ||
+    if (gemsops_optional_output(args[7], fn, "workspace", &ws, &has_ws) ||
         (has_ws && gemsops_check_workspace(&ws, a, fn)) ||
-        gemsops_optional_tensor(args[8], fn, "flags", &fl, &has_fl) ||
-        gemsops_optional_tensor(args[11], fn, "error", &er, &has_er)) {
+        gemsops_optional_output(args[8], fn, "flags", &fl, &has_fl) ||
+        gemsops_optional_output(args[11], fn, "error", &er, &has_er)) {
         return -1;
     }
     if ((has_fl && fl.dtype != GEMSOPS_INT32) ||
         (has_er && er.dtype != GEMSOPS_INT32)) {
-        PyErr_Format(PyExc_TypeError, "%s(): 'flags' and 'error' must be "
+        PyErr_Format(PyExc_RuntimeError, "%s(): 'flags' and 'error' must be "
                      "int32 tensors", fn);
         return -1;
     }
@@ -241,8 +243,24 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
         return -1;
     }
     if ((has_fl && (gemsops_check_device(&fl, a, fn, "flags", "a") ||
-                    gemsops_check_contiguous(&fl, fn, "flags"))) ||
-        (has_er && gemsops_check_device(&er, a, fn, "error", "a"))) {
+                    gemsops_check_contiguous(&fl, fn, "flags") ||
+                    gemsops_check_aligned(&fl, fn, "flags"))) ||
+        (has_er && (gemsops_check_device(&er, a, fn, "error", "a") ||
+                    gemsops_check_aligned(&er, fn, "error")))) {
+        return -1;
+    }
+    if (has_er && gemsops_tensor_numel(&er) < 1) {
+        PyErr_Format(PyExc_RuntimeError, "%s(): 'error' must have at least "
+                     "one element, got 0", fn);
+        return -1;
+    }
+    const struct gemsops_tensor *w[] = {c, has_ws ? &ws : NULL,
+                                        has_fl ? &fl : NULL,
+                                        has_er ? &er : NULL};
+    const struct gemsops_tensor *r[] = {a, b};
+    const char *wn[] = {"out", "workspace", "flags", "error"};
+    const char *rn[] = {"a", "b"};
+    if (gemsops_check_no_overlap(w, wn, 4, r, rn, 2, fn)) {
         return -1;
     }
     p->workspace = has_ws ? ws.data : NULL;
@@ -267,10 +285,25 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     struct gemsops_matmul_params p;
     struct gemsops_tensor a, b, c;
     if (parse_problem(args, fn, &p, &a, &b, &c) ||
-        parse_cuda_extras(args, fn, &a, &p)) {
+        parse_cuda_extras(args, fn, &a, &b, &c, &p)) {
         return NULL;
     }
     const int cuda = a.device_type == GEMSOPS_CUDA;
+    struct gemsops_tensor fl;
+    unsigned long long last_epoch = 0;
+    if (cuda && p.flags != NULL) {
+        /* flags seen before hold only epochs up to the last one stored */
+        int has_fl;
+        if (gemsops_optional_output(args[8], fn, "flags", &fl, &has_fl)) {
+            return NULL;
+        }
+        const int known = gemsops_kept_lookup(args[8], &fl, p.stream,
+                                              &last_epoch);
+        if (known < 0) {
+            return NULL;
+        }
+        p.flags_known = known && p.epoch > last_epoch;
+    }
     struct gemsops_matmul_need need = {0, 0};
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
@@ -278,6 +311,14 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     rc = cuda ? gemsops_matmul_cuda(&p, &need, &st)
               : gemsops_matmul_cpu(&p, &st);
     Py_END_ALLOW_THREADS
+    if (cuda && p.flags != NULL) {
+        if (rc != GEMSOPS_OK) {
+            gemsops_kept_forget(&fl, p.stream);
+        }
+        else if (gemsops_kept_store(args[8], &fl, p.stream, p.epoch) < 0) {
+            return NULL;
+        }
+    }
     if (rc != GEMSOPS_OK) {
         return gemsops_raise(&st);
     }

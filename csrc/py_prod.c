@@ -41,7 +41,7 @@ static int
 check_input(const struct gemsops_tensor *x, const char *fn)
 {
     if (x->dtype == GEMSOPS_DTYPE_UNSUPPORTED) {
-        PyErr_Format(PyExc_TypeError,
+        PyErr_Format(PyExc_NotImplementedError,
                      "%s(): argument 'input' has a dtype gemsops does not "
                      "support (complex and 8-bit floats are not)",
                      fn);
@@ -67,13 +67,13 @@ check_kept(const struct gemsops_tensor *t, const struct gemsops_tensor *x,
            int dim, gemsops_dtype want, const char *fn, const char *arg)
 {
     if (t->dtype != want) {
-        PyErr_Format(PyExc_TypeError, "%s(): argument '%s' has dtype %s; "
+        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has dtype %s; "
                      "expected %s", fn, arg, gemsops_dtype_name(t->dtype),
                      gemsops_dtype_name(want));
         return -1;
     }
     if (gemsops_tensor_numel(t) != kept_numel(x, dim)) {
-        PyErr_Format(PyExc_ValueError, "%s(): argument '%s' has %lld "
+        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has %lld "
                      "elements; expected %lld", fn, arg,
                      (long long)gemsops_tensor_numel(t),
                      (long long)kept_numel(x, dim));
@@ -91,7 +91,7 @@ check_like_input(const struct gemsops_tensor *t,
                  const char *arg)
 {
     if (t->dtype != x->dtype) {
-        PyErr_Format(PyExc_TypeError, "%s(): argument '%s' has dtype %s; "
+        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has dtype %s; "
                      "expected %s", fn, arg, gemsops_dtype_name(t->dtype),
                      gemsops_dtype_name(x->dtype));
         return -1;
@@ -107,7 +107,7 @@ parse_workspace(PyObject *obj, const struct gemsops_tensor *x, const char *fn,
                 struct gemsops_tensor *ws, void **data, int64_t *bytes)
 {
     int has = 0;
-    if (gemsops_optional_tensor(obj, fn, "workspace", ws, &has) ||
+    if (gemsops_optional_output(obj, fn, "workspace", ws, &has) ||
         (has && gemsops_check_workspace(ws, x, fn))) {
         return -1;
     }
@@ -138,7 +138,7 @@ prod(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     memset(&p, 0, sizeof p);
     if (gemsops_tensor_from_object(args[0], fn, "input", &p.x, &p.stream) ||
         check_input(&p.x, fn) || parse_dim(args[1], &p.x, fn, &p.dim) ||
-        gemsops_tensor_from_object(args[2], fn, "out", &out, NULL) ||
+        gemsops_output_from_object(args[2], fn, "out", &out) ||
         parse_workspace(args[3], &p.x, fn, &ws, &p.workspace,
                         &p.workspace_bytes)) {
         return NULL;
@@ -188,13 +188,13 @@ prod_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (gemsops_tensor_from_object(args[0], fn, "input", &p.x, &p.stream) ||
         check_input(&p.x, fn) || parse_dim(args[1], &p.x, fn, &p.dim) ||
         gemsops_tensor_from_object(args[2], fn, "grad_out", &g, NULL) ||
-        gemsops_tensor_from_object(args[3], fn, "grad_in", &gi, NULL) ||
+        gemsops_output_from_object(args[3], fn, "grad_in", &gi) ||
         parse_workspace(args[4], &p.x, fn, &ws, &p.workspace,
                         &p.workspace_bytes)) {
         return NULL;
     }
     if (!is_float(p.x.dtype)) {
-        PyErr_Format(PyExc_TypeError, "%s(): only floating point inputs "
+        PyErr_Format(PyExc_RuntimeError, "%s(): only floating point inputs "
                      "have gradients, got %s", fn,
                      gemsops_dtype_name(p.x.dtype));
         return NULL;

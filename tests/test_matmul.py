@@ -270,7 +270,7 @@ def test_errors(device):
         gemsops.set_schedule("fastest")
     with pytest.raises(ValueError, match="mainloop must be one of"):
         gemsops.set_schedule("auto", mainloop="tensor-cores")
-    with pytest.raises(ValueError, match="shapes do not chain"):
+    with pytest.raises(RuntimeError, match="shapes do not chain"):
         gemsops._C.matmul(a[None], a[None], torch.empty(1, 3, 4, device=device),
                           0, 0, 0, 0, None, None, 1, 0, None)
     with pytest.raises(ValueError, match="'mainloop'=5 is out of range"):
@@ -291,9 +291,9 @@ def test_c_level_takes_2d_operands(device):
     assert gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0,
                              None) is None  # data-parallel: no buffers
     assert_mm_close(out, a, b, torch.float32)
-    with pytest.raises(ValueError, match="shapes do not chain"):
+    with pytest.raises(RuntimeError, match="shapes do not chain"):
         gemsops._C.matmul(a, b, out[None], 0, 0, 0, 0, None, None, 0, 0, None)
-    with pytest.raises(ValueError, match="must be 2-D .* or 3-D"):
+    with pytest.raises(RuntimeError, match="must be 2-D .* or 3-D"):
         gemsops._C.matmul(a[None, None], b, out, 0, 0, 0, 0, None, None, 0, 0,
                           None)
 

@@ -463,12 +463,16 @@ int resident_ctas(const void *kernel, int device, int block, int smem,
                   int *out, gemsops_status *st);
 
 // Makes `device` current for the scope and restores the previous one.
+// cudaSetDevice runs even when `device` is already the current ordinal: a
+// thread that never touched the runtime reports device 0 with no context
+// current, and driver-API calls (the TMA encoder) need the primary context
+// current, which cudaSetDevice makes it.
 struct device_guard {
     int previous = -1;
     cudaError_t enter(int device)
     {
         cudaError_t e = cudaGetDevice(&previous);
-        if (e != cudaSuccess || previous == device) {
+        if (e != cudaSuccess) {
             return e;
         }
         return cudaSetDevice(device);

@@ -705,7 +705,9 @@ inline int bwd_stripes(int64_t groups, int64_t cols, size_t acc_size)
 
 // Workspace: [stripes][split exchange] must be zero when the kernel
 // starts; [deterministic partials] follow and need no zeroing. A kept
-// workspace (kept_zero) is all zeros between launches: the sum kernel
+// workspace (kept_zero) is zeroed whole by its first launch (known_zero
+// unset: csrc/kept.c could not vouch for it) and is all zeros between
+// launches: the sum kernel
 // re-zeroes the stripes or partials it reads, and a launch that splits
 // rows memsets the exchange region after itself as well as before (long
 // rows only, where a memset launch is noise). The memset before is not
@@ -819,10 +821,18 @@ int run(const gemsops_layer_norm_bwd_params *p, layer_norm_shape shape,
     a.stages = ring.stages;
     a.deterministic = p->deterministic != 0;
 
-    const int64_t zero_from = p->kept_zero ? l.exchange : 0;
-    if (l.zeroed > zero_from) {
-        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + zero_from, 0,
-                                               l.zeroed - zero_from, stream));
+    if (p->kept_zero && !p->known_zero) {
+        // kept from now on: all of it zero, whatever this launch uses
+        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws, 0, p->workspace_bytes,
+                                               stream));
+    }
+    else {
+        const int64_t zero_from = p->known_zero ? l.exchange : 0;
+        if (l.zeroed > zero_from) {
+            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + zero_from, 0,
+                                                   l.zeroed - zero_from,
+                                                   stream));
+        }
     }
     const unsigned block = layer_norm_block_threads(TPR);
     bool lagged = false;
@@ -938,6 +948,22 @@ int launch(const gemsops_layer_norm_bwd_params *p, int64_t *ws, int64_t *need,
 {
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
+    if (p->rows == 0 || p->cols == 0) {
+        // dW and dB over no rows are sums of nothing: zeros, no kernel
+        if (ws) {
+            *ws = 0;
+            return GEMSOPS_OK;
+        }
+        const size_t bytes = (size_t)p->cols * sizeof(P);
+        cudaStream_t stream = (cudaStream_t)p->stream;
+        if (p->dweight && bytes) {
+            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->dweight, 0, bytes, stream));
+        }
+        if (p->dbias && bytes) {
+            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->dbias, 0, bytes, stream));
+        }
+        return GEMSOPS_OK;
+    }
     // A whole row per CTA up to 1024 threads: the ring keeps loads flowing
     // through the barriers, which costs less than exchanging partials
     // between CTAs through global memory for every row.

@@ -388,6 +388,7 @@ kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
 }
 
 // cuTensorMapEncodeTiled through cudart's driver entry point (no -lcuda).
+// NULL when the driver has none (older than CUDA 12).
 using encode_tiled_fn = CUresult (*)(CUtensorMap *, CUtensorMapDataType,
                                      cuuint32_t, void *, const cuuint64_t *,
                                      const cuuint64_t *, const cuuint32_t *,
@@ -409,53 +410,76 @@ encode_tiled_fn tensor_map_encoder()
             fn = (encode_tiled_fn)f;
         }
         else {
-            cudaGetLastError(); // not sticky: the planner falls back
+            cudaGetLastError(); // not sticky; tma_usable says no from now on
         }
     });
     return fn;
 }
 
-// A TMA map of an operand seen as [z][y][x] (x contiguous, 2-byte
-// elements), boxes of 64 x box_y, 128-byte swizzle, zero fill past the
-// edges. z: the batch (1 when broadcast). False when the driver refuses.
-bool encode_operand(CUtensorMap *map, gemsops_dtype dt, const void *base,
-                    int64_t x, int64_t y, int64_t y_stride, int64_t batch,
-                    int64_t z_stride, int box_y)
+// An operand seen as [z][y][x] (x contiguous, 2-byte elements). TMA can
+// describe it when the base is 16-byte aligned and the y and z strides are
+// positive multiples of 16 bytes below 2^40 (cuTensorMapEncodeTiled's
+// documented limits). Operands it cannot describe (odd or zero strides,
+// misaligned views) take the mma mainloop: a rule on the layout, decided
+// before any driver call, not a fallback from a failed one.
+struct tma_operand {
+    const void *base;
+    int64_t x, y, y_stride, batch, z_stride;
+    int box_y;
+    bool one() const { return z_stride == 0 || batch == 1; }
+    int64_t y_bytes() const { return y_stride * 2; }
+    int64_t z_bytes() const { return (one() ? y_stride * y : z_stride) * 2; }
+};
+
+bool tma_describes(const tma_operand &o)
 {
-    const encode_tiled_fn fn = tensor_map_encoder();
-    if (fn == nullptr || x <= 0 || y <= 0) {
-        return false;
-    }
-    const bool one = z_stride == 0 || batch == 1;
-    const cuuint64_t dims[3] = {(cuuint64_t)x, (cuuint64_t)y,
-                                (cuuint64_t)(one ? 1 : batch)};
-    const cuuint64_t strides[2] = {(cuuint64_t)y_stride * 2,
-                                   (cuuint64_t)(one ? y_stride * y : z_stride) *
-                                       2};
-    const cuuint32_t box[3] = {64, (cuuint32_t)box_y, 1};
-    const cuuint32_t elem_strides[3] = {1, 1, 1};
-    return fn(map,
-              dt == GEMSOPS_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-              3, (void *)base, dims, strides, box, elem_strides,
-              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-              CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    constexpr int64_t lim = (int64_t)1 << 40, dim_lim = (int64_t)1 << 32;
+    auto stride_ok = [](int64_t b) { return b > 0 && b % 16 == 0 && b < lim; };
+    return o.x > 0 && o.y > 0 && o.x < dim_lim && o.y < dim_lim &&
+           o.batch < dim_lim && (uintptr_t)o.base % 16 == 0 &&
+           stride_ok(o.y_bytes()) && stride_ok(o.z_bytes());
 }
 
-// Both maps for a wgmma launch with BN-wide tiles.
-bool encode_maps(const gemsops_matmul_params *p, const tc_layout &l, int bn,
-                 CUtensorMap *ta, CUtensorMap *tb)
+// Boxes of 64 x box_y, 128-byte swizzle, zero fill past the edges. The
+// caller checked tma_describes and made the device's context current, so
+// a refusal here is an error.
+int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,
+                   gemsops_status *st)
 {
-    const bool a = l.a_k ? encode_operand(ta, p->dtype, p->a, p->k, p->m,
-                                          p->a_rs, p->batch, p->a_bs, 128)
-                         : encode_operand(ta, p->dtype, p->a, p->m, p->k,
-                                          p->a_cs, p->batch, p->a_bs, 64);
-    const bool b = l.b_k ? encode_operand(tb, p->dtype, p->b, p->k, p->n,
-                                          p->b_cs, p->batch, p->b_bs, bn)
-                         : encode_operand(tb, p->dtype, p->b, p->n, p->k,
-                                          p->b_rs, p->batch, p->b_bs, 64);
-    return a && b;
+    const encode_tiled_fn fn = tensor_map_encoder();
+    const cuuint64_t dims[3] = {(cuuint64_t)o.x, (cuuint64_t)o.y,
+                                (cuuint64_t)(o.one() ? 1 : o.batch)};
+    const cuuint64_t strides[2] = {(cuuint64_t)o.y_bytes(),
+                                   (cuuint64_t)o.z_bytes()};
+    const cuuint32_t box[3] = {64, (cuuint32_t)o.box_y, 1};
+    const cuuint32_t elem_strides[3] = {1, 1, 1};
+    const CUresult r =
+        fn(map,
+           dt == GEMSOPS_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+           3, (void *)o.base, dims, strides, box, elem_strides,
+           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+           CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                            "matmul: cuTensorMapEncodeTiled failed (CUresult "
+                            "%d) for an operand of %lld x %lld, strides %lld "
+                            "and %lld bytes",
+                            (int)r, (long long)o.x, (long long)o.y,
+                            (long long)o.y_bytes(), (long long)o.z_bytes());
+    }
+    return GEMSOPS_OK;
+}
+
+// The two operands of a wgmma launch with BN-wide tiles, as TMA sees them.
+void tma_operands(const gemsops_matmul_params *p, const tc_layout &l, int bn,
+                  tma_operand *a, tma_operand *b)
+{
+    *a = l.a_k ? tma_operand{p->a, p->k, p->m, p->a_rs, p->batch, p->a_bs, 128}
+               : tma_operand{p->a, p->m, p->k, p->a_cs, p->batch, p->a_bs, 64};
+    *b = l.b_k ? tma_operand{p->b, p->k, p->n, p->b_cs, p->batch, p->b_bs, bn}
+               : tma_operand{p->b, p->n, p->k, p->b_rs, p->batch, p->b_bs, 64};
 }
 
 // The mainloop for these operands on this device: the most capable one the
@@ -548,13 +572,20 @@ int choose(const gemsops_matmul_params *p, kernel_choice *k,
     }
     const tc_layout l = layout_of(p);
     gemsops_mainloop m = pick_mainloop(p, f, l);
-    CUtensorMap ta, tb;
+    tma_operand oa, ob;
+    tma_operands(p, l, m == GEMSOPS_MAINLOOP_WGMMA_256 ? 256 : 128, &oa, &ob);
     if (m >= GEMSOPS_MAINLOOP_WGMMA_128 &&
-        !encode_maps(p, l, m == GEMSOPS_MAINLOOP_WGMMA_256 ? 256 : 128, &ta,
-                     &tb)) {
-        gemsops_matmul_params lower = *p; // strides TMA cannot describe
+        (tensor_map_encoder() == nullptr || !tma_describes(oa) ||
+         !tma_describes(ob))) {
+        gemsops_matmul_params lower = *p;
         lower.mainloop = GEMSOPS_MAINLOOP_MMA;
         m = pick_mainloop(&lower, f, l);
+    }
+    CUtensorMap ta, tb;
+    if (m >= GEMSOPS_MAINLOOP_WGMMA_128 &&
+        (encode_operand(&ta, p->dtype, oa, st) != GEMSOPS_OK ||
+         encode_operand(&tb, p->dtype, ob, st) != GEMSOPS_OK)) {
+        return st->code;
     }
     if (choose_dtype(p->dtype, m, l, k, st) != GEMSOPS_OK) {
         return st->code;
@@ -596,6 +627,13 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     kernel_choice k;
     if (plan(p, &a.s, &k, st) != GEMSOPS_OK) {
         return st->code;
+    }
+    // flags the boundary cannot vouch for may hold any value, this epoch
+    // too: zeroed before use (then every slot holds an older epoch)
+    if (p->flags != nullptr && !p->flags_known) {
+        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->flags, 0,
+                                               p->flag_count * sizeof(unsigned),
+                                               (cudaStream_t)p->stream));
     }
     if (a.s.tiles == 0) {
         return GEMSOPS_OK;

@@ -54,9 +54,11 @@ struct gemsops_layer_norm_bwd_params {
     void *workspace;      /* >= the planned size (see kept_zero)           */
     int64_t workspace_bytes;
     int kept_zero;        /* the caller keeps this workspace across launches
-                             on one stream: its dW/dB accumulators are zero
-                             on entry and every launch leaves them zero, so
-                             nothing is memset. 0: the launch zeroes them  */
+                             on one stream: the launch leaves its dW/dB
+                             accumulators zero                             */
+    int known_zero;       /* the accumulators are zero on entry (the
+                             boundary vouches: csrc/kept.c), so nothing is
+                             memset first. 0: the launch zeroes them       */
     int64_t rows, cols;
     int64_t dy_row_stride, x_row_stride, dx_row_stride;
     gemsops_dtype dtype;

@@ -47,6 +47,8 @@ struct gemsops_matmul_params {
     int64_t flag_count;
     unsigned epoch;          /* this launch's flag value: the flags never  */
                              /* need resetting (no memset launch); != 0    */
+    int flags_known;         /* no flag holds `epoch` (the boundary vouches:*/
+                             /* csrc/kept.c); 0: the launch zeroes them    */
     int64_t spin_limit;      /* >0: a wait longer than this many polls     */
                              /* fails (debug) instead of hanging           */
     int *error;              /* CUDA: set to 1 when spin_limit tripped     */
