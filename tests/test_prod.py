@@ -169,7 +169,7 @@ def test_errors():
         gemsops._C.prod_bwd(torch.ones(3, 4, dtype=torch.int64), 1,
                             torch.ones(3, dtype=torch.int64),
                             torch.empty(3, 4, dtype=torch.int64), None)
-    with pytest.raises(TypeError, match="'workspace' must be uint8"):
+    with pytest.raises(RuntimeError, match="'workspace' must be uint8"):
         gemsops._C.prod(x, 1, torch.empty(3), torch.empty(4))
     with pytest.raises(TypeError, match="takes 4 arguments"):
         gemsops._C.prod(x, 1, torch.empty(3))
