@@ -235,6 +235,9 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
     # returns: it gets them widened, gemsops as they are (it widens them)
     tmean, trstd = ((s.float() if s.dtype in HALF else s)
                     for s in (mean, rstd))
+    # torch's op fails ("tensor does not have a device") when asked for
+    # dW without a weight; gemsops returns None there, as torch would
+    mask = [mask[0], mask[1] and w is not None, mask[2] and b is not None]
 
     def theirs():
         if dtype not in HALF:

@@ -1,6 +1,6 @@
 """A fixed-seed fuzz batch (tests/fuzz): every case must pass, or be a
 refusal torch makes too (or one listed in oracle.DOCUMENTED).
-GEMSOPS_FUZZ_CASES scales the batch (default 600 on the CPU, about two
+GEMSOPS_FUZZ_CASES scales the batch (default 4000 on the CPU, about half a
 minutes on two cores); GEMSOPS_FUZZ_SEED picks another seed. The failure
 list printed on failure has one replay command per failure class."""
 import io
@@ -11,7 +11,7 @@ import pytest
 from tests.fuzz import runner
 
 SEED = int(os.environ.get("GEMSOPS_FUZZ_SEED", "20261124"))
-CASES = int(os.environ.get("GEMSOPS_FUZZ_CASES", "600"))
+CASES = int(os.environ.get("GEMSOPS_FUZZ_CASES", "4000"))
 WORKERS = int(os.environ.get("GEMSOPS_FUZZ_WORKERS", "2"))
 
 
