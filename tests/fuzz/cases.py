@@ -1,0 +1,482 @@
+"""Cases for the public API: layer_norm, native_layer_norm,
+layer_norm_backward, nn.LayerNorm, prod, mm, bmm, matmul, forward and
+backward (torch.autograd.grad), good and bad arguments, against torch.
+
+A case function takes a Ctx, logs what it calls (ctx.note) and ends by
+raising an oracle Outcome or returning (passed)."""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import gemsops
+from gemsops.ops import matmul as gmm
+
+from . import oracle
+from .oracle import close, differential, mm_close, same_meta
+from .tensors import FLOATS, INTS, describe
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+def _leaves(ts, dtype=None):
+    """Fresh autograd leaves with the same values (and layout) as ts."""
+    out = []
+    for t in ts:
+        if t is None:
+            out.append(None)
+            continue
+        d = t.detach()
+        d = d.double() if dtype == torch.float64 else d.clone() \
+            if d.is_neg() else d
+        out.append(d.requires_grad_())
+    return out
+
+
+def _grads(out, leaves, g):
+    want = [t for t in leaves if t is not None]
+    got = iter(torch.autograd.grad(out, want, g, allow_unused=True))
+    return [next(got) if t is not None else None for t in leaves]
+
+
+# ---------------------------------------------------------------- LayerNorm
+def _ln_shape_arg(ctx, pshape):
+    """normalized_shape in a random (valid or invalid) form; returns
+    (value, label)."""
+    forms = ["list", "tuple", "size"] + (["int"] if len(pshape) == 1 else [])
+    if ctx.chance(0.12):
+        forms = ["ndarray", "tensor", "float", "wrong", "empty", "too-long"]
+    f = ctx.choice(forms)
+    if f == "int":
+        return pshape[0], f
+    if f == "list":
+        return list(pshape), f
+    if f == "tuple":
+        return tuple(pshape), f
+    if f == "size":
+        return torch.Size(pshape), f
+    if f == "ndarray":
+        return np.array(pshape, dtype=np.int64), f
+    if f == "tensor":
+        return torch.tensor(pshape), f
+    if f == "float":
+        return float(pshape[-1]), f
+    if f == "wrong":
+        return list(pshape[:-1]) + [pshape[-1] + 1], f
+    if f == "empty":
+        return [], f
+    return [2] + list(pshape), f
+
+
+def _eps(ctx):
+    if ctx.chance(0.15):
+        return ctx.choice([-1.0, -1e-5, float("nan"), float("inf"), 0.0])
+    return ctx.choice([1e-5, 1e-5, 1e-6, 1e-3, 0.1])
+
+
+def case_layer_norm(ctx):
+    dtype = ctx.choice(FLOATS)
+    if ctx.chance(0.05):
+        dtype = ctx.choice([torch.int64, torch.int32, torch.complex64])
+    ndim = ctx.rng.randint(1, 4)
+    nd = ctx.rng.randint(1, ndim)
+    shape = ctx.shape(ndim, budget=ctx.choice([4000, 30000, 30000, 300000]))
+    if dtype.is_complex:
+        x = torch.complex(ctx.values(shape, torch.float32),
+                          ctx.values(shape, torch.float32)).to(dtype)
+        x = x.to(ctx.device)
+    else:
+        x, _ = ctx.tensor(shape, dtype)
+    pshape = shape[ndim - nd:]
+    pdtype = dtype
+    if dtype in HALF and ctx.chance(0.3):
+        pdtype = torch.float32  # mixed precision
+    if ctx.chance(0.04):
+        pdtype = ctx.choice(FLOATS)  # maybe a mismatch
+    affine = ctx.choice(["none", "weight", "both", "both", "bias"])
+    w = b = None
+    if affine in ("weight", "both") and pdtype.is_floating_point:
+        w, _ = ctx.tensor(pshape, pdtype, nonfinite=0.01)
+    if affine in ("bias", "both") and pdtype.is_floating_point:
+        b, _ = ctx.tensor(pshape, pdtype, nonfinite=0.01)
+    if ctx.chance(0.03) and w is not None:
+        w = w.reshape(-1)[:max(w.numel() - 1, 0)]  # wrong weight shape
+    ns, ns_form = _ln_shape_arg(ctx, pshape)
+    eps = _eps(ctx)
+    variant = ctx.choice(["F", "F", "native", "module", "grad", "grad",
+                          "backward"])
+    ctx.note(f"layer_norm variant={variant} normalized_shape={ns!r} "
+             f"({ns_form}) eps={eps!r}")
+    for name, t in (("input", x), ("weight", w), ("bias", b)):
+        ctx.describe(name, t)
+    tags = {"ln-mixed"} if pdtype != dtype and dtype in HALF else set()
+    inputs = [t for t in (x, w, b) if t is not None]
+    rows = math.prod(shape[:ndim - nd])
+
+    def ref_fwd():
+        return F.layer_norm(x.double(), pshape, w if w is None else w.double(),
+                            b if b is None else b.double(), eps)
+
+    if variant == "F":
+        def check(ours, theirs):
+            same_meta("out", ours, theirs)
+            close("out", ours, ref_fwd(), theirs, dtype, torch_slack=2.0)
+        differential(ctx, lambda: F.layer_norm(x, ns, w, b, eps),
+                     lambda: gemsops.layer_norm(x, ns, w, b, eps), check,
+                     inputs, tags)
+    elif variant == "native":
+        if dtype in HALF:
+            tags.add("ln-half-stats")
+
+        def check(ours, theirs):
+            same_meta("out", ours[0], theirs[0])
+            rout, rmean, rrstd = torch.native_layer_norm(
+                x.double(), pshape, None if w is None else w.double(),
+                None if b is None else b.double(), eps)
+            close("out", ours[0], rout, theirs[0], dtype, torch_slack=2.0)
+            sd = torch.float64 if dtype == torch.float64 else torch.float32
+            for name, o, r, t in (("mean", ours[1], rmean, theirs[1]),
+                                  ("rstd", ours[2], rrstd, theirs[2])):
+                if dtype in HALF and o.dtype == sd:
+                    t = t.to(sd)  # documented: fp32 statistics
+                same_meta(name, o, t)
+                close(name, o, r, t.to(o.dtype), sd, torch_slack=2.0,
+                      loose=True)
+        differential(ctx, lambda: torch.native_layer_norm(x, ns, w, b, eps),
+                     lambda: gemsops.native_layer_norm(x, ns, w, b, eps),
+                     check, inputs, tags)
+    elif variant == "module":
+        _ln_module(ctx, x, pshape, ns, pdtype, affine, eps, dtype, tags)
+    elif variant == "grad":
+        g, _ = ctx.tensor(shape, x.dtype, nonfinite=0.01)
+        ctx.describe("grad_out", g)
+        inputs.append(g)
+        mask = [True, w is not None and ctx.chance(0.8),
+                b is not None and ctx.chance(0.8)]
+        if not any(mask[1:]) or ctx.chance(0.8):
+            mask[0] = True
+        else:
+            mask[0] = ctx.chance(0.3)
+        if not any(mask):
+            mask[0] = True
+        ctx.note(f"  autograd.grad wrt (x, w, b) = {mask}")
+
+        def run(fn, dt=None):
+            lv = _leaves((x, w, b), dt)
+            for i, m in enumerate(mask):
+                if lv[i] is not None and not m:
+                    lv[i].requires_grad_(False)
+            sel = [t if (t is not None and m) else None
+                   for t, m in zip(lv, mask)]
+            out = fn(lv[0], ns if dt is None else pshape, lv[1], lv[2], eps)
+            return out, _grads(out, sel, g if dt is None else g.double())
+
+        def check(ours, theirs):
+            same_meta("out", ours[0], theirs[0])
+            ref = run(F.layer_norm, torch.float64)
+            close("out", ours[0], ref[0], theirs[0], dtype, torch_slack=2.0)
+            for name, o, r, t in zip(("dx", "dw", "db"), ours[1], ref[1],
+                                     theirs[1]):
+                if t is None:
+                    if o is not None:
+                        raise oracle.WrongAnswer(f"{name}: not asked for")
+                    continue
+                same_meta(name, o, t)
+                close(name, o, r, t, t.dtype, torch_slack=2.0,
+                      reduce_len=rows if name != "dx" else 1)
+        differential(ctx, lambda: run(F.layer_norm),
+                     lambda: run(gemsops.layer_norm), check, inputs, tags)
+    else:
+        _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags)
+
+
+def _ln_module(ctx, x, pshape, ns, pdtype, affine, eps, dtype, tags):
+    kw = dict(eps=eps, elementwise_affine=affine != "none",
+              bias=affine in ("both", "bias"), dtype=pdtype)
+    ctx.note(f"  nn.LayerNorm({ns!r}, **{kw})")
+
+    def make(cls):
+        torch.manual_seed(ctx.index)
+        m = cls(ns, **kw)
+        if m.weight is not None:
+            with torch.no_grad():
+                m.weight.copy_(ctx_vals[0])
+                if m.bias is not None:
+                    m.bias.copy_(ctx_vals[1])
+        return m.to(ctx.device)
+    ctx_vals = (ctx.values(pshape, torch.float64, nonfinite=0),
+                ctx.values(pshape, torch.float64, nonfinite=0))
+
+    def check(ours, theirs):
+        same_meta("out", ours, theirs)
+        tm = make(torch.nn.LayerNorm).double()
+        ref = tm(x.double())
+        close("out", ours, ref, theirs, dtype, torch_slack=2.0)
+    differential(ctx, lambda: make(torch.nn.LayerNorm)(x).detach(),
+                 lambda: make(gemsops.nn.LayerNorm)(x).detach(), check, [x],
+                 tags)
+
+
+def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
+    mask = [ctx.chance(0.8), ctx.chance(0.8), ctx.chance(0.8)]
+    g, _ = ctx.tensor(list(x.shape), x.dtype, nonfinite=0.01)
+    ctx.describe("grad_out", g)
+    try:  # torch's statistics (the input's dtype on the CPU for halves)
+        _, mean, rstd = torch.native_layer_norm(x, pshape, w, b, max(eps, 0.0)
+                                                if eps == eps else 1e-5)
+    except RuntimeError as e:
+        mean = rstd = torch.zeros(1)
+        ctx.note(f"  (torch.native_layer_norm refused: {e})")
+    ctx.note(f"  layer_norm_backward output_mask={mask}, mean/rstd "
+             f"{describe(mean)}")
+    inputs = inputs + [g, mean, rstd]
+    # torch's CPU backward cannot take the half statistics its forward
+    # returns: it gets them widened, gemsops as they are (it widens them)
+    tmean, trstd = ((s.float() if s.dtype in HALF else s)
+                    for s in (mean, rstd))
+    # torch's op fails ("tensor does not have a device") when asked for
+    # dW without a weight; gemsops returns None there, as torch would
+    mask = [mask[0], mask[1] and w is not None, mask[2] and b is not None]
+
+    def theirs():
+        if dtype not in HALF:
+            return torch.ops.aten.native_layer_norm_backward(
+                g, x, ns, tmean, trstd, w, b, mask)
+        # torch's CPU half backward fails on its own statistics ("tensor
+        # does not have a device", "expected scalar type Half"): validate
+        # the arguments with the half call's float32 twin, cast back
+        f = [None if t is None else t.float() for t in (g, x, w, b)]
+        out = torch.ops.aten.native_layer_norm_backward(
+            f[0], f[1], ns, tmean, trstd, f[2], f[3], mask)
+        return [None if o is None else o.to(t.dtype) for o, t in
+                zip(out, (x, w if w is not None else x,
+                          b if b is not None else x))]
+
+    def ours():
+        return gemsops.layer_norm_backward(g, x, ns, mean, rstd, w, b, mask)
+
+    def check(o, t):
+        ref = torch.ops.aten.native_layer_norm_backward(
+            g.double(), x.double(), pshape, mean.double(), rstd.double(),
+            None if w is None else w.double(),
+            None if b is None else b.double(), mask)
+        for name, oo, rr, tt in zip(("dx", "dw", "db"), o, ref, t):
+            if tt is None:
+                if oo is not None:
+                    raise oracle.WrongAnswer(f"{name}: not asked for, got one")
+                continue
+            same_meta(name, oo, tt)
+            close(name, oo, rr, tt, tt.dtype, torch_slack=2.0,
+                  reduce_len=rows if name != "dx" else 1)
+    differential(ctx, theirs, ours, check, inputs, tags)
+
+
+# --------------------------------------------------------------------- prod
+def _dim_arg(ctx, ndim):
+    n = max(ndim, 1)
+    f = ctx.choice(["int", "int", "neg", "np", "bool", "range", "float"]
+                   if ctx.chance(0.15) else ["int", "int", "neg"])
+    d = ctx.rng.randrange(n)
+    if f == "neg":
+        return d - n, f
+    if f == "np":
+        return ctx.choice([np.int64, np.int32, np.int8])(d), f
+    if f == "bool":
+        return ctx.choice([True, False]), f
+    if f == "range":
+        return ctx.choice([n, -n - 1, n + 5, 2**40]), f
+    if f == "float":
+        return float(d), f
+    return d, f
+
+
+def case_prod(ctx):
+    dtype = ctx.choice(FLOATS * 3 + INTS + (torch.bool,))
+    ndim = ctx.choice([0, 1, 1, 2, 2, 3, 4])
+    shape = ctx.shape(ndim, budget=ctx.choice([2000, 20000, 200000]))
+    kind = "near_one"
+    x, _ = ctx.tensor(shape, dtype, kind=kind)
+    tags = set()
+    if ctx.chance(0.02):
+        x = torch.complex(x.double(), x.double()).to(torch.complex64) \
+            if dtype.is_floating_point else x
+        tags.add("prod-complex")
+    full = ctx.chance(0.3)
+    dim, dform = _dim_arg(ctx, ndim)
+    kd_form = ctx.choice(["omit", "pos", "kw"] + (["none", "int"]
+                                                   if ctx.chance(0.1) else []))
+    keepdim = {"none": None, "int": 1}.get(kd_form, ctx.chance(0.5))
+    dt = None
+    if ctx.chance(0.25):
+        dt = ctx.choice(list(FLOATS) + [torch.int16, torch.int32,
+                                        torch.int64, torch.bool])
+    grad = x.is_floating_point() and ctx.chance(0.3)
+    args, kw = [x], {}
+    if not full:
+        args.append(dim)
+        if kd_form == "pos":
+            args.append(keepdim)
+        elif kd_form != "omit":
+            kw["keepdim"] = keepdim
+    if dt is not None:
+        kw["dtype"] = dt
+    ctx.note(f"prod args=(input, {', '.join(repr(a) for a in args[1:])}) "
+             f"kwargs={kw} dim-form={'full' if full else dform} grad={grad}")
+    ctx.describe("input", x)
+    if x.is_complex():
+        differential(ctx, lambda: torch.prod(*args, **kw),
+                     lambda: gemsops.prod(*args, **kw), lambda o, t: None,
+                     [x], tags)
+        return
+    g = None
+
+    def run(fn, double=False):
+        if not grad:
+            return fn(*args, **kw), None
+        leaf = _leaves([x], torch.float64 if double else None)[0]
+        out = fn(leaf, *args[1:], **kw)
+        gg = g.to(out.dtype) if not double else g.double()
+        return out, torch.autograd.grad(out, leaf, gg)[0]
+
+    if grad:
+        try:
+            shp = torch.prod(*args, **kw).shape
+            g, _ = ctx.tensor(list(shp), x.dtype if dt is None or
+                              not dt.is_floating_point else dt,
+                              kind="near_one", nonfinite=0.0)
+            ctx.describe("grad_out", g)
+        except Exception:  # noqa: BLE001 - torch refuses: no gradient
+            grad = False
+
+    chain = x.numel() if full or not shape else shape[int(dim) % ndim] \
+        if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) \
+        and -ndim <= int(dim) < ndim else 1
+
+    def check(ours, theirs):
+        o, t = ours[0], theirs[0]
+        same_meta("out", o, t)
+        xr = x if dt is None else x.to(dt)
+        if not t.is_floating_point():
+            oracle.exact("out", o, t)
+        else:
+            ref = torch.prod(*([xr.double()] + args[1:]),
+                             **{k: v for k, v in kw.items() if k != "dtype"})
+            close("out", o, ref, t, t.dtype, chain_len=chain,
+                  torch_slack=1.5)
+        if grad:  # in dtype= when given, then cast back to x's dtype
+            leaf = x.detach().double().requires_grad_()
+            xx = leaf if dt is None else leaf.to(dt).double()
+            r = torch.prod(*([xx] + args[1:]),
+                           **{k: v for k, v in kw.items() if k != "dtype"})
+            ref_g = torch.autograd.grad(r, leaf, g.double())[0]
+            gdt = dt if dt is not None and dt.is_floating_point else x.dtype
+            if gdt in HALF or x.dtype in HALF:
+                gdt = gdt if gdt in HALF else x.dtype
+            same_meta("grad", ours[1], theirs[1])
+            # where x itself is inf/NaN torch's g * prod / x is NaN; the
+            # zero-safe backward gives the product of the others
+            close("grad", ours[1], ref_g, theirs[1], gdt, chain_len=chain,
+                  torch_slack=1.5, skip=~torch.isfinite(x.detach().cpu()))
+    differential(ctx, lambda: run(torch.prod), lambda: run(gemsops.prod),
+                 check, [x], tags)
+
+
+# ------------------------------------------------------------------- matmul
+SCHEDULES = ["auto", "data-parallel", "stream-k", "hybrid"]
+
+
+def _mm_shapes(ctx, fn):
+    budget = ctx.choice([20000, 200000, 2000000])
+    m, k, n = ctx.shape(3, budget=budget, zero=0.04)
+    if fn == "mm":
+        return [m, k], [k, n]
+    if fn == "bmm":
+        bsz = ctx.choice([0, 1, 2, 3, 5]) if ctx.chance(0.9) else 1
+        return [bsz, m, k], [bsz, k, n]
+    ra, rb = ctx.rng.randint(1, 4), ctx.rng.randint(1, 4)
+    batch = [ctx.choice([1, 2, 3]) for _ in range(max(ra, rb) - 2)]
+
+    def side(r, tail):
+        if r == 1:
+            return [tail[0] if tail is a_tail else tail[1]]
+        b = batch[len(batch) - (r - 2):] if r > 2 else []
+        b = [s if ctx.chance(0.7) else 1 for s in b]
+        return b + tail
+    a_tail, b_tail = [m, k], [k, n]
+    sa = [k] if ra == 1 else side(ra, a_tail)
+    sb = [k] if rb == 1 else side(rb, b_tail)
+    return sa, sb
+
+
+def case_matmul(ctx):
+    fn = ctx.choice(["mm", "bmm", "matmul", "matmul"])
+    dtype = ctx.choice([torch.float16, torch.bfloat16, torch.float32] * 3
+                       + [torch.float64, torch.int64])
+    sa, sb = _mm_shapes(ctx, fn)
+    bad = ""
+    if ctx.chance(0.08):
+        bad = ctx.choice(["k", "dtype", "rank", "scalar"])
+        if bad == "k" and sb:
+            sb[-2 if len(sb) > 1 else 0] += 1
+        elif bad == "rank":
+            sa = sa[1:] if len(sa) > 1 else sa + [1]
+        elif bad == "scalar":
+            sa = []
+    a, _ = ctx.tensor(sa, dtype, nonfinite=0.02)
+    b, _ = ctx.tensor(sb, dtype if bad != "dtype" else torch.float32
+                      if dtype != torch.float32 else torch.float16,
+                      nonfinite=0.02)
+    tags = set()
+    if dtype not in gmm.SUPPORTED:
+        tags.add("matmul-unsupported-dtype")
+    sched = ctx.choice(SCHEDULES)
+    kw = dict(two_tiles=ctx.chance(0.3), ctas=ctx.choice([0, 0, 1, 2, 3, 7]))
+    grad = a.is_floating_point() and ctx.chance(0.3)
+    ctx.note(f"{fn}(a, b) schedule={sched} {kw} grad={grad} bad={bad or '-'}")
+    ctx.describe("a", a)
+    ctx.describe("b", b)
+    tfn, gfn = getattr(torch, fn), getattr(gemsops, fn)
+    g = None
+    if grad:
+        try:
+            g, _ = ctx.tensor(list(torch.matmul(a, b).shape), dtype,
+                              nonfinite=0.0)
+            ctx.describe("grad_out", g)
+        except Exception:  # noqa: BLE001
+            grad = False
+
+    def run(f, double=False):
+        if not grad:
+            return f(a, b), None
+        la, lb = _leaves([a, b], torch.float64 if double else None)
+        out = f(la, lb)
+        return out, torch.autograd.grad(out, [la, lb],
+                                        g.double() if double else g)
+
+    def check(ours, theirs):
+        same_meta("out", ours[0], theirs[0])
+        if not theirs[0].is_floating_point():
+            oracle.exact("out", ours[0], theirs[0])
+            return
+        mm_close("out", ours[0], a, b, theirs[0])
+        if grad:
+            ref = run(tfn, double=True)[1]
+            la, lb = [t.detach().double().abs().requires_grad_()
+                      for t in (a, b)]
+            bound = torch.autograd.grad(tfn(la, lb), [la, lb],
+                                        g.double().abs())
+            for i, name in enumerate(("da", "db")):
+                same_meta(name, ours[1][i], theirs[1][i])
+                oracle.grad_close(name, ours[1][i], ref[i], bound[i],
+                                  theirs[1][i])
+
+    old = gmm.get_schedule()
+    gemsops.set_schedule(sched, **kw)
+    try:
+        differential(ctx, lambda: run(tfn), lambda: run(gfn), check, [a, b],
+                     tags)
+    finally:
+        gemsops.set_schedule(old["schedule"], two_tiles=old["two_tiles"],
+                             ctas=old["ctas"], spin_limit=old["spin_limit"],
+                             mainloop=old["mainloop"])

@@ -1,0 +1,315 @@
+"""The oracle: torch's answer (float64 on upcast inputs for values, torch
+itself for dtypes, shapes, non-finite positions and exceptions) against
+gemsops', with the tolerances of gemsops/testing.py.
+
+A case ends by raising one Outcome subclass (or returning: passed)."""
+import math
+
+import torch
+
+from gemsops.testing import assert_close, rel_error
+
+from .tensors import changed_inputs, describe, snapshot
+
+
+class Outcome(Exception):
+    kind = "passed"
+    failure = False
+
+
+class WrongAnswer(Outcome):
+    kind, failure = "wrong-answer", True
+
+
+class WriteOutside(Outcome):
+    kind, failure = "write-outside-output", True
+
+
+class ExceptionMismatch(Outcome):
+    kind, failure = "exception-mismatch", True
+
+
+class BothRaised(Outcome):
+    kind = "both-raised"
+
+
+class ExpectedRefusal(Outcome):
+    kind = "expected-refusal"
+
+
+class HarnessError(Outcome):
+    """The fuzzer itself broke (a bug here, not in gemsops)."""
+    kind, failure = "harness-error", True
+
+
+# Kinds the runner adds for workers: "crash" (died), "hang" (timed out).
+KINDS = ["passed", "wrong-answer", "crash", "hang", "write-outside-output",
+         "exception-mismatch", "both-raised", "expected-refusal",
+         "harness-error"]
+FAILURES = {"wrong-answer", "crash", "hang", "write-outside-output",
+            "exception-mismatch", "harness-error"}
+
+# Where gemsops may differ from torch on purpose. Each entry: (name, why,
+# predicate(case_tags) -> bool). Only these turn a difference into an
+# expected refusal; keep the list short and every entry documented in
+# README.md.
+DOCUMENTED = [
+    ("matmul-dtypes",
+     "matmul takes fp16/bf16/fp32 only; fp64 and integer matrices raise "
+     "TypeError (README, API: matmul)",
+     lambda tags: "matmul-unsupported-dtype" in tags),
+    ("prod-complex",
+     "prod refuses complex input with TypeError (gemsops/ops/prod.py)",
+     lambda tags: "prod-complex" in tags),
+    ("ln-mixed",
+     "layer_norm takes fp32 weight/bias with fp16/bf16 input (README, API: "
+     "mixed precision); torch refuses some of those combinations",
+     lambda tags: "ln-mixed" in tags),
+    ("ln-half-stats",
+     "native_layer_norm returns fp32 statistics for fp16/bf16 input (as "
+     "torch on CUDA; torch's CPU kernel returns the input's dtype)",
+     lambda tags: "ln-half-stats" in tags),
+]
+
+
+def documented(tags):
+    for name, _, pred in DOCUMENTED:
+        if pred(tags):
+            return name
+    return None
+
+
+def _exc(e):
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {msg[:160]}"
+
+
+def differential(ctx, theirs, ours, check, inputs, tags=()):
+    """Run torch (theirs) and gemsops (ours); inputs must come back
+    unchanged; exceptions must agree in type; results go to check(ours,
+    theirs). tags name documented differences that may apply."""
+    t_res = t_exc = g_res = g_exc = None
+    try:
+        t_res = theirs()
+    except Exception as e:  # noqa: BLE001 - any torch error is data
+        t_exc = e
+    snap = snapshot(inputs)
+    try:
+        g_res = ours()
+    except Exception as e:  # noqa: BLE001
+        g_exc = e
+    bad = changed_inputs(snap)
+    if bad:
+        raise WriteOutside(f"gemsops changed input(s) {bad}")
+    ctx.note(f"  torch:   {_exc(t_exc) if t_exc else 'returned'}")
+    ctx.note(f"  gemsops: {_exc(g_exc) if g_exc else 'returned'}")
+    if t_exc is not None and g_exc is not None:
+        if isinstance(g_exc, type(t_exc)):
+            raise BothRaised(f"{type(t_exc).__name__}")
+        why = documented(tags)
+        if why and isinstance(g_exc, (TypeError, ValueError)):
+            raise ExpectedRefusal(why)
+        raise ExceptionMismatch(f"torch raised {_exc(t_exc)}; gemsops "
+                                f"raised {_exc(g_exc)}")
+    if t_exc is not None:
+        why = documented(tags)
+        if why:
+            raise ExpectedRefusal(f"{why} (torch refused, gemsops did not)")
+        raise ExceptionMismatch(f"torch raised {_exc(t_exc)}; gemsops "
+                                f"returned {describe(_first(g_res))}")
+    if g_exc is not None:
+        why = documented(tags)
+        if why and isinstance(g_exc, (TypeError, ValueError)):
+            raise ExpectedRefusal(why)
+        raise ExceptionMismatch(f"torch returned; gemsops raised {_exc(g_exc)}")
+    check(g_res, t_res)
+
+
+def _first(r):
+    return r[0] if isinstance(r, (tuple, list)) and r else r
+
+
+def expect_refusal(ctx, call, guards, inputs, what):
+    """A raw _C call with an invalid argument: it must raise TypeError,
+    ValueError, IndexError or OverflowError (BufferError for producers
+    that cannot export), write nothing, not crash."""
+    snap = snapshot(inputs)
+    try:
+        call()
+    except (TypeError, ValueError, IndexError, OverflowError,
+            BufferError) as e:
+        ctx.note(f"  gemsops: {_exc(e)}")
+        _no_writes(guards, snap, refused=True)
+        raise ExpectedRefusal(f"{what}: {type(e).__name__}")
+    except Exception as e:  # noqa: BLE001
+        raise ExceptionMismatch(f"{what}: expected TypeError/ValueError, got "
+                                f"{_exc(e)}")
+    _no_writes(guards, snap, refused=False)
+    raise ExceptionMismatch(f"{what}: gemsops accepted it (no exception)")
+
+
+def run_raw(ctx, call, guards, inputs):
+    """A valid raw _C call: must not raise; nothing outside the outputs
+    may change. Returns the call's result."""
+    snap = snapshot(inputs)
+    try:
+        res = call()
+    except Exception as e:  # noqa: BLE001
+        _no_writes(guards, snap, refused=True)
+        raise ExceptionMismatch(f"valid raw call raised {_exc(e)}")
+    _no_writes(guards, snap, refused=False)
+    return res
+
+
+def _no_writes(guards, snap, refused):
+    bad = changed_inputs(snap)
+    if bad:
+        raise WriteOutside(f"inputs changed: {bad}")
+    for name, g in guards.items():
+        if g is None:
+            continue
+        n, first = g.outside_changes()
+        if n:
+            raise WriteOutside(f"{n} bytes changed outside '{name}' "
+                               f"(first at buffer byte {first})")
+        if refused and g.any_change():
+            raise WriteOutside(f"'{name}' written by a call that raised")
+
+
+# ----- value comparisons -----
+def same_meta(name, ours, theirs):
+    if not isinstance(ours, torch.Tensor):
+        raise WrongAnswer(f"{name}: got {type(ours).__name__}, not a Tensor")
+    if ours.dtype != theirs.dtype:
+        raise WrongAnswer(f"{name}: dtype {ours.dtype}, torch {theirs.dtype}")
+    if tuple(ours.shape) != tuple(theirs.shape):
+        raise WrongAnswer(f"{name}: shape {list(ours.shape)}, torch "
+                          f"{list(theirs.shape)}")
+    if ours.device != theirs.device:
+        raise WrongAnswer(f"{name}: device {ours.device}, torch {theirs.device}")
+
+
+def nonfinite_match(name, ours, theirs, loose=False, ref=None, skip=None):
+    """NaN / +inf / -inf where torch has them, and only there. loose:
+    only finite vs non-finite (statistics of rows holding inf, where
+    torch's Welford update makes NaN of what is +inf)."""
+    o, t = ours.detach().cpu(), theirs.detach().cpu()
+    if not o.is_floating_point():
+        return torch.ones(o.shape, dtype=torch.bool)
+    tests = (("NaN", torch.isnan), ("+inf", torch.isposinf),
+             ("-inf", torch.isneginf))
+    if loose:
+        tests = (("non-finite", lambda v: ~torch.isfinite(v)),)
+    for label, f in tests:
+        fo, ft = f(o), f(t)
+        diff = fo != ft
+        if ref is not None:  # torch's own overflow: ours agrees with ref
+            diff &= fo != f(ref.detach().cpu())
+        if skip is not None:
+            diff &= ~skip
+        if diff.any():
+            ft = torch.where(diff, ft, fo)
+            i = diff.nonzero()[0].tolist()
+            raise WrongAnswer(
+                f"{name}: {label} positions differ from torch's "
+                f"({int(fo.sum())} vs {int(ft.sum())}); first at {i}: gemsops "
+                f"{o[tuple(i)].item()!r}, torch {t[tuple(i)].item()!r}")
+    return torch.isfinite(o)
+
+
+# float64 results are compared with a float64 reference, itself rounded:
+# where the input is ill-conditioned (a large mean, a small spread) the
+# two differ by more than testing.py's 1e-12; this relative L2 bound is
+# what two correct float64 implementations agree to.
+F64_REL = 1e-9
+
+
+def close(name, ours, ref, theirs, dtype, *, reduce_len=1, chain_len=1,
+          torch_slack=None, loose=False, skip=None):
+    """ours vs the float64 ref on the finite positions with testing.py's
+    tolerance; if that fails, still pass when torch's own result
+    (theirs) is at least 1/torch_slack as far from ref (same bar as
+    tests/test_prod.py's assert_close_or_torch)."""
+    fin = nonfinite_match(name, ours, theirs, loose, ref, skip) \
+        if theirs is not None else torch.isfinite(ours.detach().cpu())
+    fin = fin & torch.isfinite(ref.detach().cpu())
+    if skip is not None:
+        fin &= ~skip
+    o = ours.detach().cpu()[fin]
+    r = ref.detach().cpu().double()[fin]
+    t = theirs.detach().cpu()[fin] if theirs is not None else None
+    if t is not None and t.is_floating_point() and not torch.isfinite(t).all():
+        t = None  # torch overflowed where the reference did not
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32,
+                     torch.float64):
+        if not torch.equal(o.to(torch.int64), r.to(torch.int64)):
+            raise WrongAnswer(f"{name}: integer result differs from torch")
+        return
+    try:
+        assert_close(o, r, dtype, reduce_len=reduce_len, chain_len=chain_len,
+                     torch_out=t, name=name)
+    except AssertionError as e:
+        if dtype == torch.float64 and rel_error(o, r) <= F64_REL:
+            return
+        if t is not None and torch_slack and r.numel():
+            ours_err, their_err = rel_error(o, r), rel_error(t, r)
+            if ours_err <= torch_slack * their_err:
+                return
+            raise WrongAnswer(f"{e} (rel err {ours_err:.3g}, torch's "
+                              f"{their_err:.3g})") from None
+        raise WrongAnswer(str(e)) from None
+
+
+def mm_close(name, ours, a, b, theirs):
+    """matmul: one rounding of the output plus 4 sqrt(k) fp32 ulps of
+    |A||B| (tests/test_matmul.py's bound), on the finite positions."""
+    fin = nonfinite_match(name, ours, theirs)
+    ad, bd = a.detach().cpu().double(), b.detach().cpu().double()
+    ref = torch.matmul(ad, bd)
+    bound = torch.matmul(ad.abs(), bd.abs())
+    k = a.shape[-1] if a.dim() else 1
+    rtol = {torch.float16: 1e-3, torch.bfloat16: 8e-3,
+            torch.float32: 1.3e-6}.get(ours.dtype, 1e-12)
+    # + the spacing of the output's subnormals: results below its normal
+    # range round to multiples of it
+    fi = torch.finfo(ours.dtype) if ours.is_floating_point() else None
+    sub = fi.tiny * fi.eps if fi else 0.0
+    tol = rtol * ref.abs() + 4 * math.sqrt(max(k, 1)) * 2**-24 * bound + sub
+    err = (ours.detach().cpu().double() - ref).abs()
+    bad = (err > tol) & fin & torch.isfinite(ref)
+    if bad.any():
+        i = bad.nonzero()[0].tolist()
+        raise WrongAnswer(
+            f"{name}: {int(bad.sum())} of {ours.numel()} out of tolerance; "
+            f"first at {i}: got {ours.detach().cpu()[tuple(i)].item()!r}, "
+            f"expected {ref[tuple(i)].item()!r}")
+
+
+def grad_close(name, ours, ref, bound, theirs):
+    """A gradient of a matmul: as mm_close, |ref| and the bound being
+    those of the gradient (the bound: the same gradient of |A| |B| with
+    |grad|); rounding to the dtype may happen once per broadcast batch
+    summed, so rtol applies to the bound too."""
+    fin = nonfinite_match(name, ours, theirs)
+    rtol = {torch.float16: 1e-3, torch.bfloat16: 8e-3,
+            torch.float32: 1.3e-6}.get(ours.dtype, 1e-12)
+    fi = torch.finfo(ours.dtype)
+    tol = rtol * (ref.abs() + bound) + 2**-20 * bound + fi.tiny * fi.eps
+    err = (ours.detach().cpu().double() - ref.cpu()).abs()
+    bad = (err > tol.cpu()) & fin & torch.isfinite(ref.cpu())
+    if bad.any():
+        i = bad.nonzero()[0].tolist()
+        raise WrongAnswer(
+            f"{name}: {int(bad.sum())} of {ours.numel()} out of tolerance; "
+            f"first at {i}: got {ours.detach().cpu()[tuple(i)].item()!r}, "
+            f"expected {ref.cpu()[tuple(i)].item()!r}")
+
+
+def exact(name, ours, theirs):
+    """Bitwise equality (integer products, wrap-around included)."""
+    same_meta(name, ours, theirs)
+    if not torch.equal(ours.cpu(), theirs.cpu()):
+        d = (ours.cpu() != theirs.cpu()).nonzero()[0].tolist()
+        raise WrongAnswer(f"{name}: differs from torch at {d}: "
+                          f"{ours.cpu()[tuple(d)].item()} vs "
+                          f"{theirs.cpu()[tuple(d)].item()}")

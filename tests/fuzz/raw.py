@@ -1,0 +1,486 @@
+"""Cases for the raw gemsops._C entry points: every output and workspace
+a view inside a poisoned buffer (tensors.Guarded), inputs from torch or
+NumPy producers, valid calls checked against torch and invalid ones
+(one mutation each) required to raise without writing anything."""
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from gemsops import _C
+
+from . import oracle
+from .oracle import close, expect_refusal, mm_close, run_raw
+from .tensors import FLOATS, INTS, Guarded, as_torch, describe, to_numpy
+
+HALF = (torch.float16, torch.bfloat16)
+# layouts the raw calls take as they are (others may be refused, which is
+# then an expected refusal: the Python layer copies them first)
+ROW_LAYOUTS = ("contig", "offset")
+
+
+def _maybe_numpy(ctx, t, readonly_ok=True):
+    if ctx.numpy_ok and ctx.chance(0.3) and not t.is_neg():
+        return to_numpy(ctx, t, writable=not readonly_ok)
+    return t
+
+
+def _out(ctx, guards, name, shape, dtype, mutation=None):
+    """A guarded output; the mutation may make it strided, NumPy
+    read-only, misaligned or of another dtype/shape."""
+    strided = mutation == f"{name}-strided"
+    numpy = ctx.numpy_ok and (ctx.chance(0.2) or mutation == f"{name}-readonly")
+    mis = mutation == f"{name}-misaligned"
+    if mutation == f"{name}-dtype":
+        dtype = ctx.choice([d for d in FLOATS + (torch.int64,) if d != dtype])
+    if mutation == f"{name}-shape":
+        shape = list(shape) + [2] if ctx.chance(0.5) or not shape else \
+            list(shape[:-1]) + [shape[-1] + 1]
+    if (mutation in (f"{name}-readonly", f"{name}-misaligned")
+            and not ctx.numpy_ok):
+        ctx.dropped = True  # NumPy producers only on the CPU
+        mis = False
+    g = Guarded(ctx, shape, dtype, strided=strided, numpy=numpy or mis,
+                misalign=mis)
+    if mutation == f"{name}-readonly" and g.numpy:
+        g.view.flags.writeable = False
+    guards[name] = g
+    ctx.note(f"  {name} = {describe(g.view)} (guarded)")
+    return g.view
+
+
+def _pick(ctx, names, numel=1, p=0.45):
+    """Maybe one mutation; on empty tensors strides and overlaps mean
+    nothing, so those are not picked there."""
+    if not numel:
+        names = [n for n in names if "strided" not in n and "overlap" not in n]
+    return ctx.choice(names) if ctx.chance(p) else None
+
+
+# ------------------------------------------------------------ layer_norm
+def case_c_layer_norm(ctx):
+    if ctx.chance(0.5):
+        return _c_ln_fwd(ctx)
+    return _c_ln_bwd(ctx)
+
+
+def _ln_setup(ctx):
+    dtype = ctx.choice(FLOATS)
+    ndim = ctx.rng.randint(1, 4)
+    nd = ctx.rng.randint(1, ndim)
+    shape = ctx.shape(ndim, budget=ctx.choice([3000, 30000, 200000]))
+    # a mutated call gets row layouts: its refusal must be the mutation's
+    ctx.row_only = ctx.chance(0.45)
+    x, lay = ctx.tensor(shape, dtype, layout=ctx.choice(ROW_LAYOUTS)
+                        if ctx.row_only else None)
+    pshape = shape[ndim - nd:]
+    pdtype = torch.float32 if dtype in HALF and ctx.chance(0.3) else dtype
+    w = ctx.tensor(pshape, pdtype, layout="contig", nonfinite=0)[0] \
+        if ctx.chance(0.7) else None
+    b = ctx.tensor(pshape, pdtype, layout="contig", nonfinite=0)[0] \
+        if ctx.chance(0.7) else None
+    rows = math.prod(shape[:ndim - nd])
+    sd = torch.float64 if dtype == torch.float64 else torch.float32
+    return dtype, shape, nd, pshape, x, lay, w, b, rows, sd
+
+
+def _c_ln_fwd(ctx):
+    dtype, shape, nd, pshape, x, lay, w, b, rows, sd = _ln_setup(ctx)
+    eps = ctx.choice([1e-5, 1e-3, 0.0])
+    mut = _pick(ctx, ["out-dtype", "out-shape", "out-strided", "out-readonly",
+                      "out-misaligned", "mean-dtype", "mean-shape",
+                      "out-overlaps-input", "mean-overlaps-rstd", "nd-0",
+                      "nd-big", "eps-neg", "eps-nan", "weight-dtype",
+                      "weight-shape", "ws-dtype", "input-int", "stats-half",
+                      "not-tensor"], x.numel(), p=ctx.row_only)
+    xp = _maybe_numpy(ctx, x)
+    guards = {}
+    out = _out(ctx, guards, "out", shape, dtype, mut)
+    want_stats = ctx.chance(0.8) or mut in ("mean-dtype", "mean-shape",
+                                            "mean-overlaps-rstd")
+    mean = _out(ctx, guards, "mean", [rows], sd, mut) if want_stats else None
+    rstd = _out(ctx, guards, "rstd", [rows], sd, mut) if want_stats else None
+    ws = None
+    if x.is_cuda:
+        need = _C.layer_norm_fwd_workspace(x, w, b, nd)
+        if need:
+            g = Guarded(ctx, [need], torch.uint8)
+            g.view.zero_()
+            g.before = g.buf.cpu().clone()
+            guards["workspace"], ws = g, g.view
+    a = dict(x=xp, w=w, b=b, nd=nd, eps=eps, out=out, mean=mean, rstd=rstd,
+             ws=ws)
+    if mut == "out-overlaps-input" and isinstance(xp, torch.Tensor):
+        a["out"] = xp
+    elif mut == "mean-overlaps-rstd" and want_stats:
+        a["rstd"] = a["mean"]
+    elif mut == "nd-0":
+        a["nd"] = 0
+    elif mut == "nd-big":
+        a["nd"] = len(shape) + 1
+    elif mut == "eps-neg":
+        a["eps"] = -1e-3
+    elif mut == "eps-nan":
+        a["eps"] = float("nan")
+    elif mut == "weight-dtype" and w is not None:
+        a["w"] = w.to(torch.float64 if w.dtype != torch.float64
+                      else torch.float32)
+    elif mut == "weight-shape" and w is not None:
+        a["w"] = torch.cat([w.reshape(-1), w.reshape(-1)[:1]])
+    elif mut == "ws-dtype":
+        a["ws"] = torch.zeros(64, dtype=torch.float32, device=x.device)
+    elif mut == "input-int":
+        a["x"] = torch.ones(shape, dtype=torch.int32, device=x.device)
+    elif mut == "stats-half" and want_stats:
+        a["mean"] = torch.empty(rows, dtype=torch.float16, device=x.device)
+    elif mut == "not-tensor":
+        a["x"] = [1.0, 2.0]
+    elif mut and (not mut.startswith(("out-", "mean-")) or mut in (
+            "out-overlaps-input", "mean-overlaps-rstd")):
+        mut = None  # the mutation does not apply to this case
+    if mut == "mean-shape" and rows == 0 or getattr(ctx, "dropped", False):
+        mut = None
+    if isinstance(xp, np.ndarray) and any(s < 0 for s in xp.strides):
+        lay = "numpy-reversed"
+    ctx.note(f"_C.layer_norm_fwd(x, w, b, nd={a['nd']}, eps={a['eps']!r}, "
+             f"out, mean, rstd, ws) mutation={mut or '-'}")
+    for k in ("x", "w", "b"):
+        ctx.describe(k, a[k])
+
+    def call():
+        return _C.layer_norm_fwd(a["x"], a["w"], a["b"], a["nd"], a["eps"],
+                                 a["out"], a["mean"], a["rstd"], a["ws"])
+    inputs = [t for t in (xp, w, b) if t is not None]
+    if mut:
+        expect_refusal(ctx, call, guards, inputs, mut)
+    if lay not in ROW_LAYOUTS:
+        try_refusal(ctx, call, guards, inputs, f"input layout {lay}")
+    run_raw(ctx, call, guards, inputs)
+    ref = torch.native_layer_norm(x.double(), pshape,
+                                  None if w is None else w.double(),
+                                  None if b is None else b.double(), eps)
+    theirs = _torch_or_none(lambda: F.layer_norm(
+        x, pshape, w, b, eps))
+    close("out", as_torch(guards["out"].result()).to(x.device), ref[0],
+          theirs, dtype, torch_slack=2.0)
+    if want_stats:
+        for name, r in (("mean", ref[1]), ("rstd", ref[2])):
+            o = as_torch(guards[name].result())
+            close(name, o, r.reshape(-1), None, sd)
+
+
+def try_refusal(ctx, call, guards, inputs, what):
+    """A call the raw API may refuse (layouts the Python layer copies):
+    a refusal is fine; acceptance goes on to the value checks."""
+    from .tensors import snapshot
+    snap = snapshot(inputs)
+    try:
+        call()
+    except (TypeError, ValueError) as e:
+        ctx.note(f"  gemsops: {type(e).__name__}: {e}")
+        oracle._no_writes(guards, snap, refused=True)
+        raise oracle.ExpectedRefusal(f"{what}: {type(e).__name__}")
+    except Exception as e:  # noqa: BLE001
+        raise oracle.ExceptionMismatch(f"{what}: {oracle._exc(e)}")
+    oracle._no_writes(guards, snap, refused=False)
+    return True
+
+
+def _torch_or_none(fn):
+    try:
+        return fn()
+    except RuntimeError:
+        return None
+
+
+def _c_ln_bwd(ctx):
+    dtype, shape, nd, pshape, x, lay, w, b, rows, sd = _ln_setup(ctx)
+    eps = 1e-5
+    _, mean, rstd = torch.native_layer_norm(x.double(), pshape, None, None,
+                                            eps)
+    mean, rstd = mean.reshape(-1).to(sd), rstd.reshape(-1).to(sd)
+    g, glay = ctx.tensor(shape, dtype, nonfinite=0.01, layout=ctx.choice(
+        ROW_LAYOUTS) if ctx.row_only else None)
+    det = ctx.chance(0.3)
+    want = [ctx.chance(0.8), w is not None and ctx.chance(0.8),
+            w is not None and b is not None and ctx.chance(0.8)]
+    mut = _pick(ctx, ["grad_input-dtype", "grad_input-shape",
+                      "grad_input-strided", "grad_input-readonly",
+                      "grad_weight-dtype", "grad_weight-shape",
+                      "gi-overlaps-g", "mean-size", "dw-without-w", "nd-0"],
+                x.numel(), p=ctx.row_only)
+    guards = {}
+    pdt = w.dtype if w is not None else dtype
+    gi = _out(ctx, guards, "grad_input", shape, dtype, mut) \
+        if want[0] or mut and mut.startswith("grad_input") else None
+    gw = _out(ctx, guards, "grad_weight", pshape, pdt, mut) \
+        if want[1] or mut and mut.startswith("grad_weight") else None
+    gb = _out(ctx, guards, "grad_bias", pshape, pdt, mut) if want[2] else None
+    if mut and mut.startswith("grad_weight") and w is None:
+        mut = "dw-without-w"
+    ws = None
+    if x.is_cuda:
+        need = _C.layer_norm_bwd_workspace(x, w, nd, det, gi is not None,
+                                           gw is not None, gb is not None)
+        if need:
+            gg = Guarded(ctx, [need], torch.uint8)
+            guards["workspace"], ws = gg, gg.view
+    a = dict(g=_maybe_numpy(ctx, g), x=_maybe_numpy(ctx, x), w=w, nd=nd,
+             det=det, mean=mean, rstd=rstd, gi=gi, gw=gw, gb=gb, ws=ws)
+    if mut == "gi-overlaps-g" and isinstance(a["g"], torch.Tensor) and gi is not None:
+        a["gi"] = a["g"]
+    elif mut == "mean-size":
+        a["mean"] = mean[:-1] if rows else torch.zeros(1, dtype=sd)
+    elif mut == "dw-without-w" and gw is not None:
+        a["w"] = None
+    elif mut == "nd-0":
+        a["nd"] = 0
+    elif mut in ("gi-overlaps-g", "dw-without-w", "mean-size") or (
+            mut and mut.startswith("grad_input") and gi is None):
+        mut = None
+    if getattr(ctx, "dropped", False):
+        mut = None
+    for k in ("x", "g"):
+        if isinstance(a[k], np.ndarray) and any(s < 0 for s in a[k].strides):
+            lay = "numpy-reversed"
+    ctx.note(f"_C.layer_norm_bwd(g, x, w, nd={a['nd']}, det={det}, mean, "
+             f"rstd, gi, gw, gb, ws) mutation={mut or '-'}")
+    for k in ("g", "x", "w", "mean", "rstd"):
+        ctx.describe(k, a[k])
+
+    def call():
+        return _C.layer_norm_bwd(a["g"], a["x"], a["w"], a["nd"], a["det"],
+                                 a["mean"], a["rstd"], a["gi"], a["gw"],
+                                 a["gb"], a["ws"])
+    inputs = [t for t in (a["g"], a["x"], w, mean, rstd) if t is not None]
+    if mut:
+        expect_refusal(ctx, call, guards, inputs, mut)
+    if lay not in ROW_LAYOUTS or glay not in ROW_LAYOUTS:
+        try_refusal(ctx, call, guards, inputs, f"layouts x={lay} g={glay}")
+    run_raw(ctx, call, guards, inputs)
+    ref = torch.ops.aten.native_layer_norm_backward(
+        g.double(), x.double(), pshape, mean.double().view(-1, *[1] * nd)
+        if rows else mean.double(), rstd.double().view(-1, *[1] * nd)
+        if rows else rstd.double(), None if w is None else w.double(),
+        None if b is None else b.double(), [True, w is not None,
+                                            b is not None])
+    for name, r in zip(("grad_input", "grad_weight", "grad_bias"), ref):
+        if name in guards and r is not None:
+            o = as_torch(guards[name].result())
+            close(name, o.to(r.device), r, None, o.dtype,
+                  reduce_len=rows if name != "grad_input" else 1)
+
+
+# ------------------------------------------------------------------ prod
+def case_c_prod(ctx):
+    dtype = ctx.choice(FLOATS * 2 + INTS + (torch.bool,))
+    ndim = ctx.rng.randint(1, 4)
+    shape = ctx.shape(ndim, budget=ctx.choice([2000, 20000, 200000]))
+    x, lay = ctx.tensor(shape, dtype, kind="near_one")
+    dim = None if ctx.chance(0.3) else ctx.rng.randrange(ndim)
+    bwd = dtype.is_floating_point and ctx.chance(0.4)
+    kept = [] if dim is None else shape[:dim] + shape[dim + 1:]
+    odt = dtype if dtype.is_floating_point else torch.int64
+    mut = _pick(ctx, ["out-dtype", "out-shape", "out-strided", "out-readonly",
+                      "out-misaligned", "dim-neg", "dim-big", "dim-float",
+                      "ws-dtype", "out-overlaps-input", "complex"],
+                x.numel())
+    xp = _maybe_numpy(ctx, x)
+    guards = {}
+    if bwd:
+        g, _ = ctx.tensor(kept, dtype, kind="near_one", layout="contig",
+                          nonfinite=0)
+        out = _out(ctx, guards, "out", shape, dtype, mut)  # grad_in
+    else:
+        out = _out(ctx, guards, "out", kept, odt, mut)
+    a = dict(x=xp, dim=dim, out=out, ws=None)
+    if x.is_cuda:
+        q = _C.prod_bwd_workspace if bwd else _C.prod_workspace
+        need = q(x, dim)
+        if need:
+            gg = Guarded(ctx, [need], torch.uint8)
+            guards["workspace"], a["ws"] = gg, gg.view
+    if mut == "dim-neg":
+        a["dim"] = -1
+    elif mut == "dim-big":
+        a["dim"] = ndim + ctx.choice([0, 3, 2**40])
+    elif mut == "dim-float":
+        a["dim"] = 0.0
+    elif mut == "ws-dtype":
+        a["ws"] = torch.zeros(8, dtype=torch.int32, device=x.device)
+    elif mut == "out-overlaps-input" and isinstance(xp, torch.Tensor) and (
+            bwd and lay == "contig"):
+        a["out"] = xp
+    elif mut == "complex":
+        a["x"] = torch.zeros(shape, dtype=torch.complex64, device=x.device)
+    elif mut and not mut.startswith("out-") or mut == "out-overlaps-input":
+        mut = None
+    if mut == "out-shape" and math.prod(guards["out"].shape) == \
+            math.prod(shape if bwd else kept) and not bwd:
+        mut = None  # same element count: C only checks numel
+    if getattr(ctx, "dropped", False):
+        mut = None
+    fn = "prod_bwd" if bwd else "prod"
+    ctx.note(f"_C.{fn}(x, dim={a['dim']!r}, ...) mutation={mut or '-'}")
+    ctx.describe("x", a["x"])
+    inputs = [xp] + ([g] if bwd else [])
+
+    def call():
+        if bwd:
+            return _C.prod_bwd(a["x"], a["dim"], g, a["out"], a["ws"])
+        return _C.prod(a["x"], a["dim"], a["out"], a["ws"])
+    if bwd:
+        ctx.describe("grad_out", g)
+        if x.is_cuda and lay != "contig":
+            try_refusal(ctx, call, guards, inputs, "CUDA prod_bwd layout")
+    if mut:
+        expect_refusal(ctx, call, guards, inputs, mut)
+    run_raw(ctx, call, guards, inputs)
+    o = as_torch(guards["out"].result()).to(x.device)
+    chain = x.numel() if dim is None else shape[dim]
+    if bwd:
+        xl = x.detach().double().requires_grad_()
+        r = xl.prod() if dim is None else xl.prod(dim)
+        ref = torch.autograd.grad(r, xl, g.double().reshape(r.shape))[0]
+        close("grad_in", o, ref, None, dtype, chain_len=chain)
+        return
+    theirs = torch.prod(x) if dim is None else torch.prod(x, dim)
+    if not dtype.is_floating_point:
+        oracle.exact("out", o.reshape(theirs.shape), theirs)
+    else:
+        ref = x.double().prod() if dim is None else x.double().prod(dim)
+        close("out", o.reshape(theirs.shape), ref, theirs, dtype,
+              chain_len=chain, torch_slack=1.5)
+
+
+# ---------------------------------------------------------------- matmul
+def case_c_matmul(ctx):
+    dtype = ctx.choice([torch.float16, torch.bfloat16, torch.float32])
+    m, k, n = ctx.shape(3, budget=ctx.choice([20000, 300000]), zero=0.04)
+    batched = ctx.chance(0.4)
+    bsz = ctx.choice([1, 2, 3]) if batched else None
+    sa = ([bsz] if batched else []) + [m, k]
+    sb = ([bsz] if batched else []) + [k, n]
+    a, _ = ctx.tensor(sa, dtype, layout=ctx.choice(
+        ["contig", "transposed", "sliced", "offset", "expand"]), nonfinite=0.02)
+    b, _ = ctx.tensor(sb, dtype, layout=ctx.choice(
+        ["contig", "transposed", "sliced", "offset", "expand"]), nonfinite=0.02)
+    sched = ctx.choice([0, 1, 2, 3])
+    two, ctas, loop = ctx.chance(0.3), ctx.choice([0, 1, 2, 5]), \
+        ctx.choice([0, 1, 2])
+    mut = _pick(ctx, ["out-dtype", "out-shape", "out-strided", "out-readonly",
+                      "out-misaligned", "sched-bad", "ctas-neg", "k-mismatch",
+                      "epoch-neg", "out-overlaps-input", "rank-4"],
+                m * n, p=0.35)
+    guards = {}
+    out = _out(ctx, guards, "out", sa[:-1] + [n], dtype, mut)
+    ap, bp = _maybe_numpy(ctx, a), _maybe_numpy(ctx, b)
+    args = dict(a=ap, b=bp, out=out, sched=sched, two=two, ctas=ctas,
+                loop=loop, epoch=0)
+    if mut == "sched-bad":
+        args["sched"] = ctx.choice([4, -1, 99])
+    elif mut == "ctas-neg":
+        args["ctas"] = -3
+    elif mut == "k-mismatch":
+        args["b"] = torch.zeros(sb[:-2] + [k + 1, n], dtype=dtype,
+                                device=a.device)
+    elif mut == "epoch-neg":
+        args["epoch"] = -1
+    elif mut == "out-overlaps-input" and isinstance(ap, torch.Tensor) and \
+            ap.is_contiguous() and m == k == n:
+        args["out"] = ap
+    elif mut == "rank-4" and batched:
+        args["a"] = a.reshape([1] + sa)
+    elif mut and not mut.startswith("out-") or mut == "out-overlaps-input":
+        mut = None
+    if getattr(ctx, "dropped", False):
+        mut = None
+    ctx.note(f"_C.matmul(a, b, out, schedule={args['sched']}, two_tiles={two}, "
+             f"ctas={args['ctas']}, mainloop={loop}, ...) "
+             f"mutation={mut or '-'}")
+    ctx.describe("a", args["a"])
+    ctx.describe("b", args["b"])
+    inputs = [ap, bp]
+
+    def call():
+        return _C.matmul(args["a"], args["b"], args["out"], args["sched"],
+                         args["two"], args["ctas"], args["loop"], None, None,
+                         args["epoch"], 0, None)
+
+    def plan():
+        return _C.matmul_plan(args["a"], args["b"], args["out"],
+                              args["sched"], args["two"], args["ctas"],
+                              args["loop"])
+    if mut:
+        if ctx.chance(0.3) and mut in ("sched-bad", "ctas-neg", "k-mismatch",
+                                       "rank-4", "out-shape", "out-dtype"):
+            expect_refusal(ctx, plan, guards, inputs, "plan: " + mut)
+        expect_refusal(ctx, call, guards, inputs, mut)
+    p = run_raw(ctx, plan, guards, inputs)
+    if not isinstance(p, dict):
+        raise oracle.WrongAnswer(f"matmul_plan returned {type(p).__name__}")
+    need = run_raw(ctx, call, guards, inputs)
+    if need is not None:  # CUDA Stream-K: give it buffers, call again
+        nbytes, count, stream = need
+        wg = Guarded(ctx, [max(nbytes, 1)], torch.uint8)
+        fg = Guarded(ctx, [max(count, 1)], torch.int32)
+        fg.view.zero_()
+        fg.before = fg.buf.cpu().clone()
+        guards.update(workspace=wg, flags=fg)
+        run_raw(ctx, lambda: _C.matmul(
+            ap, bp, out, sched, two, ctas, loop, wg.view, fg.view, 1, 0,
+            None), guards, inputs)
+    o = as_torch(guards["out"].result()).to(a.device)
+    mm_close("out", o, a, b, torch.matmul(a, b))
+
+
+# ------------------------------------------------------------------ misc
+def case_c_misc(ctx):
+    """tensor_info against what torch / NumPy say of the same object, and
+    the workspace queries (0 on the CPU, refusals for bad arguments)."""
+    dtype = ctx.choice(FLOATS + INTS + (torch.bool,))
+    shape = ctx.shape(ctx.rng.randint(0, 4), budget=5000)
+    t, lay = ctx.tensor(shape, dtype)
+    obj = _maybe_numpy(ctx, t) if ctx.chance(0.6) else t
+    ctx.note(f"_C.tensor_info(obj) layout={lay}")
+    ctx.describe("obj", obj)
+    info = run_raw(ctx, lambda: _C.tensor_info(obj), {}, [obj])
+    if isinstance(obj, np.ndarray):
+        want_shape = tuple(obj.shape)
+        want_strides = tuple(s // obj.itemsize for s in obj.strides)
+        addr = obj.__array_interface__["data"][0]
+    else:
+        want_shape, want_strides = tuple(obj.shape), tuple(obj.stride())
+        addr = obj.data_ptr()
+    got = (tuple(info[3]), tuple(info[4]), info[5])
+    if math.prod(want_shape) > 1:
+        want_strides = tuple(s if n != 1 else got[1][i] for i, (s, n) in
+                             enumerate(zip(want_strides, want_shape)))
+    else:
+        want_strides = got[1]
+    if got != (want_shape, want_strides, addr):
+        raise oracle.WrongAnswer(f"tensor_info: {got} != "
+                                 f"{(want_shape, want_strides, addr)}")
+    if isinstance(obj, torch.Tensor) and obj.is_neg():
+        raise oracle.WrongAnswer("tensor_info accepted a tensor with the "
+                                 "negative bit set (its memory holds -x)")
+    q = ctx.choice(["ln_fwd", "ln_bwd", "prod", "prod_bwd"])
+    nd = ctx.choice([1, len(shape), len(shape) + 1, 0])
+    if q == "ln_fwd":
+        call = lambda: _C.layer_norm_fwd_workspace(obj, None, None, nd)  # noqa
+    elif q == "ln_bwd":
+        call = lambda: _C.layer_norm_bwd_workspace(  # noqa: E731
+            obj, None, nd, False, True, False, False)
+    else:
+        d = ctx.choice([None, 0, len(shape) - 1, len(shape), -1])
+        f = _C.prod_workspace if q == "prod" else _C.prod_bwd_workspace
+        call = lambda: f(obj, d)  # noqa: E731
+    ctx.note(f"  workspace query {q} nd={nd}")
+    try:
+        r = call()
+    except (TypeError, ValueError, IndexError) as e:
+        raise oracle.ExpectedRefusal(f"workspace query: {type(e).__name__}") \
+            from e
+    if not isinstance(r, int) or r < 0 or (t.device.type == "cpu" and r):
+        raise oracle.WrongAnswer(f"workspace query {q} returned {r!r}")

@@ -1,0 +1,36 @@
+"""A fixed-seed fuzz batch (tests/fuzz): every case must pass, or be a
+refusal torch makes too (or one listed in oracle.DOCUMENTED).
+GEMSOPS_FUZZ_CASES scales the batch (default 4000 on the CPU, about half a
+minutes on two cores); GEMSOPS_FUZZ_SEED picks another seed. The failure
+list printed on failure has one replay command per failure class."""
+import io
+import os
+
+import pytest
+
+from tests.fuzz import runner
+
+SEED = int(os.environ.get("GEMSOPS_FUZZ_SEED", "20261124"))
+CASES = int(os.environ.get("GEMSOPS_FUZZ_CASES", "4000"))
+WORKERS = int(os.environ.get("GEMSOPS_FUZZ_WORKERS", "2"))
+
+
+def _batch(device):
+    ops = runner.parse_ops("")
+    results = runner.run_batch(SEED, range(CASES), device, ops, WORKERS,
+                               timeout=120.0)
+    report = io.StringIO()
+    fails = runner.summary(results, ops, "python -m tests.fuzz"
+                           + (" --device cuda" if device == "cuda" else ""),
+                           out=report)
+    assert len(results) == CASES
+    assert not fails, report.getvalue()
+
+
+def test_fuzz_cpu():
+    _batch("cpu")
+
+
+@pytest.mark.cuda
+def test_fuzz_cuda():
+    _batch("cuda")
