@@ -1,0 +1,207 @@
+"""The C boundary never writes outside an output, never writes read-only
+memory, never reads a tensor as other values than it holds, and depends on
+no unchecked precondition of the caller's buffers."""
+import numpy as np
+import pytest
+import torch
+
+from gemsops import _C
+
+
+def _ln_fwd_args(x, out, mean=None, rstd=None):
+    return (x, None, None, 1, 1e-5, out, mean, rstd, None)
+
+
+def _guarded(shape, dtype=np.float32, reverse_rows=False):
+    """A NumPy output view inside a NaN-filled buffer with guard rows around
+    it; returns (buffer, view)."""
+    rows, cols = shape
+    buf = np.full((rows + 4, cols), np.nan, dtype=dtype)
+    view = buf[2:rows + 2]
+    if reverse_rows:
+        view = view[::-1]
+    return buf, view
+
+
+def test_negative_stride_output_is_refused_and_untouched():
+    x = torch.randn(6, 8)
+    buf, out = _guarded((6, 8), reverse_rows=True)
+    before = buf.copy()
+    with pytest.raises(ValueError, match="'out' has a negative stride"):
+        _C.layer_norm_fwd(*_ln_fwd_args(x, out))
+    np.testing.assert_array_equal(np.isnan(buf), np.isnan(before))
+
+
+def test_negative_stride_everywhere_is_refused():
+    a = np.random.rand(6, 8).astype(np.float32)
+    x = torch.randn(6, 8)
+    g = torch.randn(6, 8)
+    mean, rstd = torch.empty(6), torch.empty(6)
+    _C.layer_norm_fwd(x, None, None, 1, 1e-5, torch.empty(6, 8), mean, rstd,
+                      None)
+    dx = np.full((6, 8), np.nan, np.float32)[::-1]
+    with pytest.raises(ValueError, match="negative stride"):
+        _C.layer_norm_bwd(g, x, None, 1, False, mean, rstd, dx, None, None,
+                          None)
+    with pytest.raises(ValueError, match="'input' has a negative stride"):
+        _C.prod(a[:, ::-1], 1, np.empty(6, np.float32), None)
+    with pytest.raises(ValueError, match="'b' has a negative stride"):
+        _C.matmul(a, a.T[::-1], np.empty((6, 6), np.float32), 0, 0, 0, 0,
+                  None, None, 0, 0, None)
+    # a size-1 dim may carry any stride: nothing is ever stepped over it
+    one = np.ones((1, 8), np.float32)[::-1]
+    _C.prod(one, 1, np.empty(1, np.float32), None)
+
+
+def _read_only_arrays(tmp_path, n):
+    ro = np.full(n, np.nan, np.float32)
+    ro.flags.writeable = False
+    over_bytes = np.frombuffer(bytes(4 * n), dtype=np.float32)
+    path = tmp_path / "map.bin"
+    path.write_bytes(bytes(4 * n))
+    mapped = np.memmap(path, dtype=np.float32, mode="r", shape=(n,))
+    return {"writeable=False": ro, "bytes": over_bytes, "memmap r": mapped}
+
+
+def test_read_only_outputs_are_refused(tmp_path):
+    x = torch.randn(3, 4)
+    for name, arr in _read_only_arrays(tmp_path, 12).items():
+        before = np.array(arr, copy=True)
+        with pytest.raises(ValueError, match="read-only"):
+            _C.prod(x, 1, arr[:3], None)
+        with pytest.raises(ValueError, match="read-only"):
+            _C.prod_bwd(x, 1, torch.ones(3), arr.reshape(3, 4), None)
+        with pytest.raises(ValueError, match="read-only"):
+            _C.layer_norm_fwd(*_ln_fwd_args(x, arr.reshape(3, 4)))
+        with pytest.raises(ValueError, match="read-only"):
+            _C.matmul(x, x.t().contiguous(), arr[:9].reshape(3, 3), 0, 0, 0,
+                      0, None, None, 0, 0, None)
+        np.testing.assert_array_equal(np.isnan(arr), np.isnan(before), name)
+        np.testing.assert_array_equal(np.nan_to_num(arr),
+                                      np.nan_to_num(before), name)
+    # read-only inputs are fine
+    ro = np.random.rand(3, 4).astype(np.float32)
+    ro.flags.writeable = False
+    out = np.empty(3, np.float32)
+    _C.prod(ro, 1, out, None)
+    np.testing.assert_allclose(out, ro.prod(1), rtol=1e-6)
+
+
+def test_lazily_negated_tensors_are_refused_at_C():
+    x = torch.randn(4, 8)
+    neg = torch._neg_view(x)
+    z = torch.randn(4, 8, dtype=torch.complex64)
+    conj_imag = z.conj().imag
+    assert neg.is_neg() and conj_imag.is_neg()
+    for t in (neg, conj_imag):
+        with pytest.raises(RuntimeError, match="negative bit"):
+            _C.prod(t, 1, torch.empty(4), None)
+        with pytest.raises(RuntimeError, match="negative bit"):
+            _C.layer_norm_fwd(*_ln_fwd_args(t, torch.empty(4, 8)))
+        out = torch._neg_view(torch.empty(4, 8))
+        with pytest.raises(RuntimeError, match="'out' has the negative bit"):
+            _C.layer_norm_fwd(*_ln_fwd_args(x, out))
+    # resolved, the same values go through
+    out = torch.empty(4)
+    _C.prod(neg.resolve_neg(), 1, out, None)
+    torch.testing.assert_close(out, (-x).prod(1))
+
+
+@pytest.mark.parametrize("eps", [-1.0, -1e-30, float("nan"), 0.0])
+def test_any_eps_as_torch(eps):
+    x = torch.randn(5, 16, dtype=torch.float64)
+    x[2] = 3.0  # a constant row: variance 0, so eps decides
+    out = torch.empty_like(x)
+    mean, rstd = torch.empty(5, dtype=torch.float64), torch.empty(
+        5, dtype=torch.float64)
+    _C.layer_norm_fwd(x, None, None, 1, eps, out, mean, rstd, None)
+    ref, rmean, rrstd = torch.native_layer_norm(x, (16,), None, None, eps)
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    torch.testing.assert_close(rstd, rrstd.view(-1), equal_nan=True)
+
+
+def _bwd_call(device, rows, cols, ws=None, stream_arg=(), dtype=torch.float32):
+    x = torch.randn(rows, cols, device=device, dtype=dtype)
+    w = torch.randn(cols, device=device, dtype=dtype)
+    g = torch.randn(rows, cols, device=device, dtype=dtype)
+    mean = torch.empty(rows, device=device)
+    rstd = torch.empty(rows, device=device)
+    if rows:
+        _C.layer_norm_fwd(x, w, None, 1, 1e-5, torch.empty_like(x), mean,
+                          rstd, None)
+    dx = torch.full_like(x, float("nan"))
+    dw = torch.full_like(w, float("nan"))
+    db = torch.full_like(w, float("nan"))
+    r = _C.layer_norm_bwd(g, x, w, 1, False, mean, rstd, dx, dw, db, ws,
+                          *stream_arg)
+    return r, (x, w, g, mean, rstd), (dx, dw, db)
+
+
+def test_backward_over_no_rows_gives_zero_weight_grads(device):
+    r, _, (dx, dw, db) = _bwd_call(device, 0, 37)
+    assert r is None
+    assert dx.shape == (0, 37)
+    assert torch.equal(dw.cpu(), torch.zeros(37))
+    assert torch.equal(db.cpu(), torch.zeros(37))
+
+
+@pytest.mark.cuda
+def test_cuda_kept_workspace_with_garbage_is_prepared_by_the_launch():
+    """A caller passing its own (non-zero) workspace under the kept
+    protocol gets right dW/dB: C vouches only for buffers it prepared."""
+    stream = torch.cuda.current_stream().cuda_stream
+    rows, cols = 300, 4096
+    need, _, _ = _bwd_call("cuda", rows, cols, None, (-1,))
+    nbytes = need[0]
+    for trial in range(3):
+        ws = torch.randint(1, 255, (nbytes,), dtype=torch.uint8,
+                           device="cuda")
+        r, (x, w, g, mean, rstd), (dx, dw, db) = _bwd_call(
+            "cuda", rows, cols, ws, (stream,))
+        assert r is None
+        ref = torch.ops.aten.native_layer_norm_backward(
+            g.double(), x.double(), [cols], mean.double()[:, None],
+            rstd.double()[:, None], w.double(), w.double(),
+            [True, True, True])
+        for o, e in zip((dx, dw, db), ref):
+            torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-4)
+        # the same object written through torch is no longer vouched for
+        ws.fill_(7)
+        r, (x, w, g, mean, rstd), (dx, dw, db) = _bwd_call(
+            "cuda", rows, cols, ws, (stream,))
+        ref = torch.ops.aten.native_layer_norm_backward(
+            g.double(), x.double(), [cols], mean.double()[:, None],
+            rstd.double()[:, None], w.double(), w.double(),
+            [True, True, True])
+        for o, e in zip((dx, dw, db), ref):
+            torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_cuda_streamk_flags_holding_the_epoch_are_reset():
+    """Flags full of the epoch value would let an owner read its peers'
+    partials before they are written; C zeroes flags it cannot vouch for."""
+    a = torch.randn(3 * 128, 40 * 64, device="cuda", dtype=torch.float16)
+    b = torch.randn(40 * 64, 2 * 128, device="cuda", dtype=torch.float16)
+    out = torch.full((a.shape[0], b.shape[1]), float("nan"), device="cuda",
+                     dtype=torch.float16)
+    need = _C.matmul(a, b, out, 2, 0, 0, 0, None, None, 0, 0, None)
+    assert need is not None, "a Stream-K launch must ask for flags"
+    nbytes, nflags, _ = need
+    ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    ref = (a.double() @ b.double())
+    for epoch in (5, 6, 5):
+        flags = torch.full((nflags,), epoch, dtype=torch.int32, device="cuda")
+        out.fill_(float("nan"))
+        _C.matmul(a, b, out, 2, 0, 0, 0, ws, flags, epoch, 0, None)
+        torch.testing.assert_close(out.double(), ref, rtol=2e-2, atol=2e-1)
+
+
+@pytest.mark.cuda
+def test_cuda_matmul_error_tensor_needs_an_element():
+    a = torch.randn(64, 64, device="cuda")
+    out = torch.full_like(a, float("nan"))
+    with pytest.raises(RuntimeError, match="'error' must have at least"):
+        _C.matmul(a, a, out, 0, 0, 0, 0, None, None, 0, 5,
+                  torch.empty(0, dtype=torch.int32, device="cuda"))
+    assert out.isnan().all()
