@@ -198,7 +198,13 @@ def matmul(input, other):
     b = other.unsqueeze(-1) if db == 1 else other   # [.., k, n]
     if a.shape[-1] != b.shape[-2]:
         raise _shapes_error("matmul", input, other)
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    try:
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except RuntimeError:
+        raise RuntimeError(
+            f"matmul(): batch dimensions {list(a.shape[:-2])} and "
+            f"{list(b.shape[:-2])} do not broadcast (shapes {list(input.shape)} "
+            f"and {list(other.shape)})") from None
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     nb = math.prod(batch)  # not -1: ambiguous when m * k or k * n is 0
     a3 = a.expand(batch + (m, k)).reshape(nb, m, k)

@@ -124,6 +124,10 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
     d = None if dim is None else _normalize_dim(dim, input.dim())
     cast = None
     if dtype is not None:
+        if (not dtype.is_floating_point and input.requires_grad
+                and torch.is_grad_enabled()):  # as torch refuses
+            raise RuntimeError(f"prod(): autograd does not support dtype "
+                               f"{dtype} (input requires grad)")
         input = input.to(dtype)
         if not dtype.is_floating_point and dtype != torch.int64:
             cast = dtype
