@@ -584,6 +584,25 @@ def test_layer_norm_affine_and_requires_grad_combinations(affine, grads):
             close(a, e)
 
 
+@pytest.mark.parametrize("grads", ["x", "w", "xwb"])
+def test_native_layer_norm_differentiable_through_out(grads):
+    x, p, w, b = ln_args((5, 3, 8), 2)
+    leaves = [t for k, t in zip("xwb", (x, w, b)) if k in grads]
+    for t in leaves:
+        t.requires_grad_()
+    want = torch.native_layer_norm(x, p, w, b, 1e-5)
+    got = gemsops.native_layer_norm(x, p, w, b, 1e-5)
+    assert [t.requires_grad for t in got] == [t.requires_grad for t in want]
+    for a, e in zip(got, want):
+        close(a, e)
+    g = torch.randn_like(x)
+    for a, e in zip(torch.autograd.grad(got[0], leaves, g),
+                    torch.autograd.grad(want[0], leaves, g)):
+        close(a, e)
+    same_outcome(lambda: torch.autograd.grad(want[1].sum(), leaves),
+                 lambda: torch.autograd.grad(got[1].sum(), leaves))
+
+
 @pytest.mark.parametrize("xdtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("which", ["weight", "bias", "both"])
 def test_layer_norm_fp32_params_with_half_input(xdtype, which):

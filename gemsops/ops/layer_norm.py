@@ -203,21 +203,25 @@ class LayerNormFunction(torch.autograd.Function):
     asks for."""
 
     @staticmethod
-    def forward(ctx, x, shape, weight, bias, eps):
+    def forward(ctx, x, shape, weight, bias, eps, stats):
         out, mean, rstd = _forward(x, shape, weight, bias, eps)
         ctx.shape = shape
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight, mean, rstd)
-        return out
+        if not stats:
+            return out
+        # as torch.native_layer_norm: differentiable through out only
+        ctx.mark_non_differentiable(mean, rstd)
+        return out, mean, rstd
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, *_):
         x, weight, mean, rstd = ctx.saved_tensors
-        want_dx, _, want_dw, want_db, _ = ctx.needs_input_grad
+        want_dx, _, want_dw, want_db, _, _ = ctx.needs_input_grad
         dx, dw, db = _backward(grad_out, x, ctx.shape, weight, mean, rstd,
                                want_dx, want_dw and weight is not None,
                                want_db and ctx.has_bias)
-        return dx, None, dw, db, None
+        return dx, None, dw, db, None, None
 
 
 def _prepare(input, normalized_shape, weight, bias, fn="layer_norm"):
@@ -245,22 +249,31 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     with fp16/bf16 input (mixed precision); the output has input's dtype."""
     input, shape, weight, bias = _prepare(input, normalized_shape, weight,
                                           bias)
-    if torch.is_grad_enabled() and (
-            input.requires_grad
-            or (weight is not None and weight.requires_grad)
-            or (bias is not None and bias.requires_grad)):
-        return LayerNormFunction.apply(input, shape, weight, bias, eps)
+    if _needs_grad(input, weight, bias):
+        return LayerNormFunction.apply(input, shape, weight, bias, eps,
+                                       False)
     return _forward(input, shape, weight, bias, eps, want_stats=False)[0]
+
+
+def _needs_grad(input, weight, bias):
+    return torch.is_grad_enabled() and (
+        input.requires_grad
+        or (weight is not None and weight.requires_grad)
+        or (bias is not None and bias.requires_grad))
 
 
 def native_layer_norm(input, normalized_shape, weight=None, bias=None,
                       eps=1e-5):
     """Like torch.native_layer_norm: (out, mean, rstd), statistics in fp32
-    (fp64 for fp64 input) of shape input.shape[:-k] + (1,) * k. Not
-    differentiable (use layer_norm for autograd)."""
+    (fp64 for fp64 input) of shape input.shape[:-k] + (1,) * k;
+    differentiable through out, as torch's."""
     input, shape, weight, bias = _prepare(input, normalized_shape, weight,
                                           bias)
-    out, mean, rstd = _forward(input, shape, weight, bias, eps)
+    if _needs_grad(input, weight, bias):
+        out, mean, rstd = LayerNormFunction.apply(input, shape, weight, bias,
+                                                  eps, True)
+    else:
+        out, mean, rstd = _forward(input, shape, weight, bias, eps)
     stat_shape = tuple(input.shape[:input.dim() - len(shape)]) + (1,) * len(shape)
     return out, mean.view(stat_shape), rstd.view(stat_shape)
 
