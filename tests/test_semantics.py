@@ -554,8 +554,10 @@ def test_layer_norm_backward_empty(shape, ns):
 def test_layer_norm_any_eps(eps):
     x = torch.randn(8, 16, dtype=torch.float64)
     x[:4] *= 0.3  # variance under 0.5: rows that eps = -0.5 makes NaN
-    w, b = torch.randn(16, dtype=torch.float64), torch.randn(16, dtype=torch.float64)
-    close(gemsops.layer_norm(x, (16,), w, b, eps), F.layer_norm(x, (16,), w, b, eps))
+    w = torch.randn(16, dtype=torch.float64)
+    b = torch.randn(16, dtype=torch.float64)
+    close(gemsops.layer_norm(x, (16,), w, b, eps),
+          F.layer_norm(x, (16,), w, b, eps))
     want = torch.native_layer_norm(x, (16,), w, b, eps)
     for a, e in zip(gemsops.native_layer_norm(x, (16,), w, b, eps), want):
         close(a, e)

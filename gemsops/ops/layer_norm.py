@@ -28,7 +28,8 @@ def _normalized_shape(normalized_shape, fn="layer_norm"):
         shape = tuple(normalized_shape)
         for s in shape:
             if type(s) is not int:
-                return tuple(_shape_item(s, i, fn) for i, s in enumerate(shape))
+                return tuple(_shape_item(v, i, fn)
+                             for i, v in enumerate(shape))
         return shape
     raise TypeError(f"{fn}(): argument 'normalized_shape' must be tuple of "
                     f"ints, not {type(normalized_shape).__name__}")
@@ -63,7 +64,8 @@ def _check_shape(x, shape, fn="layer_norm"):
 
 def _rows_view_ok(x, nd):
     """True when x is [rows, cols] with contiguous rows of one stride, the
-    layout the kernels read in place (mirrors csrc/py_layer_norm.c)."""
+    layout the kernels read in place (mirrors csrc/py_layer_norm.c's
+    row_view; a negative stride, which torch never makes, is copied)."""
     shape, strides = x.shape, x.stride()
     expect = 1
     for i in range(x.dim() - 1, x.dim() - nd - 1, -1):
@@ -291,7 +293,8 @@ def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
     input, shape, weight, bias = _prepare(input, normalized_shape, weight,
                                           bias, fn)
     want_dx, want_dw, want_db = map(bool, output_mask)
-    for want, name, p in ((want_dw, "weight", weight), (want_db, "bias", bias)):
+    for want, name, p in ((want_dw, "weight", weight),
+                          (want_db, "bias", bias)):
         if want and p is None:  # torch fails here too (RuntimeError)
             raise RuntimeError(f"{fn}(): output_mask asks for grad_{name} "
                                f"but {name} is None")

@@ -127,10 +127,10 @@ class MatmulFunction(torch.autograd.Function):
 def _operands(fn, a, b):
     """a and b checked as torch checks them (types, then dtypes, then
     devices), without the negative bit (C reads raw memory)."""
-    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
-        name, t = ("input", a) if not isinstance(a, torch.Tensor) else ("other", b)
-        raise TypeError(f"{fn}(): argument '{name}' must be a Tensor, not "
-                        f"{type(t).__name__}")
+    if not isinstance(a, torch.Tensor):
+        raise _not_tensor(fn, "input", a)
+    if not isinstance(b, torch.Tensor):
+        raise _not_tensor(fn, "other", b)
     if a.dtype != b.dtype:
         raise RuntimeError(f"{fn}(): expected both arguments to have the same "
                            f"dtype, but got {a.dtype} and {b.dtype}")
@@ -146,6 +146,11 @@ def _operands(fn, a, b):
     if b.is_neg():
         b = b.resolve_neg()
     return a, b
+
+
+def _not_tensor(fn, name, value):
+    return TypeError(f"{fn}(): argument '{name}' must be a Tensor, not "
+                     f"{type(value).__name__}")
 
 
 def _product(a, b):
@@ -203,8 +208,8 @@ def matmul(input, other):
     except RuntimeError:
         raise RuntimeError(
             f"matmul(): batch dimensions {list(a.shape[:-2])} and "
-            f"{list(b.shape[:-2])} do not broadcast (shapes {list(input.shape)} "
-            f"and {list(other.shape)})") from None
+            f"{list(b.shape[:-2])} do not broadcast (shapes "
+            f"{list(input.shape)} and {list(other.shape)})") from None
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     nb = math.prod(batch)  # not -1: ambiguous when m * k or k * n is 0
     a3 = a.expand(batch + (m, k)).reshape(nb, m, k)

@@ -2,8 +2,9 @@
 
 Result dtypes as torch: bool and integer inputs give int64 (wrapping like
 torch's int64 products); float inputs keep their dtype; dtype= casts the
-input before multiplying and is the result's dtype. The backward is zero-safe: exclusive prefix and
-suffix products, no division by x and no host sync."""
+input before multiplying and is the result's dtype. The backward is
+zero-safe: exclusive prefix and suffix products, no division by x and no
+host sync."""
 import sys
 
 import torch
