@@ -5,7 +5,7 @@ The Python layer allocates every output and workspace with torch (so they
 come from torch's caching allocator on the right device) and passes them
 down; the C side validates and launches on torch's current stream."""
 import math
-import numbers
+import operator
 
 import torch
 
@@ -21,28 +21,51 @@ _bwd_last = {}
 _bwd_kept = {}
 
 
-def _normalized_shape(normalized_shape):
-    if isinstance(normalized_shape, numbers.Integral):
-        return (int(normalized_shape),)
-    return tuple(int(s) for s in normalized_shape)
+def _normalized_shape(normalized_shape, fn="layer_norm"):
+    """A list or tuple of ints, as torch's argument parser takes it (an
+    int, a float, an ndarray or a Tensor is a TypeError there)."""
+    if isinstance(normalized_shape, (tuple, list)):
+        shape = tuple(normalized_shape)
+        for s in shape:
+            if type(s) is not int:
+                return tuple(_shape_item(v, i, fn)
+                             for i, v in enumerate(shape))
+        return shape
+    raise TypeError(f"{fn}(): argument 'normalized_shape' must be tuple of "
+                    f"ints, not {type(normalized_shape).__name__}")
 
 
-def _check_shape(x, shape):
+def _shape_item(s, i, fn):
+    # torch takes what has __index__ (NumPy integers, one-element integer
+    # tensors), but not bools
+    if not isinstance(s, bool):
+        try:
+            return operator.index(s)
+        except TypeError:
+            pass
+    raise TypeError(f"{fn}(): argument 'normalized_shape' must be tuple of "
+                    f"ints, but found element of type {type(s).__name__} at "
+                    f"pos {i}")
+
+
+def _check_shape(x, shape, fn="layer_norm"):
+    # RuntimeError, as torch raises for these
     if len(shape) == 0:
-        raise ValueError(
-            "layer_norm(): Expected normalized_shape to be at least "
+        raise RuntimeError(
+            f"{fn}(): Expected normalized_shape to be at least "
             "1-dimensional, i.e., containing at least one element, but got "
             f"normalized_shape = {list(shape)}")
-    if x.dim() < len(shape) or tuple(x.shape[x.dim() - len(shape):]) != shape:
-        raise ValueError(
-            f"layer_norm(): Given normalized_shape={list(shape)}, expected "
+    if x.dim() < len(shape) or x.shape[x.dim() - len(shape):] != shape:
+        raise RuntimeError(
+            f"{fn}(): Given normalized_shape={list(shape)}, expected "
             f"input with shape [*, {', '.join(map(str, shape))}], but got "
             f"input of size{list(x.shape)}")
 
 
 def _rows_view_ok(x, nd):
     """True when x is [rows, cols] with contiguous rows of one stride, the
-    layout the kernels read in place (mirrors csrc/py_layer_norm.c)."""
+    layout the kernels read in place (mirrors csrc/py_layer_norm.c's
+    row_view; a negative stride, which torch never makes, is copied)."""
     shape, strides = x.shape, x.stride()
     expect = 1
     for i in range(x.dim() - 1, x.dim() - nd - 1, -1):
@@ -68,10 +91,19 @@ def _rows(x, nd):
     return x.contiguous()
 
 
+def _plain(t):
+    """t without the negative bit (torch._neg_view, z.conj().imag): C
+    reads raw memory, so it must be given the values themselves. The conj
+    bit exists only on complex tensors, which the kernels refuse."""
+    return t.resolve_neg() if t.is_neg() else t
+
+
 def _param(p):
-    if p is None or p.is_contiguous():
+    if p is None:
         return p
-    return p.contiguous()
+    if p.is_neg():
+        p = p.resolve_neg()
+    return p if p.is_contiguous() else p.contiguous()
 
 
 def _stats_dtype(dtype):
@@ -93,8 +125,10 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
         mean = torch.empty(rows, dtype=sd, device=x.device)
         rstd = torch.empty(rows, dtype=sd, device=x.device)
     if x.numel() == 0:
-        if want_stats:  # 0/0, as torch reports for empty rows
-            mean.fill_(float("nan"))
+        # nothing to compute, but C checks the arguments as for any size
+        _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, None)
+        if want_stats:  # as torch: the mean of no values 0, the rstd NaN
+            mean.zero_()
             rstd.fill_(float("nan"))
         return out, mean, rstd
     ws = None
@@ -116,13 +150,17 @@ def _backward(grad_out, x, shape, weight, mean, rstd, want_dx, want_dw,
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     x = _rows(x, nd)
-    grad_out = _rows(grad_out, nd)
+    grad_out = _rows(_plain(grad_out), nd)
     pdtype = weight.dtype if weight is not None else x.dtype
     dx = (torch.empty_like(x, memory_format=torch.contiguous_format)
           if want_dx else None)
-    if x.numel() == 0:  # sums over no rows
+    if x.numel() == 0:
+        # dW/dB sum over no rows: zeros, which a CUDA launch would not
+        # write; C still checks the arguments as for any size
         dw = torch.zeros(shape, dtype=pdtype, device=x.device) if want_dw else None
         db = torch.zeros(shape, dtype=pdtype, device=x.device) if want_db else None
+        _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
+                          dx, dw, db, None)
         return dx, dw, db
     dw = torch.empty(shape, dtype=pdtype, device=x.device) if want_dw else None
     db = torch.empty(shape, dtype=pdtype, device=x.device) if want_db else None
@@ -167,55 +205,77 @@ class LayerNormFunction(torch.autograd.Function):
     asks for."""
 
     @staticmethod
-    def forward(ctx, x, shape, weight, bias, eps):
+    def forward(ctx, x, shape, weight, bias, eps, stats):
         out, mean, rstd = _forward(x, shape, weight, bias, eps)
         ctx.shape = shape
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight, mean, rstd)
-        return out
+        if not stats:
+            return out
+        # as torch.native_layer_norm: differentiable through out only
+        ctx.mark_non_differentiable(mean, rstd)
+        return out, mean, rstd
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, *_):
         x, weight, mean, rstd = ctx.saved_tensors
-        want_dx, _, want_dw, want_db, _ = ctx.needs_input_grad
+        want_dx, _, want_dw, want_db, _, _ = ctx.needs_input_grad
         dx, dw, db = _backward(grad_out, x, ctx.shape, weight, mean, rstd,
                                want_dx, want_dw and weight is not None,
                                want_db and ctx.has_bias)
-        return dx, None, dw, db, None
+        return dx, None, dw, db, None, None
 
 
-def _prepare(input, normalized_shape, weight, bias):
+def _prepare(input, normalized_shape, weight, bias, fn="layer_norm"):
     if not isinstance(input, torch.Tensor):
-        raise TypeError("layer_norm(): argument 'input' must be a Tensor, "
-                        f"not {type(input).__name__}")
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is not None and not isinstance(p, torch.Tensor):
-            raise TypeError(f"layer_norm(): argument '{name}' must be a "
-                            f"Tensor or None, not {type(p).__name__}")
-    shape = _normalized_shape(normalized_shape)
-    _check_shape(input, shape)
-    return shape, _param(weight), _param(bias)
+        raise TypeError(f"{fn}(): argument 'input' must be a Tensor, not "
+                        f"{type(input).__name__}")
+    if weight is not None and not isinstance(weight, torch.Tensor):
+        raise _not_tensor(TypeError, fn, "weight", weight, " or None")
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        raise _not_tensor(TypeError, fn, "bias", bias, " or None")
+    shape = _normalized_shape(normalized_shape, fn)
+    _check_shape(input, shape, fn)
+    if input.is_neg():
+        input = input.resolve_neg()
+    return input, shape, _param(weight), _param(bias)
+
+
+def _not_tensor(exc, fn, name, value, alt=""):
+    return exc(f"{fn}(): argument '{name}' must be a Tensor{alt}, not "
+               f"{type(value).__name__}")
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Drop-in for torch.nn.functional.layer_norm. weight/bias may be fp32
     with fp16/bf16 input (mixed precision); the output has input's dtype."""
-    shape, weight, bias = _prepare(input, normalized_shape, weight, bias)
-    if torch.is_grad_enabled() and (
-            input.requires_grad
-            or (weight is not None and weight.requires_grad)
-            or (bias is not None and bias.requires_grad)):
-        return LayerNormFunction.apply(input, shape, weight, bias, eps)
+    input, shape, weight, bias = _prepare(input, normalized_shape, weight,
+                                          bias)
+    if _needs_grad(input, weight, bias):
+        return LayerNormFunction.apply(input, shape, weight, bias, eps,
+                                       False)
     return _forward(input, shape, weight, bias, eps, want_stats=False)[0]
+
+
+def _needs_grad(input, weight, bias):
+    return torch.is_grad_enabled() and (
+        input.requires_grad
+        or (weight is not None and weight.requires_grad)
+        or (bias is not None and bias.requires_grad))
 
 
 def native_layer_norm(input, normalized_shape, weight=None, bias=None,
                       eps=1e-5):
     """Like torch.native_layer_norm: (out, mean, rstd), statistics in fp32
-    (fp64 for fp64 input) of shape input.shape[:-k] + (1,) * k. Not
-    differentiable (use layer_norm for autograd)."""
-    shape, weight, bias = _prepare(input, normalized_shape, weight, bias)
-    out, mean, rstd = _forward(input, shape, weight, bias, eps)
+    (fp64 for fp64 input) of shape input.shape[:-k] + (1,) * k;
+    differentiable through out, as torch's."""
+    input, shape, weight, bias = _prepare(input, normalized_shape, weight,
+                                          bias)
+    if _needs_grad(input, weight, bias):
+        out, mean, rstd = LayerNormFunction.apply(input, shape, weight, bias,
+                                                  eps, True)
+    else:
+        out, mean, rstd = _forward(input, shape, weight, bias, eps)
     stat_shape = tuple(input.shape[:input.dim() - len(shape)]) + (1,) * len(shape)
     return out, mean.view(stat_shape), rstd.view(stat_shape)
 
@@ -227,12 +287,44 @@ def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
     grad_weight, grad_bias), each None where output_mask says so. mean and
     rstd may come in the input's half type, as torch's CPU
     native_layer_norm returns them; they are widened to fp32 first."""
-    shape, weight, bias = _prepare(input, normalized_shape, weight, bias)
+    fn = "layer_norm_backward"
+    normalized_shape = _backward_args(grad_out, input, normalized_shape, mean,
+                                      rstd, weight, bias, output_mask)
+    input, shape, weight, bias = _prepare(input, normalized_shape, weight,
+                                          bias, fn)
+    want_dx, want_dw, want_db = map(bool, output_mask)
+    for want, name, p in ((want_dw, "weight", weight),
+                          (want_db, "bias", bias)):
+        if want and p is None:  # torch fails here too (RuntimeError)
+            raise RuntimeError(f"{fn}(): output_mask asks for grad_{name} "
+                               f"but {name} is None")
     sd = _stats_dtype(input.dtype)
-    mean, rstd = (s.to(sd) if isinstance(s, torch.Tensor) and s.dtype in
-                  (torch.float16, torch.bfloat16) and sd == torch.float32
-                  else s for s in (mean, rstd))
+    mean, rstd = (s.to(sd) if s.dtype in (torch.float16, torch.bfloat16)
+                  and sd == torch.float32 else _plain(s) for s in (mean, rstd))
     return _backward(grad_out, input, shape, weight, mean.reshape(-1),
-                     rstd.reshape(-1), bool(output_mask[0]),
-                     bool(output_mask[1]) and weight is not None,
-                     bool(output_mask[2]) and bias is not None, deterministic)
+                     rstd.reshape(-1), want_dx, want_dw, want_db,
+                     deterministic)
+
+
+def _backward_args(grad_out, input, normalized_shape, mean, rstd, weight,
+                   bias, output_mask):
+    """Arguments torch.ops.aten.native_layer_norm_backward would not match
+    to its schema raise RuntimeError, as there; returns normalized_shape as
+    a sequence (that schema takes ndarrays and tensors too)."""
+    fn = "layer_norm_backward"
+    for name, t in (("grad_out", grad_out), ("input", input), ("mean", mean),
+                    ("rstd", rstd)):
+        if not isinstance(t, torch.Tensor):
+            raise _not_tensor(RuntimeError, fn, name, t)
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise _not_tensor(RuntimeError, fn, name, t, " or None")
+    if not isinstance(output_mask, (list, tuple)) or len(output_mask) != 3:
+        raise RuntimeError(f"{fn}(): output_mask must be 3 bools, got "
+                           f"{output_mask!r}")
+    if hasattr(normalized_shape, "tolist"):
+        normalized_shape = normalized_shape.tolist()
+    try:
+        return _normalized_shape(normalized_shape, fn)
+    except TypeError as e:
+        raise RuntimeError(str(e)) from None

@@ -14,6 +14,7 @@ for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest the GPU and
 operands allow), or a cap: 'wgmma-256', 'wgmma-128' (sm_90a), 'mma'
 (sm_80+), 'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too.
 """
+import math
 import os
 
 import torch
@@ -113,6 +114,8 @@ class MatmulFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
+        if grad.is_neg():  # C reads raw memory: give it the values
+            grad = grad.resolve_neg()
         da = db = None
         if ctx.needs_input_grad[0]:
             da = _mm(grad, b.mT)
@@ -121,20 +124,33 @@ class MatmulFunction(torch.autograd.Function):
         return da, db
 
 
-def _check_pair(fn, a, b):
-    for name, t in (("input", a), ("other", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{fn}(): argument '{name}' must be a Tensor, "
-                            f"not {type(t).__name__}")
+def _operands(fn, a, b):
+    """a and b checked as torch checks them (types, then dtypes, then
+    devices), without the negative bit (C reads raw memory)."""
+    if not isinstance(a, torch.Tensor):
+        raise _not_tensor(fn, "input", a)
+    if not isinstance(b, torch.Tensor):
+        raise _not_tensor(fn, "other", b)
     if a.dtype != b.dtype:
         raise RuntimeError(f"{fn}(): expected both arguments to have the same "
                            f"dtype, but got {a.dtype} and {b.dtype}")
     if a.get_device() != b.get_device():
         raise RuntimeError(f"{fn}(): expected both arguments on the same "
                            f"device, but got {a.device} and {b.device}")
-    if a.dtype not in SUPPORTED:
-        raise TypeError(f"{fn}(): gemsops matmul takes float16, bfloat16 and "
-                        f"float32, got {a.dtype}")
+    if a.dtype not in SUPPORTED:  # torch's type for a dtype without kernel
+        raise NotImplementedError(
+            f"{fn}(): gemsops matmul takes float16, bfloat16 and float32, "
+            f"got {a.dtype}")
+    if a.is_neg():
+        a = a.resolve_neg()
+    if b.is_neg():
+        b = b.resolve_neg()
+    return a, b
+
+
+def _not_tensor(fn, name, value):
+    return TypeError(f"{fn}(): argument '{name}' must be a Tensor, not "
+                     f"{type(value).__name__}")
 
 
 def _product(a, b):
@@ -151,7 +167,7 @@ def _shapes_error(fn, a, b):
 
 def mm(input, mat2):
     """torch.mm: [m, k] x [k, n] -> [m, n]."""
-    _check_pair("mm", input, mat2)
+    input, mat2 = _operands("mm", input, mat2)
     if input.dim() != 2 or mat2.dim() != 2:
         raise RuntimeError(f"mm(): both arguments must be matrices, got "
                            f"{input.dim()}-D and {mat2.dim()}-D")
@@ -162,7 +178,7 @@ def mm(input, mat2):
 
 def bmm(input, mat2):
     """torch.bmm: [B, m, k] x [B, k, n] -> [B, m, n]."""
-    _check_pair("bmm", input, mat2)
+    input, mat2 = _operands("bmm", input, mat2)
     if input.dim() != 3 or mat2.dim() != 3:
         raise RuntimeError(f"bmm(): both arguments must be 3-D, got "
                            f"{input.dim()}-D and {mat2.dim()}-D")
@@ -174,7 +190,7 @@ def bmm(input, mat2):
 def matmul(input, other):
     """torch.matmul's rules: 1-D (dot / vector), 2-D, batched with
     broadcasting of the batch dims."""
-    _check_pair("matmul", input, other)
+    input, other = _operands("matmul", input, other)
     da, db = input.dim(), other.dim()
     if da == 0 or db == 0:
         raise RuntimeError("matmul(): both arguments to matmul need to be at "
@@ -187,10 +203,17 @@ def matmul(input, other):
     b = other.unsqueeze(-1) if db == 1 else other   # [.., k, n]
     if a.shape[-1] != b.shape[-2]:
         raise _shapes_error("matmul", input, other)
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    try:
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except RuntimeError:
+        raise RuntimeError(
+            f"matmul(): batch dimensions {list(a.shape[:-2])} and "
+            f"{list(b.shape[:-2])} do not broadcast (shapes "
+            f"{list(input.shape)} and {list(other.shape)})") from None
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    a3 = a.expand(batch + (m, k)).reshape(-1, m, k)
-    b3 = b.expand(batch + (k, n)).reshape(-1, k, n)
+    nb = math.prod(batch)  # not -1: ambiguous when m * k or k * n is 0
+    a3 = a.expand(batch + (m, k)).reshape(nb, m, k)
+    b3 = b.expand(batch + (k, n)).reshape(nb, k, n)
     out = _product(a3, b3).reshape(batch + (m, n))
     if da == 1:
         out = out.squeeze(-2)
