@@ -7,6 +7,14 @@ Environment:
                           GPUs can JIT it
   CUDA_HOME / CUDA_PATH   toolkit root when nvcc is not on PATH
   GEMSOPS_NVCC_THREADS    parallel nvcc jobs (default: CPU count)
+  GEMSOPS_SANITIZE        ','-separated GCC sanitizers for the C sources
+                          (e.g. "address,undefined"): built -O1 -g with
+                          frame pointers and -fno-wrapv, every finding is
+                          fatal (no recovery), and the module links the
+                          runtimes; switching it on or off forces a rebuild. The CUDA objects are
+                          left alone. Python is not instrumented, so the ASan
+                          runtime must be LD_PRELOADed at run time:
+                          tools/sanitize_cpu.sh does all of it
 No torch is needed to build: tensors cross the boundary through DLPack.
 """
 import os
@@ -70,6 +78,31 @@ def gencode_flags():
 
 C_FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fopenmp",
            "-fvisibility=hidden"]
+
+
+def sanitize_flags():
+    """Compile and link flags for GEMSOPS_SANITIZE; both empty when unset."""
+    names = [n.strip() for n in
+             os.environ.get("GEMSOPS_SANITIZE", "").split(",") if n.strip()]
+    if not names:
+        return [], []
+    san = "-fsanitize=" + ",".join(names)
+    # -O1 after the -O3 above wins: inlining and vectorizing at -O3 leave
+    # stacks that point at the wrong line; -O1 still removes enough dead
+    # stores that ASan runs at a usable speed
+    compile_flags = [san, "-fno-omit-frame-pointer", "-g", "-O1"]
+    # Python's own CFLAGS carry -fwrapv, which defines signed overflow and
+    # so silently turns UBSan's signed-integer-overflow check off; an
+    # overflowing size or offset computation is exactly what we want caught
+    compile_flags.append("-fno-wrapv")
+    # otherwise UBSan prints and carries on, and the test passes; "all"
+    # rather than "undefined" so checks outside that group
+    # (float-cast-overflow) are fatal too
+    compile_flags.append("-fno-sanitize-recover=all")
+    return compile_flags, [san]
+
+
+SAN_COMPILE, SAN_LINK = sanitize_flags()
 NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-Wall,-Wextra",
               "-Xptxas", "-warn-spills,-warn-lmem-usage",
               "-lineinfo"]
@@ -97,7 +130,22 @@ class BuildExt(build_ext):
             ext.library_dirs.append(cuda_lib_dir(nvcc))
             ext.libraries += ["cudart_static", "rt", "pthread", "dl"]
             ext.extra_link_args.append("-lstdc++")
+        self.force_if_flavour_changed(ext)
         super().build_extensions()
+
+    def force_if_flavour_changed(self, ext):
+        """distutils rebuilds by timestamps alone, so switching
+        GEMSOPS_SANITIZE on or off in the same tree would keep the other
+        flavour's objects and module: a sanitized module left in place
+        cannot even be imported without the preloaded runtime."""
+        if SAN_COMPILE:
+            self.force = True
+            return
+        out = Path(self.get_ext_fullpath(ext.name))
+        if out.exists():
+            data = out.read_bytes()
+            if b"__asan_init" in data or b"__ubsan_handle" in data:
+                self.force = True
 
     def compile_cuda(self, nvcc):
         sources = sorted((ROOT / "csrc" / "cuda").glob("*.cu"))
@@ -140,8 +188,8 @@ setup(
         "gemsops._C",
         sources=C_SOURCES,
         include_dirs=["include", "csrc"],
-        extra_compile_args=C_FLAGS,
-        extra_link_args=["-fopenmp"],
+        extra_compile_args=C_FLAGS + SAN_COMPILE,
+        extra_link_args=["-fopenmp"] + SAN_LINK,
     )],
     cmdclass={"build_ext": BuildExt},
 )
