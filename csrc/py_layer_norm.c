@@ -238,6 +238,11 @@ parse_fwd(PyObject *const *args, int with_outputs,
     }
     double eps = PyFloat_AsDouble(args[4]);
     if (eps == -1.0 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s(): argument 'eps' must be float, not %.100s", fn,
+                         Py_TYPE(args[4])->tp_name);
+        }
         return -1;
     }
     /* any value, as torch: a negative or NaN eps gives NaN rows */
