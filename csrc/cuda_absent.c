@@ -93,6 +93,12 @@ gemsops_prod_bwd_workspace_cuda(const struct gemsops_prod_bwd_params *p,
     return GEMSOPS_NO_CUDA(st);
 }
 
+long long
+gemsops_tma_refusals(void)
+{
+    return 0;
+}
+
 int
 gemsops_matmul_cuda(const struct gemsops_matmul_params *p,
                     struct gemsops_matmul_need *need, gemsops_status *st)

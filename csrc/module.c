@@ -1,5 +1,6 @@
 /* gemsops._C: module definition (multi-phase init) and method table. */
 #include "boundary.h"
+#include "gemsops/matmul.h"
 
 PyDoc_STRVAR(cuda_available_doc,
 "cuda_available() -> bool\n\n"
@@ -58,7 +59,22 @@ tensor_info(PyObject *module, PyObject *obj)
                          (unsigned long long)(uintptr_t)t.data);
 }
 
+PyDoc_STRVAR(fallback_counts_doc,
+"fallback_counts() -> dict\n\n"
+"How often this process took a documented fallback instead of failing:\n"
+"tma_refused, matmul launches whose operands the driver would not describe\n"
+"for TMA (they ran the mma mainloop).");
+
+static PyObject *
+fallback_counts(PyObject *module, PyObject *unused)
+{
+    (void)module;
+    (void)unused;
+    return Py_BuildValue("{s:L}", "tma_refused", gemsops_tma_refusals());
+}
+
 static PyMethodDef module_methods[] = {
+    {"fallback_counts", fallback_counts, METH_NOARGS, fallback_counts_doc},
     {"cuda_available", cuda_available, METH_NOARGS, cuda_available_doc},
     {"built_with_cuda", built_with_cuda, METH_NOARGS, built_with_cuda_doc},
     {"tensor_info", tensor_info, METH_O, tensor_info_doc},

@@ -30,6 +30,7 @@
 //
 // Bytes: A and B are read once per tile they feed (tiles_n and tiles_m
 // times), C written once; Stream-K adds 2 x 16 KB per split tile.
+#include <atomic>
 #include <mutex>
 
 #include "common.cuh"
@@ -440,11 +441,16 @@ bool tma_describes(const tma_operand &o)
            stride_ok(o.y_bytes()) && stride_ok(o.z_bytes());
 }
 
+// Layouts that pass tma_describes but that the driver still refuses with
+// CUDA_ERROR_INVALID_VALUE take the mma mainloop, and each is counted
+// (gemsops._C.fallback_counts()); any other failure is an error.
+std::atomic<long long> g_tma_refusals{0};
+
 // Boxes of 64 x box_y, 128-byte swizzle, zero fill past the edges. The
-// caller checked tma_describes and made the device's context current, so
-// a refusal here is an error.
+// caller checked tma_describes and made the device's context current.
+// *refused: the driver refused this layout (counted, not an error).
 int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,
-                   gemsops_status *st)
+                   bool *refused, gemsops_status *st)
 {
     const encode_tiled_fn fn = tensor_map_encoder();
     const cuuint64_t dims[3] = {(cuuint64_t)o.x, (cuuint64_t)o.y,
@@ -461,6 +467,11 @@ int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,
            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    *refused = r == CUDA_ERROR_INVALID_VALUE;
+    if (*refused) {
+        g_tma_refusals.fetch_add(1, std::memory_order_relaxed);
+        return GEMSOPS_OK;
+    }
     if (r != CUDA_SUCCESS) {
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "matmul: cuTensorMapEncodeTiled failed (CUresult "
@@ -582,10 +593,17 @@ int choose(const gemsops_matmul_params *p, kernel_choice *k,
         m = pick_mainloop(&lower, f, l);
     }
     CUtensorMap ta, tb;
-    if (m >= GEMSOPS_MAINLOOP_WGMMA_128 &&
-        (encode_operand(&ta, p->dtype, oa, st) != GEMSOPS_OK ||
-         encode_operand(&tb, p->dtype, ob, st) != GEMSOPS_OK)) {
-        return st->code;
+    if (m >= GEMSOPS_MAINLOOP_WGMMA_128) {
+        bool ra = false, rb = false;
+        if (encode_operand(&ta, p->dtype, oa, &ra, st) != GEMSOPS_OK ||
+            (!ra && encode_operand(&tb, p->dtype, ob, &rb, st) != GEMSOPS_OK)) {
+            return st->code;
+        }
+        if (ra || rb) {
+            gemsops_matmul_params lower = *p;
+            lower.mainloop = GEMSOPS_MAINLOOP_MMA;
+            m = pick_mainloop(&lower, f, l);
+        }
     }
     if (choose_dtype(p->dtype, m, l, k, st) != GEMSOPS_OK) {
         return st->code;
@@ -699,6 +717,11 @@ extern "C" int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
     }
     *mainloop = k.mainloop;
     return GEMSOPS_OK;
+}
+
+extern "C" long long gemsops_tma_refusals(void)
+{
+    return gemsops::g_tma_refusals.load(std::memory_order_relaxed);
 }
 
 extern "C" int gemsops_matmul_cuda(const struct gemsops_matmul_params *p,

@@ -71,6 +71,9 @@ int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
 /* Launches C = A.B. A schedule that splits tiles (Stream-K) needs a
  * workspace and flags: when p->flags is NULL it launches nothing and sets
  * *need (zeros otherwise), so a caller allocates them only when used. */
+/* Launches whose operands TMA was asked to describe and the driver
+ * refused (CUDA_ERROR_INVALID_VALUE): they ran the mma mainloop instead. */
+long long gemsops_tma_refusals(void);
 int gemsops_matmul_cuda(const struct gemsops_matmul_params *p,
                         struct gemsops_matmul_need *need, gemsops_status *st);
 int gemsops_matmul_cpu(const struct gemsops_matmul_params *p,
