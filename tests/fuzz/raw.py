@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from gemsops import _C
 
 from . import oracle
-from .oracle import close, expect_refusal, mm_close, run_raw
-from .tensors import FLOATS, INTS, Guarded, as_torch, describe, to_numpy
+from .oracle import close, expect_refusal, may_refuse, mm_close, run_raw
+from .tensors import (FLOATS, INTS, NP_DTYPES, Guarded, as_torch, describe,
+                      to_numpy)
 
 HALF = (torch.float16, torch.bfloat16)
 # layouts the raw calls take as they are (others may be refused, which is
@@ -20,31 +21,80 @@ HALF = (torch.float16, torch.bfloat16)
 ROW_LAYOUTS = ("contig", "offset")
 
 
-def _maybe_numpy(ctx, t, readonly_ok=True):
+def _maybe_numpy(ctx, t, readonly_ok=True, reversed_ok=True):
     if ctx.numpy_ok and ctx.chance(0.3) and not t.is_neg():
-        return to_numpy(ctx, t, writable=not readonly_ok)
+        return to_numpy(ctx, t, writable=not readonly_ok,
+                        reversed_ok=reversed_ok)
     return t
+
+
+def input_refusal(obj):
+    """The refusal a raw call owes an argument as it is, whatever the
+    others: a torch tensor with the negative bit, an array with a negative
+    stride over a dim of size > 1."""
+    if isinstance(obj, torch.Tensor) and obj.is_neg():
+        return "neg-bit"
+    if isinstance(obj, np.ndarray) and any(
+            st < 0 and n > 1 for st, n in zip(obj.strides, obj.shape)):
+        return "neg-stride"
+    return None
+
+
+def first_refusal(ordered):
+    """ordered: (argument, whether its layout is one the call takes as
+    it is) in the order the C function reads them. None when no argument
+    must be refused; else the refusal kinds that may come first (a layout
+    read before it may be refused first)."""
+    maybe = ()
+    for obj, layout_ok in ordered:
+        k = input_refusal(obj)
+        if k:
+            return maybe + (k,)
+        if not layout_ok:
+            maybe = ("layout",)
+    return None
+
+
+def _query(fn):
+    """A workspace size for a call that may itself be refused (then the
+    call's own refusal is what the case checks)."""
+    try:
+        return fn()
+    except (RuntimeError, ValueError, TypeError, IndexError):
+        return 0
 
 
 def _out(ctx, guards, name, shape, dtype, mutation=None):
     """A guarded output; the mutation may make it strided, NumPy
     read-only, misaligned or of another dtype/shape."""
     strided = mutation == f"{name}-strided"
-    numpy = ctx.numpy_ok and (ctx.chance(0.2) or mutation == f"{name}-readonly")
+    rev = mutation == f"{name}-reversed"
+    negbit = mutation == f"{name}-negbit"
+    numpy = ctx.numpy_ok and (ctx.chance(0.2) or mutation in (
+        f"{name}-readonly", f"{name}-reversed")) and not negbit
     mis = mutation == f"{name}-misaligned"
     if mutation == f"{name}-dtype":
         dtype = ctx.choice([d for d in FLOATS + (torch.int64,) if d != dtype])
     if mutation == f"{name}-shape":
         shape = list(shape) + [2] if ctx.chance(0.5) or not shape else \
             list(shape[:-1]) + [shape[-1] + 1]
-    if (mutation in (f"{name}-readonly", f"{name}-misaligned")
-            and not ctx.numpy_ok):
-        ctx.dropped = True  # NumPy producers only on the CPU
-        mis = False
+    if (mutation in (f"{name}-readonly", f"{name}-misaligned",
+                     f"{name}-reversed")
+            and (not ctx.numpy_ok or dtype not in NP_DTYPES)):
+        ctx.dropped = True  # NumPy producers only: on the CPU, not bf16
+        mis = rev = False
+    if strided and math.prod(shape) <= 1 or rev and (
+            not shape or shape[0] <= 1):
+        ctx.dropped = True  # nothing to step over: a valid output
+        strided = rev = False
     g = Guarded(ctx, shape, dtype, strided=strided, numpy=numpy or mis,
                 misalign=mis)
     if mutation == f"{name}-readonly" and g.numpy:
         g.view.flags.writeable = False
+    if rev and g.numpy:
+        g.view = g.view[::-1]  # the same bytes, a negative stride
+    if negbit and not g.numpy:
+        g.view = torch._neg_view(g.view)
     guards[name] = g
     ctx.note(f"  {name} = {describe(g.view)} (guarded)")
     return g.view
@@ -87,14 +137,18 @@ def _ln_setup(ctx):
 
 def _c_ln_fwd(ctx):
     dtype, shape, nd, pshape, x, lay, w, b, rows, sd = _ln_setup(ctx)
-    eps = ctx.choice([1e-5, 1e-3, 0.0])
+    # any eps computes as torch's (negative or NaN: NaN rows)
+    eps = ctx.choice([1e-5, 1e-3, 0.0] * 3 + [-1e-3, float("nan")])
     mut = _pick(ctx, ["out-dtype", "out-shape", "out-strided", "out-readonly",
-                      "out-misaligned", "mean-dtype", "mean-shape",
+                      "out-misaligned", "out-reversed", "out-negbit",
+                      "mean-dtype", "mean-shape",
                       "out-overlaps-input", "mean-overlaps-rstd", "nd-0",
-                      "nd-big", "eps-neg", "eps-nan", "weight-dtype",
+                      "nd-big", "nd-float", "eps-str", "weight-dtype",
                       "weight-shape", "ws-dtype", "input-int", "stats-half",
-                      "not-tensor"], x.numel(), p=ctx.row_only)
-    xp = _maybe_numpy(ctx, x)
+                      "not-tensor", "arg-count"], x.numel(), p=ctx.row_only)
+    if mut == "out-strided" and math.prod(pshape) <= 1:
+        mut = None  # one element per row: any row stride is a layout
+    xp = _maybe_numpy(ctx, x, reversed_ok=not mut)
     guards = {}
     out = _out(ctx, guards, "out", shape, dtype, mut)
     want_stats = ctx.chance(0.8) or mut in ("mean-dtype", "mean-shape",
@@ -103,7 +157,7 @@ def _c_ln_fwd(ctx):
     rstd = _out(ctx, guards, "rstd", [rows], sd, mut) if want_stats else None
     ws = None
     if x.is_cuda:
-        need = _C.layer_norm_fwd_workspace(x, w, b, nd)
+        need = _query(lambda: _C.layer_norm_fwd_workspace(x, w, b, nd))
         if need:
             g = Guarded(ctx, [need], torch.uint8)
             g.view.zero_()
@@ -119,10 +173,10 @@ def _c_ln_fwd(ctx):
         a["nd"] = 0
     elif mut == "nd-big":
         a["nd"] = len(shape) + 1
-    elif mut == "eps-neg":
-        a["eps"] = -1e-3
-    elif mut == "eps-nan":
-        a["eps"] = float("nan")
+    elif mut == "nd-float":
+        a["nd"] = float(nd)
+    elif mut == "eps-str":
+        a["eps"] = str(eps)
     elif mut == "weight-dtype" and w is not None:
         a["w"] = w.to(torch.float64 if w.dtype != torch.float64
                       else torch.float32)
@@ -136,6 +190,8 @@ def _c_ln_fwd(ctx):
         a["mean"] = torch.empty(rows, dtype=torch.float16, device=x.device)
     elif mut == "not-tensor":
         a["x"] = [1.0, 2.0]
+    elif mut == "arg-count":
+        pass
     elif mut and (not mut.startswith(("out-", "mean-")) or mut in (
             "out-overlaps-input", "mean-overlaps-rstd")):
         mut = None  # the mutation does not apply to this case
@@ -149,13 +205,18 @@ def _c_ln_fwd(ctx):
         ctx.describe(k, a[k])
 
     def call():
-        return _C.layer_norm_fwd(a["x"], a["w"], a["b"], a["nd"], a["eps"],
-                                 a["out"], a["mean"], a["rstd"], a["ws"])
+        args = [a["x"], a["w"], a["b"], a["nd"], a["eps"], a["out"],
+                a["mean"], a["rstd"], a["ws"]]
+        return _C.layer_norm_fwd(*args[:-1] if mut == "arg-count" else args)
     inputs = [t for t in (xp, w, b) if t is not None]
+    row_ok = lay in ROW_LAYOUTS or isinstance(xp, np.ndarray)
     if mut:
         expect_refusal(ctx, call, guards, inputs, mut)
-    if lay not in ROW_LAYOUTS:
-        try_refusal(ctx, call, guards, inputs, f"input layout {lay}")
+    pre = first_refusal([(xp, row_ok)])
+    if pre:
+        expect_refusal(ctx, call, guards, inputs, f"input layout {lay}", pre)
+    if not row_ok:
+        may_refuse(ctx, call, guards, inputs, f"input layout {lay}")
     run_raw(ctx, call, guards, inputs)
     ref = torch.native_layer_norm(x.double(), pshape,
                                   None if w is None else w.double(),
@@ -166,25 +227,25 @@ def _c_ln_fwd(ctx):
           theirs, dtype, torch_slack=2.0)
     if want_stats:
         for name, r in (("mean", ref[1]), ("rstd", ref[2])):
-            o = as_torch(guards[name].result())
+            o = as_torch(guards[name].result()).reshape(-1)
+            _written(name, o, r.reshape(-1))
             close(name, o, r.reshape(-1), None, sd)
 
 
-def try_refusal(ctx, call, guards, inputs, what):
-    """A call the raw API may refuse (layouts the Python layer copies):
-    a refusal is fine; acceptance goes on to the value checks."""
-    from .tensors import snapshot
-    snap = snapshot(inputs)
-    try:
-        call()
-    except (TypeError, ValueError) as e:
-        ctx.note(f"  gemsops: {type(e).__name__}: {e}")
-        oracle._no_writes(guards, snap, refused=True)
-        raise oracle.ExpectedRefusal(f"{what}: {type(e).__name__}")
-    except Exception as e:  # noqa: BLE001
-        raise oracle.ExceptionMismatch(f"{what}: {oracle._exc(e)}")
-    oracle._no_writes(guards, snap, refused=False)
-    return True
+def _written(name, ours, ref):
+    """Outputs start as NaN (the poison): a NaN where the float64
+    reference is finite is an element left unwritten (or a wrong one)."""
+    o, r = ours.detach().cpu(), ref.detach().cpu()
+    if not o.is_floating_point():
+        return
+    if o.numel() == r.numel():
+        o, r = o.reshape(-1), r.reshape(-1)
+    bad = torch.isnan(o) & torch.isfinite(r)
+    if bad.any():
+        i = bad.nonzero()[0].tolist()
+        raise oracle.WrongAnswer(
+            f"{name}: NaN where the reference is finite ({int(bad.sum())} "
+            f"of {o.numel()}); first at {i}: reference {r[tuple(i)].item()!r}")
 
 
 def _torch_or_none(fn):
@@ -207,9 +268,13 @@ def _c_ln_bwd(ctx):
             w is not None and b is not None and ctx.chance(0.8)]
     mut = _pick(ctx, ["grad_input-dtype", "grad_input-shape",
                       "grad_input-strided", "grad_input-readonly",
+                      "grad_input-reversed", "grad_input-negbit",
                       "grad_weight-dtype", "grad_weight-shape",
-                      "gi-overlaps-g", "mean-size", "dw-without-w", "nd-0"],
+                      "gi-overlaps-g", "mean-size", "dw-without-w", "nd-0",
+                      "nd-float", "arg-count"],
                 x.numel(), p=ctx.row_only)
+    if mut == "grad_input-strided" and math.prod(pshape) <= 1:
+        mut = None  # one element per row: any row stride is a layout
     guards = {}
     pdt = w.dtype if w is not None else dtype
     gi = _out(ctx, guards, "grad_input", shape, dtype, mut) \
@@ -221,43 +286,53 @@ def _c_ln_bwd(ctx):
         mut = "dw-without-w"
     ws = None
     if x.is_cuda:
-        need = _C.layer_norm_bwd_workspace(x, w, nd, det, gi is not None,
-                                           gw is not None, gb is not None)
+        need = _query(lambda: _C.layer_norm_bwd_workspace(
+            x, w, nd, det, gi is not None, gw is not None, gb is not None))
         if need:
             gg = Guarded(ctx, [need], torch.uint8)
             guards["workspace"], ws = gg, gg.view
-    a = dict(g=_maybe_numpy(ctx, g), x=_maybe_numpy(ctx, x), w=w, nd=nd,
+    a = dict(g=_maybe_numpy(ctx, g, reversed_ok=not mut),
+             x=_maybe_numpy(ctx, x, reversed_ok=not mut), w=w, nd=nd,
              det=det, mean=mean, rstd=rstd, gi=gi, gw=gw, gb=gb, ws=ws)
     if mut == "gi-overlaps-g" and isinstance(a["g"], torch.Tensor) and gi is not None:
         a["gi"] = a["g"]
     elif mut == "mean-size":
-        a["mean"] = mean[:-1] if rows else torch.zeros(1, dtype=sd)
+        a["mean"] = mean[:-1] if rows else torch.zeros(1, dtype=sd,
+                                                       device=x.device)
     elif mut == "dw-without-w" and gw is not None:
         a["w"] = None
     elif mut == "nd-0":
         a["nd"] = 0
+    elif mut == "nd-float":
+        a["nd"] = float(nd)
     elif mut in ("gi-overlaps-g", "dw-without-w", "mean-size") or (
             mut and mut.startswith("grad_input") and gi is None):
         mut = None
     if getattr(ctx, "dropped", False):
         mut = None
-    for k in ("x", "g"):
-        if isinstance(a[k], np.ndarray) and any(s < 0 for s in a[k].strides):
-            lay = "numpy-reversed"
     ctx.note(f"_C.layer_norm_bwd(g, x, w, nd={a['nd']}, det={det}, mean, "
              f"rstd, gi, gw, gb, ws) mutation={mut or '-'}")
     for k in ("g", "x", "w", "mean", "rstd"):
         ctx.describe(k, a[k])
 
     def call():
-        return _C.layer_norm_bwd(a["g"], a["x"], a["w"], a["nd"], a["det"],
-                                 a["mean"], a["rstd"], a["gi"], a["gw"],
-                                 a["gb"], a["ws"])
+        args = [a["g"], a["x"], a["w"], a["nd"], a["det"], a["mean"],
+                a["rstd"], a["gi"], a["gw"], a["gb"], a["ws"]]
+        if mut == "arg-count":
+            args = args[:3]
+        return _C.layer_norm_bwd(*args)
     inputs = [t for t in (a["g"], a["x"], w, mean, rstd) if t is not None]
+    x_ok = lay in ROW_LAYOUTS or isinstance(a["x"], np.ndarray)
+    g_ok = glay in ROW_LAYOUTS or isinstance(a["g"], np.ndarray)
+    what = f"layouts x={lay} g={glay}"
     if mut:
         expect_refusal(ctx, call, guards, inputs, mut)
-    if lay not in ROW_LAYOUTS or glay not in ROW_LAYOUTS:
-        try_refusal(ctx, call, guards, inputs, f"layouts x={lay} g={glay}")
+    # C reads input (and weight) before grad_out
+    pre = first_refusal([(a["x"], x_ok), (a["g"], g_ok)])
+    if pre:
+        expect_refusal(ctx, call, guards, inputs, what, pre)
+    if not (x_ok and g_ok):
+        may_refuse(ctx, call, guards, inputs, what)
     run_raw(ctx, call, guards, inputs)
     ref = torch.ops.aten.native_layer_norm_backward(
         g.double(), x.double(), pshape, mean.double().view(-1, *[1] * nd)
@@ -268,6 +343,10 @@ def _c_ln_bwd(ctx):
     for name, r in zip(("grad_input", "grad_weight", "grad_bias"), ref):
         if name in guards and r is not None:
             o = as_torch(guards[name].result())
+            if not rows and name != "grad_input" and not torch.equal(
+                    o.cpu(), torch.zeros_like(o.cpu())):
+                raise oracle.WrongAnswer(f"{name}: not zeros over no rows")
+            _written(name, o, r)
             close(name, o.to(r.device), r, None, o.dtype,
                   reduce_len=rows if name != "grad_input" else 1)
 
@@ -277,16 +356,21 @@ def case_c_prod(ctx):
     dtype = ctx.choice(FLOATS * 2 + INTS + (torch.bool,))
     ndim = ctx.rng.randint(1, 4)
     shape = ctx.shape(ndim, budget=ctx.choice([2000, 20000, 200000]))
-    x, lay = ctx.tensor(shape, dtype, kind="near_one")
     dim = None if ctx.chance(0.3) else ctx.rng.randrange(ndim)
     bwd = dtype.is_floating_point and ctx.chance(0.4)
     kept = [] if dim is None else shape[:dim] + shape[dim + 1:]
     odt = dtype if dtype.is_floating_point else torch.int64
     mut = _pick(ctx, ["out-dtype", "out-shape", "out-strided", "out-readonly",
-                      "out-misaligned", "dim-neg", "dim-big", "dim-float",
-                      "ws-dtype", "out-overlaps-input", "complex"],
-                x.numel())
-    xp = _maybe_numpy(ctx, x)
+                      "out-misaligned", "out-reversed", "out-negbit",
+                      "dim-neg", "dim-big", "dim-huge", "dim-float",
+                      "ws-dtype", "out-overlaps-input", "complex",
+                      "arg-count"], math.prod(shape))
+    # a mutated call's other arguments are ones it takes as they are
+    cuda_bwd = bwd and ctx.device != "cpu"
+    x, lay = ctx.tensor(shape, dtype, kind="near_one", neg_ok=not mut,
+                        layout=ctx.choice(["contig", "offset"])
+                        if mut and cuda_bwd else None)
+    xp = _maybe_numpy(ctx, x, reversed_ok=not mut)
     guards = {}
     if bwd:
         g, _ = ctx.tensor(kept, dtype, kind="near_one", layout="contig",
@@ -297,7 +381,7 @@ def case_c_prod(ctx):
     a = dict(x=xp, dim=dim, out=out, ws=None)
     if x.is_cuda:
         q = _C.prod_bwd_workspace if bwd else _C.prod_workspace
-        need = q(x, dim)
+        need = _query(lambda: q(x, dim))
         if need:
             gg = Guarded(ctx, [need], torch.uint8)
             guards["workspace"], a["ws"] = gg, gg.view
@@ -305,8 +389,12 @@ def case_c_prod(ctx):
         a["dim"] = -1
     elif mut == "dim-big":
         a["dim"] = ndim + ctx.choice([0, 3, 2**40])
+    elif mut == "dim-huge":
+        a["dim"] = 2**64
     elif mut == "dim-float":
         a["dim"] = 0.0
+    elif mut == "arg-count":
+        pass
     elif mut == "ws-dtype":
         a["ws"] = torch.zeros(8, dtype=torch.int32, device=x.device)
     elif mut == "out-overlaps-input" and isinstance(xp, torch.Tensor) and (
@@ -328,14 +416,21 @@ def case_c_prod(ctx):
 
     def call():
         if bwd:
-            return _C.prod_bwd(a["x"], a["dim"], g, a["out"], a["ws"])
-        return _C.prod(a["x"], a["dim"], a["out"], a["ws"])
+            args = [a["x"], a["dim"], g, a["out"], a["ws"]]
+            return _C.prod_bwd(*args[:-1] if mut == "arg-count" else args)
+        args = [a["x"], a["dim"], a["out"], a["ws"]]
+        return _C.prod(*args[:-1] if mut == "arg-count" else args)
     if bwd:
         ctx.describe("grad_out", g)
-        if x.is_cuda and lay != "contig":
-            try_refusal(ctx, call, guards, inputs, "CUDA prod_bwd layout")
+    # CUDA prod_bwd takes a contiguous input only
+    x_ok = not (x.is_cuda and bwd and not x.is_contiguous())
     if mut:
         expect_refusal(ctx, call, guards, inputs, mut)
+    pre = first_refusal([(xp, x_ok)])
+    if pre:
+        expect_refusal(ctx, call, guards, inputs, f"input layout {lay}", pre)
+    if not x_ok:
+        may_refuse(ctx, call, guards, inputs, "CUDA prod_bwd layout")
     run_raw(ctx, call, guards, inputs)
     o = as_torch(guards["out"].result()).to(x.device)
     chain = x.numel() if dim is None else shape[dim]
@@ -370,12 +465,15 @@ def case_c_matmul(ctx):
     two, ctas, loop = ctx.chance(0.3), ctx.choice([0, 1, 2, 5]), \
         ctx.choice([0, 1, 2])
     mut = _pick(ctx, ["out-dtype", "out-shape", "out-strided", "out-readonly",
-                      "out-misaligned", "sched-bad", "ctas-neg", "k-mismatch",
-                      "epoch-neg", "out-overlaps-input", "rank-4"],
+                      "out-misaligned", "out-reversed", "out-negbit",
+                      "sched-bad", "ctas-neg", "k-mismatch", "int-huge",
+                      "epoch-neg", "out-overlaps-input", "rank-4",
+                      "arg-count"],
                 m * n, p=0.35)
     guards = {}
     out = _out(ctx, guards, "out", sa[:-1] + [n], dtype, mut)
-    ap, bp = _maybe_numpy(ctx, a), _maybe_numpy(ctx, b)
+    ap = _maybe_numpy(ctx, a, reversed_ok=not mut)
+    bp = _maybe_numpy(ctx, b, reversed_ok=not mut)
     args = dict(a=ap, b=bp, out=out, sched=sched, two=two, ctas=ctas,
                 loop=loop, epoch=0)
     if mut == "sched-bad":
@@ -387,6 +485,10 @@ def case_c_matmul(ctx):
                                 device=a.device)
     elif mut == "epoch-neg":
         args["epoch"] = -1
+    elif mut == "int-huge":
+        args[ctx.choice(["sched", "ctas", "loop"])] = 2**64
+    elif mut == "arg-count":
+        pass
     elif mut == "out-overlaps-input" and isinstance(ap, torch.Tensor) and \
             ap.is_contiguous() and m == k == n:
         args["out"] = ap
@@ -404,19 +506,23 @@ def case_c_matmul(ctx):
     inputs = [ap, bp]
 
     def call():
-        return _C.matmul(args["a"], args["b"], args["out"], args["sched"],
-                         args["two"], args["ctas"], args["loop"], None, None,
-                         args["epoch"], 0, None)
+        c = [args["a"], args["b"], args["out"], args["sched"], args["two"],
+             args["ctas"], args["loop"], None, None, args["epoch"], 0, None]
+        return _C.matmul(*c[:-1] if mut == "arg-count" else c)
 
     def plan():
-        return _C.matmul_plan(args["a"], args["b"], args["out"],
-                              args["sched"], args["two"], args["ctas"],
-                              args["loop"])
+        c = [args["a"], args["b"], args["out"], args["sched"], args["two"],
+             args["ctas"], args["loop"]]
+        return _C.matmul_plan(*c[:-1] if mut == "arg-count" else c)
     if mut:
-        if ctx.chance(0.3) and mut in ("sched-bad", "ctas-neg", "k-mismatch",
-                                       "rank-4", "out-shape", "out-dtype"):
+        if ctx.chance(0.3) and mut != "epoch-neg":  # plan takes no epoch
             expect_refusal(ctx, plan, guards, inputs, "plan: " + mut)
         expect_refusal(ctx, call, guards, inputs, mut)
+    pre = first_refusal([(ap, True), (bp, True)])  # any strides >= 0
+    if pre:
+        if ctx.chance(0.3):
+            expect_refusal(ctx, plan, guards, inputs, "plan: operands", pre)
+        expect_refusal(ctx, call, guards, inputs, "operands", pre)
     p = run_raw(ctx, plan, guards, inputs)
     if not isinstance(p, dict):
         raise oracle.WrongAnswer(f"matmul_plan returned {type(p).__name__}")
@@ -445,6 +551,10 @@ def case_c_misc(ctx):
     obj = _maybe_numpy(ctx, t) if ctx.chance(0.6) else t
     ctx.note(f"_C.tensor_info(obj) layout={lay}")
     ctx.describe("obj", obj)
+    pre = first_refusal([(obj, True)])
+    if pre:  # the negative bit, negative strides: refused everywhere
+        expect_refusal(ctx, lambda: _C.tensor_info(obj), {}, [obj],
+                       "tensor_info", pre)
     info = run_raw(ctx, lambda: _C.tensor_info(obj), {}, [obj])
     if isinstance(obj, np.ndarray):
         want_shape = tuple(obj.shape)
@@ -462,11 +572,9 @@ def case_c_misc(ctx):
     if got != (want_shape, want_strides, addr):
         raise oracle.WrongAnswer(f"tensor_info: {got} != "
                                  f"{(want_shape, want_strides, addr)}")
-    if isinstance(obj, torch.Tensor) and obj.is_neg():
-        raise oracle.WrongAnswer("tensor_info accepted a tensor with the "
-                                 "negative bit set (its memory holds -x)")
     q = ctx.choice(["ln_fwd", "ln_bwd", "prod", "prod_bwd"])
     nd = ctx.choice([1, len(shape), len(shape) + 1, 0])
+    d = None
     if q == "ln_fwd":
         call = lambda: _C.layer_norm_fwd_workspace(obj, None, None, nd)  # noqa
     elif q == "ln_bwd":
@@ -476,11 +584,20 @@ def case_c_misc(ctx):
         d = ctx.choice([None, 0, len(shape) - 1, len(shape), -1])
         f = _C.prod_workspace if q == "prod" else _C.prod_bwd_workspace
         call = lambda: f(obj, d)  # noqa: E731
-    ctx.note(f"  workspace query {q} nd={nd}")
-    try:
-        r = call()
-    except (TypeError, ValueError, IndexError) as e:
-        raise oracle.ExpectedRefusal(f"workspace query: {type(e).__name__}") \
-            from e
+    ctx.note(f"  workspace query {q} nd={nd} dim={d}")
+    # the query checks what the call would: the table's refusals
+    if q.startswith("ln"):
+        if not dtype.is_floating_point:
+            expect_refusal(ctx, call, {}, [obj], f"{q} workspace: {dtype}",
+                           "unsupported-dtype")
+        if not 1 <= nd <= len(shape):
+            expect_refusal(ctx, call, {}, [obj], f"{q} workspace: nd={nd}",
+                           "ndim")
+        if lay not in ROW_LAYOUTS and not isinstance(obj, np.ndarray):
+            may_refuse(ctx, call, {}, [obj], f"{q} workspace: layout {lay}")
+    elif d is not None and not 0 <= d < len(shape):
+        expect_refusal(ctx, call, {}, [obj], f"{q} workspace: dim={d}",
+                       "dim-range")
+    r = run_raw(ctx, call, {}, [obj])
     if not isinstance(r, int) or r < 0 or (t.device.type == "cpu" and r):
         raise oracle.WrongAnswer(f"workspace query {q} returned {r!r}")

@@ -84,16 +84,37 @@ def run_case(seed, index, device, ops, verbose=False):
     return res
 
 
+# A fresh worker's first case also pays for its start (spawn, importing
+# torch) and, on CUDA, for the context and the first launches: it gets
+# this much more time before it counts as a hang.
+STARTUP_GRACE = {"cpu": 30.0, "cuda": 120.0}
+
+
 def _worker(conn, device, ops):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     torch.set_num_threads(1)
+    if device == "cuda":  # CUDA starts here, in the worker, never the parent
+        torch.cuda.init()
+        torch.empty(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
     while True:
         job = conn.recv()
         if job is None:
             return
         seed, index = job
-        conn.send(run_case(seed, index, device, ops))
+        res = run_case(seed, index, device, ops)
+        if device == "cuda":
+            # an asynchronous fault (illegal address, a trap) is sticky:
+            # it is this case's, and the worker must not run another
+            try:
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001
+                res.update(kind="crash", restart=True, message=(
+                    f"CUDA error after the case: {e}")[:600])
+        conn.send(res)
+        if res.get("restart"):
+            return
 
 
 class _Slot:
@@ -105,10 +126,15 @@ class _Slot:
         child.close()
         self.job = None
         self.started = 0.0
+        self.first = True
+        self.grace = STARTUP_GRACE.get(device, 30.0)
 
     def give(self, job):
         self.job, self.started = job, time.monotonic()
         self.conn.send(job)
+
+    def limit(self, timeout):
+        return timeout + (self.grace if self.first else 0.0)
 
     def stop(self):
         try:
@@ -146,7 +172,7 @@ def run_batch(seed, indices, device, ops, workers=2, timeout=60.0,
                 if s.job is None and todo:
                     s.give((seed, todo.popleft()))
             busy = [s for s in slots if s.job]
-            deadline = min(s.started + timeout for s in busy)
+            deadline = min(s.started + s.limit(timeout) for s in busy)
             ready = multiprocessing.connection.wait(
                 [s.conn for s in busy] + [s.proc.sentinel for s in busy],
                 max(0.0, deadline - time.monotonic()))
@@ -159,19 +185,23 @@ def run_batch(seed, indices, device, ops, workers=2, timeout=60.0,
                     try:
                         res = s.conn.recv()
                         results[index] = res
-                        s.job = None
+                        s.job, s.first = None, False
                         if progress:
                             progress(res)
+                        if res.pop("restart", False):
+                            s.stop()
+                            slots[i] = _Slot(mp, device, ops)
                         continue
                     except (EOFError, OSError):
                         pass
                 if s.proc.sentinel in ready or not s.proc.is_alive():
                     s.proc.join(1)
                     kind, msg = "crash", _died(s.proc.exitcode)
-                elif time.monotonic() - s.started > timeout:
+                elif time.monotonic() - s.started > s.limit(timeout):
                     s.proc.kill()
                     s.proc.join(5)
-                    kind, msg = "hang", f"no result after {timeout:g} s"
+                    kind, msg = "hang", (f"no result after "
+                                         f"{s.limit(timeout):g} s")
                 if kind:
                     fam = family_of(Ctx(seed, index, device), ops)
                     res = dict(seed=seed, index=index, device=device,

@@ -95,9 +95,10 @@ class Ctx:
 
     # ----- layouts -----
     def tensor(self, shape, dtype, kind="normal", layout=None, nonfinite=0.05,
-               device=None):
+               device=None, neg_ok=True):
         """A torch tensor of `shape` holding random values in a random
-        layout; returns (tensor, layout name)."""
+        layout (neg_ok=False: none with the negative bit); returns (tensor,
+        layout name)."""
         device = device or self.device
         shape = list(shape)
         vals = self.values(shape, dtype, kind, nonfinite)
@@ -107,7 +108,7 @@ class Ctx:
                 opts.append("expand")
             if len(shape) == 4:
                 opts.append("channels_last")
-            if dtype in (torch.float32, torch.float64):
+            if dtype in (torch.float32, torch.float64) and neg_ok:
                 opts += ["neg", "conj"]
             layout = self.choice(opts)
         t = place(self, vals, dtype, layout, device)
@@ -188,13 +189,14 @@ def describe(t):
     return repr(t)
 
 
-def to_numpy(ctx, t, writable=True):
-    """A NumPy producer holding t's values (CPU): plain, reversed strides,
-    read-only, frombuffer(bytes) or read-only memmap. Returns the array."""
+def to_numpy(ctx, t, writable=True, reversed_ok=True):
+    """A NumPy producer holding t's values (CPU): plain, reversed strides
+    (unless reversed_ok is False), read-only, frombuffer(bytes) or
+    read-only memmap. Returns the array."""
     if t.dtype not in NP_DTYPES or t.is_neg():
         return t
     a = t.detach().resolve_neg().contiguous().numpy().copy()
-    kinds = ["plain", "reversed"]
+    kinds = ["plain", "reversed"] if reversed_ok else ["plain"]
     if not writable:
         kinds += ["readonly", "frombuffer", "memmap"]
     kind = ctx.choice(kinds)
