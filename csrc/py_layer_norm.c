@@ -168,6 +168,10 @@ parse_nd(PyObject *obj, const struct gemsops_tensor *x, const char *fn,
 {
     long v = PyLong_AsLong(obj);
     if (v == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Format(PyExc_RuntimeError, "%s(): normalized_ndim=%R must "
+                         "be in [1, %d]", fn, obj, x->ndim);
+        }
         return -1;
     }
     if (v < 1 || v > x->ndim) {
@@ -305,7 +309,7 @@ layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (parse_fwd(args, 1, &p, &x)) {
         return NULL;
     }
-    if (p.rows * p.cols == 0) {
+    if (p.rows == 0 || (p.cols == 0 && p.mean == NULL)) {
         Py_RETURN_NONE;
     }
     gemsops_status st = {GEMSOPS_OK, ""};

@@ -9,6 +9,21 @@
 
 #include <string.h>
 
+/* 2-D or 3-D, on a backend gemsops runs, aligned (out: the dtype is
+ * checked against a's below). */
+static int
+check_layout(const struct gemsops_tensor *t, const char *fn, const char *arg)
+{
+    if (t->ndim != 2 && t->ndim != 3) {
+        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' must be 2-D "
+                     "[rows, cols] or 3-D [batch, rows, cols], got %d dims",
+                     fn, arg, t->ndim);
+        return -1;
+    }
+    return gemsops_check_backend(t, fn, arg) ||
+           gemsops_check_aligned(t, fn, arg);
+}
+
 static int
 check_operand(const struct gemsops_tensor *t, const char *fn, const char *arg)
 {
@@ -35,6 +50,10 @@ parse_ll(PyObject *o, const char *fn, const char *arg, long long lo,
 {
     *v = PyLong_AsLongLong(o);
     if (*v == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Format(PyExc_ValueError, "%s(): argument '%s'=%R is out "
+                         "of range [%lld, %lld]", fn, arg, o, lo, hi);
+        }
         return -1;
     }
     if (*v < lo || *v > hi) {
@@ -71,7 +90,7 @@ parse_problem(PyObject *const *args, const char *fn,
         gemsops_tensor_from_object(args[1], fn, "b", b, NULL) ||
         check_operand(b, fn, "b") ||
         gemsops_output_from_object(args[2], fn, "out", c) ||
-        check_operand(c, fn, "out") ||
+        check_layout(c, fn, "out") ||
         parse_ll(args[3], fn, "schedule", 0, 3, &mode) ||
         parse_ll(args[4], fn, "two_tiles", 0, 1, &two) ||
         parse_ll(args[5], fn, "ctas", 0, 1LL << 20, &ctas) ||

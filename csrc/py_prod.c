@@ -17,6 +17,10 @@ parse_dim(PyObject *obj, const struct gemsops_tensor *x, const char *fn,
     }
     long d = PyLong_AsLong(obj);
     if (d == -1 && PyErr_Occurred()) {
+        if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
+            PyErr_Format(PyExc_IndexError, "%s(): dim=%R is out of range "
+                         "for a tensor of %d dimensions", fn, obj, x->ndim);
+        }
         return -1;
     }
     if (d < 0 || d >= x->ndim) {

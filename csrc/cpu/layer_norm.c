@@ -120,6 +120,13 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
 {
     const int64_t n = p->cols;
     const size_t es = gemsops_dtype_size(p->dtype);
+    if (n == 0) { /* rows of no elements: mean 0, rstd NaN, as torch */
+        for (int64_t r = 0; p->mean != NULL && r < p->rows; r++) {
+            gemsops_store_f64(p->mean, stats_dtype(p->dtype), r, 0.0);
+            gemsops_store_f64(p->rstd, stats_dtype(p->dtype), r, NAN);
+        }
+        return GEMSOPS_OK;
+    }
     double *w = load_param(p->weight, p->param_dtype, n, 1.0);
     double *b = load_param(p->bias, p->param_dtype, n, 0.0);
     int failed = w == NULL || b == NULL;

@@ -514,6 +514,21 @@ int dispatch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 extern "C" int gemsops_layer_norm_fwd_cuda(
     const struct gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
+    if (p->cols == 0) {
+        // rows of no elements: mean 0 and rstd NaN (all-ones bytes), as
+        // torch reports them; there is no output element to write
+        if (p->rows == 0 || p->mean == nullptr) {
+            return GEMSOPS_OK;
+        }
+        gemsops::device_guard guard;
+        GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
+        const size_t bytes =
+            p->rows * (p->dtype == GEMSOPS_FLOAT64 ? 8 : 4);
+        cudaStream_t stream = (cudaStream_t)p->stream;
+        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->mean, 0, bytes, stream));
+        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->rstd, 0xff, bytes, stream));
+        return GEMSOPS_OK;
+    }
     return gemsops::dispatch(p, st);
 }
 
