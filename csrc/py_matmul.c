@@ -27,12 +27,6 @@ check_layout(const struct gemsops_tensor *t, const char *fn, const char *arg)
 static int
 check_operand(const struct gemsops_tensor *t, const char *fn, const char *arg)
 {
-    if (t->ndim != 2 && t->ndim != 3) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' must be 2-D "
-                     "[rows, cols] or 3-D [batch, rows, cols], got %d dims",
-                     fn, arg, t->ndim);
-        return -1;
-    }
     if (t->dtype != GEMSOPS_FLOAT16 && t->dtype != GEMSOPS_BFLOAT16 &&
         t->dtype != GEMSOPS_FLOAT32) {
         PyErr_Format(PyExc_NotImplementedError, "%s(): argument '%s' has dtype %s; "
@@ -40,8 +34,7 @@ check_operand(const struct gemsops_tensor *t, const char *fn, const char *arg)
                      fn, arg, gemsops_dtype_name(t->dtype));
         return -1;
     }
-    return gemsops_check_backend(t, fn, arg) ||
-           gemsops_check_aligned(t, fn, arg);
+    return check_layout(t, fn, arg);
 }
 
 static int
