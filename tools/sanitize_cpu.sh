@@ -42,14 +42,21 @@ echo "sanitize_cpu: built with -fsanitize=$SANITIZE in $(( $(date +%s) - t0 )) s
 # first on its own; it must be, to intercept malloc before anything
 # allocates. libubsan needs no preload: it comes in as the module's
 # DT_NEEDED and works from there.
+# libstdc++ is preloaded right after it: ASan looks up the real __cxa_throw
+# once, when it starts, and Python does not link libstdc++; without it the
+# first C++ exception torch throws (any TORCH_CHECK) aborts inside ASan's
+# interceptor.
 preload=
 case ",$SANITIZE," in
-    *,address,*) preload=$(gcc -print-file-name=libasan.so) ;;
+    *,address,*)
+        preload="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so.6)" ;;
 esac
-if [ -n "$preload" ] && [ ! -e "$preload" ]; then
-    echo "sanitize_cpu: gcc has no libasan.so ($preload)" >&2
-    exit 1
-fi
+for lib in $preload; do
+    if [ ! -e "$lib" ]; then
+        echo "sanitize_cpu: gcc has no $lib" >&2
+        exit 1
+    fi
+done
 
 # detect_leaks=0: CPython never frees its interned objects, arenas and
 # type caches at exit, and torch keeps global allocators and registries
