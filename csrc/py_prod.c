@@ -56,6 +56,18 @@ check_input(const struct gemsops_tensor *x, const char *fn)
 }
 
 /* numel of the output: the kept dims' product (1 for the full product) */
+/* Only floating point inputs have gradients (torch: RuntimeError). */
+static int
+check_has_grad(const struct gemsops_tensor *x, const char *fn)
+{
+    if (is_float(x->dtype)) {
+        return 0;
+    }
+    PyErr_Format(PyExc_RuntimeError, "%s(): only floating point inputs "
+                 "have gradients, got %s", fn, gemsops_dtype_name(x->dtype));
+    return -1;
+}
+
 static int64_t
 kept_numel(const struct gemsops_tensor *x, int dim)
 {
@@ -190,17 +202,12 @@ prod_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     struct gemsops_tensor g, gi, ws;
     memset(&p, 0, sizeof p);
     if (gemsops_tensor_from_object(args[0], fn, "input", &p.x, &p.stream) ||
-        check_input(&p.x, fn) || parse_dim(args[1], &p.x, fn, &p.dim) ||
+        check_input(&p.x, fn) || check_has_grad(&p.x, fn) ||
+        parse_dim(args[1], &p.x, fn, &p.dim) ||
         gemsops_tensor_from_object(args[2], fn, "grad_out", &g, NULL) ||
         gemsops_output_from_object(args[3], fn, "grad_in", &gi) ||
         parse_workspace(args[4], &p.x, fn, &ws, &p.workspace,
                         &p.workspace_bytes)) {
-        return NULL;
-    }
-    if (!is_float(p.x.dtype)) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): only floating point inputs "
-                     "have gradients, got %s", fn,
-                     gemsops_dtype_name(p.x.dtype));
         return NULL;
     }
     const struct gemsops_tensor *w[] = {&gi, &ws};
@@ -251,7 +258,8 @@ workspace_query(PyObject *const *args, Py_ssize_t nargs, int backward)
     struct gemsops_tensor x;
     int dim;
     if (gemsops_tensor_from_object(args[0], fn, "input", &x, NULL) ||
-        check_input(&x, fn) || parse_dim(args[1], &x, fn, &dim)) {
+        check_input(&x, fn) || parse_dim(args[1], &x, fn, &dim) ||
+        (backward && check_has_grad(&x, fn))) {
         return NULL;
     }
     if (x.device_type != GEMSOPS_CUDA) {

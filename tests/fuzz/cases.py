@@ -183,8 +183,11 @@ def case_layer_norm(ctx):
                         raise oracle.WrongAnswer(f"{name}: not asked for")
                     continue
                 same_meta(name, o, t)
+                # an infinite weight: see _ln_backward
                 close(name, o, r, t, t.dtype, torch_slack=2.0,
-                      reduce_len=rows if name != "dx" else 1)
+                      reduce_len=rows if name != "dx" else 1,
+                      loose=name == "dx" and w is not None
+                      and not bool(torch.isfinite(w).all()))
         differential(ctx, lambda: run(F.layer_norm),
                      lambda: run(gemsops.layer_norm), check, inputs, tags)
     else:
@@ -228,6 +231,8 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
     except RuntimeError as e:
         mean = rstd = torch.zeros(1)
         ctx.note(f"  (torch.native_layer_norm refused: {e})")
+        if "mixed dtype" in str(e):
+            tags = tuple(tags) + ("ln-fwd-refused",)
     ctx.note(f"  layer_norm_backward output_mask={mask}, mean/rstd "
              f"{describe(mean)}")
     inputs = inputs + [g, mean, rstd]
@@ -256,6 +261,19 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
     def ours():
         return gemsops.layer_norm_backward(g, x, ns, mean, rstd, w, b, mask)
 
+    # dx = rstd (w dy - mean(w dy) - xhat mean(w dy xhat)): with an
+    # infinite weight the means are infinite and which of inf and NaN
+    # comes out of inf - inf depends on the order of the terms, which
+    # torch's and gemsops' kernels choose differently; only finite vs
+    # non-finite is compared there (README: deliberate differences)
+    w_nonfinite = w is not None and not bool(torch.isfinite(w).all())
+    f64_atol = None
+    if dtype == torch.float64 and g.numel():
+        wdy = g.abs().max() * (w.abs().max() if w is not None and w.numel()
+                               else 1.0)
+        f64_atol = float(64 * torch.finfo(torch.float64).eps * wdy
+                         * rstd.double().abs().max()) if rstd.numel() else None
+
     def check(o, t):
         ref = torch.ops.aten.native_layer_norm_backward(
             g.double(), x.double(), pshape, mean.double(), rstd.double(),
@@ -268,7 +286,9 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
                 continue
             same_meta(name, oo, tt)
             close(name, oo, rr, tt, tt.dtype, torch_slack=2.0,
-                  reduce_len=rows if name != "dx" else 1)
+                  reduce_len=rows if name != "dx" else 1,
+                  loose=name == "dx" and w_nonfinite,
+                  f64_atol=f64_atol if name == "dx" else None)
     differential(ctx, theirs, ours, check, inputs, tags)
 
 

@@ -181,7 +181,8 @@ def _c_ln_fwd(ctx):
         a["w"] = w.to(torch.float64 if w.dtype != torch.float64
                       else torch.float32)
     elif mut == "weight-shape" and w is not None:
-        a["w"] = torch.cat([w.reshape(-1), w.reshape(-1)[:1]])
+        # one element more, also when the weight has none
+        a["w"] = torch.cat([w.reshape(-1), w.new_ones(1)])
     elif mut == "ws-dtype":
         a["ws"] = torch.zeros(64, dtype=torch.float32, device=x.device)
     elif mut == "input-int":

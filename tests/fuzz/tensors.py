@@ -55,9 +55,10 @@ class Ctx:
 
     def shape(self, ndim, budget=60000, **kw):
         """ndim sizes whose product stays under budget (shrinking the
-        largest), occasionally ~1e6 when the case allows it."""
+        largest), occasionally ~1e6 when the case allows it. Zero sizes
+        count as one: a reduction over the empty dim keeps the others."""
         s = [self.size(**kw) for _ in range(ndim)]
-        while math.prod(s) > budget:
+        while math.prod(max(v, 1) for v in s) > budget:
             i = max(range(ndim), key=lambda j: s[j])
             s[i] = max(1, s[i] // 2)
         return s
@@ -272,13 +273,13 @@ class Guarded:
             else:  # torch cannot view misaligned bytes: leave it bytes
                 self.view = typed  # (bf16 only; the case drops it)
         # which bytes belong to the view's elements
+        # (marked through a byte view of the same strides: no index
+        # tensors, so a large output costs one byte per byte)
         mask = torch.zeros(nbytes, dtype=torch.bool)
         if n:
-            elem = torch.arange(span, dtype=torch.int64).as_strided(
-                shape, strides).reshape(-1)
-            byte = (elem[:, None] * esize + torch.arange(esize)[None, :]
-                    + start).reshape(-1)
-            mask[byte] = True
+            mask[start:].as_strided(
+                shape + [esize], [st * esize for st in strides] + [1]
+            ).fill_(True)
         self.inside = mask
         self.dtype, self.shape = dtype, shape
         self.poison_view()
