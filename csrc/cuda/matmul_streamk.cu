@@ -436,8 +436,8 @@ bool tma_describes(const tma_operand &o)
 {
     constexpr int64_t lim = (int64_t)1 << 40, dim_lim = (int64_t)1 << 32;
     auto stride_ok = [](int64_t b) { return b > 0 && b % 16 == 0 && b < lim; };
-    return o.x > 0 && o.y > 0 && o.x < dim_lim && o.y < dim_lim &&
-           o.batch < dim_lim && (uintptr_t)o.base % 16 == 0 &&
+    return o.x > 0 && o.y > 0 && o.batch > 0 && o.x < dim_lim &&
+           o.y < dim_lim && o.batch < dim_lim && (uintptr_t)o.base % 16 == 0 &&
            stride_ok(o.y_bytes()) && stride_ok(o.z_bytes());
 }
 
