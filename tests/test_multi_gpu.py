@@ -298,11 +298,11 @@ def test_devices_in_turn_keep_their_workspaces_apart():
 
 
 def test_mixed_devices_are_refused_and_device_restored():
-    x1 = torch.randn(8, 16, device="cuda:1")
-    w0 = torch.randn(16, device="cuda:0")
-    with pytest.raises(RuntimeError):
-        gemsops.layer_norm(x1, (16,), w0, None)
-    assert torch.cuda.current_device() == 0
-    with pytest.raises(RuntimeError):
-        gemsops.mm(x1, torch.randn(16, 4, device="cuda:0"))
-    assert torch.cuda.current_device() == 0
+    for dx, dw in (("cuda:1", "cuda:0"), ("cuda:0", "cuda:1")):
+        x = torch.randn(8, 16, device=dx)
+        with pytest.raises(RuntimeError, match="same device"):
+            gemsops.layer_norm(x, (16,), torch.randn(16, device=dw), None)
+        assert torch.cuda.current_device() == 0
+        with pytest.raises(RuntimeError, match="same device"):
+            gemsops.mm(x, torch.randn(16, 4, device=dw))
+        assert torch.cuda.current_device() == 0
