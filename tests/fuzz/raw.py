@@ -349,7 +349,20 @@ def _c_ln_bwd(ctx):
                 raise oracle.WrongAnswer(f"{name}: not zeros over no rows")
             _written(name, o, r)
             close(name, o.to(r.device), r, None, o.dtype,
-                  reduce_len=rows if name != "grad_input" else 1)
+                  reduce_len=rows if name != "grad_input" else 1,
+                  f64_atol=_f64_terms(g, x, w, mean, rstd, rows))
+
+
+def _f64_terms(g, x, w, mean, rstd, rows):
+    """The rounding of the largest term a float64 LayerNorm gradient sums
+    or cancels (oracle.close's f64_atol), None for other dtypes."""
+    if x.dtype != torch.float64 or not g.numel() or not rstd.numel():
+        return None
+    xs = x.double().abs().max() + mean.double().abs().max()
+    ws = w.double().abs().max() if w is not None and w.numel() else 1.0
+    big = g.double().abs().max() * ws * rstd.double().abs().max() * \
+        max(float(xs * rstd.double().abs().max()), 1.0)
+    return float(64 * torch.finfo(torch.float64).eps * big * max(rows, 1))
 
 
 # ------------------------------------------------------------------ prod
@@ -599,6 +612,10 @@ def case_c_misc(ctx):
     elif d is not None and not 0 <= d < len(shape):
         expect_refusal(ctx, call, {}, [obj], f"{q} workspace: dim={d}",
                        "dim-range")
+    elif q == "prod_bwd" and not (dtype.is_floating_point or
+                                  dtype.is_complex):
+        expect_refusal(ctx, call, {}, [obj], f"{q} workspace: {dtype}",
+                       "no-grad")
     r = run_raw(ctx, call, {}, [obj])
     if not isinstance(r, int) or r < 0 or (t.device.type == "cpu" and r):
         raise oracle.WrongAnswer(f"workspace query {q} returned {r!r}")
