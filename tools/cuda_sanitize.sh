@@ -188,7 +188,7 @@ for tool in "${tools[@]}"; do
     # (the count step then charges them to gemsops, to be safe)
     # --require-cuda-init no: such a helper need not use CUDA
     env "${envs[@]}" timeout -k 10 "${LIMIT[$tool]}" \
-        "$CS" --tool "$tool" --target-processes all --print-limit 1000 \
+        "$CS" --tool "$tool" --target-processes all --print-limit 100000 \
         --require-cuda-init no \
         --error-exitcode "$ERROR_EXIT" --log-file "$OUT/$tool.cs.%p.log" \
         "${opts[@]}" \

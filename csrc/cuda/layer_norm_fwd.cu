@@ -6,7 +6,11 @@
 // a row, each holding E elements in registers, so x is read from memory
 // exactly once. Statistics are two-pass over the registers: the row sum
 // gives the mean, then the sum of squared deviations gives the variance (no
-// E[x^2] - mean^2 cancellation). Short rows pack several per CTA. One CTA
+// E[x^2] - mean^2 cancellation). The second pass also sums the deviations
+// themselves and corrects the mean and the variance by them (the corrected
+// two-pass algorithm): the first mean's rounding error would otherwise stay
+// in every x - mean, and with a small eps a constant row would normalize
+// to +-1 instead of 0. Short rows pack several per CTA. One CTA
 // per row group, not persistent: the SM overlaps one CTA's reductions with
 // another's loads.
 //
@@ -84,7 +88,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
     constexpr int R = fwd_rows_at_once(TPR, VEC);
     constexpr int STEP = TPR * VEC; // columns between a thread's items
-    __shared__ A red[2 * 32 * R];
+    __shared__ A red[2 * 32 * 2 * R]; // row_sum of 2 * R values
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
@@ -133,30 +137,34 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             }
         }
         row_sum<TPR, R>(s, red, parity);
-        A slab_mean[R], m2[R];
+        // dev[r]: the sum of squared deviations from the first mean, and
+        // dev[R + r] their plain sum, reduced together
+        A slab_mean[R], dev[2 * R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
             slab_mean[r] = s[r] / (A)slab_cols;
-            m2[r] = 0;
+            dev[r] = 0;
+            dev[R + r] = 0;
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
                     const A d = widen<A>(xv[r][i].v[v]) - slab_mean[r];
-                    m2[r] += (i * STEP + v < lim) ? d * d : A(0);
+                    const bool in = i * STEP + v < lim;
+                    dev[r] += in ? d * d : A(0);
+                    dev[R + r] += in ? d : A(0);
                 }
             }
         }
-        row_sum<TPR, R>(m2, red, parity);
+        row_sum<TPR, 2 * R>(dev, red, parity);
 
         A mean[R], rstd[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            mean[r] = slab_mean[r];
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            rstd[r] = A(1) / sqrt(m2[r] / (A)a.cols + a.eps);
+            const A shift = dev[R + r] / (A)a.cols;
+            mean[r] = slab_mean[r] + shift;
+            const A m2 = dev[r] - dev[R + r] * shift;
+            rstd[r] = A(1) / sqrt((m2 > A(0) ? m2 : A(0)) / (A)a.cols + a.eps);
         }
 
 #pragma unroll
@@ -279,19 +287,23 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             if (cnt == A(0)) {
                 continue;
             }
-            const A cm = s / cnt;
-            A cm2 = 0;
+            const A cm0 = s / cnt;
+            A cm2 = 0, cd = 0;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (u * STEP < lim) {
 #pragma unroll
                     for (int v = 0; v < VEC; v++) {
-                        const A d = widen<A>(xv[u].v[v]) - cm;
+                        const A d = widen<A>(xv[u].v[v]) - cm0;
                         cm2 += d * d;
+                        cd += d;
                     }
                 }
             }
-            chan_merge(n, mean, m2, cnt, cm, cm2);
+            // the corrected two-pass step (see the registers kernel)
+            const A cm = cm0 + cd / cnt;
+            cm2 -= cd * (cd / cnt);
+            chan_merge(n, mean, m2, cnt, cm, cm2 > A(0) ? cm2 : A(0));
         }
         // warp: merge down to lane 0 in a fixed order; then warp 0's thread
         // 0 merges the warps in order (deterministic)
