@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import gemsops
-from performance_utils import Benchmark, _rows
+from .performance_utils import Benchmark, _rows
 
 DTYPES = [torch.float16, torch.bfloat16]
 CORE = [(1, 384, 384, 384), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048),

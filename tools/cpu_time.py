@@ -1,6 +1,6 @@
 """CPU backend against torch on the CPU (µs per call, best of 3, the
 threads torch uses): LayerNorm forward/backward and prod, one line per
-case. usage: python tools/cpu_time.py"""
+case. usage: python -m tools.cpu_time"""
 import timeit
 
 import torch

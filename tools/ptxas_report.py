@@ -1,7 +1,7 @@
 """Summarise `nvcc -Xptxas -v` output: one line per kernel with registers,
 stack frame and spill bytes, demangled enough to read the template args.
 
-usage: nvcc ... -Xptxas -v 2>&1 | python tools/ptxas_report.py [--spills]
+usage: nvcc ... -Xptxas -v 2>&1 | python -m tools.ptxas_report [--spills]
 """
 import re
 import sys
