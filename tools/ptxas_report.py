@@ -17,7 +17,8 @@ def main():
         if m:
             name, arch = m.group(1), m.group(2)
             continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores", line)
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores",
+                      line)
         if m and name:
             stack, spill = int(m.group(1)), int(m.group(2))
             continue

@@ -228,7 +228,7 @@ def summary(docs):
 
 def cases(docs):
     out = []
-    for title, passes in BANDWIDTH_OPS.items():
+    for passes in BANDWIDTH_OPS.values():
         for op, pass_ in passes:
             doc = newest(op, pass_, docs)
             if doc is not None:
