@@ -2,6 +2,8 @@
 
 Environment:
   GEMSOPS_CUDA=0          build the CPU-only extension even if nvcc exists
+                          (switching it on or off relinks: each flavour
+                          keeps its objects in its own build folder)
   GEMSOPS_CUDA_ARCHS      ';'-separated SASS targets (default "80;90a"); PTX
                           for the newest listed (compute_90) is added so newer
                           GPUs can JIT it
@@ -17,6 +19,7 @@ Environment:
                           tools/sanitize_cpu.sh does all of it
 No torch is needed to build: tensors cross the boundary through DLPack.
 """
+import json
 import os
 import shutil
 import subprocess
@@ -108,16 +111,41 @@ NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-Wall,-Wextra",
               "-lineinfo"]
 
 
+def flavour(nvcc):
+    """What the module is built as: "cpu" or "cuda", plus the sanitizers.
+    Objects of one flavour never meet another's (one build folder each),
+    and a module left by another flavour is rebuilt."""
+    name = "cpu" if nvcc is None else "cuda"
+    sanitizers = [n.strip() for n in
+                  os.environ.get("GEMSOPS_SANITIZE", "").split(",")
+                  if n.strip()]
+    return "-".join([name] + (["san"] + sanitizers if sanitizers else []))
+
+
 class BuildExt(build_ext):
+    def finalize_options(self):
+        super().finalize_options()
+        self.nvcc = find_nvcc()
+        self.flavour = flavour(self.nvcc)
+        # the stamp sits beside the flavours' folders, so it outlives none
+        # of them: no stamp means the module's flavour is unknown
+        temp = Path(self.build_temp)
+        if temp.name == self.flavour:  # finalized twice
+            temp = temp.parent
+        self.stamp = temp / "gemsops_flavour.json"
+        self.build_temp = str(temp / self.flavour)
+
     def build_extensions(self):
-        nvcc = find_nvcc()
+        nvcc = self.nvcc
         ext = self.extensions[0]
         # headers are invisible to distutils' staleness check otherwise
         ext.depends += [str(p) for p in list((ROOT / "include").rglob("*.h")) +
                         list((ROOT / "csrc").rglob("*.h"))]
         if nvcc is None:
-            print("gemsops: nvcc not found (or GEMSOPS_CUDA=0): building the "
-                  "CPU-only extension", file=sys.stderr)
+            why = ("GEMSOPS_CUDA=0" if os.environ.get("GEMSOPS_CUDA") == "0"
+                   else "nvcc not found")
+            print(f"gemsops: {why}: building the CPU-only extension",
+                  file=sys.stderr)
             ext.sources.append("csrc/cuda_absent.c")
         else:
             print(f"gemsops: building CUDA kernels with {nvcc} "
@@ -132,20 +160,53 @@ class BuildExt(build_ext):
             ext.extra_link_args.append("-lstdc++")
         self.force_if_flavour_changed(ext)
         super().build_extensions()
+        self.record_flavour(ext)
+
+    def built_flavours(self):
+        try:
+            return json.loads(self.stamp.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    @staticmethod
+    def identity(out):
+        """The module file as the stamp knows it: a module replaced by
+        any other means (another setup.py, a copy) no longer matches."""
+        st = out.stat()
+        return [st.st_size, st.st_mtime_ns]
+
+    def record_flavour(self, ext):
+        out = Path(self.get_ext_fullpath(ext.name)).resolve()
+        if out.exists():
+            stamps = self.built_flavours()
+            stamps[str(out)] = [self.flavour] + self.identity(out)
+            self.stamp.parent.mkdir(parents=True, exist_ok=True)
+            self.stamp.write_text(json.dumps(stamps) + "\n")
 
     def force_if_flavour_changed(self, ext):
-        """distutils rebuilds by timestamps alone, so switching
-        GEMSOPS_SANITIZE on or off in the same tree would keep the other
-        flavour's objects and module: a sanitized module left in place
+        """distutils rebuilds by timestamps alone, so a module built as
+        another flavour (CUDA or CPU-only, sanitized or not) whose sources
+        have not changed since would be kept, and the build would announce
+        one flavour and ship the other: a sanitized module left in place
         cannot even be imported without the preloaded runtime."""
         if SAN_COMPILE:
             self.force = True
             return
-        out = Path(self.get_ext_fullpath(ext.name))
-        if out.exists():
-            data = out.read_bytes()
-            if b"__asan_init" in data or b"__ubsan_handle" in data:
-                self.force = True
+        out = Path(self.get_ext_fullpath(ext.name)).resolve()
+        if not out.exists():
+            return
+        data = out.read_bytes()
+        if b"__asan_init" in data or b"__ubsan_handle" in data:
+            self.force = True
+        stamp = self.built_flavours().get(str(out))
+        built = None
+        if isinstance(stamp, list) and stamp[1:] == self.identity(out):
+            built = stamp[0]
+        if built != self.flavour:
+            print(f"gemsops: the module in {out.parent} was built as "
+                  f"{built or 'an unknown flavour'}: rebuilding it as "
+                  f"{self.flavour}", file=sys.stderr)
+            self.force = True
 
     def compile_cuda(self, nvcc):
         sources = sorted((ROOT / "csrc" / "cuda").glob("*.cu"))

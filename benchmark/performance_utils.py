@@ -76,9 +76,9 @@ def _events_median(fn, flush, warmup_ms, rep_ms):
 def do_bench(fn, warmup_ms=25, rep_ms=100):
     """Median milliseconds of fn() on the current stream, L2 flushed before
     each call: triton.testing.do_bench (GEMSOPS_BENCH_FLUSH=zero, the
-    default, as FlagGems and ../shared/ANCHORS.md measure) or the same
-    method with a read-only flush (GEMSOPS_BENCH_FLUSH=read, see
-    _read_flush); CUDA events without a flush when Triton is absent."""
+    default, as FlagGems measures) or the same method with a read-only
+    flush (GEMSOPS_BENCH_FLUSH=read, see _read_flush); CUDA events without
+    a flush when Triton is absent."""
     if FLUSH == "read":
         return _events_median(fn, _read_flush, warmup_ms, rep_ms)
     try:

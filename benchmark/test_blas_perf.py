@@ -1,7 +1,7 @@
 """mm: gemsops (Stream-K, each schedule) vs torch.matmul (cuBLAS).
 
-Cases: FlagGems' core mm shapes (384^3 .. 4096^3, and batched), the issue's
-test shapes, and a corpus drawn like the seeds' (M, N, K log-uniform in
+Cases: FlagGems' core mm shapes (384^3 .. 4096^3, and batched), the shapes
+tests/test_matmul.py runs on CUDA, and a corpus (M, N, K log-uniform in
 256..8192, rounded to 256, fixed seed; GEMSOPS_BENCH_CORPUS shapes, 200 by
 default). TFLOP/s = 2 M N K batch / time. Prints the geomean speedup vs
 torch per dtype and schedule, and each schedule against data-parallel.
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import gemsops
-from performance_utils import Benchmark, _rows
+from .performance_utils import Benchmark, _rows
 
 DTYPES = [torch.float16, torch.bfloat16]
 CORE = [(1, 384, 384, 384), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048),

@@ -3,14 +3,14 @@ when they import), FlagGems' test_reduction_perf.py style.
 
 Bytes counted (the fewest the op must move): forward reads x and writes y;
 backward reads x and dy and writes dx (3 * M * N elements); weights and
-statistics are O(N + M) and left out, as in ../shared/ANCHORS.md."""
+statistics are O(N + M) and left out (docs/performance.md, Method)."""
 import os
 
 import pytest
 import torch
 
 import gemsops
-from performance_utils import Benchmark
+from .performance_utils import Benchmark
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 SHAPES = [(4096, 768), (4096, 1024), (4096, 4096), (16384, 4096),

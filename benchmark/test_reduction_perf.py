@@ -3,9 +3,9 @@ imports), FlagGems' test_reduction_perf.py style.
 
 A case is (*sizes, which): `which` is "all" (the full product) or "dN"
 (along dim N). Bytes counted: the forward reads the input once (GB/s =
-input bytes / time, as in ../shared/ANCHORS.md); the backward must read the
-input and write its gradient (2 x input bytes); the kept-dims outputs and
-gradients are left out."""
+input bytes / time); the backward must read the input and write its
+gradient (2 x input bytes); the kept-dims outputs and gradients are left
+out (docs/performance.md, Method)."""
 import math
 import os
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gemsops
-from performance_utils import Benchmark
+from .performance_utils import Benchmark
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 CASES = [(1 << 28, "all"), (1 << 20, "all"), (1024, 1024, 1024, "all"),

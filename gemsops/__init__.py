@@ -6,7 +6,7 @@ from .ops.prod import prod
 from .ops.matmul import bmm, matmul, mm, set_schedule
 from . import nn
 
-__version__ = "0.1.0"
+from ._version import __version__ as __version__
 
 
 def cuda_available():

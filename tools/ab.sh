@@ -1,10 +1,12 @@
 #!/bin/bash
 # A/B/.../A timing inside one device call: rebuild one source file with each
 # variant's NVCC_APPEND_FLAGS, run the timing command after each build, then
-# the first variant again (cross-run times drift; METHOD.md).
+# the first variant again (cross-run times drift; docs/performance.md, Method).
 # usage: AB_FILE=csrc/cuda/prod_fwd.cu bash tools/ab.sh "<timing command>" \
 #            "" "-DGEMSOPS_AB_X=1" ...      (the first variant is A)
-# Run after tools/device_check.sh has built the tree.
+#   timing command: e.g. "python3 -m tools.prod_time 4096,4096:d1:float16"
+#   or "python3 -m tools.ln_time 16384,4096:bwd:bfloat16"
+# Run after bash tools/device_check.sh has built the tree.
 OUT=${OUT:-/tmp/gemsops_out}
 export GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}

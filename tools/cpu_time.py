@@ -1,6 +1,6 @@
 """CPU backend against torch on the CPU (µs per call, best of 3, the
 threads torch uses): LayerNorm forward/backward and prod, one line per
-case. usage: python tools/cpu_time.py"""
+case. usage: python -m tools.cpu_time"""
 import timeit
 
 import torch
@@ -40,9 +40,10 @@ def prod_rows():
             a = () if dim is None else (dim,)
             t = us(lambda: torch.prod(x, *a))
             g = us(lambda: gemsops.prod(x, *a))
-            case = "x".join(map(str, shape)) + (":all" if dim is None else f":d{dim}")
-            print(f"prod {str(dt)[6:]:9s} {case:16s} torch {t:6.0f} gems {g:6.0f}"
-                  f" ({t / g:.2f}x)")
+            case = "x".join(map(str, shape))
+            case += ":all" if dim is None else f":d{dim}"
+            print(f"prod {str(dt)[6:]:9s} {case:16s} torch {t:6.0f} gems"
+                  f" {g:6.0f} ({t / g:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 tools=("$@")
 [ ${#tools[@]} -eq 0 ] && tools=(memcheck racecheck synccheck initcheck)
 if [ "${tools[0]}" = count ]; then
-    exec "$PY" tools/cuda_sanitize_count.py "$OUT"
+    exec "$PY" -m tools.cuda_sanitize_count "$OUT"
 fi
 for t in "${tools[@]}"; do
     case $t in
@@ -203,4 +203,4 @@ for tool in "${tools[@]}"; do
     fi
 done
 
-"$PY" tools/cuda_sanitize_count.py "$OUT" "${tools[@]}"
+"$PY" -m tools.cuda_sanitize_count "$OUT" "${tools[@]}"

@@ -2,7 +2,7 @@
 gemsops' kernels and errors elsewhere (torch's kernels, cuBLAS, host API
 calls torch made), which are listed but not counted.
 
-usage: python tools/cuda_sanitize_count.py LOG_DIR [TOOL ...]
+usage: python -m tools.cuda_sanitize_count LOG_DIR [TOOL ...]
   LOG_DIR holds TOOL.cs.<pid>.log files (compute-sanitizer --log-file
   TOOL.cs.%p.log), TOOL.rc (the exit status of that run) and
   TOOL.pytest.log. Exit status 1 when any tool has an error in a gemsops

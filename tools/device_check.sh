@@ -15,7 +15,8 @@ BENCH_K=${BENCH_K:-}
 BENCH_FILES=${BENCH_FILES:-$(cd benchmark && ls test_*_perf.py)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
-# peers (FlagGems, Liger) travel as wheels in .whl/ (see README, Benchmarks)
+# peers (FlagGems, Liger), when present as wheels in .whl/ (ignored by git),
+# are installed beside, never as dependencies (docs/performance.md, Method)
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
         && export PYTHONPATH=/tmp/site

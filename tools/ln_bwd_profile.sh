@@ -1,7 +1,7 @@
 #!/bin/bash
 # Nsight Compute report (throughput, warp stalls, top stall sites) of the
 # LayerNorm backward kernel on the bar shapes, and its SASS. Run after a
-# build (tools/device_check.sh none). Clocks are left as found
+# build (bash tools/device_check.sh none). Clocks are left as found
 # (--clock-control none). usage: bash tools/ln_bwd_profile.sh [cases...]
 #   a case is M,N,dtype (default: 16384,4096,float16 16384,4096,float32)
 OUT=${OUT:-/tmp/gemsops_out}
@@ -14,12 +14,12 @@ for c in $cases; do
         --section WarpStateStats --section SchedulerStats \
         --section Occupancy --section LaunchStats \
         --section InstructionStats --section SourceCounters \
-        python3 tools/ln_bwd_ncu.py "$m" "$n" "$dt" 3 \
+        python3 -m tools.ln_bwd_ncu "$m" "$n" "$dt" 3 \
         > "$OUT/ncu_${m}x${n}_${dt}.txt" 2>&1
     grep -E "us, |Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Warp Cycles Per Issued|Stall|Achieved Occupancy|Registers Per|No Eligible|Executed Ipc A" \
         "$OUT/ncu_${m}x${n}_${dt}.txt" | head -40
 done
-python3 tools/ln_bwd_ncu.py 16384 4096 float16 5
+python3 -m tools.ln_bwd_ncu 16384 4096 float16 5
 so=$(ls gemsops/_C*.so | head -1)
 cuobjdump -sass "$so" > /tmp/all.sass 2>/dev/null
 python3 - "$OUT" <<'PY'

@@ -1,29 +1,30 @@
 """LayerNorm times for A/B runs: gemsops, torch and (when they import)
 FlagGems and Liger, each timed by the benchmark's own method (its
 Benchmark._timed: do_bench over a CUDA-graph replay, L2 flushed), one line
-per case.  usage: ln_time.py [case ...]
-case = M,N:fwd|bwd:dtype[:grads], grads (backward only) = the inputs that
-need a gradient, some of x, w, b (default xwb), e.g. 8192,8192:fwd:bfloat16
-256,262144:bwd:float32  16384,4096:bwd:bfloat16:x (dx alone)"""
+per case.
+
+usage: python -m tools.ln_time [case ...]
+  case = M,N:fwd|bwd:dtype[:grads]; grads (backward only) are the inputs
+  that need a gradient, some of x, w, b (default xwb), e.g.
+  8192,8192:fwd:bfloat16  256,262144:bwd:float32  16384,4096:bwd:bfloat16:x
+  LN_NO_PEERS=1 leaves FlagGems and Liger out."""
 import os
 import sys
-
-os.environ.setdefault("GEMSOPS_BENCH_GRAPH", "1")
-import torch  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmark"))
-import gemsops  # noqa: E402
-from performance_utils import Benchmark  # noqa: E402
-from test_layer_norm_perf import layer_norm_args, peers  # noqa: E402
 
 DEFAULT = ["8192,8192:fwd:bfloat16", "4096,4096:fwd:bfloat16",
            "16384,4096:fwd:bfloat16", "4096,12288:fwd:bfloat16",
            "2048,16384:fwd:float32", "4096,12288:fwd:float32",
            "1024,65536:fwd:float32"]
-PEERS = {} if os.environ.get("LN_NO_PEERS") else peers()
-F = torch.nn.functional.layer_norm
 
-for case in sys.argv[1:] or DEFAULT:
+
+def time_case(case, peers):
+    import torch
+
+    import gemsops
+    from benchmark.performance_utils import Benchmark
+    from benchmark.test_layer_norm_perf import layer_norm_args
+
+    F = torch.nn.functional.layer_norm
     sizes, which, dt, *grads = case.split(":")
     m, n = (int(s) for s in sizes.split(","))
     dtype = getattr(torch, dt)
@@ -40,7 +41,7 @@ for case in sys.argv[1:] or DEFAULT:
     bench = Benchmark("ln_time", F, gemsops.layer_norm, None, [dtype],
                       [(m, n)], is_backward=bwd)
     ops = {"gems": gemsops.layer_norm, "torch": F}
-    for k, op in PEERS.items():
+    for k, op in peers.items():
         if k == "liger" and n > 65536:
             continue
         ops[k] = op
@@ -50,3 +51,17 @@ for case in sys.argv[1:] or DEFAULT:
                     for k, v in t.items())
     print(f"{case:26s} {line} | vs torch {t['torch'] / t['gems']:.3f}"
           f" err {err:.1e}", flush=True)
+
+
+def main(argv):
+    # before the harness is imported: it reads the switch at import time
+    os.environ.setdefault("GEMSOPS_BENCH_GRAPH", "1")
+    from benchmark.test_layer_norm_perf import peers
+
+    found = {} if os.environ.get("LN_NO_PEERS") else peers()
+    for case in argv or DEFAULT:
+        time_case(case, found)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

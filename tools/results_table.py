@@ -1,35 +1,287 @@
-"""Markdown table from benchmark/results/*.json (the Benchmark class's
-output): one row per case with torch, gemsops and peers as GB/s and as a
-fraction of the copy bandwidth measured in the same run.
-usage: python tools/results_table.py benchmark/results/layer_norm_fwd_*.json ..."""
+"""Markdown tables from benchmark/results/*.json (the Benchmark class's
+output).
+
+usage:
+  python -m tools.results_table FILE.json ...
+      one table per file: a row per case, torch, gemsops and peers as GB/s
+      and gemsops as a fraction of the copy bandwidth of the same run
+  python -m tools.results_table --summary
+      the README's summary tables (one per op) on stdout
+  python -m tools.results_table --write-readme [--check]
+      rewrites the summary between <!-- results:begin --> and
+      <!-- results:end --> in README.md
+  python -m tools.results_table --write-docs [--check]
+      rewrites the per-case tables between <!-- cases:begin --> and
+      <!-- cases:end --> in docs/performance.md
+  --check writes nothing and exits 1 when the file differs from what it
+  would write.
+
+Which run a table shows: for each op and pass, the newest JSON (by its
+`date`) measured with the default L2 flush (`flush` absent or "zero");
+read-flush runs and older runs stay in benchmark/results/ as data."""
 import json
+import math
+import statistics
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmark" / "results"
+README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "performance.md"
+
+# (op as the JSON names it, pass) in table order
+BANDWIDTH_OPS = {
+    "LayerNorm": [("layer_norm", "fwd"), ("layer_norm_backward", "bwd")],
+    "prod": [("prod", "fwd"), ("prod_backward", "bwd")],
+}
+SCHEDULES = ["data-parallel", "auto", "hybrid"]
+# matmul shapes (batch, M, N, K) shown one by one: FlagGems' core shapes
+# and the shapes tests/test_matmul.py runs on CUDA; the rest of the 211
+# only count in the geomeans
+NAMED_MM = [(1, 384, 384, 384), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048),
+            (1, 4096, 4096, 4096), (8, 1024, 1024, 1024),
+            (1, 1536, 1792, 6016), (1, 512, 1024, 4096),
+            (1, 16, 2560, 8192), (1, 8, 8192, 8192), (1, 2304, 5632, 3328),
+            (1, 495, 5333, 71)]
 
 
-def main(paths):
-    for path in paths:
-        doc = json.load(open(path))
-        peers = sorted({k[:-5] for r in doc["rows"] for k in r
-                        if k.endswith("_gbps") and k[:-5] not in ("torch", "gems")})
-        print(f"\n{doc['rows'][0]['op']} ({doc['rows'][0]['pass_']}) on "
-              f"{doc['gpu']}, commit {doc['commit']}, {doc['date'][:10]}, "
-              f"copy {doc['copy_gbps']:.0f} GB/s, torch {doc['torch']}\n")
-        head = "| dtype | M×N | torch GB/s | gemsops GB/s | speedup | gemsops/copy |"
-        sep = "|---|---|---|---|---|---|"
+def load(path):
+    with open(path) as f:
+        doc = json.load(f)
+    doc["path"] = Path(path)
+    return doc
+
+
+def default_flush(doc):
+    return doc.get("flush", "zero") == "zero"
+
+
+def newest(op, pass_, docs):
+    """The newest default-flush run that holds rows of op/pass_."""
+    found = [d for d in docs if default_flush(d) and d["rows"]
+             and d["rows"][0]["op"] == op and d["rows"][0]["pass_"] == pass_]
+    return max(found, key=lambda d: d["date"]) if found else None
+
+
+def all_docs():
+    return [load(p) for p in sorted(RESULTS.glob("*.json"))]
+
+
+def gpu_name(doc):
+    return doc["gpu"].removeprefix("NVIDIA ")
+
+
+def timing(doc):
+    return "graph replays" if doc.get("graph") else "eager"
+
+
+def geomean(values):
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def peers_of(rows):
+    return sorted({k[:-3] for r in rows for k in r
+                   if k.endswith("_ms") and k[:-3] not in ("torch", "gems")})
+
+
+def case_name(shape):
+    return "×".join(map(str, shape))
+
+
+def case_table(doc):
+    """A row per case (the benchmark's own columns)."""
+    rows = doc["rows"]
+    peers = peers_of(rows)
+    out = [f"{rows[0]['op']} ({rows[0]['pass_']}) on {doc['gpu']}, commit "
+           f"{doc['commit']}, {doc['date'][:10]}, {timing(doc)}, copy "
+           f"{doc['copy_gbps']:.0f} GB/s, torch {doc['torch']}", ""]
+    head = ("| dtype | case | torch GB/s | gemsops GB/s | speedup "
+            "| gemsops/copy |")
+    sep = "|---|---|---|---|---|---|"
+    for p in peers:
+        head += f" {p} GB/s |"
+        sep += "---|"
+    out += [head, sep]
+    for r in rows:
+        line = (f"| {r['dtype']} | {case_name(r['shape'])} | "
+                f"{r['torch_gbps']:.0f} | {r['gems_gbps']:.0f} | "
+                f"{r['speedup']:.2f} | {r['gems_copy_fraction']:.0%} |")
         for p in peers:
-            head += f" {p} GB/s |"
-            sep += "---|"
-        print(head)
-        print(sep)
-        for r in doc["rows"]:
-            line = (f"| {r['dtype']} | {'×'.join(map(str, r['shape']))} | "
-                    f"{r['torch_gbps']:.0f} | {r['gems_gbps']:.0f} | "
-                    f"{r['speedup']:.2f} | {r['gems_copy_fraction']:.0%} |")
-            for p in peers:
-                v = r.get(f"{p}_gbps")
-                line += f" {v:.0f} |" if v is not None else " – |"
-            print(line)
+            v = r.get(f"{p}_gbps")
+            line += f" {v:.0f} |" if v is not None else " – |"
+        out.append(line)
+    return out
+
+
+def bandwidth_summary(title, docs):
+    """One row per pass and dtype: speedup over torch (geomean and range),
+    gemsops' fraction of the copy bandwidth (median and best) and the
+    speedup over the fastest peer measured on each case."""
+    out = [f"**{title}**", "",
+           "| pass | dtype | cases | × torch, geomean (range) "
+           "| of copy, median (best) | × best peer, geomean (ahead) "
+           "| GPU, commit, timing |",
+           "|---|---|---|---|---|---|---|"]
+    for op, pass_ in BANDWIDTH_OPS[title]:
+        doc = newest(op, pass_, docs)
+        if doc is None:
+            continue
+        peers = peers_of(doc["rows"])
+        for dtype in dict.fromkeys(r["dtype"] for r in doc["rows"]):
+            rows = [r for r in doc["rows"] if r["dtype"] == dtype]
+            sp = [r["speedup"] for r in rows]
+            frac = [r["gems_copy_fraction"] for r in rows]
+            vs_peer = []
+            for r in rows:
+                times = [r[f"{p}_ms"] for p in peers if r.get(f"{p}_ms")]
+                if times:
+                    vs_peer.append(min(times) / r["gems_ms"])
+            peer = (f"{geomean(vs_peer):.2f} "
+                    f"({sum(v > 1 for v in vs_peer)}/{len(vs_peer)})"
+                    if vs_peer else "–")
+            out.append(
+                f"| {pass_} | {dtype} | {len(rows)} | {geomean(sp):.2f} "
+                f"({min(sp):.2f}–{max(sp):.2f}) | "
+                f"{statistics.median(frac):.0%} ({max(frac):.0%}) | {peer} | "
+                f"{gpu_name(doc)}, {doc['commit']}, {timing(doc)} |")
+    return out
+
+
+def mm_docs(docs):
+    return {s: newest(f"mm_{s}", "fwd", docs) for s in SCHEDULES}
+
+
+def gflop(shape):
+    b, m, n, k = shape
+    return 2 * b * m * n * k / 1e9
+
+
+def matmul_summary(docs):
+    """Geomean speedup over torch.matmul (cuBLAS) per dtype and schedule,
+    over all shapes and over the large and the small ones."""
+    runs = mm_docs(docs)
+    if not all(runs.values()):
+        return []
+    ref = runs["auto"]
+    out = ["**matmul** (each schedule forced for the whole run, the "
+           "mainloop chosen per shape)", "",
+           "| dtype | shapes | × cuBLAS, data-parallel | auto | hybrid "
+           "Stream-K | hybrid / data-parallel | GPU, commit, timing |",
+           "|---|---|---|---|---|---|---|"]
+    subsets = [("all", lambda s: True),
+               ("≥ 20 GFLOP", lambda s: gflop(s) >= 20),
+               ("< 2 GFLOP", lambda s: gflop(s) < 2)]
+    for dtype in dict.fromkeys(r["dtype"] for r in ref["rows"]):
+        for label, keep in subsets:
+            g = {}
+            for s, doc in runs.items():
+                sp = [r["speedup"] for r in doc["rows"]
+                      if r["dtype"] == dtype and keep(r["shape"])]
+                g[s] = geomean(sp)
+            n = sum(1 for r in ref["rows"]
+                    if r["dtype"] == dtype and keep(r["shape"]))
+            out.append(
+                f"| {dtype} | {label} ({n}) | {g['data-parallel']:.3f} | "
+                f"{g['auto']:.3f} | {g['hybrid']:.3f} | "
+                f"{g['hybrid'] / g['data-parallel']:.3f} | "
+                f"{gpu_name(ref)}, {ref['commit']}, {timing(ref)} |")
+    return out
+
+
+def matmul_named(docs):
+    """The named shapes one by one, fp16 (bf16 is within a few percent)."""
+    runs = mm_docs(docs)
+    if not all(runs.values()):
+        return []
+    ref = runs["auto"]
+    by = {s: {tuple(r["shape"]): r for r in doc["rows"]
+              if r["dtype"] == "float16"} for s, doc in runs.items()}
+    out = [f"matmul, float16, on {ref['gpu']}, commit {ref['commit']}, "
+           f"{ref['date'][:10]}, {timing(ref)}, torch {ref['torch']}", "",
+           "| (batch ×) M × N × K | torch µs | gemsops µs (auto) | × torch "
+           "| TFLOP/s | × torch, data-parallel | × torch, hybrid |",
+           "|---|---|---|---|---|---|---|"]
+    for shape in NAMED_MM:
+        if shape not in by["auto"]:
+            continue
+        r = by["auto"][shape]
+        name = case_name(shape[1:]) if shape[0] == 1 else case_name(shape)
+        out.append(
+            f"| {name} | {r['torch_ms'] * 1e3:.1f} | "
+            f"{r['gems_ms'] * 1e3:.1f} | {r['speedup']:.2f} | "
+            f"{r['gems_tflops']:.0f} | "
+            f"{by['data-parallel'][shape]['speedup']:.2f} | "
+            f"{by['hybrid'][shape]['speedup']:.2f} |")
+    return out
+
+
+def summary(docs):
+    out = []
+    for title in BANDWIDTH_OPS:
+        out += bandwidth_summary(title, docs) + [""]
+    out += matmul_summary(docs)
+    return out
+
+
+def cases(docs):
+    out = []
+    for passes in BANDWIDTH_OPS.values():
+        for op, pass_ in passes:
+            doc = newest(op, pass_, docs)
+            if doc is not None:
+                out += case_table(doc) + [""]
+    out += matmul_named(docs)
+    return out
+
+
+def replace_block(text, name, lines, tool_flag):
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise SystemExit(f"results_table: expected one {begin} and one "
+                         f"{end}")
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    note = (f"<!-- generated by `python -m tools.results_table {tool_flag}` "
+            "from benchmark/results/; edit the tool, not this block -->")
+    body = "\n".join([note] + lines).rstrip("\n")
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def write(path, name, lines, flag, check):
+    old = path.read_text()
+    new = replace_block(old, name, lines, flag)
+    if check:
+        if new != old:
+            print(f"{path.relative_to(ROOT)}: the {name} block is stale; "
+                  f"run python -m tools.results_table {flag}")
+            return 1
+        return 0
+    if new != old:
+        path.write_text(new)
+    return 0
+
+
+def main(argv):
+    check = "--check" in argv
+    args = [a for a in argv if a != "--check"]
+    if args == ["--summary"]:
+        print("\n".join(summary(all_docs())))
+        return 0
+    if args == ["--write-readme"]:
+        return write(README, "results", summary(all_docs()),
+                     "--write-readme", check)
+    if args == ["--write-docs"]:
+        return write(PERFORMANCE, "cases", cases(all_docs()),
+                     "--write-docs", check)
+    if not args or any(a.startswith("--") for a in args):
+        print(__doc__)
+        return 2
+    for path in args:
+        print("\n" + "\n".join(case_table(load(path))))
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))
