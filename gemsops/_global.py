@@ -171,7 +171,11 @@ def enable(devices=("cuda",), include=None, exclude=None):
             for d in devices:
                 key = _KEYS[d]
                 for n in names:
-                    original = torch.library.get_kernel(f"aten::{n}", key)
+                    try:
+                        original = torch.library.get_kernel(f"aten::{n}",
+                                                            key)
+                    except RuntimeError:  # torch has none here (no CUDA)
+                        continue
                     lib.impl(n, _kernel(n, _IMPLS[n], original), key,
                              with_keyset=True)
     except BaseException:

@@ -335,12 +335,22 @@ def _(grad_out, input, normalized_shape, mean, rstd, weight, bias,
             else _unwanted(input, pdtype))
 
 
-def _backward_composite(g, x, weight, rstd, shape):
+def _eps_of(x, rstd, shape):
+    """eps back from the kernel's rstd: 1/rstd^2 - var (a constant: no
+    graph, so every derivative order is that of rsqrt(var + eps))."""
+    with torch.no_grad():
+        cd = _stats_dtype(x.dtype)
+        xf = x.detach().to(cd)
+        cols = tuple(range(x.dim() - len(shape), x.dim()))
+        var = xf.var(cols, unbiased=False, keepdim=True)
+        return rstd.detach().to(cd).reshape(var.shape).pow(-2) - var
+
+
+def _backward_composite(g, x, weight, eps, shape):
     """The backward in differentiable torch ops: (dx, dw, db) of
     layer_norm at x, with the row statistics recomputed from x so that
-    their dependence on x is differentiated too. rstd gives eps back
-    (eps = 1/rstd^2 - var, held constant), so the values are the kernel's
-    and every derivative order is that of rsqrt(var + eps)."""
+    their dependence on x is differentiated too; eps per row from
+    _eps_of, so the values are the kernel's."""
     nd = len(shape)
     cols = tuple(range(x.dim() - nd, x.dim()))
     rows = tuple(range(x.dim() - nd))
@@ -349,7 +359,6 @@ def _backward_composite(g, x, weight, rstd, shape):
     mu = xf.mean(cols, keepdim=True)
     xc = xf - mu
     var = (xc * xc).mean(cols, keepdim=True)
-    eps = (rstd.detach().to(cd).reshape(mu.shape).pow(-2) - var).detach()
     r = torch.rsqrt(var + eps)
     xhat = xc * r
     gw = gf * weight.to(cd) if weight is not None else gf
@@ -373,32 +382,34 @@ def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
     functions of input, differentiated through it)."""
     g, x, rstd, weight = ctx.saved_tensors
     need = ctx.needs_input_grad
-    create = torch.is_grad_enabled()
-
-    def leaf(t):
-        if t is None:
-            return None
-        if create and t.requires_grad:
-            return t
-        return t.detach().requires_grad_()
-
-    gl, xl, wl = leaf(g), leaf(x), leaf(weight)
-    with torch.enable_grad():
-        outs = _backward_composite(gl, xl, wl, rstd, ctx.shape)
-    pairs = [(o, go) for o, go, m in zip(outs, (gdx, gdw, gdb), ctx.mask)
-             if m and go is not None and go.numel() == o.numel()]
-    wrt = [t for t in (gl, xl, wl) if t is not None]
-    if pairs:
-        grads = torch.autograd.grad([o for o, _ in pairs],
-                                    wrt, [go for _, go in pairs],
-                                    create_graph=create, allow_unused=True)
+    cots = tuple(c if m and c is not None and c.numel() else None
+                 for c, m in zip((gdx, gdw, gdb), ctx.mask))
+    eps = _eps_of(x, rstd, ctx.shape)
+    # torch.func.vjp: the result stays differentiable with respect to the
+    # saved tensors' own history (third order and up), without counting
+    # twice a path from x to grad_out
+    if weight is None:
+        _, vjp = torch.func.vjp(
+            lambda g, x: _composite_masked(g, x, None, eps, ctx, cots),
+            g, x)
+        dg, dx = vjp(_cotangents(cots))
+        dw = None
     else:
-        grads = [None] * len(wrt)
-    grads = list(grads)
-    dg, dxx = grads[0], grads[1]
-    dw = grads[2] if weight is not None else None
-    return (dg if need[0] else None, dxx if need[1] else None, None, None,
+        _, vjp = torch.func.vjp(
+            lambda g, x, w: _composite_masked(g, x, w, eps, ctx, cots),
+            g, x, weight)
+        dg, dx, dw = vjp(_cotangents(cots))
+    return (dg if need[0] else None, dx if need[1] else None, None, None,
             None, dw if need[5] else None, None, None, None)
+
+
+def _composite_masked(g, x, w, eps, ctx, cots):
+    outs = _backward_composite(g, x, w, eps, ctx.shape)
+    return tuple(o for o, c in zip(outs, cots) if c is not None)
+
+
+def _cotangents(cots):
+    return tuple(c for c in cots if c is not None)
 
 
 _layer_norm_backward_op.register_autograd(

@@ -190,16 +190,10 @@ def _prod_backward_setup(ctx, inputs, output):
 def _prod_backward_grad(ctx, gg):
     """Second order: the vector-Jacobian product of the composite."""
     x, grad = ctx.saved_tensors
-    create = torch.is_grad_enabled()
-
-    def leaf(t):
-        return t if create and t.requires_grad else t.detach().requires_grad_()
-
-    xl, gl = leaf(x), leaf(grad)
-    with torch.enable_grad():
-        out = _backward_composite(xl, ctx.dim, gl)
-    dx, dg = torch.autograd.grad(out, (xl, gl), gg, create_graph=create,
-                                 allow_unused=True)
+    # torch.func.vjp keeps the result differentiable (third order and up)
+    _, vjp = torch.func.vjp(lambda x, g: _backward_composite(x, ctx.dim, g),
+                            x, grad)
+    dx, dg = vjp(gg)
     need = ctx.needs_input_grad
     return dx if need[0] else None, None, dg if need[2] else None
 
