@@ -5,6 +5,7 @@ from .ops.layer_norm import layer_norm, layer_norm_backward, native_layer_norm
 from .ops.prod import prod
 from .ops.matmul import bmm, matmul, mm, set_schedule
 from . import nn
+from ._global import disable, enable, use_gemsops
 
 from ._version import __version__ as __version__
 
@@ -21,4 +22,4 @@ def backends():
 
 __all__ = ["layer_norm", "native_layer_norm", "layer_norm_backward", "prod",
            "mm", "bmm", "matmul", "set_schedule", "nn",
-           "cuda_available", "backends"]
+           "cuda_available", "backends", "enable", "disable", "use_gemsops"]

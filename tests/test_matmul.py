@@ -326,7 +326,8 @@ def test_stream_k_launch_asks_for_its_stream_buffers():
                 got = gemsops.mm(a, b)
         torch.cuda.synchronize()
         assert_mm_close(got, a, b, torch.float32)
-    keys = [k for k in gemsops.ops.matmul._streams if k[0] == a.get_device()]
+    keys = [k for k in gemsops._workspace.kept_keys("mm_flags")
+            if k[0] == a.get_device()]
     assert (a.get_device(), side.cuda_stream) in keys
     with schedule("data-parallel"):  # no split tile: launched at once
         assert gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0,

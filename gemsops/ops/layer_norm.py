@@ -6,19 +6,20 @@ come from torch's caching allocator on the right device) and passes them
 down; the C side validates and launches on torch's current stream."""
 import math
 import operator
+from typing import Optional, Sequence
 
 import torch
 
-from .. import _C
+from .. import _C, _workspace
+from .._dispatch import eager, register_autocast
 
-# forward: workspace bytes per (dtype, shape, ...), planned once by C
-_fwd_ws = {}
-# backward: device -> (stream handle, uint8 workspace), the one last used,
-# and (device, stream) -> workspace for every stream seen. A workspace is
-# zeros when made and each launch leaves its dW/dB accumulators zero again
-# (kept_zero in C), so a backward costs no memset and no allocation.
-_bwd_last = {}
-_bwd_kept = {}
+_compiling = torch.compiler.is_compiling
+
+# backward: device -> stream handle of the kept workspace last used there
+# (C answers "another stream" with the handle to ask _workspace for). A
+# kept workspace is zeros when made and each launch leaves its dW/dB
+# accumulators zero again (kept_zero in C): no memset, no allocation.
+_bwd_stream = {}
 
 
 def _normalized_shape(normalized_shape, fn="layer_norm"):
@@ -95,13 +96,13 @@ def _plain(t):
     """t without the negative bit (torch._neg_view, z.conj().imag): C
     reads raw memory, so it must be given the values themselves. The conj
     bit exists only on complex tensors, which the kernels refuse."""
-    return t.resolve_neg() if t.is_neg() else t
+    return t.resolve_neg() if not _compiling() and t.is_neg() else t
 
 
 def _param(p):
     if p is None:
         return p
-    if p.is_neg():
+    if not _compiling() and p.is_neg():
         p = p.resolve_neg()
     return p if p.is_contiguous() else p.contiguous()
 
@@ -133,13 +134,10 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
         return out, mean, rstd
     ws = None
     if x.is_cuda:
-        key = (x.dtype, x.shape, nd, x.device.index)
-        nbytes = _fwd_ws.get(key)
-        if nbytes is None:
-            nbytes = _fwd_ws[key] = _C.layer_norm_fwd_workspace(
-                x, weight, bias, nd)
-        if nbytes:
-            ws = torch.zeros(nbytes, dtype=torch.uint8, device=x.device)
+        nbytes = _workspace.planned(
+            ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
+            _C.layer_norm_fwd_workspace, x, weight, bias, nd)
+        ws = _workspace.scratch(nbytes, x.device, zero=True)
     _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, ws)
     return out, mean, rstd
 
@@ -171,38 +169,37 @@ def _backward(grad_out, x, shape, weight, mean, rstd, want_dx, want_dw,
                           dx, dw, db, None)
         return dx, dw, db
     device = x.get_device()
-    stream, ws = _bwd_last.get(device, (-1, None))
+    args = (grad_out, x, weight, nd, deterministic, mean, rstd, dx, dw, db)
+    if _workspace.capturing(x.device):
+        # a captured launch gets its own workspace and zeroes it itself
+        nbytes = _C.layer_norm_bwd_workspace(x, weight, nd, deterministic,
+                                             want_dx, want_dw, want_db)
+        _C.layer_norm_bwd(*args, _workspace.scratch(nbytes, x.device))
+        return dx, dw, db
+    stream = _bwd_stream.get(device, -1)
+    slot = _workspace.lookup("ln_bwd", device, stream)
     try:
-        need = _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean,
-                                 rstd, dx, dw, db, ws, stream)
+        need = _C.layer_norm_bwd(*args, slot and slot.buf, stream)
         if need is not None:  # first use, larger, or another stream
-            stream, ws = _kept_workspace(device, *need)
-            _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean,
-                              rstd, dx, dw, db, ws, stream)
+            nbytes, stream = need
+            slot = _workspace.kept("ln_bwd", device, stream, nbytes,
+                                   minimum=4096)
+            _bwd_stream[device] = stream
+            _C.layer_norm_bwd(*args, slot.buf, stream)
     except BaseException:
         # a failed launch may leave accumulators non-zero: start afresh
-        _bwd_last.pop(device, None)
-        for key in [k for k in _bwd_kept if k[0] == device]:
-            del _bwd_kept[key]
+        _bwd_stream.pop(device, None)
+        _workspace.forget("ln_bwd", device)
         raise
     return dx, dw, db
 
 
-def _kept_workspace(device, nbytes, stream):
-    """The kept (all-zero) backward workspace of `stream`, grown to
-    nbytes; it becomes the device's last used."""
-    ws = _bwd_kept.get((device, stream))
-    if ws is None or ws.numel() < nbytes:
-        ws = torch.zeros(max(nbytes, 4096), dtype=torch.uint8, device=device)
-        _bwd_kept[(device, stream)] = ws
-    _bwd_last[device] = (stream, ws)
-    return stream, ws
-
-
 class LayerNormFunction(torch.autograd.Function):
-    """Forward through layer_norm_fwd; backward through the ONE fused
-    kernel (dx + atomic dW/dB), computing only the gradients autograd
-    asks for."""
+    """The eager path: forward through layer_norm_fwd; backward through the
+    ONE fused kernel (dx + atomic dW/dB), computing only the gradients
+    autograd asks for. Under create_graph the backward is the
+    gemsops::layer_norm_backward op, whose own autograd gives second
+    order gradients."""
 
     @staticmethod
     def forward(ctx, x, shape, weight, bias, eps, stats):
@@ -220,10 +217,204 @@ class LayerNormFunction(torch.autograd.Function):
     def backward(ctx, grad_out, *_):
         x, weight, mean, rstd = ctx.saved_tensors
         want_dx, _, want_dw, want_db, _, _ = ctx.needs_input_grad
-        dx, dw, db = _backward(grad_out, x, ctx.shape, weight, mean, rstd,
-                               want_dx, want_dw and weight is not None,
-                               want_db and ctx.has_bias)
+        mask = (want_dx, want_dw and weight is not None,
+                want_db and ctx.has_bias)
+        if torch.is_grad_enabled():  # create_graph: differentiable op
+            dx, dw, db = _backward_op(grad_out, x, ctx.shape, mean, rstd,
+                                      weight, mask)
+        else:
+            dx, dw, db = _backward(grad_out, x, ctx.shape, weight, mean,
+                                   rstd, *mask)
         return dx, None, dw, db, None, None
+
+
+# ---- torch.library ops ---------------------------------------------------
+
+def _stat_shape(x, nd):
+    return tuple(x.shape[:x.dim() - nd]) + (1,) * nd
+
+
+@torch.library.custom_op("gemsops::layer_norm", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def _layer_norm_op(input: torch.Tensor, normalized_shape: Sequence[int],
+                   weight: Optional[torch.Tensor],
+                   bias: Optional[torch.Tensor],
+                   eps: float) -> tuple[torch.Tensor, torch.Tensor,
+                                        torch.Tensor]:
+    """torch.native_layer_norm: (out, mean, rstd), statistics of shape
+    input.shape[:-k] + (1,) * k in fp32 (fp64 for fp64 input)."""
+    shape = tuple(normalized_shape)
+    out, mean, rstd = _forward(_plain(input), shape, _param(weight),
+                               _param(bias), eps)
+    st = _stat_shape(input, len(shape))
+    return out, mean.view(st), rstd.view(st)
+
+
+@_layer_norm_op.register_fake
+def _(input, normalized_shape, weight, bias, eps):
+    st = _stat_shape(input, len(normalized_shape))
+    sd = _stats_dtype(input.dtype)
+    return (torch.empty_like(input, memory_format=torch.contiguous_format),
+            input.new_empty(st, dtype=sd), input.new_empty(st, dtype=sd))
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    input, shape, weight, bias, _ = inputs
+    _, mean, rstd = output
+    ctx.shape = tuple(shape)
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(input, weight, mean, rstd)
+    ctx.mark_non_differentiable(mean, rstd)
+
+
+def _layer_norm_grad(ctx, grad_out, _gmean, _grstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    want_dx, _, want_dw, want_db, _ = ctx.needs_input_grad
+    mask = (want_dx, want_dw and weight is not None,
+            want_db and ctx.has_bias)
+    dx, dw, db = _backward_op(grad_out, x, ctx.shape, mean, rstd, weight,
+                              mask)
+    return dx, None, dw, db, None
+
+
+_layer_norm_op.register_autograd(_layer_norm_grad,
+                                 setup_context=_layer_norm_setup)
+
+
+def _none_unless(mask, *ts):
+    return tuple(t if m else None for m, t in zip(mask, ts))
+
+
+def _backward_op(grad_out, x, shape, mean, rstd, weight, mask,
+                 deterministic=None):
+    dx, dw, db = torch.ops.gemsops.layer_norm_backward(
+        grad_out, x, shape, mean, rstd, weight, None, list(mask),
+        deterministic)
+    return _none_unless(mask, dx, dw, db)
+
+
+def _unwanted(like, dtype):
+    # an output output_mask leaves out: 0 elements (a custom op cannot
+    # return None); the Python wrappers turn it into None
+    return like.new_empty((0,), dtype=dtype)
+
+
+@torch.library.custom_op("gemsops::layer_norm_backward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def _layer_norm_backward_op(
+        grad_out: torch.Tensor, input: torch.Tensor,
+        normalized_shape: Sequence[int], mean: torch.Tensor,
+        rstd: torch.Tensor, weight: Optional[torch.Tensor],
+        bias: Optional[torch.Tensor], output_mask: Sequence[bool],
+        deterministic: Optional[bool] = None,
+        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """native_layer_norm_backward: (grad_input, grad_weight, grad_bias);
+    an output output_mask leaves out has 0 elements. mean/rstd: fp32
+    (fp64 for fp64 input), any shape with one value per row."""
+    shape = tuple(normalized_shape)
+    weight = _param(weight)
+    dx, dw, db = _backward(grad_out, _plain(input), shape, weight,
+                           _plain(mean).reshape(-1), _plain(rstd).reshape(-1),
+                           *map(bool, output_mask), deterministic)
+    pdtype = weight.dtype if weight is not None else input.dtype
+    return (dx if dx is not None else _unwanted(input, input.dtype),
+            dw if dw is not None else _unwanted(input, pdtype),
+            db if db is not None else _unwanted(input, pdtype))
+
+
+@_layer_norm_backward_op.register_fake
+def _(grad_out, input, normalized_shape, mean, rstd, weight, bias,
+      output_mask, deterministic=None):
+    pdtype = weight.dtype if weight is not None else input.dtype
+    shape = tuple(normalized_shape)
+    return (torch.empty_like(input, memory_format=torch.contiguous_format)
+            if output_mask[0] else _unwanted(input, input.dtype),
+            input.new_empty(shape, dtype=pdtype) if output_mask[1]
+            else _unwanted(input, pdtype),
+            input.new_empty(shape, dtype=pdtype) if output_mask[2]
+            else _unwanted(input, pdtype))
+
+
+def _eps_of(x, rstd, shape):
+    """eps back from the kernel's rstd: 1/rstd^2 - var (a constant: no
+    graph, so every derivative order is that of rsqrt(var + eps))."""
+    with torch.no_grad():
+        cd = _stats_dtype(x.dtype)
+        xf = x.detach().to(cd)
+        cols = tuple(range(x.dim() - len(shape), x.dim()))
+        var = xf.var(cols, unbiased=False, keepdim=True)
+        return rstd.detach().to(cd).reshape(var.shape).pow(-2) - var
+
+
+def _backward_composite(g, x, weight, eps, shape):
+    """The backward in differentiable torch ops: (dx, dw, db) of
+    layer_norm at x, with the row statistics recomputed from x so that
+    their dependence on x is differentiated too; eps per row from
+    _eps_of, so the values are the kernel's."""
+    nd = len(shape)
+    cols = tuple(range(x.dim() - nd, x.dim()))
+    rows = tuple(range(x.dim() - nd))
+    cd = _stats_dtype(x.dtype)
+    xf, gf = x.to(cd), g.to(cd)
+    mu = xf.mean(cols, keepdim=True)
+    xc = xf - mu
+    var = (xc * xc).mean(cols, keepdim=True)
+    r = torch.rsqrt(var + eps)
+    xhat = xc * r
+    gw = gf * weight.to(cd) if weight is not None else gf
+    dx = r * (gw - gw.mean(cols, keepdim=True)
+              - xhat * (gw * xhat).mean(cols, keepdim=True))
+    pdtype = weight.dtype if weight is not None else x.dtype
+    return (dx.to(x.dtype), (gf * xhat).sum(rows).to(pdtype),
+            gf.sum(rows).to(pdtype))
+
+
+def _layer_norm_backward_setup(ctx, inputs, output):
+    grad_out, x, shape, mean, rstd, weight, _, mask, _ = inputs
+    ctx.shape = tuple(shape)
+    ctx.mask = tuple(map(bool, mask))
+    ctx.save_for_backward(grad_out, x, rstd, weight)
+
+
+def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
+    """Second order: the vector-Jacobian product of the composite backward
+    above, with respect to grad_out, input and weight (mean and rstd are
+    functions of input, differentiated through it)."""
+    g, x, rstd, weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    cots = tuple(c if m and c is not None and c.numel() else None
+                 for c, m in zip((gdx, gdw, gdb), ctx.mask))
+    eps = _eps_of(x, rstd, ctx.shape)
+    # torch.func.vjp: the result stays differentiable with respect to the
+    # saved tensors' own history (third order and up), without counting
+    # twice a path from x to grad_out
+    if weight is None:
+        _, vjp = torch.func.vjp(
+            lambda g, x: _composite_masked(g, x, None, eps, ctx, cots),
+            g, x)
+        dg, dx = vjp(_cotangents(cots))
+        dw = None
+    else:
+        _, vjp = torch.func.vjp(
+            lambda g, x, w: _composite_masked(g, x, w, eps, ctx, cots),
+            g, x, weight)
+        dg, dx, dw = vjp(_cotangents(cots))
+    return (dg if need[0] else None, dx if need[1] else None, None, None,
+            None, dw if need[5] else None, None, None, None)
+
+
+def _composite_masked(g, x, w, eps, ctx, cots):
+    outs = _backward_composite(g, x, w, eps, ctx.shape)
+    return tuple(o for o, c in zip(outs, cots) if c is not None)
+
+
+def _cotangents(cots):
+    return tuple(c for c in cots if c is not None)
+
+
+_layer_norm_backward_op.register_autograd(
+    _layer_norm_backward_grad, setup_context=_layer_norm_backward_setup)
+register_autocast(torch.ops.gemsops.layer_norm.default, "cuda", "fp32")
 
 
 def _prepare(input, normalized_shape, weight, bias, fn="layer_norm"):
@@ -236,7 +427,7 @@ def _prepare(input, normalized_shape, weight, bias, fn="layer_norm"):
         raise _not_tensor(TypeError, fn, "bias", bias, " or None")
     shape = _normalized_shape(normalized_shape, fn)
     _check_shape(input, shape, fn)
-    if input.is_neg():
+    if not _compiling() and input.is_neg():
         input = input.resolve_neg()
     return input, shape, _param(weight), _param(bias)
 
@@ -251,6 +442,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     with fp16/bf16 input (mixed precision); the output has input's dtype."""
     input, shape, weight, bias = _prepare(input, normalized_shape, weight,
                                           bias)
+    if not eager((input, weight, bias)):
+        return _layer_norm_op(input, shape, weight, bias, eps)[0]
     if _needs_grad(input, weight, bias):
         return LayerNormFunction.apply(input, shape, weight, bias, eps,
                                        False)
@@ -271,6 +464,8 @@ def native_layer_norm(input, normalized_shape, weight=None, bias=None,
     differentiable through out, as torch's."""
     input, shape, weight, bias = _prepare(input, normalized_shape, weight,
                                           bias)
+    if not eager((input, weight, bias)):
+        return _layer_norm_op(input, shape, weight, bias, eps)
     if _needs_grad(input, weight, bias):
         out, mean, rstd = LayerNormFunction.apply(input, shape, weight, bias,
                                                   eps, True)
@@ -301,6 +496,12 @@ def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
     sd = _stats_dtype(input.dtype)
     mean, rstd = (s.to(sd) if s.dtype in (torch.float16, torch.bfloat16)
                   and sd == torch.float32 else _plain(s) for s in (mean, rstd))
+    if not eager((grad_out, input, mean, rstd, weight)) or (
+            torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad
+                for t in (grad_out, input, weight))):
+        return _backward_op(grad_out, input, shape, mean, rstd, weight,
+                            (want_dx, want_dw, want_db), deterministic)
     return _backward(grad_out, input, shape, weight, mean.reshape(-1),
                      rstd.reshape(-1), want_dx, want_dw, want_db,
                      deterministic)

@@ -19,7 +19,10 @@ import os
 
 import torch
 
-from .. import _C
+from .. import _C, _workspace
+from .._dispatch import eager, register_autocast
+
+_compiling = torch.compiler.is_compiling
 
 SCHEDULES = {"auto": 0, "data-parallel": 1, "stream-k": 2, "hybrid": 3}
 MAINLOOPS = {"auto": 0, "ffma": 1, "mma": 2, "wgmma-128": 3, "wgmma-256": 4}
@@ -29,8 +32,6 @@ _config = dict(schedule=os.environ.get("GEMSOPS_MATMUL_SCHEDULE", "auto"),
                two_tiles=False, ctas=0, spin_limit=0,
                mainloop=os.environ.get("GEMSOPS_MATMUL_MAINLOOP", "auto"))
 _launch = ()   # _C.matmul's (schedule, two_tiles, ctas, mainloop, spin_limit)
-_streams = {}  # (device, stream handle) -> [int32 flags, epoch, workspace]
-_errors = {}   # device -> int32 [1]
 
 
 def _set_launch():
@@ -66,25 +67,30 @@ def get_schedule():
 
 def _stream_buffers(device, need):
     """The flags (with a fresh epoch) and workspace of the stream a
-    Stream-K launch runs on: kept per stream, since launches on one stream
-    are ordered and may share them, launches on two may not. need is
-    _C.matmul's (workspace bytes, flag count, stream handle)."""
+    Stream-K launch runs on: kept per stream in gemsops._workspace, since
+    launches on one stream are ordered and may share them, launches on two
+    may not. need is _C.matmul's (workspace bytes, flag count, stream
+    handle). Under CUDA-graph capture: fresh flags at epoch 1 that the
+    launch zeroes (C has never seen them), nothing kept."""
     nbytes, count, stream = need
-    entry = _streams.get((device, stream))
-    if entry is None or entry[0].numel() < count or entry[1] >= 0xFFFFFFFF:
-        flags = torch.zeros(max(count, 1024), dtype=torch.int32, device=device)
-        entry = _streams[(device, stream)] = [flags, 0, None]
-    if entry[2] is None or entry[2].numel() < nbytes:
-        entry[2] = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    entry[1] += 1  # a new epoch: no flag needs resetting
-    return entry
+    if _workspace.capturing(torch.device("cuda", device)):
+        dev = torch.device("cuda", device)
+        return (torch.empty(max(count, 1), dtype=torch.int32, device=dev),
+                1, _workspace.scratch(nbytes, dev))
+    flags = _workspace.kept("mm_flags", device, stream, count,
+                            dtype=torch.int32, minimum=1024)
+    if flags.epoch >= 0xFFFFFFFF:  # epochs used up: start afresh
+        _workspace.forget("mm_flags", device)
+        flags = _workspace.kept("mm_flags", device, stream, count,
+                                dtype=torch.int32, minimum=1024)
+    ws = _workspace.kept("mm_ws", device, stream, nbytes, zero=False)
+    flags.epoch += 1  # a new epoch: no flag needs resetting
+    return flags.buf, flags.epoch, ws.buf
 
 
 def _error_buffer(device):
-    err = _errors.get(device)
-    if err is None:
-        err = _errors[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return err
+    return _workspace.kept("mm_error", device.index, -1, 1,
+                           dtype=torch.int32).buf
 
 
 def _mm(a, b):
@@ -106,6 +112,9 @@ def _mm(a, b):
 
 
 class MatmulFunction(torch.autograd.Function):
+    """The eager path; under create_graph the backward runs the gemsops
+    mm/bmm ops, whose own autograd gives second order gradients."""
+
     @staticmethod
     def forward(ctx, a, b):
         ctx.save_for_backward(a, b)
@@ -114,14 +123,66 @@ class MatmulFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        if grad.is_neg():  # C reads raw memory: give it the values
-            grad = grad.resolve_neg()
-        da = db = None
-        if ctx.needs_input_grad[0]:
-            da = _mm(grad, b.mT)
-        if ctx.needs_input_grad[1]:
-            db = _mm(a.mT, grad)
-        return da, db
+        # the ops (differentiable) when a graph of the backward is asked for
+        return _grads(ctx, a, b, grad, not torch.is_grad_enabled())
+
+
+def _grads(ctx, a, b, grad, direct):
+    if grad.is_neg():  # C reads raw memory: give it the values
+        grad = grad.resolve_neg()
+    mm = _mm if direct else _OPS[a.dim()]
+    da = db = None
+    if ctx.needs_input_grad[0]:
+        da = mm(grad, b.mT)
+    if ctx.needs_input_grad[1]:
+        db = mm(a.mT, grad)
+    return da, db
+
+
+# ---- torch.library ops ---------------------------------------------------
+
+def _op_impl(a, b):
+    if a.is_neg():
+        a = a.resolve_neg()
+    if b.is_neg():
+        b = b.resolve_neg()
+    return _mm(a, b)
+
+
+def _op_fake(a, b):
+    return a.new_empty(a.shape[:-1] + b.shape[-1:])
+
+
+def _op_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _op_grad(ctx, grad):
+    a, b = ctx.saved_tensors
+    return _grads(ctx, a, b, grad, False)
+
+
+@torch.library.custom_op("gemsops::mm", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def _mm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[m, k] x [k, n] -> [m, n] (contiguous), Stream-K."""
+    return _op_impl(a, b)
+
+
+@torch.library.custom_op("gemsops::bmm", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def _bmm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[B, m, k] x [B, k, n] -> [B, m, n] (contiguous), Stream-K."""
+    return _op_impl(a, b)
+
+
+_OPS = {2: _mm_op, 3: _bmm_op}
+for _op in (_mm_op, _bmm_op):
+    _op.register_fake(_op_fake)
+    _op.register_autograd(_op_grad, setup_context=_op_setup)
+for _device in ("cpu", "cuda"):  # the autocast dtype, as torch.mm / bmm
+    register_autocast(torch.ops.gemsops.mm.default, _device, "lower")
+    register_autocast(torch.ops.gemsops.bmm.default, _device, "lower")
 
 
 def _operands(fn, a, b):
@@ -131,7 +192,7 @@ def _operands(fn, a, b):
         raise _not_tensor(fn, "input", a)
     if not isinstance(b, torch.Tensor):
         raise _not_tensor(fn, "other", b)
-    if a.dtype != b.dtype:
+    if a.dtype != b.dtype and not _autocast_casts(a, b):
         raise RuntimeError(f"{fn}(): expected both arguments to have the same "
                            f"dtype, but got {a.dtype} and {b.dtype}")
     if a.get_device() != b.get_device():
@@ -141,11 +202,20 @@ def _operands(fn, a, b):
         raise NotImplementedError(
             f"{fn}(): gemsops matmul takes float16, bfloat16 and float32, "
             f"got {a.dtype}")
-    if a.is_neg():
-        a = a.resolve_neg()
-    if b.is_neg():
-        b = b.resolve_neg()
+    if not _compiling():  # Dynamo cannot ask; the ops resolve it
+        if a.is_neg():
+            a = a.resolve_neg()
+        if b.is_neg():
+            b = b.resolve_neg()
     return a, b
+
+
+def _autocast_casts(a, b):
+    """Autocast will cast both to one dtype (the op's autocast rule)."""
+    return (torch.is_autocast_enabled(a.device.type)
+            and a.device.type == b.device.type
+            and all(t.is_floating_point() and t.dtype != torch.float64
+                    for t in (a, b)))
 
 
 def _not_tensor(fn, name, value):
@@ -154,6 +224,8 @@ def _not_tensor(fn, name, value):
 
 
 def _product(a, b):
+    if not eager((a, b)):
+        return _OPS[a.dim()](a, b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return MatmulFunction.apply(a, b)
     return _mm(a, b)

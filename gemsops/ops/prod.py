@@ -6,28 +6,25 @@ input before multiplying and is the result's dtype. The backward is
 zero-safe: exclusive prefix and suffix products, no division by x and no
 host sync."""
 import sys
+from typing import Optional
 
 import torch
 
-from .. import _C
+from .. import _C, _workspace
+from .._dispatch import eager, register_autocast
 
-# workspace bytes per (dtype, shape, strides, dim, device): planned once by
-# C (the plan depends on the device's SM count), then reused
-_fwd_ws = {}
-_bwd_ws = {}
+_compiling = torch.compiler.is_compiling
 
 
-def _workspace(cache, query, x, dim):
+def _scratch(kind, query, x, dim):
+    """The launch's scratch: its size planned once per layout by C (the
+    plan depends on the device's SM count), the buffer fresh."""
     if not x.is_cuda:
         return None
-    key = (x.dtype, x.shape, x.stride(), dim, x.device.index,
+    key = (kind, x.dtype, x.shape, x.stride(), dim, x.device.index,
            x.data_ptr() % 16)
-    nbytes = cache.get(key)
-    if nbytes is None:
-        nbytes = cache[key] = query(x, dim)
-    if not nbytes:
-        return None
-    return torch.empty(nbytes, dtype=torch.uint8, device=x.device)
+    return _workspace.scratch(_workspace.planned(key, query, x, dim),
+                              x.device)
 
 
 # dtype= may be one of these Python types, as torch takes it
@@ -80,11 +77,25 @@ def _forward(x, dim):
     else:
         kept = x.shape[:dim] + x.shape[dim + 1:]
         out = torch.empty(kept, dtype=_out_dtype(x.dtype), device=x.device)
-    _C.prod(x, dim, out, _workspace(_fwd_ws, _C.prod_workspace, x, dim))
+    _C.prod(x, dim, out, _scratch("prod", _C.prod_workspace, x, dim))
     return out
 
 
+def _backward(x, dim, grad):
+    if x.is_cuda:  # the CUDA backward reads [outer, dim, inner] rows
+        x = x.contiguous()
+    if grad.is_neg():  # C reads raw memory: give it the values
+        grad = grad.resolve_neg()
+    grad_in = torch.empty_like(x, memory_format=torch.contiguous_format)
+    ws = _scratch("prod_bwd", _C.prod_bwd_workspace, x, dim)
+    _C.prod_bwd(x, dim, grad.contiguous(), grad_in, ws)
+    return grad_in
+
+
 class ProdFunction(torch.autograd.Function):
+    """The eager path; under create_graph the backward is the
+    gemsops::prod_backward op, which is differentiable."""
+
     @staticmethod
     def forward(ctx, x, dim):
         ctx.dim = dim
@@ -94,14 +105,103 @@ class ProdFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
-        if x.is_cuda:  # the CUDA backward reads [outer, dim, inner] rows
-            x = x.contiguous()
-        if grad.is_neg():  # C reads raw memory: give it the values
-            grad = grad.resolve_neg()
-        grad_in = torch.empty_like(x, memory_format=torch.contiguous_format)
-        ws = _workspace(_bwd_ws, _C.prod_bwd_workspace, x, ctx.dim)
-        _C.prod_bwd(x, ctx.dim, grad.contiguous(), grad_in, ws)
-        return grad_in, None
+        if torch.is_grad_enabled():
+            return _prod_backward_op(x, ctx.dim, grad), None
+        return _backward(x, ctx.dim, grad), None
+
+
+# ---- torch.library ops ---------------------------------------------------
+
+def _kept_shape(x, dim):
+    return () if dim is None else tuple(x.shape[:dim] + x.shape[dim + 1:])
+
+
+@torch.library.custom_op("gemsops::prod", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def _prod_op(input: torch.Tensor, dim: Optional[int]) -> torch.Tensor:
+    """The product of input (at least 1-D) over dim (normalised), or of
+    all of it for None, without keepdim: int64 for bool and integer
+    input, else input's dtype."""
+    if input.is_neg():
+        input = input.resolve_neg()
+    return _forward(input, dim)
+
+
+@_prod_op.register_fake
+def _(input, dim):
+    return input.new_empty(_kept_shape(input, dim),
+                           dtype=_out_dtype(input.dtype))
+
+
+def _prod_setup(ctx, inputs, output):
+    ctx.dim = inputs[1]
+    ctx.save_for_backward(inputs[0])
+
+
+def _prod_grad(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return _prod_backward_op(x, ctx.dim, grad), None
+
+
+_prod_op.register_autograd(_prod_grad, setup_context=_prod_setup)
+
+
+@torch.library.custom_op("gemsops::prod_backward", mutates_args=(),
+                         device_types=("cpu", "cuda"))
+def _prod_backward_op(input: torch.Tensor, dim: Optional[int],
+                      grad: torch.Tensor) -> torch.Tensor:
+    """d prod(input, dim) / d input times grad (the kept-dims shape):
+    zero-safe, from exclusive prefix and suffix products."""
+    if input.is_neg():
+        input = input.resolve_neg()
+    return _backward(input, dim, grad)
+
+
+@_prod_backward_op.register_fake
+def _(input, dim, grad):
+    return torch.empty_like(input, memory_format=torch.contiguous_format)
+
+
+def _exclusive_cumprod(x, d):
+    ones = torch.ones_like(x.narrow(d, 0, 1))
+    return torch.cat([ones, torch.cumprod(x.narrow(d, 0, x.shape[d] - 1),
+                                          d)], d)
+
+
+def _backward_composite(x, dim, grad):
+    """_prod_backward_op in differentiable torch ops: grad times the
+    product of the other elements (prefix times suffix product)."""
+    if x.numel() == 0:
+        return torch.zeros_like(x) + grad.sum() * 0
+    xf = x.reshape(-1) if dim is None else x
+    d = 0 if dim is None else dim
+    others = _exclusive_cumprod(xf, d) * _exclusive_cumprod(
+        xf.flip(d), d).flip(d)
+    if dim is None:
+        return (grad * others).reshape(x.shape)
+    return grad.unsqueeze(d) * others
+
+
+def _prod_backward_setup(ctx, inputs, output):
+    ctx.dim = inputs[1]
+    ctx.save_for_backward(inputs[0], inputs[2])
+
+
+def _prod_backward_grad(ctx, gg):
+    """Second order: the vector-Jacobian product of the composite."""
+    x, grad = ctx.saved_tensors
+    # torch.func.vjp keeps the result differentiable (third order and up)
+    _, vjp = torch.func.vjp(lambda x, g: _backward_composite(x, ctx.dim, g),
+                            x, grad)
+    dx, dg = vjp(gg)
+    need = ctx.needs_input_grad
+    return dx if need[0] else None, None, dg if need[2] else None
+
+
+_prod_backward_op.register_autograd(_prod_backward_grad,
+                                    setup_context=_prod_backward_setup)
+for _device in ("cpu", "cuda"):  # prod is on torch's fp32 autocast lists
+    register_autocast(torch.ops.gemsops.prod.default, _device, "fp32")
 
 
 def prod(input, dim=None, keepdim=False, *, dtype=None):
@@ -135,10 +235,12 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
     if input.is_complex():
         raise NotImplementedError(f"prod(): gemsops has no kernel for "
                                   f"complex input ({input.dtype})")
-    if input.is_neg():  # C reads raw memory: give it the values
+    if not _compiling() and input.is_neg():  # C reads raw memory
         input = input.resolve_neg()
     x = input.reshape(1) if input.dim() == 0 else input
-    if (torch.is_grad_enabled() and input.requires_grad
+    if not eager((x,)):
+        out = _prod_op(x, d)
+    elif (torch.is_grad_enabled() and input.requires_grad
             and input.is_floating_point()):
         out = ProdFunction.apply(x, d)
     else:

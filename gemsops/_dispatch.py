@@ -1,0 +1,65 @@
+"""How a public gemsops function reaches its kernel.
+
+Every op is a torch.library custom op (namespace `gemsops`), so
+torch.compile, export, fake tensors, autocast and functorch see one op.
+Going through the dispatcher costs host time, though, and a plain eager
+call on plain tensors needs none of it: `eager()` says when the public
+function may call the op's Python implementation directly (what the
+dispatcher would end up calling anyway). Anything unusual (tracing, a
+dispatch or function mode, a tensor subclass, a functorch transform,
+autocast) takes the op."""
+import torch
+
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_any_autocast = torch._C._is_any_autocast_enabled
+_has_torch_function = torch._C._has_torch_function
+_functorch = torch._C._functorch.peek_interpreter_stack
+
+LIB = torch.library.Library("gemsops", "FRAGMENT")
+
+
+def eager(tensors):
+    """True when `tensors` (a tuple; None entries allowed) may go straight
+    to the kernels: no tracing, no mode, no subclass, no autocast."""
+    # is_compiling() first: Dynamo folds it to True and never looks past it
+    return not (_is_compiling() or _dispatch_modes() or _any_autocast()
+                or _functorch() is not None
+                or _has_torch_function(tensors))
+
+
+def _cast(value, device_type, dtype):
+    if (isinstance(value, torch.Tensor) and value.is_floating_point()
+            and value.device.type == device_type
+            and value.dtype != torch.float64):
+        return value.to(dtype)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast(v, device_type, dtype) for v in value)
+    return value
+
+
+def register_autocast(op, device_type, policy):
+    """Autocast rule of custom op `op` (an OpOverload) on device_type, as
+    torch's own lists: policy 'lower' casts floating inputs to the autocast
+    dtype of the region (fp16 or bf16: the matmul family), 'fp32' casts
+    them to float32. Like torch.library.register_autocast, whose cast dtype
+    is fixed when registered; this one reads the region's dtype per call."""
+    key_name = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    key = getattr(torch._C.DispatchKey, key_name)
+
+    def run(*args):
+        dtype = (torch.float32 if policy == "fp32"
+                 else torch.get_autocast_dtype(device_type))
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return op(*_cast(args, device_type, dtype))
+
+    if op.has_kernel_for_dispatch_key(key):
+        op.py_kernels.pop(key)
+    op.py_impl(key)(run)  # what tracing (make_fx, export) calls
+
+    def kernel(_keyset, *args):
+        return run(*args)
+
+    LIB.impl(op._schema.name.split("::")[1] + (
+        "." + op._overloadname if op._overloadname != "default" else ""),
+        kernel, key_name, with_keyset=True)

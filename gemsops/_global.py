@@ -1,0 +1,213 @@
+"""Global mode: torch's own aten ops run on gemsops kernels.
+
+enable() registers, per dispatch key (CPU, CUDA), kernels for aten's
+native_layer_norm, native_layer_norm_backward, prod, prod.dim_int, mm, bmm
+and addmm (what F.linear, nn.Linear, nn.LayerNorm, attention's projections
+and their backwards reach). They sit below autograd and autocast, so
+torch's own derivative formulas and autocast lists still apply. A call
+gemsops cannot serve (a dtype it lacks, mixed dtypes, an error) goes to the
+kernel torch had registered before (torch.library.get_kernel), so nothing
+fails that would not fail anyway. disable() drops the registrations, which
+restores torch's kernels."""
+import contextlib
+import warnings
+from collections import Counter
+
+import torch
+
+from .ops import layer_norm as _ln
+from .ops import matmul as _mm
+from .ops import prod as _prod
+
+OPS = ("native_layer_norm", "native_layer_norm_backward", "prod",
+       "prod.dim_int", "mm", "bmm", "addmm")
+_KEYS = {"cpu": "CPU", "cuda": "CUDA"}
+_MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+_lib = None
+_state = None      # the arguments enable() was called with
+counts = Counter()  # "op" (served by gemsops) and "op:fallback"
+
+
+class _Fallback(Exception):
+    pass
+
+
+def _need(cond):
+    if not cond:
+        raise _Fallback
+
+
+def _plain(t):
+    return t.resolve_neg() if t.is_neg() else t
+
+
+def _native_layer_norm(x, normalized_shape, weight, bias, eps):
+    _need(x.dtype in _LN_DTYPES and x.numel() > 0)
+    shape = tuple(normalized_shape)
+    out, mean, rstd = _ln._forward(_plain(x), shape, _ln._param(weight),
+                                   _ln._param(bias), eps)
+    st = _ln._stat_shape(x, len(shape))
+    mean, rstd = mean.view(st), rstd.view(st)
+    if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
+        # torch's CPU kernel returns the statistics in the input's dtype
+        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
+    return out, mean, rstd
+
+
+def _native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd,
+                                weight, bias, output_mask):
+    _need(x.dtype in _LN_DTYPES and x.numel() > 0
+          and grad_out.dtype == x.dtype)
+    want_dx, want_dw, want_db = map(bool, output_mask)
+    _need(not (want_dw and weight is None) and not (want_db and bias is None))
+    sd = _ln._stats_dtype(x.dtype)
+    mean, rstd = (_plain(s).to(sd).reshape(-1) for s in (mean, rstd))
+    return _ln._backward(grad_out, _plain(x), tuple(normalized_shape),
+                         _ln._param(weight), mean, rstd, want_dx, want_dw,
+                         want_db)
+
+
+def _prod_any(x, dim, keepdim, dtype):
+    if dtype is not None:
+        x = x.to(dtype)
+    _need(not x.is_complex())
+    x = _plain(x)
+    x1 = x.reshape(1) if x.dim() == 0 else x
+    d = None if dim is None else _prod._normalize_dim(dim, x.dim())
+    out = _prod._forward(x1, d)
+    target = dtype if dtype is not None else _prod._out_dtype(x.dtype)
+    if out.dtype != target:
+        out = out.to(target)
+    if d is not None and x.dim() == 0:
+        return out.reshape(())
+    if d is not None and keepdim:
+        out = out.unsqueeze(d)
+    return out
+
+
+def _prod_full(x, *, dtype=None):
+    return _prod_any(x, None, False, dtype)
+
+
+def _prod_dim(x, dim, keepdim=False, *, dtype=None):
+    return _prod_any(x, dim, keepdim, dtype)
+
+
+def _mm_ok(a, b):
+    _need(a.dtype in _MM_DTYPES and a.dtype == b.dtype
+          and a.device == b.device)
+
+
+def _mm2(a, b):
+    _mm_ok(a, b)
+    _need(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0])
+    return _mm._mm(_plain(a), _plain(b))
+
+
+def _bmm3(a, b):
+    _mm_ok(a, b)
+    _need(a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0]
+          and a.shape[2] == b.shape[1])
+    return _mm._mm(_plain(a), _plain(b))
+
+
+def _addmm(bias, a, b, *, beta=1, alpha=1):
+    _need(bias.dtype == a.dtype)
+    c = _mm2(a, b)
+    _need(torch.broadcast_shapes(bias.shape, c.shape) == c.shape)
+    if alpha != 1:
+        c.mul_(alpha)
+    if beta != 0:  # beta 0: bias is not read (NaNs in it do not spread)
+        c.add_(bias, alpha=beta)
+    return c
+
+
+_IMPLS = {"native_layer_norm": _native_layer_norm,
+          "native_layer_norm_backward": _native_layer_norm_backward,
+          "prod": _prod_full, "prod.dim_int": _prod_dim, "mm": _mm2,
+          "bmm": _bmm3, "addmm": _addmm}
+
+
+def _kernel(name, impl, original):
+    def kernel(keyset, *args, **kwargs):
+        try:
+            out = impl(*args, **kwargs)
+        except _Fallback:
+            pass
+        except (TypeError, ValueError, RuntimeError, NotImplementedError,
+                IndexError):
+            pass  # torch's kernel decides (and raises what torch raises)
+        else:
+            counts[name] += 1
+            return out
+        counts[name + ":fallback"] += 1
+        return original.call_boxed(keyset, *args, **kwargs)
+    return kernel
+
+
+def enable(devices=("cuda",), include=None, exclude=None):
+    """Route torch's aten ops in OPS (or `include`, less `exclude`) to
+    gemsops on `devices` ('cuda', 'cpu'). Replaces an earlier enable()."""
+    global _lib, _state
+    devices = (devices,) if isinstance(devices, str) else tuple(devices)
+    for d in devices:
+        if d not in _KEYS:
+            raise ValueError(f"enable(): devices must be among "
+                             f"{sorted(_KEYS)}, got {d!r}")
+    names = tuple(OPS if include is None else include)
+    for n in names + tuple(exclude or ()):
+        if n not in _IMPLS:
+            raise ValueError(f"enable(): no gemsops kernel for aten.{n}; "
+                             f"known: {', '.join(OPS)}")
+    names = tuple(n for n in names if n not in set(exclude or ()))
+    disable()
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            # overriding torch's kernel is the point
+            warnings.simplefilter("ignore")
+            for d in devices:
+                key = _KEYS[d]
+                for n in names:
+                    try:
+                        original = torch.library.get_kernel(f"aten::{n}",
+                                                            key)
+                    except RuntimeError:  # torch has none here (no CUDA)
+                        continue
+                    lib.impl(n, _kernel(n, _IMPLS[n], original), key,
+                             with_keyset=True)
+    except BaseException:
+        lib._destroy()
+        raise
+    _lib = lib
+    _state = (devices, names)
+
+
+def disable():
+    """Give torch its kernels back."""
+    global _lib, _state
+    if _lib is not None:
+        _lib._destroy()
+        _lib = None
+        _state = None
+
+
+def enabled():
+    """(devices, ops) routed to gemsops now, or None."""
+    return _state
+
+
+@contextlib.contextmanager
+def use_gemsops(devices=("cuda",), include=None, exclude=None):
+    """with gemsops.use_gemsops(): torch's ops run on gemsops inside, and
+    whatever was routed before is routed again after."""
+    before = _state
+    enable(devices, include, exclude)
+    try:
+        yield counts
+    finally:
+        disable()
+        if before is not None:
+            enable(*before)

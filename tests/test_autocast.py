@@ -1,0 +1,84 @@
+"""Autocast: gemsops follows torch's own lists. Under CPU autocast (bf16)
+the matmul family runs in bf16, layer_norm keeps its input's dtype, prod
+runs in float32; on CUDA layer_norm runs in float32 too."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gemsops
+
+
+def _pairs(device):
+    x = torch.randn(4, 8, device=device)
+    w, b = torch.randn(8, device=device), torch.randn(8, device=device)
+    m = torch.randn(8, 3, device=device)
+    yield "mm", lambda: gemsops.mm(x, m), lambda: torch.mm(x, m)
+    yield "mm mixed", lambda: gemsops.mm(x, m.bfloat16()), \
+        lambda: torch.mm(x, m.bfloat16())
+    yield "bmm", lambda: gemsops.bmm(x[None], m[None]), \
+        lambda: torch.bmm(x[None], m[None])
+    yield "matmul", lambda: gemsops.matmul(x, m), lambda: torch.matmul(x, m)
+    yield "matmul 3d x 1d", lambda: gemsops.matmul(x[None], m[:, 0]), \
+        lambda: torch.matmul(x[None], m[:, 0])
+    yield "layer_norm", lambda: gemsops.layer_norm(x, (8,), w, b), \
+        lambda: F.layer_norm(x, (8,), w, b)
+    yield "layer_norm bf16 in", \
+        lambda: gemsops.layer_norm(x.bfloat16(), (8,), w, b), \
+        lambda: F.layer_norm(x.bfloat16(), (8,), w, b)
+    yield "nn.LayerNorm", lambda: gemsops.nn.LayerNorm(8).to(device)(x), \
+        lambda: torch.nn.LayerNorm(8).to(device)(x)
+    yield "prod", lambda: gemsops.prod(x), lambda: torch.prod(x)
+    yield "prod bf16", lambda: gemsops.prod(x.bfloat16(), 1), \
+        lambda: torch.prod(x.bfloat16(), 1)
+    yield "prod int", lambda: gemsops.prod(x.long(), 1), \
+        lambda: torch.prod(x.long(), 1)
+
+
+def _check(device, dtype):
+    torch.manual_seed(0)
+    for name, mine, theirs in _pairs(device):
+        with torch.autocast(device, dtype=dtype):
+            got, want = mine(), theirs()
+        assert got.dtype == want.dtype, name
+        assert got.shape == want.shape, name
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2,
+                                   atol=2e-2, msg=name)
+
+
+def test_cpu_autocast_bf16_dtypes_as_torch():
+    _check("cpu", torch.bfloat16)
+
+
+def test_cpu_autocast_backward():
+    a = torch.randn(4, 8, requires_grad=True)
+    m = torch.randn(8, 3, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = gemsops.matmul(gemsops.layer_norm(a, (8,)), m)
+    assert y.dtype == torch.bfloat16
+    y.float().sum().backward()
+    assert a.grad.dtype == torch.float32 and m.grad.dtype == torch.float32
+
+
+def test_autocast_off_inside_region():
+    x = torch.randn(4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", enabled=False):
+            assert gemsops.mm(x, x.t()).dtype == torch.float32
+
+
+def test_autocast_compiled():
+    x, m = torch.randn(4, 8), torch.randn(8, 3)
+
+    def f(x, m):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return gemsops.mm(x, m), gemsops.prod(x.bfloat16(), 1)
+
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="aot_eager", fullgraph=True)(x, m)
+    assert [t.dtype for t in got] == [torch.bfloat16, torch.float32]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cuda_autocast_dtypes_as_torch(dtype):
+    _check("cuda", dtype)

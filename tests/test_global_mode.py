@@ -1,0 +1,131 @@
+"""Global mode: torch's own aten ops served by gemsops, then given back."""
+import pytest
+import torch
+
+import gemsops
+from gemsops import _global
+
+
+def _train_step(layer, x):
+    layer.zero_grad()
+    xg = x.clone().requires_grad_()
+    out = layer(xg)
+    out.square().mean().backward()
+    return out.detach(), xg.grad, [p.grad.clone() for p in layer.parameters()]
+
+
+def test_transformer_encoder_layer_cpu():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0,
+                                             batch_first=True)
+    x = torch.randn(3, 7, 32)
+    want = _train_step(layer, x)
+    _global.counts.clear()
+    with gemsops.use_gemsops(devices=("cpu",)) as counts:
+        got = _train_step(layer, x)
+        served = dict(counts)
+    for op in ("native_layer_norm", "native_layer_norm_backward", "mm",
+               "addmm"):
+        assert served.get(op, 0) > 0, (op, served)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-4)
+    for g, w in zip(got[2], want[2]):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-4)
+    # left: torch's kernels again
+    assert gemsops._global.enabled() is None
+    before = dict(_global.counts)
+    _train_step(layer, x)
+    assert dict(_global.counts) == before
+
+
+def test_profiler_shows_gemsops_kernel():
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    with gemsops.use_gemsops(devices=("cpu",)):
+        with torch.profiler.profile() as prof:
+            torch.mm(a, b)
+    names = " ".join(e.name for e in prof.events())
+    assert "aten::mm" in names
+    assert _global.counts["mm"] > 0
+
+
+def test_fallbacks_never_fail():
+    _global.counts.clear()
+    d = torch.randn(3, 3, dtype=torch.float64)
+    with gemsops.use_gemsops(devices=("cpu",)):
+        torch.testing.assert_close(torch.mm(d, d), d.numpy() @ d.numpy()
+                                   if False else torch.mm(d, d))
+        z = torch.tensor([1 + 1j, 2 - 1j])
+        assert torch.prod(z) == (1 + 1j) * (2 - 1j)
+        with pytest.raises(RuntimeError):
+            torch.mm(torch.randn(2, 3), torch.randn(2, 3))
+        assert torch.prod(torch.arange(1, 6)) == 120
+        p = torch.prod(torch.tensor([[1., 2], [3, 4]]), 1, keepdim=True)
+        assert p.shape == (2, 1) and p[1, 0] == 12
+        i = torch.randn(5, 4, dtype=torch.float16)
+        torch.nn.functional.layer_norm(i, (4,))
+        lin = torch.nn.functional.linear(torch.randn(2, 3, 4),
+                                         torch.randn(5, 4), torch.randn(5))
+        assert lin.shape == (2, 3, 5)
+    assert _global.counts["mm:fallback"] > 0
+    assert _global.counts["prod:fallback"] > 0
+
+
+def test_matches_torch_dtypes_and_values():
+    torch.manual_seed(1)
+    a, b, c = torch.randn(5, 7), torch.randn(7, 3), torch.randn(3)
+    want = (torch.addmm(c, a, b, beta=0.5, alpha=2.0), torch.bmm(
+        a[None], b[None]), torch.prod(a, 0), torch.native_layer_norm(
+        a.bfloat16(), (7,), None, None, 1e-5))
+    with gemsops.use_gemsops(devices=("cpu",)):
+        got = (torch.addmm(c, a, b, beta=0.5, alpha=2.0), torch.bmm(
+            a[None], b[None]), torch.prod(a, 0), torch.native_layer_norm(
+            a.bfloat16(), (7,), None, None, 1e-5))
+    for g, w in zip(got[:3], want[:3]):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+    for g, w in zip(got[3], want[3]):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g.float(), w.float(), rtol=2e-2,
+                                   atol=2e-2)
+
+
+def test_include_exclude_and_nesting():
+    a = torch.randn(4, 4)
+    _global.counts.clear()
+    with gemsops.use_gemsops(devices=("cpu",), include=("mm", "bmm"),
+                             exclude=("bmm",)):
+        assert _global.enabled() == (("cpu",), ("mm",))
+        torch.prod(a)
+        torch.mm(a, a)
+        with gemsops.use_gemsops(devices=("cpu",), include=("prod",)):
+            torch.prod(a)
+            torch.mm(a, a)
+        assert _global.enabled() == (("cpu",), ("mm",))
+    assert _global.enabled() is None
+    assert _global.counts["mm"] == 1 and _global.counts["prod"] == 1
+    with pytest.raises(ValueError):
+        gemsops.enable(include=("softmax",))
+    with pytest.raises(ValueError):
+        gemsops.enable(devices=("tpu",))
+
+
+def test_default_devices_cuda_only_leave_cpu_alone():
+    _global.counts.clear()
+    gemsops.enable()
+    try:
+        torch.mm(torch.randn(2, 2), torch.randn(2, 2))
+    finally:
+        gemsops.disable()
+    assert _global.counts["mm"] == 0
+
+
+@pytest.mark.cuda
+def test_transformer_encoder_layer_cuda():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0,
+                                             batch_first=True).cuda()
+    x = torch.randn(3, 7, 64, device="cuda")
+    want = _train_step(layer, x)
+    with gemsops.use_gemsops() as counts:
+        got = _train_step(layer, x)
+        assert counts["mm"] + counts["addmm"] > 0
+    torch.testing.assert_close(got[0], want[0], rtol=1e-3, atol=1e-3)

@@ -1,0 +1,248 @@
+"""The ops as torch sees them: torch.library registrations (opcheck),
+torch.compile with fullgraph (no graph break, results as eager), dynamic
+shapes, torch.export, and the one workspace helper."""
+import pytest
+import torch
+
+import gemsops
+from gemsops import _workspace
+
+ops = torch.ops.gemsops
+
+
+def _ln_samples():
+    torch.manual_seed(0)
+    x = torch.randn(5, 8)
+    w, b = torch.randn(8), torch.randn(8)
+    yield (x, [8], w, b, 1e-5)
+    yield (x, [8], None, None, 1e-5)
+    yield (torch.randn(2, 3, 4, 6), [4, 6], torch.randn(4, 6), None, 1e-3)
+    yield (x.t().contiguous().t(), [8], w, b, 1e-5)  # strided rows
+    yield (x.clone().requires_grad_(), [8], w.clone().requires_grad_(),
+           b.clone().requires_grad_(), 1e-5)
+    yield (x.bfloat16(), [8], w, b, 1e-5)  # mixed precision
+
+
+@pytest.mark.parametrize("args", list(_ln_samples()),
+                         ids=lambda a: "x".join(map(str, a[0].shape)))
+def test_opcheck_layer_norm(args):
+    torch.library.opcheck(ops.layer_norm.default, args)
+
+
+@pytest.mark.parametrize("mask", [[True, True, True], [True, False, False],
+                                  [False, True, True]])
+def test_opcheck_layer_norm_backward(mask):
+    torch.manual_seed(1)
+    x, w, b, g = torch.randn(6, 10), torch.randn(10), torch.randn(10), \
+        torch.randn(6, 10)
+    _, mean, rstd = ops.layer_norm(x, [10], w, b, 1e-5)
+    torch.library.opcheck(ops.layer_norm_backward.default,
+                          (g, x, [10], mean, rstd, w, b, mask, None))
+    torch.library.opcheck(ops.layer_norm_backward.default,
+                          (g.double().requires_grad_(),
+                           x.double().requires_grad_(), [10],
+                           mean.double(), rstd.double(),
+                           w.double().requires_grad_(), None, mask, None))
+
+
+@pytest.mark.parametrize("x, dim", [
+    (torch.randn(3, 4), 1), (torch.randn(3, 4), None),
+    (torch.randn(2, 3, 5).requires_grad_(), 1),
+    (torch.randn(7).requires_grad_(), None),
+    (torch.randint(-3, 4, (3, 4)), 0),
+    (torch.randn(3, 4).bfloat16(), 0),
+])
+def test_opcheck_prod(x, dim):
+    torch.library.opcheck(ops.prod.default, (x, dim))
+    if x.is_floating_point():
+        g = torch.randn(ops.prod(x, dim).shape, dtype=x.dtype)
+        torch.library.opcheck(ops.prod_backward.default,
+                              (x.detach(), dim, g))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_mm_bmm(dtype):
+    torch.manual_seed(2)
+    a = torch.randn(5, 7, dtype=dtype, requires_grad=True)
+    b = torch.randn(7, 3, dtype=dtype, requires_grad=True)
+    torch.library.opcheck(ops.mm.default, (a, b))
+    torch.library.opcheck(ops.mm.default, (a.detach().t(), a.detach()))
+    torch.library.opcheck(ops.bmm.default,
+                          (torch.randn(2, 5, 7, dtype=dtype),
+                           torch.randn(2, 7, 3, dtype=dtype)))
+
+
+class Block(torch.nn.Module):
+    """LayerNorm, a matmul family product of each kind, and prod."""
+
+    def __init__(self, d=16):
+        super().__init__()
+        self.ln = gemsops.nn.LayerNorm(d)
+        self.w = torch.nn.Parameter(torch.randn(d, d) / d ** 0.5)
+        self.v = torch.nn.Parameter(torch.randn(d) / d ** 0.5)
+
+    def forward(self, x):
+        h = self.ln(x)
+        h = gemsops.matmul(h, self.w)                   # batched (bmm)
+        h2 = gemsops.mm(h.reshape(-1, h.shape[-1]), self.w.t())
+        att = gemsops.bmm(h, h.transpose(1, 2))
+        s = gemsops.matmul(h2, self.v)                  # matrix x vector
+        p = gemsops.prod(torch.tanh(h) * 0.1 + 1, -1)
+        out, mean, rstd = gemsops.native_layer_norm(att, (att.shape[-1],))
+        return s.sum() + p.sum() + out.square().sum() + rstd.sum() * 0 + \
+            gemsops.prod(torch.sigmoid(self.v) + 0.5)
+
+
+def _run(model, x):
+    model.zero_grad()
+    xg = x.clone().requires_grad_()
+    out = model(xg)
+    out.backward()
+    return out.detach(), xg.grad, [p.grad.clone() for p in model.parameters()]
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def _graph_breaks(fn, *args):
+    explain = torch._dynamo.explain(fn)(*args)
+    return explain.graph_break_count, explain.graph_count
+
+
+def _inductor_works():
+    try:
+        torch._dynamo.reset()
+        f = torch.compile(lambda t: t * 2 + 1, backend="inductor")
+        return bool((f(torch.ones(3)) == 3).all())
+    except Exception:
+        return False
+
+
+BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
+    not _inductor_works(), reason="inductor cannot compile here"))]
+
+
+def test_no_graph_breaks():
+    torch._dynamo.reset()
+    model, x = Block(), torch.randn(2, 5, 16)
+    breaks, graphs = _graph_breaks(model, x)
+    assert breaks == 0 and graphs == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph_matches_eager(backend, dynamic):
+    torch.manual_seed(3)
+    model = Block()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend=backend,
+                             dynamic=dynamic)
+    x = torch.randn(2, 5, 16)
+    want = _run(model, x)
+    got = _run(compiled, x)
+    _close(got[0], want[0])
+    _close(got[1], want[1])
+    for g, w in zip(got[2], want[2]):
+        _close(g, w)
+    if dynamic:  # a second shape, no recompile needed for it to be right
+        x = torch.randn(3, 9, 16)
+        want, got = _run(model, x), _run(compiled, x)
+        _close(got[0], want[0])
+
+
+def test_compiled_ops_are_in_the_graph():
+    """The FX graph holds gemsops ops, not a Python call."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes
+                    if n.op == "call_function")
+        return gm.forward
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x, w: gemsops.mm(gemsops.layer_norm(
+        x, (8,), w), w.expand(8, 8)).prod(), backend=backend, fullgraph=True)
+    f(torch.randn(4, 8), torch.randn(8))
+    g = torch.compile(lambda x: gemsops.prod(x, 1), backend=backend,
+                      fullgraph=True)
+    g(torch.randn(4, 8))
+    text = " ".join(seen)
+    assert "gemsops.layer_norm" in text and "gemsops.mm" in text
+    assert "gemsops.prod" in text
+
+
+def test_export():
+    torch.manual_seed(4)
+    model = Block()
+    x = torch.randn(2, 5, 16)
+    ep = torch.export.export(model, (x,))
+    targets = {str(n.target) for n in ep.graph.nodes}
+    for name in ("gemsops.layer_norm.default", "gemsops.bmm.default",
+                 "gemsops.mm.default", "gemsops.prod.default"):
+        assert name in targets
+    _close(ep.module()(x), model(x))
+
+
+def test_export_dynamic_batch():
+    model = Block()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    ep = torch.export.export(model, (torch.randn(2, 5, 16),),
+                             dynamic_shapes=({0: batch},))
+    x = torch.randn(7, 5, 16)
+    _close(ep.module()(x), model(x))
+
+
+def test_eager_errors_unchanged_in_compiled_code():
+    """Argument checks run before the op, so compiled code raises what
+    eager raises."""
+    torch._dynamo.reset()
+    f = torch.compile(lambda a, b: gemsops.mm(a, b), backend="aot_eager")
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        f(torch.randn(2, 3), torch.randn(4, 5))
+
+
+def test_workspace_helper_is_bounded_and_capture_aware():
+    _workspace.clear()
+    for i in range(_workspace._MAX_PLANS + 50):
+        assert _workspace.planned(("t", i), lambda n: n * 2, i) == 2 * i
+    assert len(_workspace._plans) == _workspace._MAX_PLANS
+    assert not _workspace.capturing(torch.device("cpu"))
+    assert _workspace.scratch(0, torch.device("cpu")) is None
+    assert _workspace.scratch(5, torch.device("cpu"), zero=True).sum() == 0
+    _workspace.clear()
+
+
+def test_one_workspace_home():
+    """No op module keeps a cache of its own."""
+    import gemsops.ops.layer_norm as ln
+    import gemsops.ops.matmul as mm
+    import gemsops.ops.prod as pr
+    for mod, names in ((ln, ("_fwd_ws", "_bwd_last", "_bwd_kept")),
+                       (pr, ("_fwd_ws", "_bwd_ws")),
+                       (mm, ("_streams", "_errors"))):
+        for name in names:
+            assert not hasattr(mod, name)
+
+
+@pytest.mark.cuda
+def test_cuda_graph_capture_and_compile():
+    torch.manual_seed(5)
+    model = Block().cuda()
+    x = torch.randn(2, 5, 16, device="cuda")
+    want = model(x)
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        model(x)  # warm up on the side stream
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        got = model(x)
+    for _ in range(3):
+        g.replay()
+        torch.cuda.synchronize()
+        _close(got, want)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    _close(compiled(x), want)
