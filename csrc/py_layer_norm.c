@@ -521,7 +521,8 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
     }
-    if (p.rows * p.cols == 0 && !p.dweight && !p.dbias) {
+    /* nothing to write: the arguments were checked, that is all */
+    if ((p.rows * p.cols == 0 || !p.dx) && !p.dweight && !p.dbias) {
         Py_RETURN_NONE;
     }
     gemsops_status st = {GEMSOPS_OK, ""};

@@ -30,7 +30,8 @@ fi
 # the working tree as it is (uncommitted files included), without built
 # modules or caches
 tar -cf - --exclude='*.so' --exclude=__pycache__ --exclude=.pytest_cache \
-    setup.py pyproject.toml csrc include gemsops tests | tar -C "$work" -xf -
+    setup.py pyproject.toml LICENSE README.md csrc include gemsops tests |
+    tar -C "$work" -xf -
 
 t0=$(date +%s)
 (cd "$work" && GEMSOPS_CUDA=0 GEMSOPS_SANITIZE="$SANITIZE" \

@@ -143,8 +143,18 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
 
 
 def _backward(grad_out, x, shape, weight, mean, rstd, want_dx, want_dw,
-              want_db, deterministic=None):
+              want_db, deterministic=None, bias=None):
     nd = len(shape)
+    if want_db and weight is None and bias is not None and \
+            bias.dtype != x.dtype:
+        # no weight and a bias of its own dtype (fp32 beside half input):
+        # dB, the rows' sum of dy, comes out in the bias' dtype as torch's
+        # does; the kernel writes its dW/dB in the weight's dtype only
+        db = grad_out.reshape(-1, math.prod(shape)).sum(
+            0, dtype=torch.float32).reshape(shape).to(bias.dtype)
+        dx, dw, _ = _backward(grad_out, x, shape, weight, mean, rstd,
+                              want_dx, want_dw, False, deterministic)
+        return dx, dw, db
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     x = _rows(x, nd)
@@ -163,6 +173,9 @@ def _backward(grad_out, x, shape, weight, mean, rstd, want_dx, want_dw,
     dw = torch.empty(shape, dtype=pdtype, device=x.device) if want_dw else None
     db = torch.empty(shape, dtype=pdtype, device=x.device) if want_db else None
     if not (want_dx or want_dw or want_db):
+        # nothing to compute, but the arguments are checked as for any call
+        _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
+                          None, None, None, None)
         return dx, dw, db
     if not x.is_cuda:
         _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
@@ -206,7 +219,7 @@ class LayerNormFunction(torch.autograd.Function):
         out, mean, rstd = _forward(x, shape, weight, bias, eps)
         ctx.shape = shape
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.save_for_backward(x, weight, mean, rstd, bias)
         if not stats:
             return out
         # as torch.native_layer_norm: differentiable through out only
@@ -215,16 +228,16 @@ class LayerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out, *_):
-        x, weight, mean, rstd = ctx.saved_tensors
+        x, weight, mean, rstd, bias = ctx.saved_tensors
         want_dx, _, want_dw, want_db, _, _ = ctx.needs_input_grad
         mask = (want_dx, want_dw and weight is not None,
                 want_db and ctx.has_bias)
         if torch.is_grad_enabled():  # create_graph: differentiable op
             dx, dw, db = _backward_op(grad_out, x, ctx.shape, mean, rstd,
-                                      weight, mask)
+                                      weight, mask, bias=bias)
         else:
             dx, dw, db = _backward(grad_out, x, ctx.shape, weight, mean,
-                                   rstd, *mask)
+                                   rstd, *mask, bias=bias)
         return dx, None, dw, db, None, None
 
 
@@ -263,17 +276,17 @@ def _layer_norm_setup(ctx, inputs, output):
     _, mean, rstd = output
     ctx.shape = tuple(shape)
     ctx.has_bias = bias is not None
-    ctx.save_for_backward(input, weight, mean, rstd)
+    ctx.save_for_backward(input, weight, mean, rstd, bias)
     ctx.mark_non_differentiable(mean, rstd)
 
 
 def _layer_norm_grad(ctx, grad_out, _gmean, _grstd):
-    x, weight, mean, rstd = ctx.saved_tensors
+    x, weight, mean, rstd, bias = ctx.saved_tensors
     want_dx, _, want_dw, want_db, _ = ctx.needs_input_grad
     mask = (want_dx, want_dw and weight is not None,
             want_db and ctx.has_bias)
     dx, dw, db = _backward_op(grad_out, x, ctx.shape, mean, rstd, weight,
-                              mask)
+                              mask, bias=bias)
     return dx, None, dw, db, None
 
 
@@ -286,9 +299,9 @@ def _none_unless(mask, *ts):
 
 
 def _backward_op(grad_out, x, shape, mean, rstd, weight, mask,
-                 deterministic=None):
+                 deterministic=None, bias=None):
     dx, dw, db = torch.ops.gemsops.layer_norm_backward(
-        grad_out, x, shape, mean, rstd, weight, None, list(mask),
+        grad_out, x, shape, mean, rstd, weight, bias, list(mask),
         deterministic)
     return _none_unless(mask, dx, dw, db)
 
@@ -315,24 +328,32 @@ def _layer_norm_backward_op(
     weight = _param(weight)
     dx, dw, db = _backward(grad_out, _plain(input), shape, weight,
                            _plain(mean).reshape(-1), _plain(rstd).reshape(-1),
-                           *map(bool, output_mask), deterministic)
+                           *map(bool, output_mask), deterministic, bias=bias)
     pdtype = weight.dtype if weight is not None else input.dtype
+    bdtype = _grad_bias_dtype(input, weight, bias)
     return (dx if dx is not None else _unwanted(input, input.dtype),
             dw if dw is not None else _unwanted(input, pdtype),
-            db if db is not None else _unwanted(input, pdtype))
+            db if db is not None else _unwanted(input, bdtype))
+
+
+def _grad_bias_dtype(input, weight, bias):
+    if weight is not None:
+        return weight.dtype
+    return bias.dtype if bias is not None else input.dtype
 
 
 @_layer_norm_backward_op.register_fake
 def _(grad_out, input, normalized_shape, mean, rstd, weight, bias,
       output_mask, deterministic=None):
     pdtype = weight.dtype if weight is not None else input.dtype
+    bdtype = _grad_bias_dtype(input, weight, bias)
     shape = tuple(normalized_shape)
     return (torch.empty_like(input, memory_format=torch.contiguous_format)
             if output_mask[0] else _unwanted(input, input.dtype),
             input.new_empty(shape, dtype=pdtype) if output_mask[1]
             else _unwanted(input, pdtype),
-            input.new_empty(shape, dtype=pdtype) if output_mask[2]
-            else _unwanted(input, pdtype))
+            input.new_empty(shape, dtype=bdtype) if output_mask[2]
+            else _unwanted(input, bdtype))
 
 
 def _eps_of(x, rstd, shape):
@@ -501,10 +522,11 @@ def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
                 t is not None and t.requires_grad
                 for t in (grad_out, input, weight))):
         return _backward_op(grad_out, input, shape, mean, rstd, weight,
-                            (want_dx, want_dw, want_db), deterministic)
+                            (want_dx, want_dw, want_db), deterministic,
+                            bias=bias)
     return _backward(grad_out, input, shape, weight, mean.reshape(-1),
                      rstd.reshape(-1), want_dx, want_dw, want_db,
-                     deterministic)
+                     deterministic, bias=bias)
 
 
 def _backward_args(grad_out, input, normalized_shape, mean, rstd, weight,

@@ -283,10 +283,17 @@ def matmul(input, other):
             f"{list(b.shape[:-2])} do not broadcast (shapes "
             f"{list(input.shape)} and {list(other.shape)})") from None
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    nb = math.prod(batch)  # not -1: ambiguous when m * k or k * n is 0
-    a3 = a.expand(batch + (m, k)).reshape(nb, m, k)
-    b3 = b.expand(batch + (k, n)).reshape(nb, k, n)
-    out = _product(a3, b3).reshape(batch + (m, n))
+    if b.dim() == 2:
+        # torch's folding: the batch joins m and one mm runs; b's gradient
+        # is then one product over all batch * m rows, not a sum of
+        # per-batch products each rounded to the dtype (fp16 overflow)
+        rows = math.prod(a.shape[:-1])  # not -1: ambiguous when k is 0
+        out = _product(a.reshape(rows, k), b).reshape(batch + (m, n))
+    else:
+        nb = math.prod(batch)  # not -1: ambiguous when m * k or k * n is 0
+        a3 = a.expand(batch + (m, k)).reshape(nb, m, k)
+        b3 = b.expand(batch + (k, n)).reshape(nb, k, n)
+        out = _product(a3, b3).reshape(batch + (m, n))
     if da == 1:
         out = out.squeeze(-2)
     if db == 1:

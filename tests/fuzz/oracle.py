@@ -408,6 +408,18 @@ def close(name, ours, ref, theirs, dtype, *, reduce_len=1, chain_len=1,
         raise WrongAnswer(str(e)) from None
 
 
+def f64_ln_terms(g, x, w, mean, rstd, rows):
+    """The rounding of the largest term a float64 LayerNorm gradient sums
+    or cancels (close's f64_atol), None for other dtypes."""
+    if x.dtype != torch.float64 or not g.numel() or not rstd.numel():
+        return None
+    xs = x.double().abs().max() + mean.double().abs().max()
+    ws = w.double().abs().max() if w is not None and w.numel() else 1.0
+    big = g.double().abs().max() * ws * rstd.double().abs().max() * \
+        max(float(xs * rstd.double().abs().max()), 1.0)
+    return float(64 * torch.finfo(torch.float64).eps * big * max(rows, 1))
+
+
 def mm_close(name, ours, a, b, theirs):
     """matmul: one rounding of the output plus 4 sqrt(k) fp32 ulps of
     |A||B| (tests/test_matmul.py's bound), on the finite positions."""

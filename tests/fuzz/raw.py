@@ -350,19 +350,7 @@ def _c_ln_bwd(ctx):
             _written(name, o, r)
             close(name, o.to(r.device), r, None, o.dtype,
                   reduce_len=rows if name != "grad_input" else 1,
-                  f64_atol=_f64_terms(g, x, w, mean, rstd, rows))
-
-
-def _f64_terms(g, x, w, mean, rstd, rows):
-    """The rounding of the largest term a float64 LayerNorm gradient sums
-    or cancels (oracle.close's f64_atol), None for other dtypes."""
-    if x.dtype != torch.float64 or not g.numel() or not rstd.numel():
-        return None
-    xs = x.double().abs().max() + mean.double().abs().max()
-    ws = w.double().abs().max() if w is not None and w.numel() else 1.0
-    big = g.double().abs().max() * ws * rstd.double().abs().max() * \
-        max(float(xs * rstd.double().abs().max()), 1.0)
-    return float(64 * torch.finfo(torch.float64).eps * big * max(rows, 1))
+                  f64_atol=oracle.f64_ln_terms(g, x, w, mean, rstd, rows))
 
 
 # ------------------------------------------------------------------ prod

@@ -18,11 +18,6 @@ WORKERS = int(os.environ.get("GEMSOPS_FUZZ_WORKERS", "2"))
 # fails on any failure that matches none of them. Remove an entry when its
 # class is fixed; `python -m tests.fuzz` always reports them.
 KNOWN_OPEN = [
-    # layer_norm backward with parameters of two dtypes: grad dtype and
-    # torch's CPU refusal of fp16 input with fp32 parameters not matched
-    ("layer_norm", "db: dtype"),
-    ("layer_norm", "dw: dtype"),
-    ("layer_norm", "expected scalar type"),
     # half-type backward error a little above torch's on rare long rows
     ("layer_norm", "out of tolerance"),
 ]
