@@ -22,8 +22,14 @@
 // stats per row; weight and bias (N elements each) come from L2.
 #include <algorithm>
 
-#include "layer_norm_plan.cuh"
+#include "convert.cuh"
+#include "cuda_check.cuh"
+#include "device.cuh"
 #include "gemsops/layer_norm.h"
+#include "gemsops/tensor.h"
+#include "l2_policy.cuh"
+#include "layer_norm_plan.cuh"
+#include "reduce.cuh"
 
 namespace gemsops {
 namespace {
@@ -33,10 +39,6 @@ template <typename T> __host__ __device__ constexpr int fwd_elems()
 {
     return 4 * 16 / sizeof(T);
 }
-
-// One row per loop step: four accesses a thread already keep enough bytes
-// in flight, and registers go to occupancy.
-__host__ __device__ constexpr int fwd_rows_at_once(int, int) { return 1; }
 
 // Widest thread group per row. bf16 and fp32: 1024 threads hold rows up
 // to 32768 bf16 or 16384 fp32 elements in registers, read once (H100,
@@ -82,9 +84,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     constexpr int ITEMS = E / VEC;
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
-    constexpr int R = fwd_rows_at_once(TPR, VEC);
     constexpr int STEP = TPR * VEC; // columns between a thread's items
-    __shared__ A red[2 * 32 * R];
+    __shared__ A red[2 * 32];
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
@@ -95,69 +96,48 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     const int slab_cols = (int)a.cols; // <= TPR * E
     const int lim = slab_cols - lane * VEC;
 
-    // Each step covers R * ROWS_PER_CTA rows: R independent rows per thread
-    // keep twice the bytes in flight and share each reduction's barriers.
-    for (int64_t base = group * ROWS_PER_CTA * R; base < a.rows;
-         base += groups * ROWS_PER_CTA * R) {
-        int64_t row[R];
-        bool row_ok[R];
-        vec_t<T, VEC> xv[R][ITEMS];
-        A s[R];
+    // One row per thread and step: four accesses a thread already keep
+    // enough bytes in flight, and registers go to occupancy.
+    for (int64_t base = group * ROWS_PER_CTA; base < a.rows;
+         base += groups * ROWS_PER_CTA) {
+        const int64_t row = base + threadIdx.x / TPR;
+        const bool row_ok = row < a.rows;
+        vec_t<T, VEC> xv[ITEMS];
+        const T *xr = a.x + row * a.x_stride + col0;
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            row[r] = base + r * ROWS_PER_CTA + threadIdx.x / TPR;
-            row_ok[r] = row[r] < a.rows;
-            const T *xr = a.x + row[r] * a.x_stride + col0;
-#pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
-                if (row_ok[r] && i * STEP < lim) {
-                    xv[r][i] = load_vec<T, VEC>(xr + i * STEP);
-                }
-                else {
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) {
-                        xv[r][i].v[v] = from_acc<T>(A(0));
-                    }
-                }
+        for (int i = 0; i < ITEMS; i++) {
+            if (row_ok && i * STEP < lim) {
+                xv[i] = load_vec<T, VEC>(xr + i * STEP);
             }
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            s[r] = 0;
-#pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
+            else {
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    s[r] += widen<A>(xv[r][i].v[v]);
+                    xv[i].v[v] = from_acc<T>(A(0));
                 }
             }
         }
-        row_sum<TPR, R>(s, red, parity);
-        A slab_mean[R], m2[R];
+        A s[1] = {0};
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            slab_mean[r] = s[r] / (A)slab_cols;
-            m2[r] = 0;
+        for (int i = 0; i < ITEMS; i++) {
 #pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    const A d = widen<A>(xv[r][i].v[v]) - slab_mean[r];
-                    m2[r] += (i * STEP + v < lim) ? d * d : A(0);
-                }
+            for (int v = 0; v < VEC; v++) {
+                s[0] += widen<A>(xv[i].v[v]);
             }
         }
-        row_sum<TPR, R>(m2, red, parity);
-
-        A mean[R], rstd[R];
+        row_sum<TPR, 1>(s, red, parity);
+        // two-pass: squared deviations from the mean, not E[x^2] - mean^2
+        const A mean = s[0] / (A)slab_cols;
+        A m2[1] = {0};
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            mean[r] = slab_mean[r];
-        }
+        for (int i = 0; i < ITEMS; i++) {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            rstd[r] = A(1) / sqrt(m2[r] / (A)a.cols + a.eps);
+            for (int v = 0; v < VEC; v++) {
+                const A d = widen<A>(xv[i].v[v]) - mean;
+                m2[0] += (i * STEP + v < lim) ? d * d : A(0);
+            }
         }
+        row_sum<TPR, 1>(m2, red, parity);
+        const A rstd = A(1) / sqrt(m2[0] / (A)a.cols + a.eps);
 
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
@@ -171,35 +151,28 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             if (a.b) {
                 bv = load_vec<P, VEC>(a.b + col0 + i * STEP);
             }
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (!row_ok[r]) {
-                    continue;
-                }
-                A out[VEC];
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    A y = (widen<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
-                    if (a.w) {
-                        y *= to_acc<A>(wv.v[v]);
-                    }
-                    if (a.b) {
-                        y += to_acc<A>(bv.v[v]);
-                    }
-                    out[v] = y;
-                }
-                store_rounded<T, VEC>(a.y + row[r] * a.y_stride + col0 +
-                                          i * STEP,
-                                      out);
+            if (!row_ok) {
+                continue;
             }
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                A y = (widen<A>(xv[i].v[v]) - mean) * rstd;
+                if (a.w) {
+                    y *= to_acc<A>(wv.v[v]);
+                }
+                if (a.b) {
+                    y += to_acc<A>(bv.v[v]);
+                }
+                out[v] = y;
+            }
+            store_rounded<T, VEC>(a.y + row * a.y_stride + col0 + i * STEP,
+                                  out);
         }
         if (lane == 0 && a.mean) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (row_ok[r]) {
-                    a.mean[row[r]] = mean[r];
-                    a.rstd[row[r]] = rstd[r];
-                }
+            if (row_ok) {
+                a.mean[row] = mean;
+                a.rstd[row] = rstd;
             }
         }
     }
