@@ -254,9 +254,18 @@ int with_tpr(int tpr, gemsops_status *st, F &&f)
         case 32: return f(bwd_kernel<32, VEC, E>());
         case 128: return f(bwd_kernel<128, VEC, E>());
         case 256: return f(bwd_kernel<256, VEC, E>());
-        case 512: return f(bwd_kernel<512, VEC, E>());
-        case 1024: return f(bwd_kernel<1024, VEC, E>());
         default: break;
+        }
+        // Half types never get here with 512 or 1024 threads: wherever 8
+        // elements a thread need a slab of 512 or more threads (4096
+        // columns or more), 16 elements at half the threads pad no more
+        // columns, so bwd_wide picks them.
+        if constexpr (sizeof(T) != 2) {
+            switch (tpr) {
+            case 512: return f(bwd_kernel<512, VEC, E>());
+            case 1024: return f(bwd_kernel<1024, VEC, E>());
+            default: break;
+            }
         }
     }
     return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,

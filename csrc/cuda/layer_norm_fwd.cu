@@ -20,6 +20,12 @@
 //
 // Bytes: read x once (twice from L2 for long rows), write y once, plus 2
 // stats per row; weight and bias (N elements each) come from L2.
+//
+// Test: python -m pytest tests/test_layer_norm.py -m cuda -k "forward or
+// row_lengths". Time: python -m pytest benchmark/test_layer_norm_perf.py
+// -k forward, or one case: python tools/ln_time.py 8192,8192:fwd:bfloat16;
+// A/B a change with tools/ab.sh. Measurements behind the choices below:
+// docs/performance.md.
 #include <algorithm>
 
 #include "convert.cuh"
@@ -41,15 +47,12 @@ template <typename T> __host__ __device__ constexpr int fwd_elems()
 }
 
 // Widest thread group per row. bf16 and fp32: 1024 threads hold rows up
-// to 32768 bf16 or 16384 fp32 elements in registers, read once (H100,
-// same-run A/B against 256/512 threads and the looped kernel: 2048 x
-// 16384 bf16 66.0 -> 54.6 us, fp32 109.8 -> 100.0; 4096 x 12288 bf16 90.1
-// -> 81.6, fp32 157.6 -> 150.1). A lone 1024-thread CTA per SM idles in
-// its barriers, but the looped kernel's second pass over L2 cost more.
-// fp16 stays at 256: in registers at 512 threads it measured 99.3 us at
-// 4096 x 12288 against 85.7 looped (bf16 81.6 with the same plan; 2048 x
-// 16384 61.2 against 64.5); fp64 at 512 (its registers double). Longer
-// rows go to the looped kernel.
+// to 32768 bf16 or 16384 fp32 elements in registers, read once; that beat
+// 256/512 threads and the looped kernel. A lone 1024-thread CTA per SM
+// idles in its barriers, but the looped kernel's second pass over L2 cost
+// more. fp16 stays at 256: in registers at 512 threads it was slower than
+// looped (bf16 with the same plan was not); fp64 at 512 (its registers
+// double). Longer rows go to the looped kernel.
 template <typename T> constexpr int fwd_max_tpr()
 {
     return sizeof(T) == 8 ? 512 : std::is_same_v<T, __half> ? 256 : 1024;
@@ -194,23 +197,34 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
     n = nab;
 }
 
-// Threads per row in the looped kernel (measured on an H200): 256 for half
-// rows up to 16384 elements (whole chunks, four CTAs per SM; only fp16
-// rows that short are looped), 512 beyond and for fp32/fp64 (more bytes
-// per chunk for very long rows). At 512 threads two rows a SM are in
-// flight (two CTAs: their registers). Where those rows overflow L2 and one
-// a SM fits, 1024 threads a row: pass 2 then re-reads from L2 (H100,
-// same-run A/B/A: fp32 1024 x 65536, 67 MB in flight at 512, 290.0 ->
-// 274.2 us). Where neither fits it gains nothing (256 x 262144 fp32 292.4
-// -> 298.9, bf16 152.3 -> 156.7 with 1024 threads there).
+// Threads per row in the looped kernel: 256 for half rows up to 16384
+// elements (whole chunks, four CTAs per SM; only fp16 rows that short are
+// looped), 512 beyond and for fp32/fp64 (more bytes per chunk for very
+// long rows). At 512 threads two rows a SM are in flight (two CTAs: their
+// registers). Where those rows overflow L2 and one a SM fits, 1024 threads
+// a row: pass 2 then re-reads from L2. Where neither fits, 1024 gains
+// nothing.
+constexpr int64_t kLooped256MaxCols = 16384;
+
 template <typename T>
 int looped_block_for(int64_t cols, const device_facts &f)
 {
-    const int block = sizeof(T) == 2 && cols <= 16384 ? 256 : 512;
+    const int block =
+        sizeof(T) == 2 && cols <= kLooped256MaxCols ? 256 : 512;
     const int64_t one_row_a_sm = (int64_t)f.sm_count * cols * sizeof(T);
     const bool overflows = 2 * one_row_a_sm > f.l2_bytes;
     const bool one_fits = one_row_a_sm <= f.l2_bytes;
     return block == 512 && overflows && one_fits ? 1024 : block;
+}
+
+// looped_block_for picks 256 only for half rows of at most
+// kLooped256MaxCols elements, and rows are looped only past fwd_max_tpr *
+// fwd_elems: bf16 (32768) never gets a 256-thread looped kernel, fp32 and
+// fp64 never do.
+template <typename T> constexpr bool looped_may_take_256()
+{
+    return sizeof(T) == 2 &&
+           fwd_max_tpr<T>() * fwd_elems<T>() < kLooped256MaxCols;
 }
 
 template <typename T, typename P, int VEC, int BLOCK>
@@ -220,9 +234,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     constexpr int kLoopedBlock = BLOCK;
     using A = acc_t<T>;
     // Four 16-byte accesses a chunk for every type, 64 B in flight a
-    // thread while pass 1 streams from DRAM (half types had two: H100,
-    // same-run A/B/A, 1024 x 65536 bf16 152.1 -> 146.9 us, fp16 152.7 ->
-    // 147.8, 2048 x 16384 fp16 64.9 -> 61.8; six for fp32 gained nothing).
+    // thread while pass 1 streams from DRAM (two for the half types were
+    // slower; six for fp32 gained nothing).
     constexpr int U = 4;
     constexpr int STEP = kLoopedBlock * VEC;     // columns between accesses
     constexpr int CHUNK = STEP * U;
@@ -301,10 +314,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 }
                 const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
                 // x's last read: evict-first keeps it from displacing the
-                // rows still waiting for their pass 2 (H100, same-run
-                // A/B/A: 1024 x 65536 bf16 147.0 -> 133.0 us, 4096 x 12288
-                // fp16 86.2 -> 83.9, 2048 x 16384 fp16 62.2 -> 60.4; fp32
-                // 1024 x 65536, whose rows in flight exceed L2, equal)
+                // rows still waiting for their pass 2 (no gain where the
+                // rows in flight exceed L2 anyway)
                 const vec_t<T, VEC> xv =
                     load_vec_last<T, VEC>(xr + c0 + u * STEP);
                 vec_t<P, VEC> wv, bv;
@@ -384,8 +395,16 @@ int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     }
     const int block = looped_block_for<T>(p->cols, f);
     if (block == 256) {
-        layer_norm_fwd_looped<T, P, VEC, 256>
-            <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
+        // only fp16 rows are both looped and short enough for 256
+        if constexpr (looped_may_take_256<T>()) {
+            layer_norm_fwd_looped<T, P, VEC, 256>
+                <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
+        }
+        else {
+            return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                                "layer_norm_fwd: no looped kernel of 256 "
+                                "threads for this dtype");
+        }
     }
     else if (block == 1024) {
         layer_norm_fwd_looped<T, P, VEC, 1024>
