@@ -9,6 +9,8 @@ Environment:
                           GPUs can JIT it
   CUDA_HOME / CUDA_PATH   toolkit root when nvcc is not on PATH
   GEMSOPS_NVCC_THREADS    parallel nvcc jobs (default: CPU count)
+  GEMSOPS_LINEINFO=1      compile the kernels with -lineinfo (off by
+                          default: a release build carries no debug info)
   GEMSOPS_SANITIZE        ','-separated GCC sanitizers for the C sources
                           (e.g. "address,undefined"): built -O1 -g with
                           frame pointers and -fno-wrapv, every finding is
@@ -106,9 +108,12 @@ def sanitize_flags():
 
 
 SAN_COMPILE, SAN_LINK = sanitize_flags()
+# Release build: no -g/-G. GEMSOPS_LINEINFO=1 adds -lineinfo (source lines
+# for compute-sanitizer and ncu; the generated code is the same)
 NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-Wall,-Wextra",
-              "-Xptxas", "-warn-spills,-warn-lmem-usage",
-              "-lineinfo"]
+              "-Xptxas", "-warn-spills,-warn-lmem-usage"]
+if os.environ.get("GEMSOPS_LINEINFO", "0") == "1":
+    NVCC_FLAGS.append("-lineinfo")
 
 
 def flavour(nvcc):

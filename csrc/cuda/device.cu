@@ -1,8 +1,10 @@
-// Per-device facts, read once per device and cached: the SM count and
-// resident-thread limit size persistent grids.
+// Per-device facts and kernel occupancy, read once and cached: the SM
+// count, shared memory and resident CTAs size the persistent grids and the
+// shared-memory rings (device.cuh).
 #include <mutex>
 
-#include "common.cuh"
+#include "cuda_check.cuh"
+#include "device.cuh"
 
 namespace gemsops {
 
@@ -24,10 +26,6 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
         device_facts f;
         GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
                                    &f.sm_count, cudaDevAttrMultiProcessorCount,
-                                   device));
-        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
-                                   &f.max_threads_per_sm,
-                                   cudaDevAttrMaxThreadsPerMultiProcessor,
                                    device));
         GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
                                    &f.cc_major,

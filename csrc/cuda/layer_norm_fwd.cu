@@ -24,10 +24,22 @@
 //
 // Bytes: read x once (twice from L2 for long rows), write y once, plus 2
 // stats per row; weight and bias (N elements each) come from L2.
+//
+// Test: python -m pytest tests/test_layer_norm.py -m cuda -k "forward or
+// row_lengths". Time: python -m pytest benchmark/test_layer_norm_perf.py
+// -k forward, or one case: python tools/ln_time.py 8192,8192:fwd:bfloat16;
+// A/B a change with tools/ab.sh. Measurements behind the choices below:
+// docs/performance.md.
 #include <algorithm>
 
-#include "layer_norm_plan.cuh"
+#include "convert.cuh"
+#include "cuda_check.cuh"
+#include "device.cuh"
 #include "gemsops/layer_norm.h"
+#include "gemsops/tensor.h"
+#include "l2_policy.cuh"
+#include "layer_norm_plan.cuh"
+#include "reduce.cuh"
 
 namespace gemsops {
 namespace {
@@ -38,20 +50,13 @@ template <typename T> __host__ __device__ constexpr int fwd_elems()
     return 4 * 16 / sizeof(T);
 }
 
-// One row per loop step: four accesses a thread already keep enough bytes
-// in flight, and registers go to occupancy.
-__host__ __device__ constexpr int fwd_rows_at_once(int, int) { return 1; }
-
 // Widest thread group per row. bf16 and fp32: 1024 threads hold rows up
-// to 32768 bf16 or 16384 fp32 elements in registers, read once (H100,
-// same-run A/B against 256/512 threads and the looped kernel: 2048 x
-// 16384 bf16 66.0 -> 54.6 us, fp32 109.8 -> 100.0; 4096 x 12288 bf16 90.1
-// -> 81.6, fp32 157.6 -> 150.1). A lone 1024-thread CTA per SM idles in
-// its barriers, but the looped kernel's second pass over L2 cost more.
-// fp16 stays at 256: in registers at 512 threads it measured 99.3 us at
-// 4096 x 12288 against 85.7 looped (bf16 81.6 with the same plan; 2048 x
-// 16384 61.2 against 64.5); fp64 at 512 (its registers double). Longer
-// rows go to the looped kernel.
+// to 32768 bf16 or 16384 fp32 elements in registers, read once; that beat
+// 256/512 threads and the looped kernel. A lone 1024-thread CTA per SM
+// idles in its barriers, but the looped kernel's second pass over L2 cost
+// more. fp16 stays at 256: in registers at 512 threads it was slower than
+// looped (bf16 with the same plan was not); fp64 at 512 (its registers
+// double). Longer rows go to the looped kernel.
 template <typename T> constexpr int fwd_max_tpr()
 {
     return sizeof(T) == 8 ? 512 : std::is_same_v<T, __half> ? 256 : 1024;
@@ -86,9 +91,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     constexpr int ITEMS = E / VEC;
     constexpr int BLOCK = TPR < 128 ? 128 : TPR;
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
-    constexpr int R = fwd_rows_at_once(TPR, VEC);
     constexpr int STEP = TPR * VEC; // columns between a thread's items
-    __shared__ A red[2 * 32 * 2 * R]; // row_sum of 2 * R values
+    __shared__ A red[2 * 32 * 2]; // row_sum of up to 2 values
     int parity = 0;
 
     const int lane = threadIdx.x % TPR;
@@ -99,73 +103,56 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     const int slab_cols = (int)a.cols; // <= TPR * E
     const int lim = slab_cols - lane * VEC;
 
-    // Each step covers R * ROWS_PER_CTA rows: R independent rows per thread
-    // keep twice the bytes in flight and share each reduction's barriers.
-    for (int64_t base = group * ROWS_PER_CTA * R; base < a.rows;
-         base += groups * ROWS_PER_CTA * R) {
-        int64_t row[R];
-        bool row_ok[R];
-        vec_t<T, VEC> xv[R][ITEMS];
-        A s[R];
+    // One row per thread and step: four accesses a thread already keep
+    // enough bytes in flight, and registers go to occupancy.
+    for (int64_t base = group * ROWS_PER_CTA; base < a.rows;
+         base += groups * ROWS_PER_CTA) {
+        const int64_t row = base + threadIdx.x / TPR;
+        const bool row_ok = row < a.rows;
+        vec_t<T, VEC> xv[ITEMS];
+        const T *xr = a.x + row * a.x_stride + col0;
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            row[r] = base + r * ROWS_PER_CTA + threadIdx.x / TPR;
-            row_ok[r] = row[r] < a.rows;
-            const T *xr = a.x + row[r] * a.x_stride + col0;
-#pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
-                if (row_ok[r] && i * STEP < lim) {
-                    xv[r][i] = load_vec<T, VEC>(xr + i * STEP);
-                }
-                else {
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) {
-                        xv[r][i].v[v] = from_acc<T>(A(0));
-                    }
-                }
+        for (int i = 0; i < ITEMS; i++) {
+            if (row_ok && i * STEP < lim) {
+                xv[i] = load_vec<T, VEC>(xr + i * STEP);
             }
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            s[r] = 0;
-#pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
+            else {
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    s[r] += widen<A>(xv[r][i].v[v]);
+                    xv[i].v[v] = from_acc<T>(A(0));
                 }
             }
         }
-        row_sum<TPR, R>(s, red, parity);
-        // dev[r]: the sum of squared deviations from the first mean, and
-        // dev[R + r] their plain sum, reduced together
-        A slab_mean[R], dev[2 * R];
+        A s[1] = {0};
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            slab_mean[r] = s[r] / (A)slab_cols;
-            dev[r] = 0;
-            dev[R + r] = 0;
+        for (int i = 0; i < ITEMS; i++) {
 #pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    const A d = widen<A>(xv[r][i].v[v]) - slab_mean[r];
-                    const bool in = i * STEP + v < lim;
-                    dev[r] += in ? d * d : A(0);
-                    dev[R + r] += in ? d : A(0);
-                }
+            for (int v = 0; v < VEC; v++) {
+                s[0] += widen<A>(xv[i].v[v]);
             }
         }
-        row_sum<TPR, 2 * R>(dev, red, parity);
-
-        A mean[R], rstd[R];
+        row_sum<TPR, 1>(s, red, parity);
+        // two-pass: deviations from the first mean, not E[x^2] - mean^2;
+        // dev[0] sums their squares, dev[1] the deviations themselves
+        const A mean0 = s[0] / (A)slab_cols;
+        A dev[2] = {0, 0};
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            const A shift = dev[R + r] / (A)a.cols;
-            mean[r] = slab_mean[r] + shift;
-            const A m2 = dev[r] - dev[R + r] * shift;
-            rstd[r] = A(1) / sqrt((m2 > A(0) ? m2 : A(0)) / (A)a.cols + a.eps);
+        for (int i = 0; i < ITEMS; i++) {
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                const A d = widen<A>(xv[i].v[v]) - mean0;
+                const bool in = i * STEP + v < lim;
+                dev[0] += in ? d * d : A(0);
+                dev[1] += in ? d : A(0);
+            }
         }
+        row_sum<TPR, 2>(dev, red, parity);
+        // the corrected two-pass step: mean0's rounding error comes back
+        // as the deviations' mean
+        const A shift = dev[1] / (A)a.cols;
+        const A mean = mean0 + shift;
+        const A m2 = dev[0] - dev[1] * shift;
+        const A rstd = A(1) / sqrt((m2 > A(0) ? m2 : A(0)) / (A)a.cols + a.eps);
 
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
@@ -179,35 +166,28 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             if (a.b) {
                 bv = load_vec<P, VEC>(a.b + col0 + i * STEP);
             }
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (!row_ok[r]) {
-                    continue;
-                }
-                A out[VEC];
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    A y = (widen<A>(xv[r][i].v[v]) - mean[r]) * rstd[r];
-                    if (a.w) {
-                        y *= to_acc<A>(wv.v[v]);
-                    }
-                    if (a.b) {
-                        y += to_acc<A>(bv.v[v]);
-                    }
-                    out[v] = y;
-                }
-                store_rounded<T, VEC>(a.y + row[r] * a.y_stride + col0 +
-                                          i * STEP,
-                                      out);
+            if (!row_ok) {
+                continue;
             }
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                A y = (widen<A>(xv[i].v[v]) - mean) * rstd;
+                if (a.w) {
+                    y *= to_acc<A>(wv.v[v]);
+                }
+                if (a.b) {
+                    y += to_acc<A>(bv.v[v]);
+                }
+                out[v] = y;
+            }
+            store_rounded<T, VEC>(a.y + row * a.y_stride + col0 + i * STEP,
+                                  out);
         }
         if (lane == 0 && a.mean) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                if (row_ok[r]) {
-                    a.mean[row[r]] = mean[r];
-                    a.rstd[row[r]] = rstd[r];
-                }
+            if (row_ok) {
+                a.mean[row] = mean;
+                a.rstd[row] = rstd;
             }
         }
     }
@@ -229,23 +209,34 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
     n = nab;
 }
 
-// Threads per row in the looped kernel (measured on an H200): 256 for half
-// rows up to 16384 elements (whole chunks, four CTAs per SM; only fp16
-// rows that short are looped), 512 beyond and for fp32/fp64 (more bytes
-// per chunk for very long rows). At 512 threads two rows a SM are in
-// flight (two CTAs: their registers). Where those rows overflow L2 and one
-// a SM fits, 1024 threads a row: pass 2 then re-reads from L2 (H100,
-// same-run A/B/A: fp32 1024 x 65536, 67 MB in flight at 512, 290.0 ->
-// 274.2 us). Where neither fits it gains nothing (256 x 262144 fp32 292.4
-// -> 298.9, bf16 152.3 -> 156.7 with 1024 threads there).
+// Threads per row in the looped kernel: 256 for half rows up to 16384
+// elements (whole chunks, four CTAs per SM; only fp16 rows that short are
+// looped), 512 beyond and for fp32/fp64 (more bytes per chunk for very
+// long rows). At 512 threads two rows a SM are in flight (two CTAs: their
+// registers). Where those rows overflow L2 and one a SM fits, 1024 threads
+// a row: pass 2 then re-reads from L2. Where neither fits, 1024 gains
+// nothing.
+constexpr int64_t kLooped256MaxCols = 16384;
+
 template <typename T>
 int looped_block_for(int64_t cols, const device_facts &f)
 {
-    const int block = sizeof(T) == 2 && cols <= 16384 ? 256 : 512;
+    const int block =
+        sizeof(T) == 2 && cols <= kLooped256MaxCols ? 256 : 512;
     const int64_t one_row_a_sm = (int64_t)f.sm_count * cols * sizeof(T);
     const bool overflows = 2 * one_row_a_sm > f.l2_bytes;
     const bool one_fits = one_row_a_sm <= f.l2_bytes;
     return block == 512 && overflows && one_fits ? 1024 : block;
+}
+
+// looped_block_for picks 256 only for half rows of at most
+// kLooped256MaxCols elements, and rows are looped only past fwd_max_tpr *
+// fwd_elems: bf16 (32768) never gets a 256-thread looped kernel, fp32 and
+// fp64 never do.
+template <typename T> constexpr bool looped_may_take_256()
+{
+    return sizeof(T) == 2 &&
+           fwd_max_tpr<T>() * fwd_elems<T>() < kLooped256MaxCols;
 }
 
 template <typename T, typename P, int VEC, int BLOCK>
@@ -255,9 +246,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     constexpr int kLoopedBlock = BLOCK;
     using A = acc_t<T>;
     // Four 16-byte accesses a chunk for every type, 64 B in flight a
-    // thread while pass 1 streams from DRAM (half types had two: H100,
-    // same-run A/B/A, 1024 x 65536 bf16 152.1 -> 146.9 us, fp16 152.7 ->
-    // 147.8, 2048 x 16384 fp16 64.9 -> 61.8; six for fp32 gained nothing).
+    // thread while pass 1 streams from DRAM (two for the half types were
+    // slower; six for fp32 gained nothing).
     constexpr int U = 4;
     constexpr int STEP = kLoopedBlock * VEC;     // columns between accesses
     constexpr int CHUNK = STEP * U;
@@ -340,10 +330,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 }
                 const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
                 // x's last read: evict-first keeps it from displacing the
-                // rows still waiting for their pass 2 (H100, same-run
-                // A/B/A: 1024 x 65536 bf16 147.0 -> 133.0 us, 4096 x 12288
-                // fp16 86.2 -> 83.9, 2048 x 16384 fp16 62.2 -> 60.4; fp32
-                // 1024 x 65536, whose rows in flight exceed L2, equal)
+                // rows still waiting for their pass 2 (no gain where the
+                // rows in flight exceed L2 anyway)
                 const vec_t<T, VEC> xv =
                     load_vec_last<T, VEC>(xr + c0 + u * STEP);
                 vec_t<P, VEC> wv, bv;
@@ -423,8 +411,16 @@ int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     }
     const int block = looped_block_for<T>(p->cols, f);
     if (block == 256) {
-        layer_norm_fwd_looped<T, P, VEC, 256>
-            <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
+        // only fp16 rows are both looped and short enough for 256
+        if constexpr (looped_may_take_256<T>()) {
+            layer_norm_fwd_looped<T, P, VEC, 256>
+                <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
+        }
+        else {
+            return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                                "layer_norm_fwd: no looped kernel of 256 "
+                                "threads for this dtype");
+        }
     }
     else if (block == 1024) {
         layer_norm_fwd_looped<T, P, VEC, 1024>

@@ -30,6 +30,12 @@
 //
 // Bytes: A and B are read once per tile they feed (tiles_n and tiles_m
 // times), C written once; Stream-K adds 2 x 16 KB per split tile.
+//
+// Test: python -m pytest tests/test_matmul.py -m cuda (the schedule
+// itself: tests/test_streamk_schedule.py, no GPU). Time: python -m pytest
+// benchmark/test_blas_perf.py, or one shape: python tools/mm_probe.py 8192
+// 8192 8192; A/B a change with tools/ab.sh. Measurements:
+// docs/performance.md.
 #include <atomic>
 #include <mutex>
 

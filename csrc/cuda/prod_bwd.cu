@@ -21,6 +21,10 @@
 //
 // Bytes: x read once (S == 1) or twice (S > 1), grad_x written once, g and
 // 3 * S * lines accumulators.
+//
+// Test: python -m pytest tests/test_prod.py -m cuda -k backward. Time:
+// python -m pytest benchmark/test_reduction_perf.py -k prod_backward; A/B
+// a change with tools/ab.sh. Measurements: docs/performance.md.
 #include "prod_reduce.cuh"
 
 namespace gemsops {

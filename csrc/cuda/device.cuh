@@ -1,0 +1,29 @@
+// What a launcher asks about the device before it sizes a persistent grid
+// or a shared-memory ring (defined in device.cu, cached per device and per
+// kernel configuration, so a launch pays for the queries once).
+#pragma once
+
+#include "gemsops/status.h"
+
+namespace gemsops {
+
+// Facts about a device, read once and cached.
+struct device_facts {
+    int sm_count;
+    int cc_major, cc_minor;
+    int smem_per_block_optin; // bytes of shared memory one CTA may ask for
+    int smem_per_sm;          // bytes of shared memory of one SM
+    int l2_bytes;             // L2 cache size
+};
+int get_device_facts(int device, device_facts *out, gemsops_status *st);
+
+// CTAs of `kernel` (launched with `block` threads and `smem` bytes of
+// dynamic shared memory) that fit on the whole device at once, from the
+// occupancy calculator; cached per (kernel, device, block, smem). It first
+// raises the kernel's dynamic shared-memory limit to `smem` (needed once
+// static plus dynamic exceed 48 KB). The caller must have made `device`
+// current.
+int resident_ctas(const void *kernel, int device, int block, int smem,
+                  int *out, gemsops_status *st);
+
+} // namespace gemsops

@@ -1,0 +1,117 @@
+// LayerNorm backward: the fused kernel's row loops, one kernel each (a
+// runtime choice between the two loop shapes raised every
+// instantiation's registers). The thread they drive, its ring and its two
+// passes over a row: layer_norm_bwd_thread.cuh.
+//
+//   bwd_rows_whole: a step finishes its row; split rows wait for the other
+//     slabs' partials in the middle of the step (split_exchange);
+//   bwd_rows_lagged: for split rows with dx where the wait would stall
+//     every row (plan_for in layer_norm_bwd.cu decides): a step publishes
+//     row k's partials, then finishes row k - 1 from its ring stage, so
+//     the other slabs' partials arrive while row k's first pass runs.
+#pragma once
+
+#include "layer_norm_bwd_split.cuh"
+#include "layer_norm_bwd_thread.cuh"
+
+namespace gemsops {
+namespace {
+
+// Each step loads, reduces and finishes one row. Split rows (dx wanted)
+// exchange the slabs' partials between the passes.
+template <typename Th>
+__device__ __forceinline__ void bwd_rows_whole(Th &t, typename Th::A *merged,
+                                               typename Th::Sums &dw,
+                                               typename Th::Sums &db)
+{
+    using A = typename Th::A;
+    using V = typename Th::V;
+    t.template prime_ring<0>();
+    for (int64_t k = 0, row = t.first_row; k < t.steps;
+         k++, row += t.step_rows) {
+        const bool row_ok = row < t.a.rows;
+        V xv[Th::ITEMS], dv[Th::ITEMS];
+        A mean = 0, rstd = 0;
+        t.template load<0>(row, row_ok, xv, dv, mean, rstd);
+        A c[2] = {0, 0};
+        if (t.a.dx) {
+            t.partials(xv, dv, mean, rstd, c);
+            if (t.a.split > 1) {
+                split_exchange(t.a, row, row_ok, t.slab, c, merged);
+            }
+        }
+        t.finish(row, row_ok, xv, dv, mean, rstd, c[0], c[1], dw, db);
+    }
+}
+
+// Split rows with dx, one step late: step k runs the first pass of row k
+// and publishes its partials (k < steps), then collects row k - 1's
+// totals and runs its second pass from its ring stage (k > 0). Row k - 1's
+// x and dy wait in the ring, which therefore prefetches one row less. Warp
+// 0 reads the held row's exchange slots at the top of the step and uses
+// them after the first pass, so the collect rarely waits for an L2 round
+// trip of its own.
+template <typename Th>
+__device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
+                                                typename Th::Sums &dw,
+                                                typename Th::Sums &db)
+{
+    using A = typename Th::A;
+    using V = typename Th::V;
+    static_assert(Th::RING, "the lagged loop re-reads rows from the ring");
+    t.template prime_ring<1>();
+    int held_stage = 0;
+    A held_mean = 0, held_rstd = 0;
+    for (int64_t k = 0, row = t.first_row; k <= t.steps;
+         k++, row += t.step_rows) {
+        int stage = 0;
+        A mean = 0, rstd = 0;
+        // the held row's slabs published during the last step: their
+        // slots are read now and used after this step's first pass
+        unsigned long long peek0 = 0, peek1 = 0;
+        if (k > 0 && threadIdx.x < 32 && row - t.step_rows < t.a.rows) {
+            split_peek(t.a.exchange, row - t.step_rows, t.a.split, peek0,
+                       peek1);
+        }
+        if (k < t.steps) {
+            const bool row_ok = row < t.a.rows;
+            V xv[Th::ITEMS], dv[Th::ITEMS];
+            stage = t.template load<1>(row, row_ok, xv, dv, mean, rstd);
+            A c[2] = {0, 0};
+            t.partials(xv, dv, mean, rstd, c);
+            if (threadIdx.x == 0 && row_ok) {
+                split_publish(t.a.exchange, row, t.slab, t.a.split, c[0],
+                              c[1]);
+            }
+        }
+        if (k > 0) {
+            const int64_t held = row - t.step_rows;
+            const bool held_ok = held < t.a.rows;
+            // merged[] alternates between two slots: slot k % 2 is next
+            // written at step k + 2, after the barrier below of step
+            // k + 1, which each thread reaches after its read here
+            A *const m = merged + 2 * (int)(k & 1);
+            if (threadIdx.x < 32 && held_ok) {
+                A t0, t1;
+                split_collect(t.a.exchange, held, t.a.split, t0, t1, peek0,
+                              peek1);
+                if (threadIdx.x == 0) {
+                    m[0] = t0;
+                    m[1] = t1;
+                }
+            }
+            __syncthreads();
+            V xv[Th::ITEMS], dv[Th::ITEMS];
+            t.read_xd(t.stage_at(held_stage), xv, dv);
+            t.pad(held_ok, xv, dv);
+            t.finish(held, held_ok, xv, dv, held_mean, held_rstd, m[0],
+                     m[1], dw, db);
+        }
+        held_stage = stage;
+        held_mean = mean;
+        held_rstd = rstd;
+    }
+}
+
+} // namespace
+} // namespace gemsops

@@ -1,0 +1,52 @@
+// Programmatic dependent launch (sm_90): a small kernel that consumes a
+// larger one's output is launched while the larger one's tail still runs,
+// so its launch latency hides behind that tail instead of following it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace gemsops {
+
+// A grid launched after this one with programmatic stream serialization
+// may start once every CTA here has called pdl_launch_dependents() or
+// exited; it calls pdl_wait_primary() before touching what this grid
+// writes, which returns once this grid has completed and its memory
+// operations are visible. Both are no-ops before sm_90, and the wait
+// returns at once for a grid launched normally.
+__device__ __forceinline__ void pdl_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait_primary()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Launches `kernel` as a programmatic dependent of the grid before it on
+// `stream` where `pdl` (sm_90 and later): it may be scheduled once that
+// grid's CTAs have called pdl_launch_dependents(), so its launch overlaps
+// their tail; it must call pdl_wait_primary() before reading what they
+// wrote. Without `pdl`, a plain launch.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid,
+                             dim3 block, cudaStream_t stream, bool pdl,
+                             Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+} // namespace gemsops
