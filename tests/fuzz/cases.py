@@ -175,11 +175,12 @@ def case_layer_norm(ctx):
         def check(ours, theirs):
             same_meta("out", ours[0], theirs[0])
             ref = run(F.layer_norm, torch.float64)
-            f64_atol = None
-            if dtype == torch.float64:
-                _, m, r = torch.native_layer_norm(x.detach().double(), pshape,
-                                                  None, None, eps)
-                f64_atol = oracle.f64_ln_terms(g, x, w, m, r, rows)
+            _, m, r = torch.native_layer_norm(x.detach().double(), pshape,
+                                              None, None, eps)
+            f64_atol = oracle.f64_ln_terms(g, x, w, m, r, rows) \
+                if dtype == torch.float64 else None
+            bound = oracle.ln_dx_bound(g, x, w, m, r, len(pshape), dtype) \
+                if rows else None
             close("out", ours[0], ref[0], theirs[0], dtype, torch_slack=2.0)
             for name, o, r, t in zip(("dx", "dw", "db"), ours[1], ref[1],
                                      theirs[1]):
@@ -193,7 +194,8 @@ def case_layer_norm(ctx):
                       reduce_len=rows if name != "dx" else 1,
                       loose=name == "dx" and w is not None
                       and not bool(torch.isfinite(w).all()),
-                      f64_atol=f64_atol if name != "db" else None)
+                      f64_atol=f64_atol if name != "db" else None,
+                      bound=bound if name == "dx" else None)
         differential(ctx, lambda: run(F.layer_norm),
                      lambda: run(gemsops.layer_norm), check, inputs, tags)
     else:
@@ -273,6 +275,8 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
     # torch's and gemsops' kernels choose differently; only finite vs
     # non-finite is compared there (README: deliberate differences)
     w_nonfinite = w is not None and not bool(torch.isfinite(w).all())
+    bound = oracle.ln_dx_bound(g, x, w, mean, rstd, len(pshape), dtype) \
+        if rows and mean.numel() == rows else None
     f64_atol = None
     if dtype == torch.float64 and g.numel():
         wdy = g.abs().max() * (w.abs().max() if w is not None and w.numel()
@@ -294,7 +298,8 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
             close(name, oo, rr, tt, tt.dtype, torch_slack=2.0,
                   reduce_len=rows if name != "dx" else 1,
                   loose=name == "dx" and w_nonfinite,
-                  f64_atol=f64_atol if name == "dx" else None)
+                  f64_atol=f64_atol if name == "dx" else None,
+                  bound=bound if name == "dx" else None)
     differential(ctx, theirs, ours, check, inputs, tags)
 
 

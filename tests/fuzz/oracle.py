@@ -366,15 +366,44 @@ def nonfinite_match(name, ours, theirs, loose=False, ref=None, skip=None):
 F64_REL = 1e-9
 
 
+def ln_dx_bound(g, x, w, mean, rstd, nd, dtype):
+    """Elementwise bound on a LayerNorm dx's rounding error, from the
+    size of the terms it cancels: dx = rstd (w dy - mean(w dy) - xhat
+    mean(w dy xhat)); each term carries a few ulps of the accumulation
+    type (fp32 for halves), the sums sqrt(N) of them, and the output one
+    rounding to its dtype. None when the statistics have no rows."""
+    if not g.numel() or not rstd.numel() or g.shape != x.shape or \
+            x.is_complex() or g.is_complex() or (
+            w is not None and tuple(w.shape) != tuple(x.shape[x.dim() - nd:])):
+        return None  # a case whose call is refused
+    n = math.prod(x.shape[x.dim() - nd:])
+    if mean.numel() * n != x.numel() or rstd.numel() != mean.numel():
+        return None
+    sh = tuple(x.shape[:x.dim() - nd]) + (1,) * nd
+    xd, gd = x.detach().double(), g.detach().double()
+    m = mean.detach().double().reshape(sh)
+    r = rstd.detach().double().reshape(sh)
+    wdy = gd * (w.detach().double() if w is not None else 1.0)
+    xh = (xd - m) * r
+    dims = tuple(range(x.dim() - nd, x.dim()))
+    terms = r.abs() * (wdy.abs() + xh.abs() * (wdy * xh).abs().mean(
+        dims, keepdim=True) + wdy.abs().mean(dims, keepdim=True))
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    return (16 * torch.finfo(acc).eps * math.sqrt(n) * terms).cpu()
+
+
 def close(name, ours, ref, theirs, dtype, *, reduce_len=1, chain_len=1,
-          torch_slack=None, loose=False, skip=None, f64_atol=None):
+          torch_slack=None, loose=False, skip=None, f64_atol=None,
+          bound=None):
     """ours vs the float64 ref on the finite positions with testing.py's
     tolerance; if that fails, still pass when torch's own result
     (theirs) is at least 1/torch_slack as far from ref (same bar as
     tests/test_prod.py's assert_close_or_torch). f64_atol: for float64,
     the rounding of the largest term the result cancels from (a float64
     reference is no finer than that: a result that cancels to zero is
-    exact in ours and a few ulps of those terms in the reference)."""
+    exact in ours and a few ulps of those terms in the reference).
+    bound: an elementwise bound on the rounding error (ln_dx_bound) that
+    also passes a result, plus one rounding of the output."""
     fin = nonfinite_match(name, ours, theirs, loose, ref, skip) \
         if theirs is not None else torch.isfinite(ours.detach().cpu())
     fin = fin & torch.isfinite(ref.detach().cpu())
@@ -399,6 +428,11 @@ def close(name, ours, ref, theirs, dtype, *, reduce_len=1, chain_len=1,
         if dtype == torch.float64 and f64_atol is not None and \
                 float((o - r).abs().max()) <= f64_atol:
             return
+        if bound is not None and r.numel():
+            tol = bound.to(r.device)[fin.to(bound.device)] + \
+                torch.finfo(dtype).eps * r.abs()
+            if bool(((o.double() - r).abs() <= tol).all()):
+                return
         if t is not None and torch_slack and r.numel():
             ours_err, their_err = rel_error(o, r), rel_error(t, r)
             if ours_err <= torch_slack * their_err:

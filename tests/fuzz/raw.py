@@ -350,7 +350,9 @@ def _c_ln_bwd(ctx):
             _written(name, o, r)
             close(name, o.to(r.device), r, None, o.dtype,
                   reduce_len=rows if name != "grad_input" else 1,
-                  f64_atol=oracle.f64_ln_terms(g, x, w, mean, rstd, rows))
+                  f64_atol=oracle.f64_ln_terms(g, x, w, mean, rstd, rows),
+                  bound=oracle.ln_dx_bound(g, x, w, mean, rstd, nd, dtype)
+                  if name == "grad_input" and rows else None)
 
 
 # ------------------------------------------------------------------ prod
