@@ -13,6 +13,7 @@ the host's Python and dispatch cost then stays out of the timed window
 copy bandwidth of this GPU is measured once per run and every GB/s is also
 given as a fraction of it.
 """
+
 import contextlib
 import datetime
 import json
@@ -39,8 +40,12 @@ def _read_flush():
     window, the same for every provider): a quarter of a 128 MB op's time."""
     global _flush_buf
     if _flush_buf is None:
-        _flush_buf = (torch.empty(1 << 26, dtype=torch.float32, device="cuda")
-                      .fill_(1.0), torch.empty((), device="cuda"))
+        _flush_buf = (
+            torch.empty(1 << 26, dtype=torch.float32, device="cuda").fill_(
+                1.0
+            ),
+            torch.empty((), device="cuda"),
+        )
     torch.sum(_flush_buf[0], dim=0, out=_flush_buf[1])
 
 
@@ -83,8 +88,10 @@ def do_bench(fn, warmup_ms=25, rep_ms=100):
         return _events_median(fn, _read_flush, warmup_ms, rep_ms)
     try:
         import triton.testing
-        return triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
-                                       return_mode="median")
+
+        return triton.testing.do_bench(
+            fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"
+        )
     except ImportError:
         pass
     return _events_median(fn, lambda: None, warmup_ms, rep_ms)
@@ -129,7 +136,9 @@ def copy_bandwidth_gbps():
     """Device-to-device copy of 1 GiB, bytes read + written, GB/s."""
     global _copy_gbps
     if _copy_gbps is None:
-        src = torch.empty(1 << 28, dtype=torch.float32, device="cuda").normal_()
+        src = torch.empty(
+            1 << 28, dtype=torch.float32, device="cuda"
+        ).normal_()
         dst = torch.empty_like(src)
         # eager even with GEMSOPS_BENCH_GRAPH: a captured copy_ becomes a
         # graph memcpy node, which ran at ~80% of the kernel copy's speed
@@ -145,9 +154,12 @@ def commit():
     if env:
         return env
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True,
-                              cwd=Path(__file__).parent).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
     except OSError:
         return "unknown"
 
@@ -165,9 +177,20 @@ class Benchmark:
     timed beside torch where they import (the context, e.g. FlagGems'
     use_gems, wraps both the forward and the timed backward)."""
 
-    def __init__(self, op_name, torch_op, gems_op, arg_func, dtypes, shapes,
-                 bytes_func=None, flops_func=None, is_backward=False,
-                 peers=None, result_file=None):
+    def __init__(
+        self,
+        op_name,
+        torch_op,
+        gems_op,
+        arg_func,
+        dtypes,
+        shapes,
+        bytes_func=None,
+        flops_func=None,
+        is_backward=False,
+        peers=None,
+        result_file=None,
+    ):
         self.op_name = op_name
         self.torch_op = torch_op
         self.gems_op = gems_op
@@ -190,16 +213,24 @@ class Benchmark:
             stream.wait_stream(torch.cuda.current_stream())
         with ctx():
             # a backward's kernels run on its forward's stream
-            with torch.cuda.stream(stream) if stream else contextlib.nullcontext():
+            with (
+                torch.cuda.stream(stream)
+                if stream
+                else contextlib.nullcontext()
+            ):
                 if not self.is_backward:
                     fn = lambda: op(*args)  # noqa: E731
                 else:
-                    inputs = [a for a in args
-                              if isinstance(a, torch.Tensor) and a.requires_grad]
+                    inputs = [
+                        a
+                        for a in args
+                        if isinstance(a, torch.Tensor) and a.requires_grad
+                    ]
                     out = op(*args)
                     grad = torch.randn_like(out)
                     fn = lambda: torch.autograd.grad(  # noqa: E731
-                        out, inputs, grad, retain_graph=True)
+                        out, inputs, grad, retain_graph=True
+                    )
             if stream is not None:
                 torch.cuda.synchronize()
                 replay = _graph_replay(fn, stream)
@@ -215,11 +246,15 @@ class Benchmark:
         copy = copy_bandwidth_gbps()
         gpu = torch.cuda.get_device_name()
         pass_name = "bwd" if self.is_backward else "fwd"
-        print(f"\n{self.op_name} {pass_name} on {gpu}; copy bandwidth "
-              f"{copy:.0f} GB/s; commit {commit()}")
-        head = (f"{'dtype':>9} {'shape':>18} {'torch ms':>9} {'gems ms':>9} "
-                f"{'speedup':>7} {'torch GB/s':>10} {'gems GB/s':>9} "
-                f"{'gems/copy':>9}")
+        print(
+            f"\n{self.op_name} {pass_name} on {gpu}; copy bandwidth "
+            f"{copy:.0f} GB/s; commit {commit()}"
+        )
+        head = (
+            f"{'dtype':>9} {'shape':>18} {'torch ms':>9} {'gems ms':>9} "
+            f"{'speedup':>7} {'torch GB/s':>10} {'gems GB/s':>9} "
+            f"{'gems/copy':>9}"
+        )
         for peer in self.peers:
             head += f" {peer + ' GB/s':>12}"
         if self.flops_func:
@@ -230,21 +265,30 @@ class Benchmark:
                 args = self.arg_func(dtype, shape)
                 t_torch, g_torch = self._timed(self.torch_op, args)
                 t_gems, g_gems = self._timed(self.gems_op, args)
-                nbytes = self.bytes_func(dtype, shape) if self.bytes_func else 0
-                row = dict(op=self.op_name, pass_=pass_name,
-                           dtype=dtype_name(dtype), shape=list(shape),
-                           torch_ms=t_torch, gems_ms=t_gems,
-                           speedup=t_torch / t_gems,
-                           torch_gbps=nbytes / t_torch / 1e6,
-                           gems_gbps=nbytes / t_gems / 1e6)
+                nbytes = (
+                    self.bytes_func(dtype, shape) if self.bytes_func else 0
+                )
+                row = dict(
+                    op=self.op_name,
+                    pass_=pass_name,
+                    dtype=dtype_name(dtype),
+                    shape=list(shape),
+                    torch_ms=t_torch,
+                    gems_ms=t_gems,
+                    speedup=t_torch / t_gems,
+                    torch_gbps=nbytes / t_torch / 1e6,
+                    gems_gbps=nbytes / t_gems / 1e6,
+                )
                 if GRAPH:
                     row.update(torch_graph=g_torch, gems_graph=g_gems)
                 row["gems_copy_fraction"] = row["gems_gbps"] / copy
                 row["torch_copy_fraction"] = row["torch_gbps"] / copy
-                line = (f"{row['dtype']:>9} {'x'.join(map(str, shape)):>18} "
-                        f"{t_torch:9.4f} {t_gems:9.4f} {row['speedup']:7.2f} "
-                        f"{row['torch_gbps']:10.0f} {row['gems_gbps']:9.0f} "
-                        f"{row['gems_copy_fraction']:9.1%}")
+                line = (
+                    f"{row['dtype']:>9} {'x'.join(map(str, shape)):>18} "
+                    f"{t_torch:9.4f} {t_gems:9.4f} {row['speedup']:7.2f} "
+                    f"{row['torch_gbps']:10.0f} {row['gems_gbps']:9.0f} "
+                    f"{row['gems_copy_fraction']:9.1%}"
+                )
                 for peer, fn in self.peers.items():
                     try:
                         t, g = self._timed(fn, args)
@@ -257,10 +301,15 @@ class Benchmark:
                         row[f"{peer}_error"] = f"{type(e).__name__}: {e}"[:200]
                         line += f" {'-':>12}"
                 if self.flops_func:
-                    row["gems_tflops"] = self.flops_func(dtype, shape) / t_gems / 1e9
+                    row["gems_tflops"] = (
+                        self.flops_func(dtype, shape) / t_gems / 1e9
+                    )
                     line += f" {row['gems_tflops']:12.1f}"
-                eager = [k[:-6] for k, v in row.items()
-                         if k.endswith("_graph") and not v]
+                eager = [
+                    k[:-6]
+                    for k, v in row.items()
+                    if k.endswith("_graph") and not v
+                ]
                 if eager:  # timed without a graph: host time included
                     line += f"  (eager: {', '.join(eager)})"
                 print(line, flush=True)
@@ -275,10 +324,17 @@ class Benchmark:
         flush = "" if FLUSH == "zero" else f"_{FLUSH}flush"
         flush += "_graph" if GRAPH else ""
         path = RESULTS / f"{self.result_file}{flush}_{tag}.json"
-        doc = dict(gpu=gpu, copy_gbps=copy, flush=FLUSH, graph=GRAPH,
-                   torch=torch.__version__,
-                   cuda=torch.version.cuda, commit=commit(),
-                   date=datetime.datetime.now(datetime.timezone.utc)
-                   .isoformat(timespec="seconds"),
-                   rows=[r for r in _rows if r["op"] == self.op_name])
+        doc = dict(
+            gpu=gpu,
+            copy_gbps=copy,
+            flush=FLUSH,
+            graph=GRAPH,
+            torch=torch.__version__,
+            cuda=torch.version.cuda,
+            commit=commit(),
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"
+            ),
+            rows=[r for r in _rows if r["op"] == self.op_name],
+        )
         path.write_text(json.dumps(doc, indent=1))

@@ -4,21 +4,38 @@ when they import), FlagGems' test_reduction_perf.py style.
 Bytes counted (the fewest the op must move): forward reads x and writes y;
 backward reads x and dy and writes dx (3 * M * N elements); weights and
 statistics are O(N + M) and left out (docs/performance.md, Method)."""
+
 import os
 
 import pytest
 import torch
 
 import gemsops
+
 from .performance_utils import Benchmark
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-SHAPES = [(4096, 768), (4096, 1024), (4096, 4096), (16384, 4096),
-          (8192, 8192), (4096, 12288), (2048, 16384), (1024, 65536),
-          (256, 262144), (200000, 64), (1024, 1000)]
+SHAPES = [
+    (4096, 768),
+    (4096, 1024),
+    (4096, 4096),
+    (16384, 4096),
+    (8192, 8192),
+    (4096, 12288),
+    (2048, 16384),
+    (1024, 65536),
+    (256, 262144),
+    (200000, 64),
+    (1024, 1000),
+]
 if os.environ.get("GEMSOPS_BENCH_QUICK"):
-    SHAPES = [(16384, 4096), (8192, 8192), (256, 262144), (200000, 64),
-              (1024, 1000)]
+    SHAPES = [
+        (16384, 4096),
+        (8192, 8192),
+        (256, 262144),
+        (200000, 64),
+        (1024, 1000),
+    ]
 
 
 def peers():
@@ -27,11 +44,16 @@ def peers():
         return found
     try:
         import flag_gems
-        found["flaggems"] = (torch.nn.functional.layer_norm, flag_gems.use_gems)
+
+        found["flaggems"] = (
+            torch.nn.functional.layer_norm,
+            flag_gems.use_gems,
+        )
     except Exception as e:
         print(f"FlagGems not timed: {type(e).__name__}: {e}")
     try:
         from liger_kernel.transformers.functional import liger_layer_norm
+
         found["liger"] = lambda x, s, w, b: liger_layer_norm(x, w, b, 1e-5)
     except Exception as e:
         print(f"Liger not timed: {type(e).__name__}: {e}")
@@ -40,7 +62,9 @@ def peers():
 
 def layer_norm_args(dtype, shape, requires_grad=False):
     m, n = shape
-    x = torch.randn(m, n, dtype=dtype, device="cuda", requires_grad=requires_grad)
+    x = torch.randn(
+        m, n, dtype=dtype, device="cuda", requires_grad=requires_grad
+    )
     w = torch.randn(n, dtype=dtype, device="cuda", requires_grad=requires_grad)
     b = torch.randn(n, dtype=dtype, device="cuda", requires_grad=requires_grad)
     return x, (n,), w, b
@@ -52,15 +76,30 @@ def ln_bytes(passes):
 
 @pytest.mark.layer_norm
 def test_perf_layer_norm_forward():
-    Benchmark("layer_norm", torch.nn.functional.layer_norm, gemsops.layer_norm,
-              layer_norm_args, FLOAT_DTYPES, SHAPES, bytes_func=ln_bytes(2),
-              peers=peers(), result_file="layer_norm_fwd").run()
+    Benchmark(
+        "layer_norm",
+        torch.nn.functional.layer_norm,
+        gemsops.layer_norm,
+        layer_norm_args,
+        FLOAT_DTYPES,
+        SHAPES,
+        bytes_func=ln_bytes(2),
+        peers=peers(),
+        result_file="layer_norm_fwd",
+    ).run()
 
 
 @pytest.mark.layer_norm
 def test_perf_layer_norm_backward():
-    Benchmark("layer_norm_backward", torch.nn.functional.layer_norm,
-              gemsops.layer_norm,
-              lambda d, s: layer_norm_args(d, s, requires_grad=True),
-              FLOAT_DTYPES, SHAPES, bytes_func=ln_bytes(3), is_backward=True,
-              peers=peers(), result_file="layer_norm_bwd").run()
+    Benchmark(
+        "layer_norm_backward",
+        torch.nn.functional.layer_norm,
+        gemsops.layer_norm,
+        lambda d, s: layer_norm_args(d, s, requires_grad=True),
+        FLOAT_DTYPES,
+        SHAPES,
+        bytes_func=ln_bytes(3),
+        is_backward=True,
+        peers=peers(),
+        result_file="layer_norm_bwd",
+    ).run()

@@ -6,6 +6,7 @@ A case is (*sizes, which): `which` is "all" (the full product) or "dN"
 input bytes / time); the backward must read the input and write its
 gradient (2 x input bytes); the kept-dims outputs and gradients are left
 out (docs/performance.md, Method)."""
+
 import math
 import os
 
@@ -13,15 +14,28 @@ import pytest
 import torch
 
 import gemsops
+
 from .performance_utils import Benchmark
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-CASES = [(1 << 28, "all"), (1 << 20, "all"), (1024, 1024, 1024, "all"),
-         (4096, 4096, "d1"), (1024, 65536, "d1"), (65536, 1024, "d1"),
-         (64, 4096, 64, "d1"), (1024, 1024, 1024, "d1"), (4096, 4096, "d0")]
+CASES = [
+    (1 << 28, "all"),
+    (1 << 20, "all"),
+    (1024, 1024, 1024, "all"),
+    (4096, 4096, "d1"),
+    (1024, 65536, "d1"),
+    (65536, 1024, "d1"),
+    (64, 4096, 64, "d1"),
+    (1024, 1024, 1024, "d1"),
+    (4096, 4096, "d0"),
+]
 if os.environ.get("GEMSOPS_BENCH_QUICK"):
-    CASES = [(1 << 28, "all"), (4096, 4096, "d1"), (4096, 4096, "d0"),
-             (64, 4096, 64, "d1")]
+    CASES = [
+        (1 << 28, "all"),
+        (4096, 4096, "d1"),
+        (4096, 4096, "d0"),
+        (64, 4096, 64, "d1"),
+    ]
 
 
 def peers():
@@ -30,6 +44,7 @@ def peers():
         return found
     try:
         import flag_gems
+
         found["flaggems"] = (torch_prod, flag_gems.use_gems)
     except Exception as e:
         print(f"FlagGems not timed: {type(e).__name__}: {e}")
@@ -60,14 +75,30 @@ def prod_bytes(passes):
 
 @pytest.mark.prod
 def test_perf_prod_forward():
-    Benchmark("prod", torch_prod, gems_prod, prod_args, FLOAT_DTYPES, CASES,
-              bytes_func=prod_bytes(1), peers=peers(),
-              result_file="prod_fwd").run()
+    Benchmark(
+        "prod",
+        torch_prod,
+        gems_prod,
+        prod_args,
+        FLOAT_DTYPES,
+        CASES,
+        bytes_func=prod_bytes(1),
+        peers=peers(),
+        result_file="prod_fwd",
+    ).run()
 
 
 @pytest.mark.prod
 def test_perf_prod_backward():
-    Benchmark("prod_backward", torch_prod, gems_prod,
-              lambda d, c: prod_args(d, c, requires_grad=True),
-              FLOAT_DTYPES, CASES, bytes_func=prod_bytes(2), is_backward=True,
-              peers=peers(), result_file="prod_bwd").run()
+    Benchmark(
+        "prod_backward",
+        torch_prod,
+        gems_prod,
+        lambda d, c: prod_args(d, c, requires_grad=True),
+        FLOAT_DTYPES,
+        CASES,
+        bytes_func=prod_bytes(2),
+        is_backward=True,
+        peers=peers(),
+        result_file="prod_bwd",
+    ).run()

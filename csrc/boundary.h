@@ -24,8 +24,8 @@ int gemsops_optional_tensor(PyObject *obj, const char *fn, const char *arg,
 /* For tensors gemsops writes (outputs, workspaces): also refuses memory
  * its producer marked read-only (DLPack's read-only flag: read-only NumPy
  * arrays, memory maps opened for reading, arrays over bytes). */
-int gemsops_output_from_object(PyObject *obj, const char *fn,
-                               const char *arg, struct gemsops_tensor *t);
+int gemsops_output_from_object(PyObject *obj, const char *fn, const char *arg,
+                               struct gemsops_tensor *t);
 int gemsops_optional_output(PyObject *obj, const char *fn, const char *arg,
                             struct gemsops_tensor *t, int *present);
 

@@ -19,8 +19,8 @@ gemsops_cuda_device_count(int *count)
     return 0;
 }
 
-#define GEMSOPS_NO_CUDA(st)                                                   \
-    gemsops_fail((st), GEMSOPS_ERR_RUNTIME,                                   \
+#define GEMSOPS_NO_CUDA(st)                 \
+    gemsops_fail((st), GEMSOPS_ERR_RUNTIME, \
                  "gemsops was built without CUDA (no nvcc at build time)")
 
 int

@@ -32,8 +32,8 @@ facts_of(PyTypeObject *type)
         }
     }
     const gemsops_dl_exchange_api *api = NULL;
-    PyObject *cap = PyObject_GetAttrString((PyObject *)type,
-                                           "__dlpack_c_exchange_api__");
+    PyObject *cap =
+        PyObject_GetAttrString((PyObject *)type, "__dlpack_c_exchange_api__");
     if (cap == NULL) {
         PyErr_Clear();
     }
@@ -127,8 +127,7 @@ dtype_from_dl(gemsops_dl_dtype d)
                : d.bits == 32 ? GEMSOPS_INT32
                : d.bits == 64 ? GEMSOPS_INT64
                               : GEMSOPS_DTYPE_UNSUPPORTED;
-    default:
-        return GEMSOPS_DTYPE_UNSUPPORTED;
+    default: return GEMSOPS_DTYPE_UNSUPPORTED;
     }
 }
 

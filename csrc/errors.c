@@ -21,18 +21,10 @@ gemsops_raise(const gemsops_status *st)
 {
     PyObject *type;
     switch (st->code) {
-    case GEMSOPS_ERR_TYPE:
-        type = PyExc_TypeError;
-        break;
-    case GEMSOPS_ERR_VALUE:
-        type = PyExc_ValueError;
-        break;
-    case GEMSOPS_ERR_INDEX:
-        type = PyExc_IndexError;
-        break;
-    default:
-        type = PyExc_RuntimeError;
-        break;
+    case GEMSOPS_ERR_TYPE: type = PyExc_TypeError; break;
+    case GEMSOPS_ERR_VALUE: type = PyExc_ValueError; break;
+    case GEMSOPS_ERR_INDEX: type = PyExc_IndexError; break;
+    default: type = PyExc_RuntimeError; break;
     }
     PyErr_SetString(type, st->message);
     return NULL;

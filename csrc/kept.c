@@ -74,8 +74,8 @@ find(const struct gemsops_tensor *t, void *stream)
     for (int i = 0; i < KEPT_SLOTS; i++) {
         struct kept_record *r = &records[i];
         if (r->obj != NULL && r->data == t->data &&
-            r->device_type == t->device_type &&
-            r->device_id == t->device_id && r->stream == stream) {
+            r->device_type == t->device_type && r->device_id == t->device_id &&
+            r->stream == stream) {
             return r;
         }
     }
@@ -104,8 +104,8 @@ gemsops_kept_lookup(PyObject *obj, const struct gemsops_tensor *t,
 }
 
 int
-gemsops_kept_store(PyObject *obj, const struct gemsops_tensor *t,
-                   void *stream, unsigned long long tag)
+gemsops_kept_store(PyObject *obj, const struct gemsops_tensor *t, void *stream,
+                   unsigned long long tag)
 {
     long long v;
     int has;

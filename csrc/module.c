@@ -2,10 +2,11 @@
 #include "boundary.h"
 #include "gemsops/matmul.h"
 
-PyDoc_STRVAR(cuda_available_doc,
-"cuda_available() -> bool\n\n"
-"True when the extension was built with CUDA kernels and a CUDA device is "
-"visible.");
+PyDoc_STRVAR(
+    cuda_available_doc,
+    "cuda_available() -> bool\n\n"
+    "True when the extension was built with CUDA kernels and a CUDA device is "
+    "visible.");
 
 static PyObject *
 cuda_available(PyObject *module, PyObject *unused)
@@ -20,8 +21,8 @@ cuda_available(PyObject *module, PyObject *unused)
 }
 
 PyDoc_STRVAR(built_with_cuda_doc,
-"built_with_cuda() -> bool\n\n"
-"True when nvcc compiled the CUDA kernels into this extension.");
+             "built_with_cuda() -> bool\n\n"
+             "True when nvcc compiled the CUDA kernels into this extension.");
 
 static PyObject *
 built_with_cuda(PyObject *module, PyObject *unused)
@@ -31,10 +32,11 @@ built_with_cuda(PyObject *module, PyObject *unused)
     return PyBool_FromLong(gemsops_built_with_cuda());
 }
 
-PyDoc_STRVAR(tensor_info_doc,
-"tensor_info(t) -> (dtype, device_type, device_id, shape, strides,\n"
-"                   address)\n\n"
-"What the DLPack boundary sees of `t` (any DLPack producer). For tests.");
+PyDoc_STRVAR(
+    tensor_info_doc,
+    "tensor_info(t) -> (dtype, device_type, device_id, shape, strides,\n"
+    "                   address)\n\n"
+    "What the DLPack boundary sees of `t` (any DLPack producer). For tests.");
 
 static PyObject *
 tensor_info(PyObject *module, PyObject *obj)
@@ -59,11 +61,13 @@ tensor_info(PyObject *module, PyObject *obj)
                          (unsigned long long)(uintptr_t)t.data);
 }
 
-PyDoc_STRVAR(fallback_counts_doc,
-"fallback_counts() -> dict\n\n"
-"How often this process took a documented fallback instead of failing:\n"
-"tma_refused, matmul launches whose operands the driver would not describe\n"
-"for TMA (they ran the mma mainloop).");
+PyDoc_STRVAR(
+    fallback_counts_doc,
+    "fallback_counts() -> dict\n\n"
+    "How often this process took a documented fallback instead of failing:\n"
+    "tma_refused, matmul launches whose operands the driver would not "
+    "describe\n"
+    "for TMA (they ran the mma mainloop).");
 
 static PyObject *
 fallback_counts(PyObject *module, PyObject *unused)
@@ -98,18 +102,16 @@ static PyModuleDef_Slot module_slots[] = {
     {0, NULL},
 };
 
-PyDoc_STRVAR(module_doc,
-"gemsops._C: LayerNorm, prod and matmul kernels behind a DLPack boundary.\n"
-"Outputs and workspaces are allocated by the caller; CUDA work runs on the\n"
-"caller's current stream.");
+PyDoc_STRVAR(module_doc, "gemsops._C: LayerNorm, prod and matmul kernels "
+                         "behind a DLPack boundary.\n"
+                         "Outputs and workspaces are allocated by the caller; "
+                         "CUDA work runs on the\n"
+                         "caller's current stream.");
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT,
-    .m_name = "gemsops._C",
-    .m_doc = module_doc,
-    .m_size = 0,
-    .m_methods = module_methods,
-    .m_slots = module_slots,
+    PyModuleDef_HEAD_INIT,       .m_name = "gemsops._C",
+    .m_doc = module_doc,         .m_size = 0,
+    .m_methods = module_methods, .m_slots = module_slots,
 };
 
 PyMODINIT_FUNC

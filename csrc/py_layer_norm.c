@@ -125,15 +125,19 @@ check_stats(const struct gemsops_tensor *s, const struct gemsops_tensor *x,
             int64_t rows, const char *fn, const char *arg)
 {
     if (s->dtype != stats_dtype(x->dtype)) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has dtype %s; "
-                     "expected %s", fn, arg, gemsops_dtype_name(s->dtype),
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): argument '%s' has dtype %s; "
+                     "expected %s",
+                     fn, arg, gemsops_dtype_name(s->dtype),
                      gemsops_dtype_name(stats_dtype(x->dtype)));
         return -1;
     }
     if (gemsops_tensor_numel(s) != rows) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has %lld "
-                     "elements; expected one per row (%lld)", fn, arg,
-                     (long long)gemsops_tensor_numel(s), (long long)rows);
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): argument '%s' has %lld "
+                     "elements; expected one per row (%lld)",
+                     fn, arg, (long long)gemsops_tensor_numel(s),
+                     (long long)rows);
         return -1;
     }
     return gemsops_check_device(s, x, fn, arg, "input") ||
@@ -147,9 +151,10 @@ check_like_x(const struct gemsops_tensor *t, const struct gemsops_tensor *x,
              int nd, const char *fn, const char *arg, int64_t *stride)
 {
     if (t->dtype != x->dtype) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has dtype %s; "
-                     "expected %s (the input's)", fn, arg,
-                     gemsops_dtype_name(t->dtype),
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): argument '%s' has dtype %s; "
+                     "expected %s (the input's)",
+                     fn, arg, gemsops_dtype_name(t->dtype),
                      gemsops_dtype_name(x->dtype));
         return -1;
     }
@@ -169,8 +174,10 @@ parse_nd(PyObject *obj, const struct gemsops_tensor *x, const char *fn,
     long v = PyLong_AsLong(obj);
     if (v == -1 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyErr_Format(PyExc_RuntimeError, "%s(): normalized_ndim=%R must "
-                         "be in [1, %d]", fn, obj, x->ndim);
+            PyErr_Format(PyExc_RuntimeError,
+                         "%s(): normalized_ndim=%R must "
+                         "be in [1, %d]",
+                         fn, obj, x->ndim);
         }
         return -1;
     }
@@ -218,15 +225,13 @@ parse_fwd(PyObject *const *args, int with_outputs,
         gemsops_optional_tensor(args[2], fn, "bias", &b, &has_b) ||
         (has_w && check_param(&w, &x, nd, fn, "weight")) ||
         (has_b && check_param(&b, &x, nd, fn, "bias")) ||
-        row_view(&x, nd, fn, "input", &p->rows, &p->cols,
-                 &p->x_row_stride)) {
+        row_view(&x, nd, fn, "input", &p->rows, &p->cols, &p->x_row_stride)) {
         return -1;
     }
     if (has_w && has_b && w.dtype != b.dtype) {
         PyErr_Format(PyExc_RuntimeError,
-                     "%s(): weight (%s) and bias (%s) must have one dtype",
-                     fn, gemsops_dtype_name(w.dtype),
-                     gemsops_dtype_name(b.dtype));
+                     "%s(): weight (%s) and bias (%s) must have one dtype", fn,
+                     gemsops_dtype_name(w.dtype), gemsops_dtype_name(b.dtype));
         return -1;
     }
     p->x = x.data;
@@ -284,24 +289,31 @@ parse_fwd(PyObject *const *args, int with_outputs,
     return 0;
 }
 
-PyDoc_STRVAR(layer_norm_fwd_doc,
-"layer_norm_fwd(input, weight, bias, normalized_ndim, eps, out, mean, rstd,\n"
-"               workspace) -> None\n\n"
-"LayerNorm of `input` over its last `normalized_ndim` dimensions into the\n"
-"caller-allocated `out` (input's shape and dtype), `mean` and `rstd` (one\n"
-"per row; float32, or float64 for float64 input; both may be None when the\n"
-"statistics are not wanted). weight/bias may be None;\n"
-"for float16/bfloat16 input they may be float32. `workspace`: None or a\n"
-"uint8 tensor of layer_norm_fwd_workspace() bytes (0 today: no forward\n"
-"variant needs one). Runs on the current CUDA stream, or on the CPU.");
+PyDoc_STRVAR(
+    layer_norm_fwd_doc,
+    "layer_norm_fwd(input, weight, bias, normalized_ndim, eps, out, mean, "
+    "rstd,\n"
+    "               workspace) -> None\n\n"
+    "LayerNorm of `input` over its last `normalized_ndim` dimensions into "
+    "the\n"
+    "caller-allocated `out` (input's shape and dtype), `mean` and `rstd` "
+    "(one\n"
+    "per row; float32, or float64 for float64 input; both may be None when "
+    "the\n"
+    "statistics are not wanted). weight/bias may be None;\n"
+    "for float16/bfloat16 input they may be float32. `workspace`: None or a\n"
+    "uint8 tensor of layer_norm_fwd_workspace() bytes (0 today: no forward\n"
+    "variant needs one). Runs on the current CUDA stream, or on the CPU.");
 
 static PyObject *
 layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     if (nargs != 9) {
-        PyErr_Format(PyExc_TypeError, "layer_norm_fwd() takes 9 arguments "
-                     "(%zd given)", nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "layer_norm_fwd() takes 9 arguments "
+                     "(%zd given)",
+                     nargs);
         return NULL;
     }
     struct gemsops_layer_norm_fwd_params p;
@@ -318,8 +330,7 @@ layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         rc = gemsops_layer_norm_fwd_cuda(&p, &st);
     }
     else {
-        Py_BEGIN_ALLOW_THREADS
-        rc = gemsops_layer_norm_fwd_cpu(&p, &st);
+        Py_BEGIN_ALLOW_THREADS rc = gemsops_layer_norm_fwd_cpu(&p, &st);
         Py_END_ALLOW_THREADS
     }
     if (rc != GEMSOPS_OK) {
@@ -328,9 +339,10 @@ layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(layer_norm_fwd_workspace_doc,
-"layer_norm_fwd_workspace(input, weight, bias, normalized_ndim) -> int\n\n"
-"Bytes of workspace layer_norm_fwd needs for this input (0: pass None).");
+PyDoc_STRVAR(
+    layer_norm_fwd_workspace_doc,
+    "layer_norm_fwd_workspace(input, weight, bias, normalized_ndim) -> int\n\n"
+    "Bytes of workspace layer_norm_fwd needs for this input (0: pass None).");
 
 static PyObject *
 layer_norm_fwd_workspace(PyObject *module, PyObject *const *args,
@@ -338,8 +350,10 @@ layer_norm_fwd_workspace(PyObject *module, PyObject *const *args,
 {
     (void)module;
     if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError, "layer_norm_fwd_workspace() takes 4 "
-                     "arguments (%zd given)", nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "layer_norm_fwd_workspace() takes 4 "
+                     "arguments (%zd given)",
+                     nargs);
         return NULL;
     }
     struct gemsops_layer_norm_fwd_params p;
@@ -372,8 +386,7 @@ parse_bwd(PyObject *const *args, int with_outputs,
         check_input(&x, fn, "input") || parse_nd(args[3], &x, fn, &nd) ||
         gemsops_optional_tensor(args[2], fn, "weight", &w, &has_w) ||
         (has_w && check_param(&w, &x, nd, fn, "weight")) ||
-        row_view(&x, nd, fn, "input", &p->rows, &p->cols,
-                 &p->x_row_stride)) {
+        row_view(&x, nd, fn, "input", &p->rows, &p->cols, &p->x_row_stride)) {
         return -1;
     }
     int det = PyObject_IsTrue(args[4]);
@@ -401,8 +414,10 @@ parse_bwd(PyObject *const *args, int with_outputs,
         p->dweight = want[1] ? &marker : NULL;
         p->dbias = want[2] ? &marker : NULL;
         if (want[1] && !has_w) {
-            PyErr_Format(PyExc_RuntimeError, "%s(): a weight gradient needs "
-                         "the weight", fn);
+            PyErr_Format(PyExc_RuntimeError,
+                         "%s(): a weight gradient needs "
+                         "the weight",
+                         fn);
             return -1;
         }
         return 0;
@@ -414,8 +429,8 @@ parse_bwd(PyObject *const *args, int with_outputs,
         gemsops_tensor_from_object(args[6], fn, "rstd", &rstd, NULL) ||
         check_stats(&rstd, &x, p->rows, fn, "rstd") ||
         gemsops_optional_output(args[7], fn, "grad_input", &dx, &has_dx) ||
-        (has_dx && check_like_x(&dx, &x, nd, fn, "grad_input",
-                                &p->dx_row_stride)) ||
+        (has_dx &&
+         check_like_x(&dx, &x, nd, fn, "grad_input", &p->dx_row_stride)) ||
         gemsops_optional_output(args[8], fn, "grad_weight", &dw, &has_dw) ||
         gemsops_optional_output(args[9], fn, "grad_bias", &db, &has_db) ||
         gemsops_optional_output(args[10], fn, "workspace", &ws, &has_ws) ||
@@ -436,17 +451,18 @@ parse_bwd(PyObject *const *args, int with_outputs,
         (has_db && db.dtype != p->param_dtype)) {
         PyErr_Format(PyExc_RuntimeError,
                      "%s(): grad_weight and grad_bias must have dtype %s (the "
-                     "weight's)", fn, gemsops_dtype_name(p->param_dtype));
+                     "weight's)",
+                     fn, gemsops_dtype_name(p->param_dtype));
         return -1;
     }
     const struct gemsops_tensor *written[] = {has_dx ? &dx : NULL,
                                               has_dw ? &dw : NULL,
                                               has_db ? &db : NULL};
     const char *wnames[] = {"grad_input", "grad_weight", "grad_bias"};
-    const struct gemsops_tensor *read[] = {&dy, &x, has_w ? &w : NULL, &mean,
-                                           &rstd, has_ws ? &ws : NULL};
-    const char *rnames[] = {"grad_out", "input", "weight", "mean", "rstd",
-                            "workspace"};
+    const struct gemsops_tensor *read[] = {&dy,   &x,    has_w ? &w : NULL,
+                                           &mean, &rstd, has_ws ? &ws : NULL};
+    const char *rnames[] = {"grad_out", "input", "weight",
+                            "mean",     "rstd",  "workspace"};
     if (gemsops_check_no_overlap(written, wnames, 3, read, rnames, 6, fn)) {
         return -1;
     }
@@ -461,23 +477,29 @@ parse_bwd(PyObject *const *args, int with_outputs,
     return 0;
 }
 
-PyDoc_STRVAR(layer_norm_bwd_doc,
-"layer_norm_bwd(grad_out, input, weight, normalized_ndim, deterministic,\n"
-"               mean, rstd, grad_input, grad_weight, grad_bias, workspace,\n"
-"               workspace_stream=None) -> None | (int, int)\n\n"
-"Fused LayerNorm backward: grad_input (or None) and grad_weight/grad_bias\n"
-"(or None) in one kernel that accumulates dW/dB with atomics; with\n"
-"deterministic=True dW/dB are summed in a fixed order instead.\n\n"
-"workspace_stream=None: `workspace` is a uint8 tensor of at least\n"
-"layer_norm_bwd_workspace() bytes (None when that is 0); the launch zeroes\n"
-"what it needs.\n"
-"workspace_stream=S, an int (the stream handle the workspace is kept for,\n"
-"-1 for none yet): the caller keeps one workspace per stream; the first\n"
-"launch that gets it zeroes it and every launch leaves its accumulators\n"
-"zero again, so later launches on S memset nothing (the same object, not\n"
-"written through torch since). When the workspace is None or too small, or S is not the\n"
-"current stream, nothing launches and the call returns (bytes needed,\n"
-"current stream handle); a launch that needs no workspace just runs.");
+PyDoc_STRVAR(
+    layer_norm_bwd_doc,
+    "layer_norm_bwd(grad_out, input, weight, normalized_ndim, deterministic,\n"
+    "               mean, rstd, grad_input, grad_weight, grad_bias, "
+    "workspace,\n"
+    "               workspace_stream=None) -> None | (int, int)\n\n"
+    "Fused LayerNorm backward: grad_input (or None) and "
+    "grad_weight/grad_bias\n"
+    "(or None) in one kernel that accumulates dW/dB with atomics; with\n"
+    "deterministic=True dW/dB are summed in a fixed order instead.\n\n"
+    "workspace_stream=None: `workspace` is a uint8 tensor of at least\n"
+    "layer_norm_bwd_workspace() bytes (None when that is 0); the launch "
+    "zeroes\n"
+    "what it needs.\n"
+    "workspace_stream=S, an int (the stream handle the workspace is kept "
+    "for,\n"
+    "-1 for none yet): the caller keeps one workspace per stream; the first\n"
+    "launch that gets it zeroes it and every launch leaves its accumulators\n"
+    "zero again, so later launches on S memset nothing (the same object, not\n"
+    "written through torch since). When the workspace is None or too small, "
+    "or S is not the\n"
+    "current stream, nothing launches and the call returns (bytes needed,\n"
+    "current stream handle); a launch that needs no workspace just runs.");
 
 /* The workspace as a flat uint8 view (the key of csrc/kept.c's records). */
 static struct gemsops_tensor
@@ -500,8 +522,10 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     if (nargs != 11 && nargs != 12) {
-        PyErr_Format(PyExc_TypeError, "layer_norm_bwd() takes 11 or 12 "
-                     "arguments (%zd given)", nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "layer_norm_bwd() takes 11 or 12 "
+                     "arguments (%zd given)",
+                     nargs);
         return NULL;
     }
     struct gemsops_layer_norm_bwd_params p;
@@ -515,7 +539,8 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     if (kept) {
         ws_stream = PyLong_AsLongLong(args[11]);
         if (ws_stream == -1 && PyErr_Occurred()) {
-            PyErr_Format(PyExc_TypeError, "layer_norm_backward(): "
+            PyErr_Format(PyExc_TypeError,
+                         "layer_norm_backward(): "
                          "workspace_stream must be a stream handle (int) or "
                          "None");
             return NULL;
@@ -539,8 +564,8 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         struct gemsops_tensor ws = workspace_view(&p);
         unsigned long long tag;
         if (kept && p.workspace != NULL) {
-            const int known = gemsops_kept_lookup(args[10], &ws, p.stream,
-                                                  &tag);
+            const int known =
+                gemsops_kept_lookup(args[10], &ws, p.stream, &tag);
             if (known < 0) {
                 return NULL;
             }
@@ -561,8 +586,7 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     else {
-        Py_BEGIN_ALLOW_THREADS
-        rc = gemsops_layer_norm_bwd_cpu(&p, &st);
+        Py_BEGIN_ALLOW_THREADS rc = gemsops_layer_norm_bwd_cpu(&p, &st);
         Py_END_ALLOW_THREADS
     }
     if (rc != GEMSOPS_OK) {
@@ -571,11 +595,13 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(layer_norm_bwd_workspace_doc,
-"layer_norm_bwd_workspace(input, weight, normalized_ndim, deterministic,\n"
-"                         want_grad_input, want_grad_weight, want_grad_bias)\n"
-"    -> int\n\n"
-"Bytes of workspace layer_norm_bwd needs (0: pass None).");
+PyDoc_STRVAR(
+    layer_norm_bwd_workspace_doc,
+    "layer_norm_bwd_workspace(input, weight, normalized_ndim, deterministic,\n"
+    "                         want_grad_input, want_grad_weight, "
+    "want_grad_bias)\n"
+    "    -> int\n\n"
+    "Bytes of workspace layer_norm_bwd needs (0: pass None).");
 
 static PyObject *
 layer_norm_bwd_workspace(PyObject *module, PyObject *const *args,
@@ -583,8 +609,10 @@ layer_norm_bwd_workspace(PyObject *module, PyObject *const *args,
 {
     (void)module;
     if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "layer_norm_bwd_workspace() takes 7 "
-                     "arguments (%zd given)", nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "layer_norm_bwd_workspace() takes 7 "
+                     "arguments (%zd given)",
+                     nargs);
         return NULL;
     }
     /* parse_bwd reads input at [1], weight [2], nd [3], det [4], wants

@@ -15,7 +15,8 @@ static int
 check_layout(const struct gemsops_tensor *t, const char *fn, const char *arg)
 {
     if (t->ndim != 2 && t->ndim != 3) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' must be 2-D "
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): argument '%s' must be 2-D "
                      "[rows, cols] or 3-D [batch, rows, cols], got %d dims",
                      fn, arg, t->ndim);
         return -1;
@@ -29,7 +30,8 @@ check_operand(const struct gemsops_tensor *t, const char *fn, const char *arg)
 {
     if (t->dtype != GEMSOPS_FLOAT16 && t->dtype != GEMSOPS_BFLOAT16 &&
         t->dtype != GEMSOPS_FLOAT32) {
-        PyErr_Format(PyExc_NotImplementedError, "%s(): argument '%s' has dtype %s; "
+        PyErr_Format(PyExc_NotImplementedError,
+                     "%s(): argument '%s' has dtype %s; "
                      "gemsops matmul takes float16, bfloat16 and float32",
                      fn, arg, gemsops_dtype_name(t->dtype));
         return -1;
@@ -44,14 +46,18 @@ parse_ll(PyObject *o, const char *fn, const char *arg, long long lo,
     *v = PyLong_AsLongLong(o);
     if (*v == -1 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyErr_Format(PyExc_ValueError, "%s(): argument '%s'=%R is out "
-                         "of range [%lld, %lld]", fn, arg, o, lo, hi);
+            PyErr_Format(PyExc_ValueError,
+                         "%s(): argument '%s'=%R is out "
+                         "of range [%lld, %lld]",
+                         fn, arg, o, lo, hi);
         }
         return -1;
     }
     if (*v < lo || *v > hi) {
-        PyErr_Format(PyExc_ValueError, "%s(): argument '%s'=%lld is out of "
-                     "range [%lld, %lld]", fn, arg, *v, lo, hi);
+        PyErr_Format(PyExc_ValueError,
+                     "%s(): argument '%s'=%lld is out of "
+                     "range [%lld, %lld]",
+                     fn, arg, *v, lo, hi);
         return -1;
     }
     return 0;
@@ -92,9 +98,11 @@ parse_problem(PyObject *const *args, const char *fn,
         return -1;
     }
     if (b->dtype != a->dtype || c->dtype != a->dtype) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): expected a, b and out to have "
-                     "the same dtype, got %s, %s and %s", fn,
-                     gemsops_dtype_name(a->dtype), gemsops_dtype_name(b->dtype),
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): expected a, b and out to have "
+                     "the same dtype, got %s, %s and %s",
+                     fn, gemsops_dtype_name(a->dtype),
+                     gemsops_dtype_name(b->dtype),
                      gemsops_dtype_name(c->dtype));
         return -1;
     }
@@ -103,15 +111,16 @@ parse_problem(PyObject *const *args, const char *fn,
     lift3(b, bs, bst);
     lift3(c, cs, cst);
     if (b->ndim != a->ndim || c->ndim != a->ndim || as[0] != bs[0] ||
-        as[2] != bs[1] || cs[0] != as[0] || cs[1] != as[1] ||
-        cs[2] != bs[2]) {
+        as[2] != bs[1] || cs[0] != as[0] || cs[1] != as[1] || cs[2] != bs[2]) {
         char sa[96], sb[96], sc[96];
         gemsops_format_shape(a->sizes, a->ndim, sa, sizeof sa);
         gemsops_format_shape(b->sizes, b->ndim, sb, sizeof sb);
         gemsops_format_shape(c->sizes, c->ndim, sc, sizeof sc);
-        PyErr_Format(PyExc_RuntimeError, "%s(): shapes do not chain: a %s, b "
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): shapes do not chain: a %s, b "
                      "%s, out %s (want [B, m, k] x [B, k, n] -> [B, m, n], "
-                     "or the same without B)", fn, sa, sb, sc);
+                     "or the same without B)",
+                     fn, sa, sb, sc);
         return -1;
     }
     const struct gemsops_tensor *w[] = {c};
@@ -153,11 +162,10 @@ schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop)
 {
     return Py_BuildValue("{s:s,s:L,s:L,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,s:L,"
                          "s:L}",
-                         "mainloop", mainloop,
-                         "ctas", (long long)s->ctas, "sk_ctas",
-                         (long long)s->sk_ctas, "bm", s->bm, "bn", s->bn,
-                         "bk", s->bk, "tiles", (long long)s->tiles, "iters",
-                         (long long)s->iters, "sk_tiles",
+                         "mainloop", mainloop, "ctas", (long long)s->ctas,
+                         "sk_ctas", (long long)s->sk_ctas, "bm", s->bm, "bn",
+                         s->bn, "bk", s->bk, "tiles", (long long)s->tiles,
+                         "iters", (long long)s->iters, "sk_tiles",
                          (long long)s->sk_tiles, "dp_tiles",
                          (long long)s->dp_tiles, "tiles_m",
                          (long long)s->tiles_m, "tiles_n",
@@ -165,13 +173,14 @@ schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop)
                          (long long)s->group_m);
 }
 
-PyDoc_STRVAR(matmul_plan_doc,
-"matmul_plan(a, b, out, schedule, two_tiles, ctas, mainloop) -> dict\n\n"
-"The Stream-K schedule a matmul launch with these arguments uses: the\n"
-"mainloop ('ffma', 'mma', 'wgmma-128', 'wgmma-256'; 'cpu'), ctas, tile\n"
-"shape (bm, bn, bk), tiles, iters, sk_tiles, dp_tiles, ... The\n"
-"workspace a CUDA launch needs is ctas * bm * bn * 4 bytes when\n"
-"sk_tiles > 0, and ctas flags.");
+PyDoc_STRVAR(
+    matmul_plan_doc,
+    "matmul_plan(a, b, out, schedule, two_tiles, ctas, mainloop) -> dict\n\n"
+    "The Stream-K schedule a matmul launch with these arguments uses: the\n"
+    "mainloop ('ffma', 'mma', 'wgmma-128', 'wgmma-256'; 'cpu'), ctas, tile\n"
+    "shape (bm, bn, bk), tiles, iters, sk_tiles, dp_tiles, ... The\n"
+    "workspace a CUDA launch needs is ctas * bm * bn * 4 bytes when\n"
+    "sk_tiles > 0, and ctas flags.");
 
 static PyObject *
 matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -179,8 +188,10 @@ matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     (void)module;
     const char *fn = "matmul_plan";
     if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "matmul_plan() takes 7 arguments (%zd "
-                     "given)", nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "matmul_plan() takes 7 arguments (%zd "
+                     "given)",
+                     nargs);
         return NULL;
     }
     struct gemsops_matmul_params p;
@@ -200,22 +211,24 @@ matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return schedule_tuple(&s, cuda ? mainloop_names[used] : "cpu");
 }
 
-PyDoc_STRVAR(matmul_doc,
-"matmul(a, b, out, schedule, two_tiles, ctas, mainloop, workspace, flags,\n"
-"       epoch, spin_limit, error) -> None or (bytes, flags, stream)\n\n"
-"out[i] = a[i] @ b[i] for 3-D a [B, m, k], b [B, k, n] (any strides),\n"
-"out [B, m, n] contiguous, or the same without B; fp32 accumulation.\n"
-"schedule: 0 auto, 1 data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from\n"
-"the device; mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4\n"
-"wgmma-256, the most capable allowed (operands it cannot take go lower).\n"
-"CUDA, Stream-K launches only: workspace (uint8), flags (int32, zeroed\n"
-"once and kept per stream), epoch (this call's flag value, never reused\n"
-"with those flags). With flags None, a launch that needs them does not\n"
-"happen: the call returns (workspace bytes, flag count, stream handle)\n"
-"so the caller can supply the stream's buffers and call again; otherwise\n"
-"it returns None. spin_limit (0: wait; else fail after that many polls)\n"
-"and error (int32 [1], needed when spin_limit > 0: set to 1 when a wait\n"
-"gave up).");
+PyDoc_STRVAR(
+    matmul_doc,
+    "matmul(a, b, out, schedule, two_tiles, ctas, mainloop, workspace, "
+    "flags,\n"
+    "       epoch, spin_limit, error) -> None or (bytes, flags, stream)\n\n"
+    "out[i] = a[i] @ b[i] for 3-D a [B, m, k], b [B, k, n] (any strides),\n"
+    "out [B, m, n] contiguous, or the same without B; fp32 accumulation.\n"
+    "schedule: 0 auto, 1 data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from\n"
+    "the device; mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4\n"
+    "wgmma-256, the most capable allowed (operands it cannot take go lower).\n"
+    "CUDA, Stream-K launches only: workspace (uint8), flags (int32, zeroed\n"
+    "once and kept per stream), epoch (this call's flag value, never reused\n"
+    "with those flags). With flags None, a launch that needs them does not\n"
+    "happen: the call returns (workspace bytes, flag count, stream handle)\n"
+    "so the caller can supply the stream's buffers and call again; otherwise\n"
+    "it returns None. spin_limit (0: wait; else fail after that many polls)\n"
+    "and error (int32 [1], needed when spin_limit > 0: set to 1 when a wait\n"
+    "gave up).");
 
 /* (workspace, flags, epoch, spin_limit, error): spin_limit for both
  * backends, the rest checked and used on CUDA only. */
@@ -245,13 +258,17 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
     }
     if ((has_fl && fl.dtype != GEMSOPS_INT32) ||
         (has_er && er.dtype != GEMSOPS_INT32)) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): 'flags' and 'error' must be "
-                     "int32 tensors", fn);
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): 'flags' and 'error' must be "
+                     "int32 tensors",
+                     fn);
         return -1;
     }
     if (spin > 0 && !has_er) {
-        PyErr_Format(PyExc_ValueError, "%s(): spin_limit=%lld needs an "
-                     "'error' tensor", fn, spin);
+        PyErr_Format(PyExc_ValueError,
+                     "%s(): spin_limit=%lld needs an "
+                     "'error' tensor",
+                     fn, spin);
         return -1;
     }
     if ((has_fl && (gemsops_check_device(&fl, a, fn, "flags", "a") ||
@@ -262,8 +279,10 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
         return -1;
     }
     if (has_er && gemsops_tensor_numel(&er) < 1) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): 'error' must have at least "
-                     "one element, got 0", fn);
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): 'error' must have at least "
+                     "one element, got 0",
+                     fn);
         return -1;
     }
     const struct gemsops_tensor *w[] = {c, has_ws ? &ws : NULL,
@@ -290,8 +309,10 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     (void)module;
     const char *fn = "matmul";
     if (nargs != 12) {
-        PyErr_Format(PyExc_TypeError, "matmul() takes 12 arguments (%zd "
-                     "given)", nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "matmul() takes 12 arguments (%zd "
+                     "given)",
+                     nargs);
         return NULL;
     }
     struct gemsops_matmul_params p;
@@ -309,8 +330,8 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (gemsops_optional_output(args[8], fn, "flags", &fl, &has_fl)) {
             return NULL;
         }
-        const int known = gemsops_kept_lookup(args[8], &fl, p.stream,
-                                              &last_epoch);
+        const int known =
+            gemsops_kept_lookup(args[8], &fl, p.stream, &last_epoch);
         if (known < 0) {
             return NULL;
         }
@@ -319,11 +340,10 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     struct gemsops_matmul_need need = {0, 0};
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = cuda ? gemsops_matmul_cuda(&p, &need, &st)
-              : gemsops_matmul_cpu(&p, &st);
-    Py_END_ALLOW_THREADS
-    if (cuda && p.flags != NULL) {
+    Py_BEGIN_ALLOW_THREADS rc = cuda ? gemsops_matmul_cuda(&p, &need, &st)
+                                     : gemsops_matmul_cpu(&p, &st);
+    Py_END_ALLOW_THREADS if (cuda && p.flags != NULL)
+    {
         if (rc != GEMSOPS_OK) {
             gemsops_kept_forget(&fl, p.stream);
         }
@@ -342,30 +362,34 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(streamk_check_doc,
-"streamk_check(m, n, k, batch, bm, bn, bk, group_m, ctas, schedule,\n"
-"              two_tiles) -> dict\n\n"
-"Plans the Stream-K schedule for these sizes and `ctas` resident CTAs and\n"
-"verifies it by brute force (every (tile, k-iteration) exactly once, the\n"
-"grouped order a bijection, owners and peers consistent); returns the\n"
-"schedule, or raises ValueError naming the first violation.");
+PyDoc_STRVAR(
+    streamk_check_doc,
+    "streamk_check(m, n, k, batch, bm, bn, bk, group_m, ctas, schedule,\n"
+    "              two_tiles) -> dict\n\n"
+    "Plans the Stream-K schedule for these sizes and `ctas` resident CTAs "
+    "and\n"
+    "verifies it by brute force (every (tile, k-iteration) exactly once, the\n"
+    "grouped order a bijection, owners and peers consistent); returns the\n"
+    "schedule, or raises ValueError naming the first violation.");
 
 static PyObject *
 streamk_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     const char *fn = "streamk_check";
-    static const char *names[] = {"m", "n", "k", "batch", "bm", "bn",
-                                  "bk", "group_m", "ctas", "schedule",
-                                  "two_tiles"};
+    static const char *names[] = {"m",    "n",        "k",        "batch",
+                                  "bm",   "bn",       "bk",       "group_m",
+                                  "ctas", "schedule", "two_tiles"};
     static const long long lo[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0};
-    static const long long hi[] = {1LL << 40, 1LL << 40, 1LL << 40,
-                                   1LL << 30, 1024, 1024, 1024, 1024,
-                                   1LL << 20, 3, 1};
+    static const long long hi[] = {1LL << 40, 1LL << 40, 1LL << 40, 1LL << 30,
+                                   1024,      1024,      1024,      1024,
+                                   1LL << 20, 3,         1};
     long long v[11];
     if (nargs != 11) {
-        PyErr_Format(PyExc_TypeError, "streamk_check() takes 11 arguments "
-                     "(%zd given)", nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "streamk_check() takes 11 arguments "
+                     "(%zd given)",
+                     nargs);
         return NULL;
     }
     for (int i = 0; i < 11; i++) {
@@ -379,18 +403,16 @@ streamk_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     (int)v[10]);
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = gemsops_sk_check(&s, &st);
-    Py_END_ALLOW_THREADS
-    if (rc != GEMSOPS_OK) {
+    Py_BEGIN_ALLOW_THREADS rc = gemsops_sk_check(&s, &st);
+    Py_END_ALLOW_THREADS if (rc != GEMSOPS_OK)
+    {
         return gemsops_raise(&st);
     }
     return schedule_tuple(&s, NULL); /* no kernel: mainloop None */
 }
 
 PyMethodDef gemsops_matmul_methods[] = {
-    {"matmul", (PyCFunction)(void (*)(void))matmul, METH_FASTCALL,
-     matmul_doc},
+    {"matmul", (PyCFunction)(void (*)(void))matmul, METH_FASTCALL, matmul_doc},
     {"matmul_plan", (PyCFunction)(void (*)(void))matmul_plan, METH_FASTCALL,
      matmul_plan_doc},
     {"streamk_check", (PyCFunction)(void (*)(void))streamk_check,

@@ -18,8 +18,10 @@ parse_dim(PyObject *obj, const struct gemsops_tensor *x, const char *fn,
     long d = PyLong_AsLong(obj);
     if (d == -1 && PyErr_Occurred()) {
         if (PyErr_ExceptionMatches(PyExc_OverflowError)) {
-            PyErr_Format(PyExc_IndexError, "%s(): dim=%R is out of range "
-                         "for a tensor of %d dimensions", fn, obj, x->ndim);
+            PyErr_Format(PyExc_IndexError,
+                         "%s(): dim=%R is out of range "
+                         "for a tensor of %d dimensions",
+                         fn, obj, x->ndim);
         }
         return -1;
     }
@@ -63,8 +65,10 @@ check_has_grad(const struct gemsops_tensor *x, const char *fn)
     if (is_float(x->dtype)) {
         return 0;
     }
-    PyErr_Format(PyExc_RuntimeError, "%s(): only floating point inputs "
-                 "have gradients, got %s", fn, gemsops_dtype_name(x->dtype));
+    PyErr_Format(PyExc_RuntimeError,
+                 "%s(): only floating point inputs "
+                 "have gradients, got %s",
+                 fn, gemsops_dtype_name(x->dtype));
     return -1;
 }
 
@@ -83,15 +87,18 @@ check_kept(const struct gemsops_tensor *t, const struct gemsops_tensor *x,
            int dim, gemsops_dtype want, const char *fn, const char *arg)
 {
     if (t->dtype != want) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has dtype %s; "
-                     "expected %s", fn, arg, gemsops_dtype_name(t->dtype),
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): argument '%s' has dtype %s; "
+                     "expected %s",
+                     fn, arg, gemsops_dtype_name(t->dtype),
                      gemsops_dtype_name(want));
         return -1;
     }
     if (gemsops_tensor_numel(t) != kept_numel(x, dim)) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has %lld "
-                     "elements; expected %lld", fn, arg,
-                     (long long)gemsops_tensor_numel(t),
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): argument '%s' has %lld "
+                     "elements; expected %lld",
+                     fn, arg, (long long)gemsops_tensor_numel(t),
                      (long long)kept_numel(x, dim));
         return -1;
     }
@@ -107,8 +114,10 @@ check_like_input(const struct gemsops_tensor *t,
                  const char *arg)
 {
     if (t->dtype != x->dtype) {
-        PyErr_Format(PyExc_RuntimeError, "%s(): argument '%s' has dtype %s; "
-                     "expected %s", fn, arg, gemsops_dtype_name(t->dtype),
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): argument '%s' has dtype %s; "
+                     "expected %s",
+                     fn, arg, gemsops_dtype_name(t->dtype),
                      gemsops_dtype_name(x->dtype));
         return -1;
     }
@@ -132,12 +141,13 @@ parse_workspace(PyObject *obj, const struct gemsops_tensor *x, const char *fn,
     return 0;
 }
 
-PyDoc_STRVAR(prod_doc,
-"prod(input, dim, out, workspace) -> None\n\n"
-"Product of `input` over all elements (dim=None) or along `dim` (in\n"
-"[0, ndim)) into the contiguous `out` (the kept dims; int64 for bool and\n"
-"integer input, else input's dtype). Any strides. `workspace`: None or a\n"
-"uint8 tensor of at least prod_workspace() bytes (CUDA).");
+PyDoc_STRVAR(
+    prod_doc,
+    "prod(input, dim, out, workspace) -> None\n\n"
+    "Product of `input` over all elements (dim=None) or along `dim` (in\n"
+    "[0, ndim)) into the contiguous `out` (the kept dims; int64 for bool and\n"
+    "integer input, else input's dtype). Any strides. `workspace`: None or a\n"
+    "uint8 tensor of at least prod_workspace() bytes (CUDA).");
 
 static PyObject *
 prod(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -171,22 +181,25 @@ prod(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const int cuda = p.x.device_type == GEMSOPS_CUDA;
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = cuda ? gemsops_prod_cuda(&p, &st) : gemsops_prod_cpu(&p, &st);
-    Py_END_ALLOW_THREADS
-    if (rc != GEMSOPS_OK) {
+    Py_BEGIN_ALLOW_THREADS rc =
+        cuda ? gemsops_prod_cuda(&p, &st) : gemsops_prod_cpu(&p, &st);
+    Py_END_ALLOW_THREADS if (rc != GEMSOPS_OK)
+    {
         return gemsops_raise(&st);
     }
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(prod_bwd_doc,
-"prod_bwd(input, dim, grad_out, grad_in, workspace) -> None\n\n"
-"grad_in = grad_out * (product of the other elements of each line), by\n"
-"exclusive prefix and suffix products: exact with zeros, no division.\n"
-"input: float dtype (contiguous on CUDA); grad_out: contiguous kept dims;\n"
-"grad_in: contiguous, input's shape and dtype; workspace: None or uint8 of\n"
-"at least prod_bwd_workspace() bytes (CUDA).");
+PyDoc_STRVAR(
+    prod_bwd_doc,
+    "prod_bwd(input, dim, grad_out, grad_in, workspace) -> None\n\n"
+    "grad_in = grad_out * (product of the other elements of each line), by\n"
+    "exclusive prefix and suffix products: exact with zeros, no division.\n"
+    "input: float dtype (contiguous on CUDA); grad_out: contiguous kept "
+    "dims;\n"
+    "grad_in: contiguous, input's shape and dtype; workspace: None or uint8 "
+    "of\n"
+    "at least prod_bwd_workspace() bytes (CUDA).");
 
 static PyObject *
 prod_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -194,8 +207,10 @@ prod_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     (void)module;
     const char *fn = "prod_backward";
     if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError, "prod_bwd() takes 5 arguments (%zd "
-                     "given)", nargs);
+        PyErr_Format(PyExc_TypeError,
+                     "prod_bwd() takes 5 arguments (%zd "
+                     "given)",
+                     nargs);
         return NULL;
     }
     struct gemsops_prod_bwd_params p;
@@ -225,25 +240,26 @@ prod_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     p.grad_in = gi.data;
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = cuda ? gemsops_prod_bwd_cuda(&p, &st)
-              : gemsops_prod_bwd_cpu(&p, &st);
-    Py_END_ALLOW_THREADS
-    if (rc != GEMSOPS_OK) {
+    Py_BEGIN_ALLOW_THREADS rc =
+        cuda ? gemsops_prod_bwd_cuda(&p, &st) : gemsops_prod_bwd_cpu(&p, &st);
+    Py_END_ALLOW_THREADS if (rc != GEMSOPS_OK)
+    {
         return gemsops_raise(&st);
     }
     Py_RETURN_NONE;
 }
 
-PyDoc_STRVAR(prod_workspace_doc,
-"prod_workspace(input, dim) -> int\n\n"
-"Bytes of workspace prod(input, dim, ...) needs (0: pass None; always 0\n"
-"on the CPU).");
+PyDoc_STRVAR(
+    prod_workspace_doc,
+    "prod_workspace(input, dim) -> int\n\n"
+    "Bytes of workspace prod(input, dim, ...) needs (0: pass None; always 0\n"
+    "on the CPU).");
 
 PyDoc_STRVAR(prod_bwd_workspace_doc,
-"prod_bwd_workspace(input, dim) -> int\n\n"
-"Bytes of workspace prod_bwd(input, dim, ...) needs (0: pass None; always\n"
-"0 on the CPU).");
+             "prod_bwd_workspace(input, dim) -> int\n\n"
+             "Bytes of workspace prod_bwd(input, dim, ...) needs (0: pass "
+             "None; always\n"
+             "0 on the CPU).");
 
 /* Both queries: parse (input, dim), ask the CUDA planner. */
 static PyObject *
@@ -251,8 +267,8 @@ workspace_query(PyObject *const *args, Py_ssize_t nargs, int backward)
 {
     const char *fn = backward ? "prod_bwd_workspace" : "prod_workspace";
     if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "%s() takes 2 arguments (%zd given)",
-                     fn, nargs);
+        PyErr_Format(PyExc_TypeError, "%s() takes 2 arguments (%zd given)", fn,
+                     nargs);
         return NULL;
     }
     struct gemsops_tensor x;

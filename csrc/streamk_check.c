@@ -35,15 +35,17 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
 {
     if (s->sk_tiles + s->dp_tiles != s->tiles || s->sk_tiles < 0 ||
         s->ctas < 1) {
-        return gemsops_fail(st, GEMSOPS_ERR_VALUE, "regions: %lld + %lld "
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                            "regions: %lld + %lld "
                             "tiles of %lld, %lld CTAs",
                             (long long)s->sk_tiles, (long long)s->dp_tiles,
                             (long long)s->tiles, (long long)s->ctas);
     }
     if (s->sk_ctas < 1 || s->sk_ctas > s->ctas) {
-        return gemsops_fail(st, GEMSOPS_ERR_VALUE, "sk_ctas %lld outside "
-                            "[1, %lld]", (long long)s->sk_ctas,
-                            (long long)s->ctas);
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                            "sk_ctas %lld outside "
+                            "[1, %lld]",
+                            (long long)s->sk_ctas, (long long)s->ctas);
     }
     if (check_order(s, st) != GEMSOPS_OK) {
         return st->code;
@@ -62,16 +64,19 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
         int64_t it, end, first = 1;
         gemsops_sk_range(s, c, &it, &end);
         if (end > it && end - it < GEMSOPS_SK_MIN_ITERS && s->sk_ctas > 1) {
-            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "CTA %lld: a Stream-K "
-                              "share of %lld iterations (< %d)", (long long)c,
-                              (long long)(end - it), GEMSOPS_SK_MIN_ITERS);
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                              "CTA %lld: a Stream-K "
+                              "share of %lld iterations (< %d)",
+                              (long long)c, (long long)(end - it),
+                              GEMSOPS_SK_MIN_ITERS);
         }
         while (it < end && rc == GEMSOPS_OK) {
             int64_t tile, k0, k1;
             it = gemsops_sk_piece(s, it, end, &tile, &k0, &k1);
             if (k0 > 0) {
                 if (!first) {
-                    rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "CTA %lld starts "
+                    rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                                      "CTA %lld starts "
                                       "tile %lld mid-way but not first",
                                       (long long)c, (long long)tile);
                 }
@@ -90,7 +95,8 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
     }
     for (int64_t i = 0; i < cells && rc == GEMSOPS_OK; i++) {
         if (count[i] != 1) {
-            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "tile %lld k-iteration "
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                              "tile %lld k-iteration "
                               "%lld computed %d times",
                               (long long)(i / s->iters),
                               (long long)(i % s->iters), count[i]);
@@ -104,7 +110,8 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
         int64_t b, e;
         gemsops_sk_range(s, owner, &b, &e);
         if (!(b <= g0 && g0 < e)) {
-            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "tile %lld: CTA %lld "
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                              "tile %lld: CTA %lld "
                               "does not hold its first iteration",
                               (long long)t, (long long)owner);
             break;
@@ -114,7 +121,8 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
              q = gemsops_sk_next_peer(s, t, q)) {
             gemsops_sk_range(s, q, &b, &e);
             if (b != covered || peer_of[q] != t) {
-                rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "tile %lld: peer "
+                rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                                  "tile %lld: peer "
                                   "CTA %lld begins at %lld, expected %lld",
                                   (long long)t, (long long)q, (long long)b,
                                   (long long)covered);
@@ -123,7 +131,8 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
             covered = e < g0 + s->iters ? e : g0 + s->iters;
         }
         if (rc == GEMSOPS_OK && covered != g0 + s->iters) {
-            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE, "tile %lld: owner and "
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                              "tile %lld: owner and "
                               "peers cover up to %lld of %lld",
                               (long long)t, (long long)(covered - g0),
                               (long long)s->iters);

@@ -5,30 +5,25 @@ gemsops_dtype_size(gemsops_dtype dtype)
 {
     switch (dtype) {
     case GEMSOPS_FLOAT64:
-    case GEMSOPS_INT64:
-        return 8;
+    case GEMSOPS_INT64: return 8;
     case GEMSOPS_FLOAT32:
-    case GEMSOPS_INT32:
-        return 4;
+    case GEMSOPS_INT32: return 4;
     case GEMSOPS_FLOAT16:
     case GEMSOPS_BFLOAT16:
-    case GEMSOPS_INT16:
-        return 2;
+    case GEMSOPS_INT16: return 2;
     case GEMSOPS_BOOL:
     case GEMSOPS_UINT8:
-    case GEMSOPS_INT8:
-        return 1;
-    default:
-        return 0;
+    case GEMSOPS_INT8: return 1;
+    default: return 0;
     }
 }
 
 const char *
 gemsops_dtype_name(gemsops_dtype dtype)
 {
-    static const char *names[] = {"float32", "float64", "float16",
-                                  "bfloat16", "bool", "uint8", "int8",
-                                  "int16", "int32", "int64"};
+    static const char *names[] = {"float32", "float64", "float16", "bfloat16",
+                                  "bool",    "uint8",   "int8",    "int16",
+                                  "int32",   "int64"};
     if ((int)dtype >= 0 && dtype < GEMSOPS_DTYPE_UNSUPPORTED) {
         return names[dtype];
     }

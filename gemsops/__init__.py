@@ -1,13 +1,12 @@
 """gemsops: fast LayerNorm (forward + fused atomic backward), prod and
 Stream-K matmul for PyTorch tensors, on CUDA and on the CPU."""
-from . import _C
-from .ops.layer_norm import layer_norm, layer_norm_backward, native_layer_norm
-from .ops.prod import prod
-from .ops.matmul import bmm, matmul, mm, set_schedule
-from . import nn
-from ._global import disable, enable, use_gemsops
 
+from . import _C, nn
+from ._global import disable, enable, use_gemsops
 from ._version import __version__ as __version__
+from .ops.layer_norm import layer_norm, layer_norm_backward, native_layer_norm
+from .ops.matmul import bmm, matmul, mm, set_schedule
+from .ops.prod import prod
 
 
 def cuda_available():
@@ -20,6 +19,19 @@ def backends():
     return ("cpu", "cuda") if _C.built_with_cuda() else ("cpu",)
 
 
-__all__ = ["layer_norm", "native_layer_norm", "layer_norm_backward", "prod",
-           "mm", "bmm", "matmul", "set_schedule", "nn",
-           "cuda_available", "backends", "enable", "disable", "use_gemsops"]
+__all__ = [
+    "layer_norm",
+    "native_layer_norm",
+    "layer_norm_backward",
+    "prod",
+    "mm",
+    "bmm",
+    "matmul",
+    "set_schedule",
+    "nn",
+    "cuda_available",
+    "backends",
+    "enable",
+    "disable",
+    "use_gemsops",
+]

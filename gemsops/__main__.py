@@ -4,6 +4,7 @@ Runs LayerNorm (forward and backward), prod (forward and the zero-safe
 backward) and the Stream-K matmul against float64 references on the CPU
 and, when a GPU and the CUDA kernels are there, on CUDA; prints what it
 checked and exits non-zero on any mismatch."""
+
 import sys
 import time
 
@@ -25,8 +26,13 @@ def check(device, dtype, m, n):
     ref.backward(g.double())
     assert_close(out, ref, dtype)
     for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
-        assert_close(t.grad, leaf.grad, dtype, name=name,
-                     reduce_len=m if name != "dx" else 1)
+        assert_close(
+            t.grad,
+            leaf.grad,
+            dtype,
+            name=name,
+            reduce_len=m if name != "dx" else 1,
+        )
 
 
 def check_prod(device, dtype, m, n):
@@ -52,18 +58,22 @@ def check_matmul(device, dtype, m, n):
     bound = a.double().abs() @ b.double().abs()
     tol = {torch.float32: 1.3e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
     err = (out.double() - ref).abs()
-    lim = tol[dtype] * ref.abs() + 4 * k ** 0.5 * 2 ** -24 * bound
+    lim = tol[dtype] * ref.abs() + 4 * k**0.5 * 2**-24 * bound
     assert (err <= lim).all(), f"mm: worst error {err.max().item():.3g}"
 
 
-CHECKS = [("layer_norm fwd+bwd", check, ((4096, 768), (37, 40999), (1000, 64))),
-          ("prod fwd+bwd", check_prod, ((64, 4096), (1000, 300))),
-          ("mm", check_matmul, ((300, 200), (1000, 257)))]
+CHECKS = [
+    ("layer_norm fwd+bwd", check, ((4096, 768), (37, 40999), (1000, 64))),
+    ("prod fwd+bwd", check_prod, ((64, 4096), (1000, 300))),
+    ("mm", check_matmul, ((300, 200), (1000, 257))),
+]
 
 
 def main():
-    print(f"gemsops {gemsops.__version__}: backends {gemsops.backends()}, "
-          f"torch {torch.__version__}")
+    print(
+        f"gemsops {gemsops.__version__}: backends {gemsops.backends()}, "
+        f"torch {torch.__version__}"
+    )
     devices = ["cpu"]
     if torch.cuda.is_available() and gemsops.cuda_available():
         devices.append("cuda")
@@ -84,8 +94,10 @@ def main():
                         failures += 1
                         status = f"FAILED: {e}"
                     ms = (time.perf_counter() - t0) * 1e3
-                    print(f"  {label} {device:4s} {str(dtype)[6:]:8s} "
-                          f"{m}x{n}: {status} ({ms:.0f} ms)")
+                    print(
+                        f"  {label} {device:4s} {str(dtype)[6:]:8s} "
+                        f"{m}x{n}: {status} ({ms:.0f} ms)"
+                    )
     print("self-check passed" if not failures else f"{failures} checks FAILED")
     return 1 if failures else 0
 

@@ -8,6 +8,7 @@ function may call the op's Python implementation directly (what the
 dispatcher would end up calling anyway). Anything unusual (tracing, a
 dispatch or function mode, a tensor subclass, a functorch transform,
 autocast) takes the op."""
+
 import torch
 
 _is_compiling = torch.compiler.is_compiling
@@ -23,15 +24,22 @@ def eager(tensors):
     """True when `tensors` (a tuple; None entries allowed) may go straight
     to the kernels: no tracing, no mode, no subclass, no autocast."""
     # is_compiling() first: Dynamo folds it to True and never looks past it
-    return not (_is_compiling() or _dispatch_modes() or _any_autocast()
-                or _functorch() is not None
-                or _has_torch_function(tensors))
+    return not (
+        _is_compiling()
+        or _dispatch_modes()
+        or _any_autocast()
+        or _functorch() is not None
+        or _has_torch_function(tensors)
+    )
 
 
 def _cast(value, device_type, dtype):
-    if (isinstance(value, torch.Tensor) and value.is_floating_point()
-            and value.device.type == device_type
-            and value.dtype != torch.float64):
+    if (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and value.device.type == device_type
+        and value.dtype != torch.float64
+    ):
         return value.to(dtype)
     if isinstance(value, (list, tuple)):
         return type(value)(_cast(v, device_type, dtype) for v in value)
@@ -48,8 +56,11 @@ def register_autocast(op, device_type, policy):
     key = getattr(torch._C.DispatchKey, key_name)
 
     def run(*args):
-        dtype = (torch.float32 if policy == "fp32"
-                 else torch.get_autocast_dtype(device_type))
+        dtype = (
+            torch.float32
+            if policy == "fp32"
+            else torch.get_autocast_dtype(device_type)
+        )
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
             return op(*_cast(args, device_type, dtype))
 
@@ -60,6 +71,10 @@ def register_autocast(op, device_type, policy):
     def kernel(_keyset, *args):
         return run(*args)
 
-    LIB.impl(op._schema.name.split("::")[1] + (
-        "." + op._overloadname if op._overloadname != "default" else ""),
-        kernel, key_name, with_keyset=True)
+    LIB.impl(
+        op._schema.name.split("::")[1]
+        + ("." + op._overloadname if op._overloadname != "default" else ""),
+        kernel,
+        key_name,
+        with_keyset=True,
+    )

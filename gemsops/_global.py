@@ -9,6 +9,7 @@ gemsops cannot serve (a dtype it lacks, mixed dtypes, an error) goes to the
 kernel torch had registered before (torch.library.get_kernel), so nothing
 fails that would not fail anyway. disable() drops the registrations, which
 restores torch's kernels."""
+
 import contextlib
 import warnings
 from collections import Counter
@@ -19,14 +20,21 @@ from .ops import layer_norm as _ln
 from .ops import matmul as _mm
 from .ops import prod as _prod
 
-OPS = ("native_layer_norm", "native_layer_norm_backward", "prod",
-       "prod.dim_int", "mm", "bmm", "addmm")
+OPS = (
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "prod",
+    "prod.dim_int",
+    "mm",
+    "bmm",
+    "addmm",
+)
 _KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 _MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 _lib = None
-_state = None      # the arguments enable() was called with
+_state = None  # the arguments enable() was called with
 counts = Counter()  # "op" (served by gemsops) and "op:fallback"
 
 
@@ -46,8 +54,9 @@ def _plain(t):
 def _native_layer_norm(x, normalized_shape, weight, bias, eps):
     _need(x.dtype in _LN_DTYPES and x.numel() > 0)
     shape = tuple(normalized_shape)
-    out, mean, rstd = _ln._forward(_plain(x), shape, _ln._param(weight),
-                                   _ln._param(bias), eps)
+    out, mean, rstd = _ln._forward(
+        _plain(x), shape, _ln._param(weight), _ln._param(bias), eps
+    )
     st = _ln._stat_shape(x, len(shape))
     mean, rstd = mean.view(st), rstd.view(st)
     if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
@@ -56,17 +65,27 @@ def _native_layer_norm(x, normalized_shape, weight, bias, eps):
     return out, mean, rstd
 
 
-def _native_layer_norm_backward(grad_out, x, normalized_shape, mean, rstd,
-                                weight, bias, output_mask):
-    _need(x.dtype in _LN_DTYPES and x.numel() > 0
-          and grad_out.dtype == x.dtype)
+def _native_layer_norm_backward(
+    grad_out, x, normalized_shape, mean, rstd, weight, bias, output_mask
+):
+    _need(
+        x.dtype in _LN_DTYPES and x.numel() > 0 and grad_out.dtype == x.dtype
+    )
     want_dx, want_dw, want_db = map(bool, output_mask)
     _need(not (want_dw and weight is None) and not (want_db and bias is None))
     sd = _ln._stats_dtype(x.dtype)
     mean, rstd = (_plain(s).to(sd).reshape(-1) for s in (mean, rstd))
-    return _ln._backward(grad_out, _plain(x), tuple(normalized_shape),
-                         _ln._param(weight), mean, rstd, want_dx, want_dw,
-                         want_db)
+    return _ln._backward(
+        grad_out,
+        _plain(x),
+        tuple(normalized_shape),
+        _ln._param(weight),
+        mean,
+        rstd,
+        want_dx,
+        want_dw,
+        want_db,
+    )
 
 
 def _prod_any(x, dim, keepdim, dtype):
@@ -96,8 +115,9 @@ def _prod_dim(x, dim, keepdim=False, *, dtype=None):
 
 
 def _mm_ok(a, b):
-    _need(a.dtype in _MM_DTYPES and a.dtype == b.dtype
-          and a.device == b.device)
+    _need(
+        a.dtype in _MM_DTYPES and a.dtype == b.dtype and a.device == b.device
+    )
 
 
 def _mm2(a, b):
@@ -108,8 +128,12 @@ def _mm2(a, b):
 
 def _bmm3(a, b):
     _mm_ok(a, b)
-    _need(a.dim() == 3 and b.dim() == 3 and a.shape[0] == b.shape[0]
-          and a.shape[2] == b.shape[1])
+    _need(
+        a.dim() == 3
+        and b.dim() == 3
+        and a.shape[0] == b.shape[0]
+        and a.shape[2] == b.shape[1]
+    )
     return _mm._mm(_plain(a), _plain(b))
 
 
@@ -124,10 +148,15 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
     return c
 
 
-_IMPLS = {"native_layer_norm": _native_layer_norm,
-          "native_layer_norm_backward": _native_layer_norm_backward,
-          "prod": _prod_full, "prod.dim_int": _prod_dim, "mm": _mm2,
-          "bmm": _bmm3, "addmm": _addmm}
+_IMPLS = {
+    "native_layer_norm": _native_layer_norm,
+    "native_layer_norm_backward": _native_layer_norm_backward,
+    "prod": _prod_full,
+    "prod.dim_int": _prod_dim,
+    "mm": _mm2,
+    "bmm": _bmm3,
+    "addmm": _addmm,
+}
 
 
 def _kernel(name, impl, original):
@@ -136,14 +165,20 @@ def _kernel(name, impl, original):
             out = impl(*args, **kwargs)
         except _Fallback:
             pass
-        except (TypeError, ValueError, RuntimeError, NotImplementedError,
-                IndexError):
+        except (
+            TypeError,
+            ValueError,
+            RuntimeError,
+            NotImplementedError,
+            IndexError,
+        ):
             pass  # torch's kernel decides (and raises what torch raises)
         else:
             counts[name] += 1
             return out
         counts[name + ":fallback"] += 1
         return original.call_boxed(keyset, *args, **kwargs)
+
     return kernel
 
 
@@ -154,13 +189,16 @@ def enable(devices=("cuda",), include=None, exclude=None):
     devices = (devices,) if isinstance(devices, str) else tuple(devices)
     for d in devices:
         if d not in _KEYS:
-            raise ValueError(f"enable(): devices must be among "
-                             f"{sorted(_KEYS)}, got {d!r}")
+            raise ValueError(
+                f"enable(): devices must be among {sorted(_KEYS)}, got {d!r}"
+            )
     names = tuple(OPS if include is None else include)
     for n in names + tuple(exclude or ()):
         if n not in _IMPLS:
-            raise ValueError(f"enable(): no gemsops kernel for aten.{n}; "
-                             f"known: {', '.join(OPS)}")
+            raise ValueError(
+                f"enable(): no gemsops kernel for aten.{n}; "
+                f"known: {', '.join(OPS)}"
+            )
     names = tuple(n for n in names if n not in set(exclude or ()))
     disable()
     lib = torch.library.Library("aten", "IMPL")
@@ -172,12 +210,15 @@ def enable(devices=("cuda",), include=None, exclude=None):
                 key = _KEYS[d]
                 for n in names:
                     try:
-                        original = torch.library.get_kernel(f"aten::{n}",
-                                                            key)
+                        original = torch.library.get_kernel(f"aten::{n}", key)
                     except RuntimeError:  # torch has none here (no CUDA)
                         continue
-                    lib.impl(n, _kernel(n, _IMPLS[n], original), key,
-                             with_keyset=True)
+                    lib.impl(
+                        n,
+                        _kernel(n, _IMPLS[n], original),
+                        key,
+                        with_keyset=True,
+                    )
     except BaseException:
         lib._destroy()
         raise

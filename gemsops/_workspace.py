@@ -17,20 +17,22 @@ replayed with it), and they are not recorded here.
 
 Plans C computes (workspace bytes for a shape) are cached in a bounded LRU,
 so a program that sees ever new shapes does not grow memory here."""
+
 from collections import OrderedDict
 
 import torch
 
-_MAX_KEPT = 64      # (kind, device, stream) entries; the oldest goes first
-_MAX_PLANS = 512    # cached plan sizes
+_MAX_KEPT = 64  # (kind, device, stream) entries; the oldest goes first
+_MAX_PLANS = 512  # cached plan sizes
 
-_kept = OrderedDict()   # (kind, device index, stream handle) -> _Slot
+_kept = OrderedDict()  # (kind, device index, stream handle) -> _Slot
 _plans = OrderedDict()  # key -> int
 
 
 class _Slot:
     """A kept buffer and the counter a kind may keep with it (the Stream-K
     epoch of the flags)."""
+
     __slots__ = ("buf", "epoch")
 
     def __init__(self, buf):
@@ -54,8 +56,7 @@ def scratch(nbytes, device, zero=False):
     return make(nbytes, dtype=torch.uint8, device=device)
 
 
-def kept(kind, device, stream, numel, dtype=torch.uint8, minimum=0,
-         zero=True):
+def kept(kind, device, stream, numel, dtype=torch.uint8, minimum=0, zero=True):
     """The buffer kept for `kind` on (device index, stream handle), with at
     least numel elements; made (zeros when `zero`) on first use or when too
     small. Returns its _Slot."""
@@ -63,8 +64,13 @@ def kept(kind, device, stream, numel, dtype=torch.uint8, minimum=0,
     slot = _kept.get(key)
     if slot is None or slot.buf.numel() < numel:
         make = torch.zeros if zero else torch.empty
-        slot = _Slot(make(max(numel, minimum), dtype=dtype,
-                          device=torch.device("cuda", device)))
+        slot = _Slot(
+            make(
+                max(numel, minimum),
+                dtype=dtype,
+                device=torch.device("cuda", device),
+            )
+        )
         _kept[key] = slot
         if len(_kept) > _MAX_KEPT:
             _kept.popitem(last=False)

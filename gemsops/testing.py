@@ -18,6 +18,7 @@ upcast inputs. Two criteria:
   accumulation type (fp32, or fp64 for fp64), whose rounding errors walk
   like sqrt(n) ulps; `chain_len=n` widens rtol by 4 sqrt(n) ulps of it.
 """
+
 import math
 
 import torch
@@ -40,19 +41,23 @@ def rel_error(out, ref):
     return diff.norm().item() / (denom if denom > 0 else 1.0)
 
 
-def assert_close(out, ref, dtype, *, reduce_len=1, chain_len=1, torch_out=None,
-                 name="out"):
+def assert_close(
+    out, ref, dtype, *, reduce_len=1, chain_len=1, torch_out=None, name="out"
+):
     """out: gemsops' result; ref: float64 reference; torch_out: torch's own
     result on the same inputs (optional, for the half-type criterion)."""
     assert out.shape == ref.shape, f"{name}: shape {out.shape} != {ref.shape}"
-    assert not torch.isnan(out).any() or torch.isnan(ref).any(), \
+    assert not torch.isnan(out).any() or torch.isnan(ref).any(), (
         f"{name}: NaN in output (unwritten element?)"
+    )
     tol = TOLERANCES[dtype]
     atol = tol["atol"] * math.sqrt(max(reduce_len, 1))
-    acc_eps = torch.finfo(torch.float64 if dtype == torch.float64
-                          else torch.float32).eps
-    rtol = tol["rtol"] + (4 * math.sqrt(chain_len) * acc_eps
-                          if chain_len > 1 else 0.0)
+    acc_eps = torch.finfo(
+        torch.float64 if dtype == torch.float64 else torch.float32
+    ).eps
+    rtol = tol["rtol"] + (
+        4 * math.sqrt(chain_len) * acc_eps if chain_len > 1 else 0.0
+    )
     o, r = out.double().cpu(), ref.double().cpu()
     bad = (o - r).abs() > atol + rtol * r.abs()
     bad &= ~(torch.isnan(o) & torch.isnan(r))
@@ -61,12 +66,14 @@ def assert_close(out, ref, dtype, *, reduce_len=1, chain_len=1, torch_out=None,
         raise AssertionError(
             f"{name}: {int(bad.sum())} of {o.numel()} elements out of "
             f"tolerance (rtol={rtol:.3g}, atol={atol:.3g}); first at {i}: "
-            f"got {o[tuple(i)].item()!r}, expected {r[tuple(i)].item()!r}")
+            f"got {o[tuple(i)].item()!r}, expected {r[tuple(i)].item()!r}"
+        )
     if torch_out is not None and dtype in HALF_TYPES:
         ours, theirs = rel_error(o, r), rel_error(torch_out.cpu(), r)
         assert ours <= theirs * TORCH_ERROR_SLACK + 1e-12, (
             f"{name}: relative error {ours:.3e} is worse than torch's "
-            f"{theirs:.3e}")
+            f"{theirs:.3e}"
+        )
 
 
 def layer_norm_reference(x, shape, weight=None, bias=None, eps=1e-5):

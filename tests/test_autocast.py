@@ -1,6 +1,7 @@
 """Autocast: gemsops follows torch's own lists. Under CPU autocast (bf16)
 the matmul family runs in bf16, layer_norm keeps its input's dtype, prod
 runs in float32; on CUDA layer_norm runs in float32 too."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -13,25 +14,48 @@ def _pairs(device):
     w, b = torch.randn(8, device=device), torch.randn(8, device=device)
     m = torch.randn(8, 3, device=device)
     yield "mm", lambda: gemsops.mm(x, m), lambda: torch.mm(x, m)
-    yield "mm mixed", lambda: gemsops.mm(x, m.bfloat16()), \
-        lambda: torch.mm(x, m.bfloat16())
-    yield "bmm", lambda: gemsops.bmm(x[None], m[None]), \
-        lambda: torch.bmm(x[None], m[None])
+    yield (
+        "mm mixed",
+        lambda: gemsops.mm(x, m.bfloat16()),
+        lambda: torch.mm(x, m.bfloat16()),
+    )
+    yield (
+        "bmm",
+        lambda: gemsops.bmm(x[None], m[None]),
+        lambda: torch.bmm(x[None], m[None]),
+    )
     yield "matmul", lambda: gemsops.matmul(x, m), lambda: torch.matmul(x, m)
-    yield "matmul 3d x 1d", lambda: gemsops.matmul(x[None], m[:, 0]), \
-        lambda: torch.matmul(x[None], m[:, 0])
-    yield "layer_norm", lambda: gemsops.layer_norm(x, (8,), w, b), \
-        lambda: F.layer_norm(x, (8,), w, b)
-    yield "layer_norm bf16 in", \
-        lambda: gemsops.layer_norm(x.bfloat16(), (8,), w, b), \
-        lambda: F.layer_norm(x.bfloat16(), (8,), w, b)
-    yield "nn.LayerNorm", lambda: gemsops.nn.LayerNorm(8).to(device)(x), \
-        lambda: torch.nn.LayerNorm(8).to(device)(x)
+    yield (
+        "matmul 3d x 1d",
+        lambda: gemsops.matmul(x[None], m[:, 0]),
+        lambda: torch.matmul(x[None], m[:, 0]),
+    )
+    yield (
+        "layer_norm",
+        lambda: gemsops.layer_norm(x, (8,), w, b),
+        lambda: F.layer_norm(x, (8,), w, b),
+    )
+    yield (
+        "layer_norm bf16 in",
+        lambda: gemsops.layer_norm(x.bfloat16(), (8,), w, b),
+        lambda: F.layer_norm(x.bfloat16(), (8,), w, b),
+    )
+    yield (
+        "nn.LayerNorm",
+        lambda: gemsops.nn.LayerNorm(8).to(device)(x),
+        lambda: torch.nn.LayerNorm(8).to(device)(x),
+    )
     yield "prod", lambda: gemsops.prod(x), lambda: torch.prod(x)
-    yield "prod bf16", lambda: gemsops.prod(x.bfloat16(), 1), \
-        lambda: torch.prod(x.bfloat16(), 1)
-    yield "prod int", lambda: gemsops.prod(x.long(), 1), \
-        lambda: torch.prod(x.long(), 1)
+    yield (
+        "prod bf16",
+        lambda: gemsops.prod(x.bfloat16(), 1),
+        lambda: torch.prod(x.bfloat16(), 1),
+    )
+    yield (
+        "prod int",
+        lambda: gemsops.prod(x.long(), 1),
+        lambda: torch.prod(x.long(), 1),
+    )
 
 
 def _check(device, dtype):
@@ -41,8 +65,9 @@ def _check(device, dtype):
             got, want = mine(), theirs()
         assert got.dtype == want.dtype, name
         assert got.shape == want.shape, name
-        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2,
-                                   atol=2e-2, msg=name)
+        torch.testing.assert_close(
+            got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=name
+        )
 
 
 def test_cpu_autocast_bf16_dtypes_as_torch():

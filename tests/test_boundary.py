@@ -1,6 +1,7 @@
 """The C boundary never writes outside an output, never writes read-only
 memory, never reads a tensor as other values than it holds, and depends on
 no unchecked precondition of the caller's buffers."""
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +18,7 @@ def _guarded(shape, dtype=np.float32, reverse_rows=False):
     it; returns (buffer, view)."""
     rows, cols = shape
     buf = np.full((rows + 4, cols), np.nan, dtype=dtype)
-    view = buf[2:rows + 2]
+    view = buf[2 : rows + 2]
     if reverse_rows:
         view = view[::-1]
     return buf, view
@@ -37,17 +38,31 @@ def test_negative_stride_everywhere_is_refused():
     x = torch.randn(6, 8)
     g = torch.randn(6, 8)
     mean, rstd = torch.empty(6), torch.empty(6)
-    _C.layer_norm_fwd(x, None, None, 1, 1e-5, torch.empty(6, 8), mean, rstd,
-                      None)
+    _C.layer_norm_fwd(
+        x, None, None, 1, 1e-5, torch.empty(6, 8), mean, rstd, None
+    )
     dx = np.full((6, 8), np.nan, np.float32)[::-1]
     with pytest.raises(ValueError, match="negative stride"):
-        _C.layer_norm_bwd(g, x, None, 1, False, mean, rstd, dx, None, None,
-                          None)
+        _C.layer_norm_bwd(
+            g, x, None, 1, False, mean, rstd, dx, None, None, None
+        )
     with pytest.raises(ValueError, match="'input' has a negative stride"):
         _C.prod(a[:, ::-1], 1, np.empty(6, np.float32), None)
     with pytest.raises(ValueError, match="'b' has a negative stride"):
-        _C.matmul(a, a.T[::-1], np.empty((6, 6), np.float32), 0, 0, 0, 0,
-                  None, None, 0, 0, None)
+        _C.matmul(
+            a,
+            a.T[::-1],
+            np.empty((6, 6), np.float32),
+            0,
+            0,
+            0,
+            0,
+            None,
+            None,
+            0,
+            0,
+            None,
+        )
     # a size-1 dim may carry any stride: nothing is ever stepped over it
     one = np.ones((1, 8), np.float32)[::-1]
     _C.prod(one, 1, np.empty(1, np.float32), None)
@@ -74,11 +89,24 @@ def test_read_only_outputs_are_refused(tmp_path):
         with pytest.raises(ValueError, match="read-only"):
             _C.layer_norm_fwd(*_ln_fwd_args(x, arr.reshape(3, 4)))
         with pytest.raises(ValueError, match="read-only"):
-            _C.matmul(x, x.t().contiguous(), arr[:9].reshape(3, 3), 0, 0, 0,
-                      0, None, None, 0, 0, None)
+            _C.matmul(
+                x,
+                x.t().contiguous(),
+                arr[:9].reshape(3, 3),
+                0,
+                0,
+                0,
+                0,
+                None,
+                None,
+                0,
+                0,
+                None,
+            )
         np.testing.assert_array_equal(np.isnan(arr), np.isnan(before), name)
-        np.testing.assert_array_equal(np.nan_to_num(arr),
-                                      np.nan_to_num(before), name)
+        np.testing.assert_array_equal(
+            np.nan_to_num(arr), np.nan_to_num(before), name
+        )
     # read-only inputs are fine
     ro = np.random.rand(3, 4).astype(np.float32)
     ro.flags.writeable = False
@@ -112,8 +140,10 @@ def test_any_eps_as_torch(eps):
     x = torch.randn(5, 16, dtype=torch.float64)
     x[2] = 3.0  # a constant row: variance 0, so eps decides
     out = torch.empty_like(x)
-    mean, rstd = torch.empty(5, dtype=torch.float64), torch.empty(
-        5, dtype=torch.float64)
+    mean, rstd = (
+        torch.empty(5, dtype=torch.float64),
+        torch.empty(5, dtype=torch.float64),
+    )
     _C.layer_norm_fwd(x, None, None, 1, eps, out, mean, rstd, None)
     ref, rmean, rrstd = torch.native_layer_norm(x, (16,), None, None, eps)
     torch.testing.assert_close(out, ref, equal_nan=True)
@@ -127,13 +157,15 @@ def _bwd_call(device, rows, cols, ws=None, stream_arg=(), dtype=torch.float32):
     mean = torch.empty(rows, device=device)
     rstd = torch.empty(rows, device=device)
     if rows:
-        _C.layer_norm_fwd(x, w, None, 1, 1e-5, torch.empty_like(x), mean,
-                          rstd, None)
+        _C.layer_norm_fwd(
+            x, w, None, 1, 1e-5, torch.empty_like(x), mean, rstd, None
+        )
     dx = torch.full_like(x, float("nan"))
     dw = torch.full_like(w, float("nan"))
     db = torch.full_like(w, float("nan"))
-    r = _C.layer_norm_bwd(g, x, w, 1, False, mean, rstd, dx, dw, db, ws,
-                          *stream_arg)
+    r = _C.layer_norm_bwd(
+        g, x, w, 1, False, mean, rstd, dx, dw, db, ws, *stream_arg
+    )
     return r, (x, w, g, mean, rstd), (dx, dw, db)
 
 
@@ -153,26 +185,39 @@ def test_cuda_kept_workspace_with_garbage_is_prepared_by_the_launch():
     rows, cols = 300, 4096
     need, _, _ = _bwd_call("cuda", rows, cols, None, (-1,))
     nbytes = need[0]
-    for trial in range(3):
-        ws = torch.randint(1, 255, (nbytes,), dtype=torch.uint8,
-                           device="cuda")
+    for _trial in range(3):
+        ws = torch.randint(1, 255, (nbytes,), dtype=torch.uint8, device="cuda")
         r, (x, w, g, mean, rstd), (dx, dw, db) = _bwd_call(
-            "cuda", rows, cols, ws, (stream,))
+            "cuda", rows, cols, ws, (stream,)
+        )
         assert r is None
         ref = torch.ops.aten.native_layer_norm_backward(
-            g.double(), x.double(), [cols], mean.double()[:, None],
-            rstd.double()[:, None], w.double(), w.double(),
-            [True, True, True])
+            g.double(),
+            x.double(),
+            [cols],
+            mean.double()[:, None],
+            rstd.double()[:, None],
+            w.double(),
+            w.double(),
+            [True, True, True],
+        )
         for o, e in zip((dx, dw, db), ref):
             torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-4)
         # the same object written through torch is no longer vouched for
         ws.fill_(7)
         r, (x, w, g, mean, rstd), (dx, dw, db) = _bwd_call(
-            "cuda", rows, cols, ws, (stream,))
+            "cuda", rows, cols, ws, (stream,)
+        )
         ref = torch.ops.aten.native_layer_norm_backward(
-            g.double(), x.double(), [cols], mean.double()[:, None],
-            rstd.double()[:, None], w.double(), w.double(),
-            [True, True, True])
+            g.double(),
+            x.double(),
+            [cols],
+            mean.double()[:, None],
+            rstd.double()[:, None],
+            w.double(),
+            w.double(),
+            [True, True, True],
+        )
         for o, e in zip((dx, dw, db), ref):
             torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-4)
 
@@ -183,13 +228,17 @@ def test_cuda_streamk_flags_holding_the_epoch_are_reset():
     partials before they are written; C zeroes flags it cannot vouch for."""
     a = torch.randn(3 * 128, 40 * 64, device="cuda", dtype=torch.float16)
     b = torch.randn(40 * 64, 2 * 128, device="cuda", dtype=torch.float16)
-    out = torch.full((a.shape[0], b.shape[1]), float("nan"), device="cuda",
-                     dtype=torch.float16)
+    out = torch.full(
+        (a.shape[0], b.shape[1]),
+        float("nan"),
+        device="cuda",
+        dtype=torch.float16,
+    )
     need = _C.matmul(a, b, out, 2, 0, 0, 0, None, None, 0, 0, None)
     assert need is not None, "a Stream-K launch must ask for flags"
     nbytes, nflags, _ = need
     ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    ref = (a.double() @ b.double())
+    ref = a.double() @ b.double()
     for epoch in (5, 6, 5):
         flags = torch.full((nflags,), epoch, dtype=torch.int32, device="cuda")
         out.fill_(float("nan"))
@@ -202,6 +251,18 @@ def test_cuda_matmul_error_tensor_needs_an_element():
     a = torch.randn(64, 64, device="cuda")
     out = torch.full_like(a, float("nan"))
     with pytest.raises(RuntimeError, match="'error' must have at least"):
-        _C.matmul(a, a, out, 0, 0, 0, 0, None, None, 0, 5,
-                  torch.empty(0, dtype=torch.int32, device="cuda"))
+        _C.matmul(
+            a,
+            a,
+            out,
+            0,
+            0,
+            0,
+            0,
+            None,
+            None,
+            0,
+            5,
+            torch.empty(0, dtype=torch.int32, device="cuda"),
+        )
     assert out.isnan().all()

@@ -1,4 +1,5 @@
 """The DLPack boundary: what C sees of tensors from torch and NumPy."""
+
 import numpy as np
 import pytest
 import torch
@@ -21,11 +22,18 @@ def test_tensor_that_requires_grad():
     assert _C.tensor_info(x)[5] == x.data_ptr()
 
 
-@pytest.mark.parametrize("dtype,name", [
-    (torch.float16, "float16"), (torch.bfloat16, "bfloat16"),
-    (torch.float64, "float64"), (torch.int64, "int64"), (torch.bool, "bool"),
-    (torch.uint8, "uint8"), (torch.int32, "int32"),
-])
+@pytest.mark.parametrize(
+    "dtype,name",
+    [
+        (torch.float16, "float16"),
+        (torch.bfloat16, "bfloat16"),
+        (torch.float64, "float64"),
+        (torch.int64, "int64"),
+        (torch.bool, "bool"),
+        (torch.uint8, "uint8"),
+        (torch.int32, "int32"),
+    ],
+)
 def test_dtypes(dtype, name):
     assert _C.tensor_info(torch.zeros(3, dtype=dtype))[0] == name
 
@@ -33,7 +41,12 @@ def test_dtypes(dtype, name):
 def test_numpy_producer():
     a = np.arange(24, dtype=np.float64).reshape(2, 3, 4)[:, ::2, 1:]
     dtype, dev, _, shape, strides, addr = _C.tensor_info(a)
-    assert (dtype, dev, shape, strides) == ("float64", 1, (2, 2, 3), (12, 8, 1))
+    assert (dtype, dev, shape, strides) == (
+        "float64",
+        1,
+        (2, 2, 3),
+        (12, 8, 1),
+    )
     assert addr == a.__array_interface__["data"][0]
 
 

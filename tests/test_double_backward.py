@@ -1,6 +1,7 @@
 """Second-order gradients (create_graph=True): gradgradcheck in float64 on
 the CPU through the eager path and through the ops; matmul, which has no
 float64 kernel, against torch's own second-order gradients in float32."""
+
 import pytest
 import torch
 from torch.autograd import gradcheck, gradgradcheck
@@ -17,8 +18,9 @@ def f64(*shape, zeros=()):
     return t.requires_grad_()
 
 
-@pytest.mark.parametrize("shape, ns", [((4, 7), (7,)), ((2, 3, 5), (5,)),
-                                       ((2, 3, 4), (3, 4))])
+@pytest.mark.parametrize(
+    "shape, ns", [((4, 7), (7,)), ((2, 3, 5), (5,)), ((2, 3, 4), (3, 4))]
+)
 @pytest.mark.parametrize("affine", ["wb", "w", "none"])
 def test_layer_norm_gradgrad(shape, ns, affine):
     torch.manual_seed(0)
@@ -44,11 +46,13 @@ def test_layer_norm_op_gradgrad_with_grad_out_depending_on_x():
     assert gradgradcheck(f, (x, w, b))
     # grad_out a function of x too (no path counted twice), against torch
     got = []
-    for fn in (f, lambda x, w, b: gemsops.layer_norm(x, (6,), w, b, 1e-5),
-               lambda x, w, b: torch.nn.functional.layer_norm(
-                   x, (6,), w, b, 1e-5)):
+    for fn in (
+        f,
+        lambda x, w, b: gemsops.layer_norm(x, (6,), w, b, 1e-5),
+        lambda x, w, b: torch.nn.functional.layer_norm(x, (6,), w, b, 1e-5),
+    ):
         y = fn(x, w, b)
-        g, = torch.autograd.grad(y.sin().sum(), x, create_graph=True)
+        (g,) = torch.autograd.grad(y.sin().sum(), x, create_graph=True)
         gg = torch.autograd.grad(g.square().sum(), (x, w))
         got.append((g,) + gg)
     for mine in got[:2]:
@@ -59,32 +63,46 @@ def test_layer_norm_op_gradgrad_with_grad_out_depending_on_x():
 def test_layer_norm_backward_function_gradgrad():
     torch.manual_seed(2)
     x, w, g = f64(3, 5), f64(5), f64(3, 5)
-    _, mean, rstd = torch.native_layer_norm(x.detach(), (5,), w.detach(),
-                                            None, 1e-5)
+    _, mean, rstd = torch.native_layer_norm(
+        x.detach(), (5,), w.detach(), None, 1e-5
+    )
 
     def f(g, x, w):
-        return gemsops.layer_norm_backward(g, x, (5,), mean, rstd, w, None,
-                                           (True, True, False))[:2]
+        return gemsops.layer_norm_backward(
+            g, x, (5,), mean, rstd, w, None, (True, True, False)
+        )[:2]
 
     # mean/rstd are functions of x: the composite recomputes them, so the
     # derivative is that of torch's native_layer_norm_backward chain
     want = torch.autograd.grad(
         torch.ops.aten.native_layer_norm_backward(
-            g, x, (5,), *torch.native_layer_norm(x, (5,), w, None, 1e-5)[1:],
-            w, None, (True, True, False))[0].sum(), (g, w))
+            g,
+            x,
+            (5,),
+            *torch.native_layer_norm(x, (5,), w, None, 1e-5)[1:],
+            w,
+            None,
+            (True, True, False),
+        )[0].sum(),
+        (g, w),
+    )
     got = torch.autograd.grad(f(g, x, w)[0].sum(), (g, w))
     for a, r in zip(got, want):
         torch.testing.assert_close(a, r)
 
 
 @pytest.mark.parametrize("dim", [None, 0, 1, -1])
-@pytest.mark.parametrize("zeros", [(), ((0, 1),), ((0, 1), (2, 2)),
-                                   ((0, 1), (0, 2))])
+@pytest.mark.parametrize(
+    "zeros", [(), ((0, 1),), ((0, 1), (2, 2)), ((0, 1), (0, 2))]
+)
 def test_prod_gradgrad(dim, zeros):
     torch.manual_seed(3)
     x = f64(3, 4, zeros=zeros)
-    f = (lambda x: gemsops.prod(x)) if dim is None else \
-        (lambda x: gemsops.prod(x, dim, keepdim=True))
+    f = (
+        (lambda x: gemsops.prod(x))
+        if dim is None
+        else (lambda x: gemsops.prod(x, dim, keepdim=True))
+    )
     assert gradcheck(f, (x,))
     assert gradgradcheck(f, (x,))
 
@@ -97,13 +115,19 @@ def test_prod_op_gradgrad():
 
 def _second_order(fn, a, b):
     y = fn(a, b)
-    ga, gb = torch.autograd.grad(y.square().sum(), (a, b),
-                                 create_graph=True)
+    ga, gb = torch.autograd.grad(y.square().sum(), (a, b), create_graph=True)
     return torch.autograd.grad((ga.sin().sum() + gb.cos().sum()), (a, b))
 
 
-@pytest.mark.parametrize("sa, sb", [((4, 5), (5, 3)), ((2, 4, 5), (2, 5, 3)),
-                                    ((3, 4, 5), (5,)), ((5,), (2, 5, 3))])
+@pytest.mark.parametrize(
+    "sa, sb",
+    [
+        ((4, 5), (5, 3)),
+        ((2, 4, 5), (2, 5, 3)),
+        ((3, 4, 5), (5,)),
+        ((5,), (2, 5, 3)),
+    ],
+)
 def test_matmul_second_order_matches_torch(sa, sb):
     """gemsops has no float64 matmul: compare with torch's second order
     gradients in float32 instead (and gradgradcheck with float32 steps;
@@ -115,8 +139,9 @@ def test_matmul_second_order_matches_torch(sa, sb):
     want = _second_order(torch.matmul, a, b)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-    assert gradgradcheck(gemsops.matmul, (a, b), eps=1e-2, atol=5e-2,
-                         rtol=5e-2)
+    assert gradgradcheck(
+        gemsops.matmul, (a, b), eps=1e-2, atol=5e-2, rtol=5e-2
+    )
 
 
 def test_mm_bmm_ops_gradgrad_float32():

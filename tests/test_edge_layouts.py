@@ -1,6 +1,7 @@
 """Layouts and values at the edges, on both backends, against float64
 references: normalized size 1 under channels_last, stride-0 (expanded)
 inputs and weights, sliced gradients, non-finite values."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,8 +61,10 @@ def test_layer_norm_backward_expanded_weight_sliced_dy(device, dtype):
     dys = big.to(device, dtype)[:, 1::2]
     y = gemsops.layer_norm(xs, (n,), ws, bs)
     dx, dw, db = torch.autograd.grad(y, (xs, ws, bs), dys)
-    ref = [t.to(dtype).double().requires_grad_(True)
-           for t in (x, w1.expand(n).contiguous(), b)]
+    ref = [
+        t.to(dtype).double().requires_grad_(True)
+        for t in (x, w1.expand(n).contiguous(), b)
+    ]
     ry = F.layer_norm(ref[0], (n,), ref[1], ref[2])
     rdx, rdw, rdb = torch.autograd.grad(ry, ref, dy.to(dtype).double())
     assert_close(y, ry, dtype)
@@ -78,8 +81,9 @@ def test_prod_expanded_input_with_inf(device, dtype):
     for x in (row.expand(6, 33), row.t().expand(33, 6)):
         xs = x.to(device, dtype)
         for dim in (None, 0, 1):
-            ref = (x.double().prod() if dim is None
-                   else x.double().prod(dim)).to(dtype)
+            ref = (
+                x.double().prod() if dim is None else x.double().prod(dim)
+            ).to(dtype)
             got = gemsops.prod(xs) if dim is None else gemsops.prod(xs, dim)
             assert torch.equal(got.isinf().cpu(), ref.isinf())
             assert torch.equal(got.isnan().cpu(), ref.isnan())
@@ -92,16 +96,23 @@ def test_prod_backward_non_finite(device, dtype):
     inf's own gradient is nan); with a zero anywhere, products of the
     others. Compared with torch's float64 CPU gradient, cast."""
     big = 1e4 if dtype == torch.float16 else 1e30
-    x = torch.tensor([[float("inf"), 2.0, 3.0, 0.5],
-                      [float("-inf"), 0.0, 3.0, 2.0],
-                      [big, big, 3.0, 0.25],
-                      [1.5, float("nan"), 2.0, 1.0]])
+    x = torch.tensor(
+        [
+            [float("inf"), 2.0, 3.0, 0.5],
+            [float("-inf"), 0.0, 3.0, 2.0],
+            [big, big, 3.0, 0.25],
+            [1.5, float("nan"), 2.0, 1.0],
+        ]
+    )
     for dim in (None, 0, 1):
         xs = x.to(device, dtype).requires_grad_(True)
         xr = x.to(dtype).double().requires_grad_(True)
         fn = (lambda t: t.prod()) if dim is None else (lambda t: t.prod(dim))
-        gfn = ((lambda t: gemsops.prod(t)) if dim is None
-               else (lambda t: gemsops.prod(t, dim)))
+        gfn = (
+            (lambda t: gemsops.prod(t))
+            if dim is None
+            else (lambda t: gemsops.prod(t, dim))
+        )
         (got,) = torch.autograd.grad(gfn(xs).sum(), xs)
         (ref,) = torch.autograd.grad(fn(xr).sum(), xr)
         ref = ref.to(dtype)

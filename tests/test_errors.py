@@ -1,5 +1,6 @@
 """Every check at the C boundary raises the right exception type with a
 message that names the function and the argument."""
+
 import numpy as np
 import pytest
 import torch
@@ -16,37 +17,75 @@ def fwd_args(device="cpu", rows=8, cols=16, dtype=torch.float32):
     out = torch.empty_like(x)
     mean = torch.empty(rows, dtype=sd, device=device)
     rstd = torch.empty(rows, dtype=sd, device=device)
-    return dict(x=x, w=w, b=b, nd=1, eps=1e-5, out=out, mean=mean, rstd=rstd,
-                ws=None)
+    return dict(
+        x=x, w=w, b=b, nd=1, eps=1e-5, out=out, mean=mean, rstd=rstd, ws=None
+    )
 
 
 def call_fwd(a):
-    return _C.layer_norm_fwd(a["x"], a["w"], a["b"], a["nd"], a["eps"],
-                             a["out"], a["mean"], a["rstd"], a["ws"])
+    return _C.layer_norm_fwd(
+        a["x"],
+        a["w"],
+        a["b"],
+        a["nd"],
+        a["eps"],
+        a["out"],
+        a["mean"],
+        a["rstd"],
+        a["ws"],
+    )
 
 
 def test_valid_call_passes():
     call_fwd(fwd_args())
 
 
-@pytest.mark.parametrize("field,value,exc,words", [
-    ("x", [1.0, 2.0], TypeError, "'input' must be a tensor"),
-    ("x", torch.ones(8, 16, dtype=torch.int64), RuntimeError, "floating point"),
-    ("x", torch.ones(8, 16, dtype=torch.complex64), RuntimeError, "input"),
-    ("w", torch.ones(15), RuntimeError, "weight of shape [15]"),
-    ("w", torch.ones(16, dtype=torch.float64), RuntimeError, "'weight' has dtype float64"),
-    ("w", "weight", TypeError, "'weight' must be a tensor"),
-    ("b", torch.ones(2, 16)[:, 0], RuntimeError, "bias"),
-    ("b", torch.ones(32)[::2], RuntimeError, "'bias' must be contiguous"),
-    ("nd", 0, RuntimeError, "normalized_ndim=0"),
-    ("nd", 3, RuntimeError, "normalized_ndim=3"),
-    ("out", torch.empty(8, 15), RuntimeError, "'out' has shape [8, 15]"),
-    ("out", torch.empty(8, 16, dtype=torch.float64), RuntimeError, "'out' has dtype float64"),
-    ("mean", torch.empty(7), RuntimeError, "'mean' has 7 elements"),
-    ("mean", torch.empty(8, dtype=torch.float16), RuntimeError, "'mean' has dtype float16"),
-    ("rstd", torch.empty(16)[::2], RuntimeError, "'rstd' must be contiguous"),
-    ("ws", torch.empty(16), RuntimeError, "'workspace' must be uint8"),
-])
+@pytest.mark.parametrize(
+    "field,value,exc,words",
+    [
+        ("x", [1.0, 2.0], TypeError, "'input' must be a tensor"),
+        (
+            "x",
+            torch.ones(8, 16, dtype=torch.int64),
+            RuntimeError,
+            "floating point",
+        ),
+        ("x", torch.ones(8, 16, dtype=torch.complex64), RuntimeError, "input"),
+        ("w", torch.ones(15), RuntimeError, "weight of shape [15]"),
+        (
+            "w",
+            torch.ones(16, dtype=torch.float64),
+            RuntimeError,
+            "'weight' has dtype float64",
+        ),
+        ("w", "weight", TypeError, "'weight' must be a tensor"),
+        ("b", torch.ones(2, 16)[:, 0], RuntimeError, "bias"),
+        ("b", torch.ones(32)[::2], RuntimeError, "'bias' must be contiguous"),
+        ("nd", 0, RuntimeError, "normalized_ndim=0"),
+        ("nd", 3, RuntimeError, "normalized_ndim=3"),
+        ("out", torch.empty(8, 15), RuntimeError, "'out' has shape [8, 15]"),
+        (
+            "out",
+            torch.empty(8, 16, dtype=torch.float64),
+            RuntimeError,
+            "'out' has dtype float64",
+        ),
+        ("mean", torch.empty(7), RuntimeError, "'mean' has 7 elements"),
+        (
+            "mean",
+            torch.empty(8, dtype=torch.float16),
+            RuntimeError,
+            "'mean' has dtype float16",
+        ),
+        (
+            "rstd",
+            torch.empty(16)[::2],
+            RuntimeError,
+            "'rstd' must be contiguous",
+        ),
+        ("ws", torch.empty(16), RuntimeError, "'workspace' must be uint8"),
+    ],
+)
 def test_forward_argument_checks(field, value, exc, words):
     a = fwd_args()
     a[field] = value
@@ -92,15 +131,21 @@ def test_functional_checks():
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match="at least 1-dimensional"):
         gemsops.layer_norm(x, [])
-    with pytest.raises(RuntimeError, match=r"expected input with shape \[\*, 7\]"):
+    with pytest.raises(
+        RuntimeError, match=r"expected input with shape \[\*, 7\]"
+    ):
         gemsops.layer_norm(x, [7])
     with pytest.raises(TypeError, match="'input' must be a Tensor"):
         gemsops.layer_norm([[1.0]], [1])
     with pytest.raises(TypeError, match="'weight' must be a Tensor"):
         gemsops.layer_norm(x, [8], weight=[1.0] * 8)
     with pytest.raises(RuntimeError, match="weight .* and bias .* one dtype"):
-        gemsops.layer_norm(x.bfloat16(), [8], torch.ones(8),
-                           torch.ones(8, dtype=torch.bfloat16))
+        gemsops.layer_norm(
+            x.bfloat16(),
+            [8],
+            torch.ones(8),
+            torch.ones(8, dtype=torch.bfloat16),
+        )
 
 
 def test_backward_argument_checks():
@@ -112,25 +157,54 @@ def test_backward_argument_checks():
     db = torch.empty(16)
 
     def bwd(**over):
-        kw = dict(g=g, x=a["x"], w=a["w"], nd=1, det=False, mean=a["mean"],
-                  rstd=a["rstd"], dx=dx, dw=dw, db=db, ws=None)
+        kw = dict(
+            g=g,
+            x=a["x"],
+            w=a["w"],
+            nd=1,
+            det=False,
+            mean=a["mean"],
+            rstd=a["rstd"],
+            dx=dx,
+            dw=dw,
+            db=db,
+            ws=None,
+        )
         kw.update(over)
         return _C.layer_norm_bwd(*kw.values())
 
     bwd()
-    with pytest.raises(RuntimeError, match="grad_weight was given but weight is None"):
+    with pytest.raises(
+        RuntimeError, match="grad_weight was given but weight is None"
+    ):
         bwd(w=None)
     with pytest.raises(RuntimeError, match="'grad_out' has shape"):
         bwd(g=torch.randn(8, 15))
     with pytest.raises(RuntimeError, match="'grad_weight' has dtype float64"):
         bwd(dw=torch.empty(16, dtype=torch.float64))
-    with pytest.raises(RuntimeError, match="'grad_input' overlaps input 'grad_out'"):
+    with pytest.raises(
+        RuntimeError, match="'grad_input' overlaps input 'grad_out'"
+    ):
         bwd(dx=g)
     with pytest.raises(TypeError, match="takes 11 or 12 arguments"):
         _C.layer_norm_bwd(g)
     with pytest.raises(TypeError, match="workspace_stream must be a stream"):
-        _C.layer_norm_bwd(*[g, a["x"], a["w"], 1, False, a["mean"], a["rstd"],
-                            dx, dw, db, None, "s"])
+        _C.layer_norm_bwd(
+            *[
+                g,
+                a["x"],
+                a["w"],
+                1,
+                False,
+                a["mean"],
+                a["rstd"],
+                dx,
+                dw,
+                db,
+                None,
+                "s",
+            ]
+        )
 
 
 @pytest.mark.cuda
@@ -144,8 +218,9 @@ def test_cuda_device_mismatch():
     with pytest.raises(RuntimeError, match="'out' is on cpu"):
         call_fwd(a)
     with pytest.raises(RuntimeError, match="same device"):
-        gemsops.layer_norm(torch.randn(4, 8, device="cuda"), [8],
-                           torch.ones(8))
+        gemsops.layer_norm(
+            torch.randn(4, 8, device="cuda"), [8], torch.ones(8)
+        )
 
 
 @pytest.mark.cuda
@@ -153,15 +228,26 @@ def test_cuda_workspace_too_small():
     # the backward's dW/dB stripes live in the workspace
     a = fwd_args("cuda", rows=64, cols=4096)
     call_fwd(a)
-    need = _C.layer_norm_bwd_workspace(a["x"], a["w"], 1, False, True, True,
-                                       True)
+    need = _C.layer_norm_bwd_workspace(
+        a["x"], a["w"], 1, False, True, True, True
+    )
     assert need > 0
     g = torch.randn_like(a["x"])
     ws = torch.empty(need - 16, dtype=torch.uint8, device="cuda")
     with pytest.raises(ValueError, match="workspace has"):
-        _C.layer_norm_bwd(g, a["x"], a["w"], 1, False, a["mean"], a["rstd"],
-                          torch.empty_like(g), torch.empty_like(a["w"]),
-                          torch.empty_like(a["b"]), ws)
+        _C.layer_norm_bwd(
+            g,
+            a["x"],
+            a["w"],
+            1,
+            False,
+            a["mean"],
+            a["rstd"],
+            torch.empty_like(g),
+            torch.empty_like(a["w"]),
+            torch.empty_like(a["b"]),
+            ws,
+        )
 
 
 @pytest.mark.cuda
@@ -170,13 +256,19 @@ def test_cuda_kept_workspace_protocol():
     # stream; after every launch (atomic, deterministic, split rows) it is
     # all zeros again, so the next launch may use it without a memset
     stream = torch.cuda.current_stream().cuda_stream
-    cases = [(300, 4096, False), (300, 4096, True), (40, 40000, False),
-             (40, 40000, True), (300, 4096, False)]
+    cases = [
+        (300, 4096, False),
+        (300, 4096, True),
+        (40, 40000, False),
+        (40, 40000, True),
+        (300, 4096, False),
+    ]
     need = {}
     for rows, cols, det in cases:
         a = fwd_args("cuda", rows=rows, cols=cols)
-        n = _C.layer_norm_bwd_workspace(a["x"], a["w"], 1, det, True, True,
-                                        True)
+        n = _C.layer_norm_bwd_workspace(
+            a["x"], a["w"], 1, det, True, True, True
+        )
         assert n > 0
         need[(rows, cols, det)] = n
     ws = torch.zeros(max(need.values()), dtype=torch.uint8, device="cuda")
@@ -184,19 +276,31 @@ def test_cuda_kept_workspace_protocol():
         a = fwd_args("cuda", rows=rows, cols=cols)
         call_fwd(a)
         g = torch.randn_like(a["x"])
-        outs = [torch.full_like(g, float("nan")),
-                torch.full_like(a["w"], float("nan")),
-                torch.full_like(a["b"], float("nan"))]
+        outs = [
+            torch.full_like(g, float("nan")),
+            torch.full_like(a["w"], float("nan")),
+            torch.full_like(a["b"], float("nan")),
+        ]
         args = [g, a["x"], a["w"], 1, det, a["mean"], a["rstd"], *outs]
-        assert _C.layer_norm_bwd(*args, None, -1) == (need[(rows, cols, det)],
-                                                      stream)
+        assert _C.layer_norm_bwd(*args, None, -1) == (
+            need[(rows, cols, det)],
+            stream,
+        )
         assert _C.layer_norm_bwd(*args, ws, stream + 1) == (
-            need[(rows, cols, det)], stream)  # kept for another stream
+            need[(rows, cols, det)],
+            stream,
+        )  # kept for another stream
         assert _C.layer_norm_bwd(*args, ws, stream) is None
         assert int(torch.count_nonzero(ws)) == 0, (rows, cols, det)
         ref = torch.ops.aten.native_layer_norm_backward(
-            g.double(), a["x"].double(), [cols], a["mean"].double()[:, None],
-            a["rstd"].double()[:, None], a["w"].double(), a["b"].double(),
-            [True, True, True])
+            g.double(),
+            a["x"].double(),
+            [cols],
+            a["mean"].double()[:, None],
+            a["rstd"].double()[:, None],
+            a["w"].double(),
+            a["b"].double(),
+            [True, True, True],
+        )
         for o, r in zip(outs, ref):
             torch.testing.assert_close(o.double(), r, rtol=1e-4, atol=1e-4)

@@ -1,4 +1,5 @@
 """Global mode: torch's own aten ops served by gemsops, then given back."""
+
 import pytest
 import torch
 
@@ -16,16 +17,21 @@ def _train_step(layer, x):
 
 def test_transformer_encoder_layer_cpu():
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0,
-                                             batch_first=True)
+    layer = torch.nn.TransformerEncoderLayer(
+        32, 4, 64, dropout=0.0, batch_first=True
+    )
     x = torch.randn(3, 7, 32)
     want = _train_step(layer, x)
     _global.counts.clear()
     with gemsops.use_gemsops(devices=("cpu",)) as counts:
         got = _train_step(layer, x)
         served = dict(counts)
-    for op in ("native_layer_norm", "native_layer_norm_backward", "mm",
-               "addmm"):
+    for op in (
+        "native_layer_norm",
+        "native_layer_norm_backward",
+        "mm",
+        "addmm",
+    ):
         assert served.get(op, 0) > 0, (op, served)
     torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(got[1], want[1], rtol=1e-4, atol=1e-4)
@@ -52,19 +58,21 @@ def test_fallbacks_never_fail():
     _global.counts.clear()
     d = torch.randn(3, 3, dtype=torch.float64)
     with gemsops.use_gemsops(devices=("cpu",)):
-        torch.testing.assert_close(torch.mm(d, d), d.numpy() @ d.numpy()
-                                   if False else torch.mm(d, d))
+        torch.testing.assert_close(
+            torch.mm(d, d), d.numpy() @ d.numpy() if False else torch.mm(d, d)
+        )
         z = torch.tensor([1 + 1j, 2 - 1j])
         assert torch.prod(z) == (1 + 1j) * (2 - 1j)
         with pytest.raises(RuntimeError):
             torch.mm(torch.randn(2, 3), torch.randn(2, 3))
         assert torch.prod(torch.arange(1, 6)) == 120
-        p = torch.prod(torch.tensor([[1., 2], [3, 4]]), 1, keepdim=True)
+        p = torch.prod(torch.tensor([[1.0, 2], [3, 4]]), 1, keepdim=True)
         assert p.shape == (2, 1) and p[1, 0] == 12
         i = torch.randn(5, 4, dtype=torch.float16)
         torch.nn.functional.layer_norm(i, (4,))
-        lin = torch.nn.functional.linear(torch.randn(2, 3, 4),
-                                         torch.randn(5, 4), torch.randn(5))
+        lin = torch.nn.functional.linear(
+            torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
+        )
         assert lin.shape == (2, 3, 5)
     assert _global.counts["mm:fallback"] > 0
     assert _global.counts["prod:fallback"] > 0
@@ -73,26 +81,32 @@ def test_fallbacks_never_fail():
 def test_matches_torch_dtypes_and_values():
     torch.manual_seed(1)
     a, b, c = torch.randn(5, 7), torch.randn(7, 3), torch.randn(3)
-    want = (torch.addmm(c, a, b, beta=0.5, alpha=2.0), torch.bmm(
-        a[None], b[None]), torch.prod(a, 0), torch.native_layer_norm(
-        a.bfloat16(), (7,), None, None, 1e-5))
+    want = (
+        torch.addmm(c, a, b, beta=0.5, alpha=2.0),
+        torch.bmm(a[None], b[None]),
+        torch.prod(a, 0),
+        torch.native_layer_norm(a.bfloat16(), (7,), None, None, 1e-5),
+    )
     with gemsops.use_gemsops(devices=("cpu",)):
-        got = (torch.addmm(c, a, b, beta=0.5, alpha=2.0), torch.bmm(
-            a[None], b[None]), torch.prod(a, 0), torch.native_layer_norm(
-            a.bfloat16(), (7,), None, None, 1e-5))
+        got = (
+            torch.addmm(c, a, b, beta=0.5, alpha=2.0),
+            torch.bmm(a[None], b[None]),
+            torch.prod(a, 0),
+            torch.native_layer_norm(a.bfloat16(), (7,), None, None, 1e-5),
+        )
     for g, w in zip(got[:3], want[:3]):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
     for g, w in zip(got[3], want[3]):
         assert g.dtype == w.dtype and g.shape == w.shape
-        torch.testing.assert_close(g.float(), w.float(), rtol=2e-2,
-                                   atol=2e-2)
+        torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2)
 
 
 def test_include_exclude_and_nesting():
     a = torch.randn(4, 4)
     _global.counts.clear()
-    with gemsops.use_gemsops(devices=("cpu",), include=("mm", "bmm"),
-                             exclude=("bmm",)):
+    with gemsops.use_gemsops(
+        devices=("cpu",), include=("mm", "bmm"), exclude=("bmm",)
+    ):
         assert _global.enabled() == (("cpu",), ("mm",))
         torch.prod(a)
         torch.mm(a, a)
@@ -121,8 +135,9 @@ def test_default_devices_cuda_only_leave_cpu_alone():
 @pytest.mark.cuda
 def test_transformer_encoder_layer_cuda():
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0,
-                                             batch_first=True).cuda()
+    layer = torch.nn.TransformerEncoderLayer(
+        64, 4, 128, dropout=0.0, batch_first=True
+    ).cuda()
     x = torch.randn(3, 7, 64, device="cuda")
     want = _train_step(layer, x)
     with gemsops.use_gemsops() as counts:

@@ -1,5 +1,6 @@
 """LayerNorm forward and fused backward against float64 references, on the
 CPU (CI) and on CUDA (the `cuda` twins of the same tests)."""
+
 import pytest
 import torch
 
@@ -35,7 +36,7 @@ SHAPES = [
 
 def make(shape, nd, dtype, device, affine="both", requires_grad=False):
     x = torch.randn(shape, dtype=dtype, device=device) * 2 + 0.5
-    pshape = shape[len(shape) - nd:]
+    pshape = shape[len(shape) - nd :]
     pdtype = torch.float32 if affine == "fp32" else dtype
     w = b = None
     if affine in ("both", "weight", "fp32"):
@@ -61,7 +62,7 @@ def torch_layer_norm(x, pshape, w, b):
 
 def n_rows(x, nd):
     r = 1
-    for s in x.shape[:x.dim() - nd]:
+    for s in x.shape[: x.dim() - nd]:
         r *= s
     return r
 
@@ -74,7 +75,7 @@ def test_forward(shape, nd, dtype, device):
     ref, rmean, rrstd = layer_norm_reference(x, pshape, w, b)
     assert out.dtype == dtype and out.shape == x.shape
     assert_close(out, ref, dtype, torch_out=torch_layer_norm(x, pshape, w, b))
-    stat_shape = x.shape[:x.dim() - nd] + (1,) * nd
+    stat_shape = x.shape[: x.dim() - nd] + (1,) * nd
     assert mean.shape == stat_shape and mean.dtype == torch.float32
     assert_close(mean, rmean.view(stat_shape), torch.float32, name="mean")
     assert_close(rstd, rrstd.view(stat_shape), torch.float32, name="rstd")
@@ -112,42 +113,67 @@ def test_backward(shape, nd, dtype, device):
     rows = n_rows(x, nd)
     for name, o, leaf, t in zip(("dx", "dw", "db"), ours, leaves, theirs):
         assert o is not None and o.dtype == dtype, name
-        assert_close(o, leaf.grad, dtype, torch_out=t, name=name,
-                     reduce_len=rows if name != "dx" else 1)
+        assert_close(
+            o,
+            leaf.grad,
+            dtype,
+            torch_out=t,
+            name=name,
+            reduce_len=rows if name != "dx" else 1,
+        )
 
 
 @pytest.mark.parametrize("affine", ["none", "weight", "both", "fp32"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float64]
+)
 def test_backward_affine_variants(affine, dtype, device):
     if affine == "fp32" and dtype != torch.bfloat16:
         pytest.skip("fp32 parameters are the mixed-precision case")
     x, pshape, w, b = make((513, 768), 1, dtype, device, affine, True)
     g = torch.randn_like(x)
     gemsops.layer_norm(x, pshape, w, b).backward(g)
-    leaves = [None if t is None else t.detach().double().requires_grad_()
-              for t in (x, w, b)]
+    leaves = [
+        None if t is None else t.detach().double().requires_grad_()
+        for t in (x, w, b)
+    ]
     layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0].backward(
-        g.double())
+        g.double()
+    )
     for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
         if t is None:
             continue
         assert t.grad.dtype == t.dtype, name
-        assert_close(t.grad, leaf.grad, t.dtype, name=name,
-                     reduce_len=513 if name != "dx" else 1)
+        assert_close(
+            t.grad,
+            leaf.grad,
+            t.dtype,
+            name=name,
+            reduce_len=513 if name != "dx" else 1,
+        )
 
 
-@pytest.mark.parametrize("wants", [(True, False, False), (False, True, True),
-                                   (False, True, False), (True, True, True)])
+@pytest.mark.parametrize(
+    "wants",
+    [
+        (True, False, False),
+        (False, True, True),
+        (False, True, False),
+        (True, True, True),
+    ],
+)
 def test_backward_computes_only_what_is_asked(wants, device):
     x, pshape, w, b = make((64, 200), 1, torch.float32, device)
     mean_rstd = gemsops.native_layer_norm(x, pshape, w, b)[1:]
     g = torch.randn_like(x)
-    dx, dw, db = gemsops.layer_norm_backward(g, x, pshape, *mean_rstd, w, b,
-                                             output_mask=wants)
+    dx, dw, db = gemsops.layer_norm_backward(
+        g, x, pshape, *mean_rstd, w, b, output_mask=wants
+    )
     assert [t is not None for t in (dx, dw, db)] == list(wants)
     leaves = [t.double().requires_grad_() for t in (x, w, b)]
     layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0].backward(
-        g.double())
+        g.double()
+    )
     for t, leaf in zip((dx, dw, db), leaves):
         if t is not None:
             assert_close(t, leaf.grad, torch.float32, reduce_len=64)
@@ -172,18 +198,27 @@ def test_backward_takes_torch_cpu_half_stats(dtype):
     _, mean, rstd = torch.native_layer_norm(x, (96,), w, b, 1e-5)
     assert mean.dtype == dtype
     got = gemsops.layer_norm_backward(g, x, (96,), mean, rstd, w, b)
-    want = gemsops.layer_norm_backward(g, x, (96,), mean.float(),
-                                       rstd.float(), w, b)
+    want = gemsops.layer_norm_backward(
+        g, x, (96,), mean.float(), rstd.float(), w, b
+    )
     for o, e in zip(got, want):
         assert o.dtype == dtype and torch.equal(o, e)
     theirs = torch.ops.aten.native_layer_norm_backward(
-        g, x, (96,), mean, rstd, w, b, (True, True, True))
+        g, x, (96,), mean, rstd, w, b, (True, True, True)
+    )
     leaves = [t.double().requires_grad_() for t in (x, w, b)]
     layer_norm_reference(leaves[0], (96,), leaves[1], leaves[2])[0].backward(
-        g.double())
+        g.double()
+    )
     for name, o, t, leaf in zip(("dx", "dw", "db"), got, theirs, leaves):
-        assert_close(o, leaf.grad, dtype, torch_out=t, name=name,
-                     reduce_len=64 if name != "dx" else 1)
+        assert_close(
+            o,
+            leaf.grad,
+            dtype,
+            torch_out=t,
+            name=name,
+            reduce_len=64 if name != "dx" else 1,
+        )
 
 
 def test_non_contiguous_rows_read_in_place(device):
@@ -213,7 +248,10 @@ def test_strided_and_offset_inputs(layout, dtype, device):
     g = torch.randn(x.shape, dtype=dtype, device=device)
     out = gemsops.layer_norm(x, (512,), w)
     out.backward(g)
-    xd, wd = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    xd, wd = (
+        x.detach().double().requires_grad_(),
+        w.detach().double().requires_grad_(),
+    )
     ref = layer_norm_reference(xd, (512,), wd)[0]
     ref.backward(g.double())
     assert_close(out, ref, dtype)
@@ -236,25 +274,38 @@ def test_back_to_back_backwards_each_right(dtype, device):
     # zero for the next: launches queued without a sync, alternating shapes
     # (many or few stripes, with and without dB), fresh inputs each time,
     # every result checked
-    cases = [((8192, 1024), True), ((600, 4096), False), ((8192, 1024), False),
-             ((4096, 768), True)]
+    cases = [
+        ((8192, 1024), True),
+        ((600, 4096), False),
+        ((8192, 1024), False),
+        ((4096, 768), True),
+    ]
     runs = []
     for shape, with_bias in cases:
-        x, pshape, w, b = make(shape, 1, dtype, device,
-                               "both" if with_bias else "weight", True)
+        x, pshape, w, b = make(
+            shape, 1, dtype, device, "both" if with_bias else "weight", True
+        )
         g = torch.randn_like(x)
         gemsops.layer_norm(x, pshape, w, b).backward(g)
         runs.append((x, pshape, w, b, g))
     for x, pshape, w, b, g in runs:
-        leaves = [None if t is None else t.detach().double().requires_grad_()
-                  for t in (x, w, b)]
-        layer_norm_reference(leaves[0], pshape, leaves[1],
-                             leaves[2])[0].backward(g.double())
+        leaves = [
+            None if t is None else t.detach().double().requires_grad_()
+            for t in (x, w, b)
+        ]
+        layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[
+            0
+        ].backward(g.double())
         for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
             if t is None:
                 continue
-            assert_close(t.grad, leaf.grad, dtype, name=name,
-                         reduce_len=x.shape[0] if name != "dx" else 1)
+            assert_close(
+                t.grad,
+                leaf.grad,
+                dtype,
+                name=name,
+                reduce_len=x.shape[0] if name != "dx" else 1,
+            )
 
 
 def test_deterministic_mode_is_bitwise_repeatable(device):
@@ -275,8 +326,9 @@ def test_deterministic_mode_is_bitwise_repeatable(device):
         for a, c in zip(grads[0], later):
             assert torch.equal(a, c)
     leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
-    layer_norm_reference(*[leaves[0], pshape, leaves[1], leaves[2]])[0].backward(
-        g.double())
+    layer_norm_reference(*[leaves[0], pshape, leaves[1], leaves[2]])[
+        0
+    ].backward(g.double())
     for a, leaf in zip(grads[0], leaves):
         assert_close(a, leaf.grad, torch.float32, reduce_len=3000)
 
@@ -309,8 +361,9 @@ def test_numpy_arrays_through_C():
     mean = np.full(50, np.nan, np.float32)
     rstd = np.full(50, np.nan, np.float32)
     gemsops._C.layer_norm_fwd(x, w, None, 1, 1e-5, y, mean, rstd, None)
-    ref, rmean, _ = layer_norm_reference(torch.from_numpy(x), (37,),
-                                         torch.from_numpy(w))
+    ref, rmean, _ = layer_norm_reference(
+        torch.from_numpy(x), (37,), torch.from_numpy(w)
+    )
     assert_close(torch.from_numpy(y), ref, torch.float32)
     assert_close(torch.from_numpy(mean), rmean.view(50), torch.float32)
 
@@ -321,8 +374,8 @@ def test_cuda_more_than_2_31_elements():
     x = torch.randn(65537, 32768, dtype=torch.bfloat16, device="cuda")
     out = gemsops.layer_norm(x, (32768,))
     for r in (0, 65535, 65536):
-        ref = layer_norm_reference(x[r:r + 1], (32768,))[0]
-        assert_close(out[r:r + 1], ref, torch.bfloat16)
+        ref = layer_norm_reference(x[r : r + 1], (32768,))[0]
+        assert_close(out[r : r + 1], ref, torch.bfloat16)
     del x, out
 
 
@@ -339,8 +392,13 @@ def test_cuda_row_lengths_up_to_2_20(n):
     ref.backward(g.double())
     assert_close(out, ref, torch.bfloat16)
     for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
-        assert_close(t.grad, leaf.grad, torch.bfloat16, name=name,
-                     reduce_len=rows if name != "dx" else 1)
+        assert_close(
+            t.grad,
+            leaf.grad,
+            torch.bfloat16,
+            name=name,
+            reduce_len=rows if name != "dx" else 1,
+        )
 
 
 @pytest.mark.cuda
@@ -358,8 +416,13 @@ def test_cuda_split_rows_many_slabs(shape, dtype):
     ref = layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0]
     ref.backward(g.double())
     for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
-        assert_close(t.grad, leaf.grad, dtype, name=name,
-                     reduce_len=shape[0] if name != "dx" else 1)
+        assert_close(
+            t.grad,
+            leaf.grad,
+            dtype,
+            name=name,
+            reduce_len=shape[0] if name != "dx" else 1,
+        )
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -378,8 +441,13 @@ def test_backward_long_rows_with_zero_partials(dtype, device):
     ref.backward(g.double())
     assert torch.equal(x.grad[0], torch.zeros_like(x.grad[0]))
     for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
-        assert_close(t.grad, leaf.grad, dtype, name=name,
-                     reduce_len=3 if name != "dx" else 1)
+        assert_close(
+            t.grad,
+            leaf.grad,
+            dtype,
+            name=name,
+            reduce_len=3 if name != "dx" else 1,
+        )
 
 
 @pytest.mark.cuda
@@ -394,7 +462,8 @@ def test_cuda_runs_on_current_stream_and_other_device():
     leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
     g = torch.randn_like(x)
     layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0].backward(
-        g.double())
+        g.double()
+    )
     for stream in (s, torch.cuda.current_stream(), s):
         ts = [t.detach().clone().requires_grad_() for t in (x, w, b)]
         stream.wait_stream(torch.cuda.default_stream())
@@ -402,14 +471,20 @@ def test_cuda_runs_on_current_stream_and_other_device():
             gemsops.layer_norm(ts[0], pshape, ts[1], ts[2]).backward(g)
         stream.synchronize()
         for name, t, leaf in zip(("dx", "dw", "db"), ts, leaves):
-            assert_close(t.grad, leaf.grad, torch.float32, name=name,
-                         reduce_len=1024 if name != "dx" else 1)
+            assert_close(
+                t.grad,
+                leaf.grad,
+                torch.float32,
+                name=name,
+                reduce_len=1024 if name != "dx" else 1,
+            )
     if torch.cuda.device_count() > 1:
         x1 = x.to("cuda:1")
         out1 = gemsops.layer_norm(x1, pshape, w.to("cuda:1"), b.to("cuda:1"))
         assert out1.device == x1.device
-        assert_close(out1, layer_norm_reference(x, pshape, w, b)[0],
-                     torch.float32)
+        assert_close(
+            out1, layer_norm_reference(x, pshape, w, b)[0], torch.float32
+        )
 
 
 @pytest.mark.cuda

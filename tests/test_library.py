@@ -1,6 +1,7 @@
 """The ops as torch sees them: torch.library registrations (opcheck),
 torch.compile with fullgraph (no graph break, results as eager), dynamic
 shapes, torch.export, and the one workspace helper."""
+
 import pytest
 import torch
 
@@ -18,46 +19,71 @@ def _ln_samples():
     yield (x, [8], None, None, 1e-5)
     yield (torch.randn(2, 3, 4, 6), [4, 6], torch.randn(4, 6), None, 1e-3)
     yield (x.t().contiguous().t(), [8], w, b, 1e-5)  # strided rows
-    yield (x.clone().requires_grad_(), [8], w.clone().requires_grad_(),
-           b.clone().requires_grad_(), 1e-5)
+    yield (
+        x.clone().requires_grad_(),
+        [8],
+        w.clone().requires_grad_(),
+        b.clone().requires_grad_(),
+        1e-5,
+    )
     yield (x.bfloat16(), [8], w, b, 1e-5)  # mixed precision
 
 
-@pytest.mark.parametrize("args", list(_ln_samples()),
-                         ids=lambda a: "x".join(map(str, a[0].shape)))
+@pytest.mark.parametrize(
+    "args", list(_ln_samples()), ids=lambda a: "x".join(map(str, a[0].shape))
+)
 def test_opcheck_layer_norm(args):
     torch.library.opcheck(ops.layer_norm.default, args)
 
 
-@pytest.mark.parametrize("mask", [[True, True, True], [True, False, False],
-                                  [False, True, True]])
+@pytest.mark.parametrize(
+    "mask", [[True, True, True], [True, False, False], [False, True, True]]
+)
 def test_opcheck_layer_norm_backward(mask):
     torch.manual_seed(1)
-    x, w, b, g = torch.randn(6, 10), torch.randn(10), torch.randn(10), \
-        torch.randn(6, 10)
+    x, w, b, g = (
+        torch.randn(6, 10),
+        torch.randn(10),
+        torch.randn(10),
+        torch.randn(6, 10),
+    )
     _, mean, rstd = ops.layer_norm(x, [10], w, b, 1e-5)
-    torch.library.opcheck(ops.layer_norm_backward.default,
-                          (g, x, [10], mean, rstd, w, b, mask, None))
-    torch.library.opcheck(ops.layer_norm_backward.default,
-                          (g.double().requires_grad_(),
-                           x.double().requires_grad_(), [10],
-                           mean.double(), rstd.double(),
-                           w.double().requires_grad_(), None, mask, None))
+    torch.library.opcheck(
+        ops.layer_norm_backward.default,
+        (g, x, [10], mean, rstd, w, b, mask, None),
+    )
+    torch.library.opcheck(
+        ops.layer_norm_backward.default,
+        (
+            g.double().requires_grad_(),
+            x.double().requires_grad_(),
+            [10],
+            mean.double(),
+            rstd.double(),
+            w.double().requires_grad_(),
+            None,
+            mask,
+            None,
+        ),
+    )
 
 
-@pytest.mark.parametrize("x, dim", [
-    (torch.randn(3, 4), 1), (torch.randn(3, 4), None),
-    (torch.randn(2, 3, 5).requires_grad_(), 1),
-    (torch.randn(7).requires_grad_(), None),
-    (torch.randint(-3, 4, (3, 4)), 0),
-    (torch.randn(3, 4).bfloat16(), 0),
-])
+@pytest.mark.parametrize(
+    "x, dim",
+    [
+        (torch.randn(3, 4), 1),
+        (torch.randn(3, 4), None),
+        (torch.randn(2, 3, 5).requires_grad_(), 1),
+        (torch.randn(7).requires_grad_(), None),
+        (torch.randint(-3, 4, (3, 4)), 0),
+        (torch.randn(3, 4).bfloat16(), 0),
+    ],
+)
 def test_opcheck_prod(x, dim):
     torch.library.opcheck(ops.prod.default, (x, dim))
     if x.is_floating_point():
         g = torch.randn(ops.prod(x, dim).shape, dtype=x.dtype)
-        torch.library.opcheck(ops.prod_backward.default,
-                              (x.detach(), dim, g))
+        torch.library.opcheck(ops.prod_backward.default, (x.detach(), dim, g))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -67,9 +93,10 @@ def test_opcheck_mm_bmm(dtype):
     b = torch.randn(7, 3, dtype=dtype, requires_grad=True)
     torch.library.opcheck(ops.mm.default, (a, b))
     torch.library.opcheck(ops.mm.default, (a.detach().t(), a.detach()))
-    torch.library.opcheck(ops.bmm.default,
-                          (torch.randn(2, 5, 7, dtype=dtype),
-                           torch.randn(2, 7, 3, dtype=dtype)))
+    torch.library.opcheck(
+        ops.bmm.default,
+        (torch.randn(2, 5, 7, dtype=dtype), torch.randn(2, 7, 3, dtype=dtype)),
+    )
 
 
 class Block(torch.nn.Module):
@@ -78,19 +105,24 @@ class Block(torch.nn.Module):
     def __init__(self, d=16):
         super().__init__()
         self.ln = gemsops.nn.LayerNorm(d)
-        self.w = torch.nn.Parameter(torch.randn(d, d) / d ** 0.5)
-        self.v = torch.nn.Parameter(torch.randn(d) / d ** 0.5)
+        self.w = torch.nn.Parameter(torch.randn(d, d) / d**0.5)
+        self.v = torch.nn.Parameter(torch.randn(d) / d**0.5)
 
     def forward(self, x):
         h = self.ln(x)
-        h = gemsops.matmul(h, self.w)                   # batched (bmm)
+        h = gemsops.matmul(h, self.w)  # batched (bmm)
         h2 = gemsops.mm(h.reshape(-1, h.shape[-1]), self.w.t())
         att = gemsops.bmm(h, h.transpose(1, 2))
-        s = gemsops.matmul(h2, self.v)                  # matrix x vector
+        s = gemsops.matmul(h2, self.v)  # matrix x vector
         p = gemsops.prod(torch.tanh(h) * 0.1 + 1, -1)
         out, mean, rstd = gemsops.native_layer_norm(att, (att.shape[-1],))
-        return s.sum() + p.sum() + out.square().sum() + rstd.sum() * 0 + \
-            gemsops.prod(torch.sigmoid(self.v) + 0.5)
+        return (
+            s.sum()
+            + p.sum()
+            + out.square().sum()
+            + rstd.sum() * 0
+            + gemsops.prod(torch.sigmoid(self.v) + 0.5)
+        )
 
 
 def _run(model, x):
@@ -119,8 +151,15 @@ def _inductor_works():
         return False
 
 
-BACKENDS = ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
-    not _inductor_works(), reason="inductor cannot compile here"))]
+BACKENDS = [
+    "aot_eager",
+    pytest.param(
+        "inductor",
+        marks=pytest.mark.skipif(
+            not _inductor_works(), reason="inductor cannot compile here"
+        ),
+    ),
+]
 
 
 def test_no_graph_breaks():
@@ -136,8 +175,9 @@ def test_compile_fullgraph_matches_eager(backend, dynamic):
     torch.manual_seed(3)
     model = Block()
     torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True, backend=backend,
-                             dynamic=dynamic)
+    compiled = torch.compile(
+        model, fullgraph=True, backend=backend, dynamic=dynamic
+    )
     x = torch.randn(2, 5, 16)
     want = _run(model, x)
     got = _run(compiled, x)
@@ -156,16 +196,23 @@ def test_compiled_ops_are_in_the_graph():
     seen = []
 
     def backend(gm, example_inputs):
-        seen.extend(str(n.target) for n in gm.graph.nodes
-                    if n.op == "call_function")
+        seen.extend(
+            str(n.target) for n in gm.graph.nodes if n.op == "call_function"
+        )
         return gm.forward
 
     torch._dynamo.reset()
-    f = torch.compile(lambda x, w: gemsops.mm(gemsops.layer_norm(
-        x, (8,), w), w.expand(8, 8)).prod(), backend=backend, fullgraph=True)
+    f = torch.compile(
+        lambda x, w: gemsops.mm(
+            gemsops.layer_norm(x, (8,), w), w.expand(8, 8)
+        ).prod(),
+        backend=backend,
+        fullgraph=True,
+    )
     f(torch.randn(4, 8), torch.randn(8))
-    g = torch.compile(lambda x: gemsops.prod(x, 1), backend=backend,
-                      fullgraph=True)
+    g = torch.compile(
+        lambda x: gemsops.prod(x, 1), backend=backend, fullgraph=True
+    )
     g(torch.randn(4, 8))
     text = " ".join(seen)
     assert "gemsops.layer_norm" in text and "gemsops.mm" in text
@@ -178,8 +225,12 @@ def test_export():
     x = torch.randn(2, 5, 16)
     ep = torch.export.export(model, (x,))
     targets = {str(n.target) for n in ep.graph.nodes}
-    for name in ("gemsops.layer_norm.default", "gemsops.bmm.default",
-                 "gemsops.mm.default", "gemsops.prod.default"):
+    for name in (
+        "gemsops.layer_norm.default",
+        "gemsops.bmm.default",
+        "gemsops.mm.default",
+        "gemsops.prod.default",
+    ):
         assert name in targets
     _close(ep.module()(x), model(x))
 
@@ -187,8 +238,9 @@ def test_export():
 def test_export_dynamic_batch():
     model = Block()
     batch = torch.export.Dim("batch", min=2, max=64)
-    ep = torch.export.export(model, (torch.randn(2, 5, 16),),
-                             dynamic_shapes=({0: batch},))
+    ep = torch.export.export(
+        model, (torch.randn(2, 5, 16),), dynamic_shapes=({0: batch},)
+    )
     x = torch.randn(7, 5, 16)
     _close(ep.module()(x), model(x))
 
@@ -218,9 +270,12 @@ def test_one_workspace_home():
     import gemsops.ops.layer_norm as ln
     import gemsops.ops.matmul as mm
     import gemsops.ops.prod as pr
-    for mod, names in ((ln, ("_fwd_ws", "_bwd_last", "_bwd_kept")),
-                       (pr, ("_fwd_ws", "_bwd_ws")),
-                       (mm, ("_streams", "_errors"))):
+
+    for mod, names in (
+        (ln, ("_fwd_ws", "_bwd_last", "_bwd_kept")),
+        (pr, ("_fwd_ws", "_bwd_ws")),
+        (mm, ("_streams", "_errors")),
+    ):
         for name in names:
             assert not hasattr(mod, name)
 

@@ -1,6 +1,7 @@
 """Stream-K mm / bmm / matmul against float64 references, on the CPU (the
 same schedule and fix-up as CUDA, OpenMP threads as CTAs) and on CUDA
 (tests taking `device`, marked `cuda` there)."""
+
 import contextlib
 import math
 
@@ -21,9 +22,13 @@ def schedule(name="auto", **kw):
     try:
         yield
     finally:
-        gemsops.set_schedule(old["schedule"], two_tiles=old["two_tiles"],
-                             ctas=old["ctas"], spin_limit=old["spin_limit"],
-                             mainloop=old["mainloop"])
+        gemsops.set_schedule(
+            old["schedule"],
+            two_tiles=old["two_tiles"],
+            ctas=old["ctas"],
+            spin_limit=old["spin_limit"],
+            mainloop=old["mainloop"],
+        )
 
 
 def assert_mm_close(out, a, b, dtype, name="out"):
@@ -32,29 +37,50 @@ def assert_mm_close(out, a, b, dtype, name="out"):
     ref = torch.matmul(a.double(), b.double())
     bound = torch.matmul(a.double().abs(), b.double().abs())
     k = a.shape[-1]
-    tol = OUT_RTOL[dtype] * ref.abs() + 4 * math.sqrt(k) * 2**-24 * bound + 1e-30
+    tol = (
+        OUT_RTOL[dtype] * ref.abs() + 4 * math.sqrt(k) * 2**-24 * bound + 1e-30
+    )
     assert out.shape == ref.shape, f"{name}: {out.shape} != {ref.shape}"
     assert out.dtype == dtype
     err = (out.double() - ref).abs()
     bad = err > tol
-    assert not bad.any(), (f"{name}: {int(bad.sum())} of {out.numel()} out "
-                           f"of tolerance; worst {err.max().item():.3g}")
+    assert not bad.any(), (
+        f"{name}: {int(bad.sum())} of {out.numel()} out "
+        f"of tolerance; worst {err.max().item():.3g}"
+    )
 
 
 def rand(*shape, dtype=torch.float32, device="cpu"):
     return torch.randn(*shape, dtype=torch.float32).to(dtype).to(device)
 
 
-CPU_SHAPES = [(1, 1, 32), (15, 160, 1024), (495, 533, 71), (128, 128, 6400),
-              (200, 96, 511), (130, 70, 1001), (16, 640, 2048), (8, 1024, 1024)]
-CUDA_ONLY = [(495, 5333, 71), (1536, 1792, 6016), (512, 1024, 4096),
-             (16, 2560, 8192), (8, 8192, 8192), (2304, 5632, 3328)]
+CPU_SHAPES = [
+    (1, 1, 32),
+    (15, 160, 1024),
+    (495, 533, 71),
+    (128, 128, 6400),
+    (200, 96, 511),
+    (130, 70, 1001),
+    (16, 640, 2048),
+    (8, 1024, 1024),
+]
+CUDA_ONLY = [
+    (495, 5333, 71),
+    (1536, 1792, 6016),
+    (512, 1024, 4096),
+    (16, 2560, 8192),
+    (8, 8192, 8192),
+    (2304, 5632, 3328),
+]
 
 
 @pytest.mark.parametrize("m,n,k", CPU_SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_shapes(m, n, k, dtype, device):
-    a, b = rand(m, k, dtype=dtype, device=device), rand(k, n, dtype=dtype, device=device)
+    a, b = (
+        rand(m, k, dtype=dtype, device=device),
+        rand(k, n, dtype=dtype, device=device),
+    )
     assert_mm_close(gemsops.mm(a, b), a, b, dtype)
 
 
@@ -62,22 +88,33 @@ def test_shapes(m, n, k, dtype, device):
 @pytest.mark.parametrize("m,n,k", CUDA_ONLY)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_large_shapes_cuda(m, n, k, dtype):
-    a, b = rand(m, k, dtype=dtype, device="cuda"), rand(k, n, dtype=dtype, device="cuda")
+    a, b = (
+        rand(m, k, dtype=dtype, device="cuda"),
+        rand(k, n, dtype=dtype, device="cuda"),
+    )
     assert_mm_close(gemsops.mm(a, b), a, b, dtype)
 
 
 @pytest.mark.parametrize("sched", SCHEDULES)
 @pytest.mark.parametrize("two_tiles", [False, True])
 @pytest.mark.parametrize("ctas", [0, 3, 7])
-@pytest.mark.parametrize("dtype,k,b_t", [(torch.float32, 257, False),
-                                         (torch.bfloat16, 1024, False),
-                                         (torch.float16, 520, True)])
-def test_every_schedule_is_correct_and_bitwise_repeatable(sched, two_tiles,
-                                                          ctas, dtype, k, b_t,
-                                                          device):
+@pytest.mark.parametrize(
+    "dtype,k,b_t",
+    [
+        (torch.float32, 257, False),
+        (torch.bfloat16, 1024, False),
+        (torch.float16, 520, True),
+    ],
+)
+def test_every_schedule_is_correct_and_bitwise_repeatable(
+    sched, two_tiles, ctas, dtype, k, b_t, device
+):
     a = rand(300, k, dtype=dtype, device=device)
-    b = rand(200, k, dtype=dtype, device=device).t() if b_t else \
-        rand(k, 200, dtype=dtype, device=device)
+    b = (
+        rand(200, k, dtype=dtype, device=device).t()
+        if b_t
+        else rand(k, 200, dtype=dtype, device=device)
+    )
     with schedule(sched, two_tiles=two_tiles, ctas=ctas):
         first = gemsops.mm(a, b)
         second = gemsops.mm(a, b)
@@ -87,8 +124,9 @@ def test_every_schedule_is_correct_and_bitwise_repeatable(sched, two_tiles,
 
 def plan_of(a, b, mainloop="auto"):
     c = torch.empty(1, a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
-    return gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0,
-                                  gemsops.ops.matmul.MAINLOOPS[mainloop])
+    return gemsops._C.matmul_plan(
+        a[None], b[None], c, 0, 0, 0, gemsops.ops.matmul.MAINLOOPS[mainloop]
+    )
 
 
 def is_sm90():
@@ -100,14 +138,14 @@ def is_sm90():
 def test_tensor_core_path_is_taken_when_aligned(dtype):
     a = rand(256, 512, dtype=dtype, device="cuda")
     b = rand(512, 384, dtype=dtype, device="cuda")
-    bt = rand(384, 512, dtype=dtype, device="cuda").t()   # B K-contiguous
-    at = rand(512, 256, dtype=dtype, device="cuda").t()   # A M-contiguous
+    bt = rand(384, 512, dtype=dtype, device="cuda").t()  # B K-contiguous
+    at = rand(512, 256, dtype=dtype, device="cuda").t()  # A M-contiguous
     tc = "wgmma" if is_sm90() else "mma"
     for x, y in [(a, b), (a, bt)]:
         assert plan_of(x, y)["mainloop"].startswith(tc)
         assert plan_of(x, y, "mma")["mainloop"] == "mma"
         assert plan_of(x, y, "ffma")["mainloop"] == "ffma"
-    assert plan_of(a[:, :511], b[:511])["mainloop"] == "ffma"   # k % 8
+    assert plan_of(a[:, :511], b[:511])["mainloop"] == "ffma"  # k % 8
     # an M-contiguous A: wgmma reads it in place, mma.sync cannot
     assert plan_of(at, b)["mainloop"] == ("wgmma-128" if is_sm90() else "ffma")
     assert plan_of(at, b, "mma")["mainloop"] == "ffma"
@@ -123,22 +161,33 @@ TC_SHAPES = [(128, 256, 64), (200, 136, 520), (1, 8, 8), (264, 392, 1000)]
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("mainloop", ["wgmma-256", "wgmma-128", "mma"])
-@pytest.mark.parametrize("a_major,b_major", [("k", "n"), ("k", "k"),
-                                             ("m", "n"), ("m", "k")])
+@pytest.mark.parametrize(
+    "a_major,b_major", [("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")]
+)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("sched", ["data-parallel", "stream-k"])
-def test_tensor_core_mainloops_every_layout(mainloop, a_major, b_major, dtype,
-                                            sched):
+def test_tensor_core_mainloops_every_layout(
+    mainloop, a_major, b_major, dtype, sched
+):
     for m, n, k in TC_SHAPES:
-        a = rand(m, k, dtype=dtype, device="cuda") if a_major == "k" else \
-            rand(k, m, dtype=dtype, device="cuda").t()
-        b = rand(k, n, dtype=dtype, device="cuda") if b_major == "n" else \
-            rand(n, k, dtype=dtype, device="cuda").t()
+        a = (
+            rand(m, k, dtype=dtype, device="cuda")
+            if a_major == "k"
+            else rand(k, m, dtype=dtype, device="cuda").t()
+        )
+        b = (
+            rand(k, n, dtype=dtype, device="cuda")
+            if b_major == "n"
+            else rand(n, k, dtype=dtype, device="cuda").t()
+        )
         used = plan_of(a, b, mainloop)["mainloop"]
         if is_sm90() and (m % 8 == 0 or a_major == "k"):
-            assert used == mainloop or (mainloop == "mma" and a_major == "m"
-                                        and used == "ffma"), used
-        with schedule(sched, mainloop=mainloop, ctas=5 if sched == "stream-k" else 0):
+            assert used == mainloop or (
+                mainloop == "mma" and a_major == "m" and used == "ffma"
+            ), used
+        with schedule(
+            sched, mainloop=mainloop, ctas=5 if sched == "stream-k" else 0
+        ):
             first = gemsops.mm(a, b)
             second = gemsops.mm(a, b)
         assert_mm_close(first, a, b, dtype, name=f"{m}x{n}x{k} {used}")
@@ -167,9 +216,9 @@ def test_stream_k_splits_tiles_and_still_matches_data_parallel(device):
     # one tile, many k-iterations, 5 CTAs: every CTA holds a piece of it
     a, b = rand(60, 2000, device=device), rand(2000, 50, device=device)
     with schedule("stream-k", ctas=5):
-        plan = gemsops._C.matmul_plan(a[None], b[None],
-                                      torch.empty(1, 60, 50, device=device),
-                                      2, 0, 5, 0)
+        plan = gemsops._C.matmul_plan(
+            a[None], b[None], torch.empty(1, 60, 50, device=device), 2, 0, 5, 0
+        )
         sk = gemsops.mm(a, b)
     assert plan["sk_tiles"] == plan["tiles"] == 1 and plan["ctas"] == 5
     with schedule("data-parallel"):
@@ -182,7 +231,7 @@ def test_stream_k_splits_tiles_and_still_matches_data_parallel(device):
 def test_transposed_and_sliced_inputs_in_place(dtype, device):
     base_a = rand(90, 130, dtype=dtype, device=device)
     base_b = rand(200, 150, dtype=dtype, device=device)
-    a = base_a.t()[3:70]            # [67, 90], column-major, offset
+    a = base_a.t()[3:70]  # [67, 90], column-major, offset
     b = base_b[::2, 1:101].t().t()  # [100, 100] rows strided
     b = b[:90]
     assert_mm_close(gemsops.mm(a, b), a, b, dtype)
@@ -204,8 +253,13 @@ def test_batched_and_broadcast(device):
 def test_vector_cases(device):
     v, w = rand(40, device=device), rand(40, device=device)
     m = rand(40, 17, device=device)
-    for a, b in [(v, w), (v, m), (m.t(), v), (rand(3, 5, 40, device=device), v),
-                 (v, rand(2, 40, 6, device=device))]:
+    for a, b in [
+        (v, w),
+        (v, m),
+        (m.t(), v),
+        (rand(3, 5, 40, device=device), v),
+        (v, rand(2, 40, 6, device=device)),
+    ]:
         out = gemsops.matmul(a, b)
         ref = torch.matmul(a.double(), b.double())
         assert out.shape == ref.shape
@@ -228,8 +282,11 @@ def test_gradients_against_torch(dtype, device):
     ad = a.detach().double().requires_grad_()
     bd = b.detach().double().requires_grad_()
     torch.matmul(ad, bd).backward(g.double())
-    tol = dict(rtol=2e-2, atol=2e-1) if dtype != torch.float32 else \
-        dict(rtol=1e-5, atol=1e-4)
+    tol = (
+        dict(rtol=2e-2, atol=2e-1)
+        if dtype != torch.float32
+        else dict(rtol=1e-5, atol=1e-4)
+    )
     torch.testing.assert_close(a.grad.double(), ad.grad, **tol)
     torch.testing.assert_close(b.grad.double(), bd.grad, **tol)
 
@@ -262,8 +319,9 @@ def test_errors(device):
         gemsops.mm(rand(2, 3, 4, device=device), a)
     with pytest.raises(RuntimeError, match="must be 3-D"):
         gemsops.bmm(a, a)
-    with pytest.raises(NotImplementedError,
-                       match="takes float16, bfloat16 and float32"):
+    with pytest.raises(
+        NotImplementedError, match="takes float16, bfloat16 and float32"
+    ):
         gemsops.mm(a.double(), a.double().t())
     with pytest.raises(TypeError, match="must be a Tensor"):
         gemsops.mm(a, [[1.0]])
@@ -272,11 +330,35 @@ def test_errors(device):
     with pytest.raises(ValueError, match="mainloop must be one of"):
         gemsops.set_schedule("auto", mainloop="tensor-cores")
     with pytest.raises(RuntimeError, match="shapes do not chain"):
-        gemsops._C.matmul(a[None], a[None], torch.empty(1, 3, 4, device=device),
-                          0, 0, 0, 0, None, None, 1, 0, None)
+        gemsops._C.matmul(
+            a[None],
+            a[None],
+            torch.empty(1, 3, 4, device=device),
+            0,
+            0,
+            0,
+            0,
+            None,
+            None,
+            1,
+            0,
+            None,
+        )
     with pytest.raises(ValueError, match="'mainloop'=5 is out of range"):
-        gemsops._C.matmul(a[None], a.t()[None], torch.empty(1, 3, 3, device=device),
-                          0, 0, 0, 5, None, None, 1, 0, None)
+        gemsops._C.matmul(
+            a[None],
+            a.t()[None],
+            torch.empty(1, 3, 3, device=device),
+            0,
+            0,
+            0,
+            5,
+            None,
+            None,
+            1,
+            0,
+            None,
+        )
 
 
 @pytest.mark.cuda
@@ -289,14 +371,17 @@ def test_c_level_takes_2d_operands(device):
     # mm's path: 2-D a, b, out reach C without batch views
     a, b = rand(70, 90, device=device), rand(40, 90, device=device).t()
     out = torch.full((70, 40), float("nan"), device=device)
-    assert gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0,
-                             None) is None  # data-parallel: no buffers
+    assert (
+        gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0, None)
+        is None
+    )  # data-parallel: no buffers
     assert_mm_close(out, a, b, torch.float32)
     with pytest.raises(RuntimeError, match="shapes do not chain"):
         gemsops._C.matmul(a, b, out[None], 0, 0, 0, 0, None, None, 0, 0, None)
     with pytest.raises(RuntimeError, match="must be 2-D .* or 3-D"):
-        gemsops._C.matmul(a[None, None], b, out, 0, 0, 0, 0, None, None, 0, 0,
-                          None)
+        gemsops._C.matmul(
+            a[None, None], b, out, 0, 0, 0, 0, None, None, 0, 0, None
+        )
 
 
 @pytest.mark.cuda
@@ -308,28 +393,46 @@ def test_stream_k_launch_asks_for_its_stream_buffers():
     side = torch.cuda.Stream()
     for stream in (torch.cuda.current_stream(), side):
         with torch.cuda.stream(stream):
-            need = gemsops._C.matmul(a, b, out, 2, 0, 5, 0, None, None, 0, 0,
-                                     None)
+            need = gemsops._C.matmul(
+                a, b, out, 2, 0, 5, 0, None, None, 0, 0, None
+            )
             torch.cuda.synchronize()
             assert out.isnan().all()  # nothing launched
             nbytes, count, handle = need
             assert count == 5 and nbytes >= 5 * 64 * 64 * 4
             assert handle == stream.cuda_stream
             with pytest.raises(ValueError, match="needs"):
-                gemsops._C.matmul(a, b, out, 2, 0, 5, 0, None,
-                                  torch.zeros(5, dtype=torch.int32,
-                                              device="cuda"), 0, 0, None)
+                gemsops._C.matmul(
+                    a,
+                    b,
+                    out,
+                    2,
+                    0,
+                    5,
+                    0,
+                    None,
+                    torch.zeros(5, dtype=torch.int32, device="cuda"),
+                    0,
+                    0,
+                    None,
+                )
             with pytest.raises(ValueError, match="needs an 'error' tensor"):
-                gemsops._C.matmul(a, b, out, 2, 0, 5, 0, None, None, 0, 7,
-                                  None)
+                gemsops._C.matmul(
+                    a, b, out, 2, 0, 5, 0, None, None, 0, 7, None
+                )
             with schedule("stream-k", ctas=5):
                 got = gemsops.mm(a, b)
         torch.cuda.synchronize()
         assert_mm_close(got, a, b, torch.float32)
-    keys = [k for k in gemsops._workspace.kept_keys("mm_flags")
-            if k[0] == a.get_device()]
+    keys = [
+        k
+        for k in gemsops._workspace.kept_keys("mm_flags")
+        if k[0] == a.get_device()
+    ]
     assert (a.get_device(), side.cuda_stream) in keys
     with schedule("data-parallel"):  # no split tile: launched at once
-        assert gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0,
-                                 None) is None
+        assert (
+            gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0, None)
+            is None
+        )
     assert_mm_close(out, a, b, torch.float32)

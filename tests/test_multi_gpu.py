@@ -14,6 +14,7 @@ current, and checks:
   the comparison fails with "NaN in output". Results are read only after
   s.synchronize().
 """
+
 import contextlib
 import math
 
@@ -29,7 +30,7 @@ pytestmark = [
 ]
 
 SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU clock: longer than any launch
-CURRENT = [0, 1]            # the current device while the op runs on cuda:1
+CURRENT = [0, 1]  # the current device while the op runs on cuda:1
 
 
 @pytest.fixture(autouse=True)
@@ -72,24 +73,33 @@ class OnCuda1:
 
 def on(device, tensors, grad=()):
     """Copies on `device`; those whose index is in grad require grad."""
-    return [t.to(device).requires_grad_(i in grad)
-            for i, t in enumerate(tensors)]
+    return [
+        t.to(device).requires_grad_(i in grad) for i, t in enumerate(tensors)
+    ]
 
 
 def double_leaves(tensors, grad=()):
-    return [t.double().requires_grad_(i in grad) for i, t in enumerate(tensors)]
+    return [
+        t.double().requires_grad_(i in grad) for i, t in enumerate(tensors)
+    ]
 
 
 # --------------------------------------------------------------- LayerNorm
 
+
 @pytest.mark.parametrize("current", CURRENT)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.bfloat16, torch.float16]
+)
 @pytest.mark.parametrize("shape", [(300, 768), (4, 7, 1000)])
 def test_layer_norm_forward_backward(shape, dtype, current):
     n = shape[-1]
-    cpu = [torch.randn(shape).mul(2).add(0.5).to(dtype),
-           torch.randn(n).to(dtype), torch.randn(n).to(dtype),
-           torch.randn(shape).to(dtype)]  # x, weight, bias, grad of out
+    cpu = [
+        torch.randn(shape).mul(2).add(0.5).to(dtype),
+        torch.randn(n).to(dtype),
+        torch.randn(n).to(dtype),
+        torch.randn(shape).to(dtype),
+    ]  # x, weight, bias, grad of out
     ref = double_leaves(cpu, grad=(0, 1, 2))
     ref_out = layer_norm_reference(ref[0], (n,), ref[1], ref[2])[0]
     ref_out.backward(ref[3])
@@ -98,10 +108,18 @@ def test_layer_norm_forward_backward(shape, dtype, current):
 
     def compare(out, x, w, b):
         assert_close(out.detach(), ref_out, dtype, name="out")
-        for name, t, r in (("dx", x, ref[0]), ("dw", w, ref[1]),
-                           ("db", b, ref[2])):
-            assert_close(t.grad, r.grad, dtype, name=name,
-                         reduce_len=1 if name == "dx" else rows)
+        for name, t, r in (
+            ("dx", x, ref[0]),
+            ("dw", w, ref[1]),
+            ("db", b, ref[2]),
+        ):
+            assert_close(
+                t.grad,
+                r.grad,
+                dtype,
+                name=name,
+                reduce_len=1 if name == "dx" else rows,
+            )
 
     x0, w0, b0, g0 = on("cuda:0", cpu, grad=(0, 1, 2))
     out0 = gemsops.layer_norm(x0, (n,), w0, b0)
@@ -141,13 +159,22 @@ def test_native_layer_norm_and_module(current):
             if run:
                 run.check(mod_out)
         assert_close(out, ref_out, torch.float32, name=f"{device} out")
-        assert_close(mod_out.detach(), ref_out, torch.float32,
-                     name=f"{device} module out")
-        assert_close(mean, ref_mean.view(stat_shape), torch.float32, name="mean")
-        assert_close(rstd, ref_rstd.view(stat_shape), torch.float32, name="rstd")
+        assert_close(
+            mod_out.detach(),
+            ref_out,
+            torch.float32,
+            name=f"{device} module out",
+        )
+        assert_close(
+            mean, ref_mean.view(stat_shape), torch.float32, name="mean"
+        )
+        assert_close(
+            rstd, ref_rstd.view(stat_shape), torch.float32, name="rstd"
+        )
 
 
 # --------------------------------------------------------------------- prod
+
 
 @pytest.mark.parametrize("current", CURRENT)
 @pytest.mark.parametrize("dim", [None, 0, 1])
@@ -156,9 +183,11 @@ def test_native_layer_norm_and_module(current):
 def test_prod_forward_backward(shape, dtype, dim, current):
     # magnitudes near one (random signs) keep a million-element product finite
     spread = 1e-3 if math.prod(shape) > 100_000 else 0.1
-    x = torch.empty(shape, dtype=torch.float64).uniform_(1 - spread, 1 + spread)
+    x = torch.empty(shape, dtype=torch.float64).uniform_(
+        1 - spread, 1 + spread
+    )
     x = (x * (torch.randint(0, 2, shape) * 2 - 1)).to(dtype)
-    out_shape = () if dim is None else shape[:dim] + shape[dim + 1:]
+    out_shape = () if dim is None else shape[:dim] + shape[dim + 1 :]
     g = torch.randn(out_shape).to(dtype)
     xd = x.double().requires_grad_()
     ref = xd.prod() if dim is None else xd.prod(dim)
@@ -193,30 +222,37 @@ def test_prod_forward_backward(shape, dtype, dim, current):
 OUT_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.3e-6}
 
 
-def assert_product_close(out, f, operands, k, dtype, name,
-                         rounded_partials=False):
+def assert_product_close(
+    out, f, operands, k, dtype, name, rounded_partials=False
+):
     """out ~ f(operands) in float64: one rounding of the output plus the
     fp32 accumulation error, 4 sqrt(k) ulps of fp32 times f(|operands|)
     (plus one rounding to dtype of that bound where partial products were
     rounded to dtype before being summed)."""
     ref = f(*[t.double().cpu() for t in operands])
     bound = f(*[t.double().cpu().abs() for t in operands])
-    tol = OUT_RTOL[dtype] * ref.abs() + 4 * math.sqrt(k) * 2**-24 * bound + 1e-30
+    tol = (
+        OUT_RTOL[dtype] * ref.abs() + 4 * math.sqrt(k) * 2**-24 * bound + 1e-30
+    )
     if rounded_partials:
         tol = tol + OUT_RTOL[dtype] * bound
     got = out.detach().double().cpu()
     assert got.shape == ref.shape, f"{name}: {got.shape} != {ref.shape}"
     assert not got.isnan().any(), f"{name}: NaN (unwritten or read too early)"
     bad = (got - ref).abs() > tol
-    assert not bad.any(), (f"{name}: {int(bad.sum())} of {got.numel()} out of "
-                           f"tolerance; worst {(got - ref).abs().max():.3g}")
+    assert not bad.any(), (
+        f"{name}: {int(bad.sum())} of {got.numel()} out of "
+        f"tolerance; worst {(got - ref).abs().max():.3g}"
+    )
 
 
 # (op, shape of a, shape of b): mm, bmm, and matmul's broadcast path (a 3-D
 # input times a 2-D weight, as nn.Linear)
-MM_CASES = [("mm", (300, 520), (520, 200)),
-            ("bmm", (3, 130, 257), (3, 257, 90)),
-            ("matmul", (4, 70, 96), (96, 50))]
+MM_CASES = [
+    ("mm", (300, 520), (520, 200)),
+    ("bmm", (3, 130, 257), (3, 257, 90)),
+    ("matmul", (4, 70, 96), (96, 50)),
+]
 
 
 @pytest.mark.parametrize("current", CURRENT)
@@ -232,15 +268,23 @@ def test_matmul_forward_backward(op, sa, sb, dtype, schedule, current):
 
     def compare(out, ta, tb):
         assert_product_close(out, torch.matmul, (a, b), k, dtype, "out")
-        assert_product_close(ta.grad, lambda gg, bb: gg @ bb.mT, (g, b), n,
-                             dtype, "grad a")
+        assert_product_close(
+            ta.grad, lambda gg, bb: gg @ bb.mT, (g, b), n, dtype, "grad a"
+        )
         if broadcast:  # per-batch products rounded to dtype, then summed
-            assert_product_close(tb.grad, lambda aa, gg: (aa.mT @ gg).sum(0),
-                                 (a, g), m * sa[0], dtype, "grad b",
-                                 rounded_partials=True)
+            assert_product_close(
+                tb.grad,
+                lambda aa, gg: (aa.mT @ gg).sum(0),
+                (a, g),
+                m * sa[0],
+                dtype,
+                "grad b",
+                rounded_partials=True,
+            )
         else:
-            assert_product_close(tb.grad, lambda aa, gg: aa.mT @ gg, (a, g),
-                                 m, dtype, "grad b")
+            assert_product_close(
+                tb.grad, lambda aa, gg: aa.mT @ gg, (a, g), m, dtype, "grad b"
+            )
 
     old = gemsops.ops.matmul.get_schedule()
     gemsops.set_schedule(schedule, ctas=7 if schedule == "stream-k" else 0)
@@ -261,19 +305,28 @@ def test_matmul_forward_backward(op, sa, sb, dtype, schedule, current):
             run.check(a1.grad, b1.grad)
         compare(out1, a1, b1)
     finally:
-        gemsops.set_schedule(old["schedule"], two_tiles=old["two_tiles"],
-                             ctas=old["ctas"], spin_limit=old["spin_limit"],
-                             mainloop=old["mainloop"])
+        gemsops.set_schedule(
+            old["schedule"],
+            two_tiles=old["two_tiles"],
+            ctas=old["ctas"],
+            spin_limit=old["spin_limit"],
+            mainloop=old["mainloop"],
+        )
 
 
 # ------------------------------------------------- both devices, in turns
+
 
 def test_devices_in_turn_keep_their_workspaces_apart():
     """LayerNorm backward and Stream-K matmul keep buffers per (device,
     stream): alternating devices must neither share nor corrupt them."""
     n = 768
-    cpu = [torch.randn(256, n), torch.randn(n), torch.randn(n),
-           torch.randn(256, n)]
+    cpu = [
+        torch.randn(256, n),
+        torch.randn(n),
+        torch.randn(n),
+        torch.randn(256, n),
+    ]
     ref = double_leaves(cpu, grad=(0, 1, 2))
     layer_norm_reference(ref[0], (n,), ref[1], ref[2])[0].backward(ref[3])
     a, b = torch.randn(200, 2000), torch.randn(2000, 60)
@@ -285,16 +338,29 @@ def test_devices_in_turn_keep_their_workspaces_apart():
             gemsops.layer_norm(x, (n,), w, bias).backward(g)
             c = gemsops.mm(a.to(device), b.to(device))
             assert torch.cuda.current_device() == 0
-            for name, t, r in (("dx", x, ref[0]), ("dw", w, ref[1]),
-                               ("db", bias, ref[2])):
-                assert_close(t.grad, r.grad, torch.float32,
-                             name=f"{device} {name}", reduce_len=256)
-            assert_product_close(c, torch.matmul, (a, b), 2000,
-                                 torch.float32, f"{device} mm")
+            for name, t, r in (
+                ("dx", x, ref[0]),
+                ("dw", w, ref[1]),
+                ("db", bias, ref[2]),
+            ):
+                assert_close(
+                    t.grad,
+                    r.grad,
+                    torch.float32,
+                    name=f"{device} {name}",
+                    reduce_len=256,
+                )
+            assert_product_close(
+                c, torch.matmul, (a, b), 2000, torch.float32, f"{device} mm"
+            )
     finally:
-        gemsops.set_schedule(old["schedule"], two_tiles=old["two_tiles"],
-                             ctas=old["ctas"], spin_limit=old["spin_limit"],
-                             mainloop=old["mainloop"])
+        gemsops.set_schedule(
+            old["schedule"],
+            two_tiles=old["two_tiles"],
+            ctas=old["ctas"],
+            spin_limit=old["spin_limit"],
+            mainloop=old["mainloop"],
+        )
 
 
 def test_mixed_devices_are_refused_and_device_restored():

@@ -1,5 +1,6 @@
 """prod forward and zero-safe backward against float64 references, on the
 CPU and (tests taking `device`, marked `cuda` there) on CUDA."""
+
 import math
 
 import pytest
@@ -13,7 +14,9 @@ FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 def near_one(shape, dtype, signed=True, device="cpu", spread=0.1):
     """Magnitudes in [1 - spread, 1 + spread]; random signs."""
-    x = torch.empty(shape, dtype=torch.float64).uniform_(1 - spread, 1 + spread)
+    x = torch.empty(shape, dtype=torch.float64).uniform_(
+        1 - spread, 1 + spread
+    )
     if signed:
         x *= torch.randint(0, 2, shape, dtype=torch.float64) * 2 - 1
     return x.to(dtype).to(device)
@@ -32,13 +35,25 @@ def test_every_dim_of_4d(dtype, dim, keepdim, device):
     out = gemsops.prod(x, dim, keepdim)
     assert out.dtype == dtype
     assert out.shape == torch.prod(x, dim, keepdim).shape
-    assert_close(out, ref_prod(x, dim, keepdim), dtype,
-                 torch_out=torch.prod(x, dim, keepdim))
+    assert_close(
+        out,
+        ref_prod(x, dim, keepdim),
+        dtype,
+        torch_out=torch.prod(x, dim, keepdim),
+    )
 
 
-@pytest.mark.parametrize("shape,dim", [((1, 2), 1), ((4096, 256), 1),
-                                       ((4096, 256), 0), ((200, 2560, 3), 1),
-                                       ((200, 40999, 3), 1), ((1, 2), None)])
+@pytest.mark.parametrize(
+    "shape,dim",
+    [
+        ((1, 2), 1),
+        ((4096, 256), 1),
+        ((4096, 256), 0),
+        ((200, 2560, 3), 1),
+        ((200, 40999, 3), 1),
+        ((1, 2), None),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_shapes(shape, dim, dtype, device):
     x = near_one(shape, dtype, device=device)
@@ -50,26 +65,36 @@ def test_shapes(shape, dim, dtype, device):
 def test_full_reduction_2_27_elements(device):
     # spread: the log of a partial product walks like sqrt(n) * spread, and
     # must stay inside fp32's range (|log| < 88) for ANY order of products
-    x = near_one((1 << 27,), torch.float32, signed=False, device=device,
-                 spread=8 / (1 << 27) ** 0.5)
+    x = near_one(
+        (1 << 27,),
+        torch.float32,
+        signed=False,
+        device=device,
+        spread=8 / (1 << 27) ** 0.5,
+    )
     x /= x.double().log().mean().exp().float()  # keep the product O(1)
     out = gemsops.prod(x)
     assert out.shape == () and out.dtype == torch.float32
     # 2^27 fp32 roundings of values this close to 1 drift together: on an
-    # H100 torch.prod itself is 9% off (docs/performance.md, prod). The bar: the chain
+    # H100 torch.prod itself is 9% off (docs/performance.md, prod). The
+    # bar: the chain
     # tolerance, or torch's own error on the same input if that is larger.
     ref = ref_prod(x).item()
     ours, theirs = out.item(), torch.prod(x).item()
-    bound = max(4 * (1 << 27) ** 0.5 * 2 ** -23, 1.05 * abs(theirs / ref - 1))
+    bound = max(4 * (1 << 27) ** 0.5 * 2**-23, 1.05 * abs(theirs / ref - 1))
     assert abs(ours / ref - 1) <= bound, (ours, theirs, ref)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float64, torch.bfloat16]
+)
 @pytest.mark.parametrize("zeros", [0, 1, 2])
 @pytest.mark.parametrize("dim", [None, 0, 1])
 def test_backward_with_zeros(dtype, zeros, dim, device):
     x = near_one((6, 9), dtype, device=device)
-    for k in range(zeros):  # zeros in the same line (dim 1 line 2 / dim 0 col 4)
+    for k in range(
+        zeros
+    ):  # zeros in the same line (dim 1 line 2 / dim 0 col 4)
         if dim == 0:
             x[1 + 2 * k, 4] = 0
         else:
@@ -99,15 +124,31 @@ def test_backward_keepdim_and_noncontiguous(device):
 
 
 def test_inf_and_nan_propagate(device):
-    x = torch.tensor([[1.0, float("inf"), 2.0], [1.0, float("nan"), 0.0],
-                      [0.0, float("inf"), 1.0], [-1.0, float("inf"), 3.0]],
-                     device=device)
-    torch.testing.assert_close(gemsops.prod(x, 1), torch.prod(x, 1),
-                               equal_nan=True)
+    x = torch.tensor(
+        [
+            [1.0, float("inf"), 2.0],
+            [1.0, float("nan"), 0.0],
+            [0.0, float("inf"), 1.0],
+            [-1.0, float("inf"), 3.0],
+        ],
+        device=device,
+    )
+    torch.testing.assert_close(
+        gemsops.prod(x, 1), torch.prod(x, 1), equal_nan=True
+    )
 
 
-@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8,
-                                   torch.int16, torch.int32, torch.int64])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+    ],
+)
 def test_integer_inputs_give_int64_with_wraparound(dtype, device):
     if dtype == torch.bool:
         x = torch.rand(40, 50) > 0.1
@@ -129,17 +170,22 @@ def test_dtype_argument_casts_first(device):
     assert out.dtype == torch.float64
     assert_close(out, ref_prod(x, 1), torch.float64)
     i = torch.randint(-3, 4, (20, 30), dtype=torch.int32, device=device)
-    assert torch.equal(gemsops.prod(i, 0, dtype=torch.float32),
-                       torch.prod(i, 0, dtype=torch.float32))
+    assert torch.equal(
+        gemsops.prod(i, 0, dtype=torch.float32),
+        torch.prod(i, 0, dtype=torch.float32),
+    )
 
 
 def test_empty(device):
     d = device
     assert gemsops.prod(torch.empty(0, device=d)).item() == 1.0
-    assert torch.equal(gemsops.prod(torch.empty(3, 0, device=d), 1),
-                       torch.ones(3, device=d))
+    assert torch.equal(
+        gemsops.prod(torch.empty(3, 0, device=d), 1), torch.ones(3, device=d)
+    )
     assert gemsops.prod(torch.empty(0, 4, device=d), 1).shape == (0,)
-    assert gemsops.prod(torch.empty(0, dtype=torch.int32, device=d)).item() == 1
+    assert (
+        gemsops.prod(torch.empty(0, dtype=torch.int32, device=d)).item() == 1
+    )
 
 
 def test_zero_dim_input(device):
@@ -159,16 +205,22 @@ def test_errors():
     with pytest.raises(TypeError, match="'dim' must be int"):
         gemsops.prod(x, 1.0)
     out = torch.empty(3)
-    with pytest.raises(RuntimeError, match="'out' has dtype float32; expected int64"):
+    with pytest.raises(
+        RuntimeError, match="'out' has dtype float32; expected int64"
+    ):
         gemsops._C.prod(torch.ones(3, 4, dtype=torch.int32), 1, out, None)
     with pytest.raises(RuntimeError, match="'out' has 4 elements; expected 3"):
         gemsops._C.prod(x, 1, torch.empty(4), None)
     with pytest.raises(IndexError, match="dim=5"):
         gemsops._C.prod(x, 5, torch.empty(3), None)
     with pytest.raises(RuntimeError, match="only floating point inputs"):
-        gemsops._C.prod_bwd(torch.ones(3, 4, dtype=torch.int64), 1,
-                            torch.ones(3, dtype=torch.int64),
-                            torch.empty(3, 4, dtype=torch.int64), None)
+        gemsops._C.prod_bwd(
+            torch.ones(3, 4, dtype=torch.int64),
+            1,
+            torch.ones(3, dtype=torch.int64),
+            torch.empty(3, 4, dtype=torch.int64),
+            None,
+        )
     with pytest.raises(RuntimeError, match="'workspace' must be uint8"):
         gemsops._C.prod(x, 1, torch.empty(3), torch.empty(4))
     with pytest.raises(TypeError, match="takes 4 arguments"):
@@ -189,17 +241,17 @@ def unit_lines(shape, dim, dtype, device):
 
 # (shape, dim, view): each row reaches one kernel layout or planning branch
 LAYOUTS = [
-    ((3000, 64), 1, None),             # rows: several rows per warp
-    ((4, 300000), 1, None),            # rows: one row split over CTAs
-    ((1 << 22,), None, None),          # full, dense: split row + combine
-    ((300, 200), None, "t"),           # full of a permuted dense view
-    ((300, 200), None, "step"),        # full, not dense: lines + combine
-    ((4096, 64), 0, None),             # cols, dim 0, split down the column
-    ((8, 3000, 40), 1, None),          # cols, middle dim
-    ((5, 999, 7), 1, None),            # cols, unaligned: scalar accesses
-    ((40, 30, 20), 0, "perm"),         # generic: kept dims do not chain
-    ((50, 60), 0, "expand"),           # a zero stride
-    ((65, 64), 1, "offset"),           # storage offset: misaligned base
+    ((3000, 64), 1, None),  # rows: several rows per warp
+    ((4, 300000), 1, None),  # rows: one row split over CTAs
+    ((1 << 22,), None, None),  # full, dense: split row + combine
+    ((300, 200), None, "t"),  # full of a permuted dense view
+    ((300, 200), None, "step"),  # full, not dense: lines + combine
+    ((4096, 64), 0, None),  # cols, dim 0, split down the column
+    ((8, 3000, 40), 1, None),  # cols, middle dim
+    ((5, 999, 7), 1, None),  # cols, unaligned: scalar accesses
+    ((40, 30, 20), 0, "perm"),  # generic: kept dims do not chain
+    ((50, 60), 0, "expand"),  # a zero stride
+    ((65, 64), 1, "offset"),  # storage offset: misaligned base
 ]
 
 
@@ -242,8 +294,9 @@ def assert_close_or_torch(out, x, dim, dtype, n):
 
 
 @pytest.mark.parametrize("shape,dim,view", LAYOUTS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16,
-                                   torch.bfloat16])
+@pytest.mark.parametrize(
+    "dtype", [torch.float32, torch.float16, torch.bfloat16]
+)
 def test_layouts_exact_with_powers_of_two(shape, dim, view, dtype, device):
     """Every element counted once: lines of +-1 holding a few 2s and 0.5s
     (products exact in any order), one 2 more than 0.5s in some lines."""
@@ -268,10 +321,18 @@ def assert_exact(x, dim):
     assert torch.equal(out.double(), ref.to(out.dtype).double())
 
 
-@pytest.mark.parametrize("shape,dim", [((3, 70000), 1), ((1000, 10), 1),
-                                       ((5000, 4), 0), ((2, 3000, 64), 1),
-                                       ((100003,), None), ((7, 4097), 1),
-                                       ((33, 5, 3), 1)])
+@pytest.mark.parametrize(
+    "shape,dim",
+    [
+        ((3, 70000), 1),
+        ((1000, 10), 1),
+        ((5000, 4), 0),
+        ((2, 3000, 64), 1),
+        ((100003,), None),
+        ((7, 4097), 1),
+        ((33, 5, 3), 1),
+    ],
+)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_backward_layouts_with_zeros(shape, dim, dtype, device):
     x = unit_lines(shape, dim, dtype, device)
@@ -302,19 +363,21 @@ def test_backward_layouts_with_zeros(shape, dim, dtype, device):
 def test_poisoned_out_and_workspace_are_overwritten(device):
     for shape, dim in [((4, 300000), 1), ((4096, 64), 0), ((1 << 20,), None)]:
         x = unit_lines(shape, dim, torch.float32, device)
-        kept = () if dim is None else shape[:dim] + shape[dim + 1:]
+        kept = () if dim is None else shape[:dim] + shape[dim + 1 :]
         out = poison_(torch.empty(kept, device=device))
         nbytes = gemsops._C.prod_workspace(x, dim)
         assert nbytes >= 0 and (device == "cuda") >= (nbytes > 0)
-        ws = torch.full((max(nbytes, 16),), 0xFF, dtype=torch.uint8,
-                        device=device)  # 0xFFFFFFFF is a NaN in fp32
+        ws = torch.full(
+            (max(nbytes, 16),), 0xFF, dtype=torch.uint8, device=device
+        )  # 0xFFFFFFFF is a NaN in fp32
         gemsops._C.prod(x, dim, out, ws)
         n = x.numel() if dim is None else shape[dim]
         assert_close(out, ref_prod(x, dim), torch.float32, chain_len=n)
         gi = poison_(torch.empty_like(x))
         nbytes = gemsops._C.prod_bwd_workspace(x, dim)
-        ws = torch.full((max(nbytes, 16),), 0xFF, dtype=torch.uint8,
-                        device=device)
+        ws = torch.full(
+            (max(nbytes, 16),), 0xFF, dtype=torch.uint8, device=device
+        )
         g = torch.randn(kept, device=device)
         gemsops._C.prod_bwd(x, dim, g, gi, ws)
         xd = x.double().requires_grad_()
@@ -332,8 +395,9 @@ def test_repeatable_bitwise(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.bool])
-@pytest.mark.parametrize("shape,dim", [((3, 100000), 1), ((100000, 3), 0),
-                                       ((1 << 20,), None)])
+@pytest.mark.parametrize(
+    "shape,dim", [((3, 100000), 1), ((100000, 3), 0), ((1 << 20,), None)]
+)
 def test_long_integer_lines_exact(dtype, shape, dim, device):
     if dtype == torch.bool:
         x = torch.rand(shape) > 1e-6
@@ -370,9 +434,9 @@ def beyond_l2(kind, dtype):
     elems = int(1.1 * l2) // dtype.itemsize
     if kind == "split":  # three rows, each split over many CTAs
         return (3, elems // 3 // 8192 * 8192 + 8), 1, None
-    if kind == "many":   # more rows than CTAs: each CTA loops over rows
+    if kind == "many":  # more rows than CTAs: each CTA loops over rows
         return (700, elems // 700 // 8 * 8 + 8), 1, None
-    if kind == "cut":    # rows 8 elements longer than what is reduced
+    if kind == "cut":  # rows 8 elements longer than what is reduced
         return (700, elems // 700 // 8 * 8 + 16), 1, "cut"
     return (elems // 8 * 8 + 8,), None, None  # full: one row, every CTA
 
@@ -405,13 +469,25 @@ def test_cuda_workspace_too_small_is_an_error():
 def test_cuda_backward_of_noncontiguous_input_is_refused_at_C():
     x = torch.randn(30, 40, device="cuda").t()
     with pytest.raises(RuntimeError, match="contiguous"):
-        gemsops._C.prod_bwd(x, 1, torch.ones(40, device="cuda"),
-                            torch.empty(40, 30, device="cuda"), None)
+        gemsops._C.prod_bwd(
+            x,
+            1,
+            torch.ones(40, device="cuda"),
+            torch.empty(40, 30, device="cuda"),
+            None,
+        )
 
 
 def test_workspace_queries_on_empty_inputs(device):
-    for shape, dim in [((0, 4), 1), ((0, 4), 0), ((3, 0), 1), ((3, 0), 0),
-                       ((0,), None), ((2, 0, 5), 1), ((2, 0, 5), 2)]:
+    for shape, dim in [
+        ((0, 4), 1),
+        ((0, 4), 0),
+        ((3, 0), 1),
+        ((3, 0), 0),
+        ((0,), None),
+        ((2, 0, 5), 1),
+        ((2, 0, 5), 2),
+    ]:
         x = torch.empty(shape, device=device)
         assert gemsops._C.prod_workspace(x, dim) >= 0
         assert gemsops._C.prod_bwd_workspace(x, dim) >= 0

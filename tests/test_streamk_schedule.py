@@ -2,6 +2,7 @@
 in C (gemsops_sk_check): every (tile, k-iteration) computed exactly once,
 the grouped tile order a bijection (partial last group included), one
 owner per Stream-K tile with its peers following in CTA order."""
+
 import random
 
 import pytest
@@ -11,22 +12,44 @@ import gemsops
 MODES = {"auto": 0, "data-parallel": 1, "stream-k": 2, "hybrid": 3}
 
 
-def check(m, n, k, batch=1, bm=128, bn=128, bk=32, group_m=8, ctas=132,
-          mode="hybrid", two_tiles=0):
-    return gemsops._C.streamk_check(m, n, k, batch, bm, bn, bk, group_m, ctas,
-                                    MODES[mode], two_tiles)
+def check(
+    m,
+    n,
+    k,
+    batch=1,
+    bm=128,
+    bn=128,
+    bk=32,
+    group_m=8,
+    ctas=132,
+    mode="hybrid",
+    two_tiles=0,
+):
+    return gemsops._C.streamk_check(
+        m, n, k, batch, bm, bn, bk, group_m, ctas, MODES[mode], two_tiles
+    )
 
 
 def test_thousands_of_random_shapes_and_cta_counts():
     rng = random.Random(1234)
     for _ in range(3000):
-        m, n, k = (rng.choice([1, 7, 64, 127, 128, 129, 1000, 4096, 5333])
-                   for _ in range(3))
-        s = check(m, n, k, batch=rng.choice([1, 1, 3]),
-                  bm=rng.choice([64, 128, 256]), bn=rng.choice([64, 128]),
-                  bk=rng.choice([16, 32, 64]), group_m=rng.choice([1, 4, 8]),
-                  ctas=rng.choice([1, 2, 7, 66, 108, 132, 264]),
-                  mode=rng.choice(list(MODES)), two_tiles=rng.choice([0, 1]))
+        m, n, k = (
+            rng.choice([1, 7, 64, 127, 128, 129, 1000, 4096, 5333])
+            for _ in range(3)
+        )
+        s = check(
+            m,
+            n,
+            k,
+            batch=rng.choice([1, 1, 3]),
+            bm=rng.choice([64, 128, 256]),
+            bn=rng.choice([64, 128]),
+            bk=rng.choice([16, 32, 64]),
+            group_m=rng.choice([1, 4, 8]),
+            ctas=rng.choice([1, 2, 7, 66, 108, 132, 264]),
+            mode=rng.choice(list(MODES)),
+            two_tiles=rng.choice([0, 1]),
+        )
         assert s["sk_tiles"] + s["dp_tiles"] == s["tiles"]
 
 
@@ -89,15 +112,19 @@ def test_short_stream_k_regions_go_to_fewer_ctas():
     assert s["sk_tiles"] == 4 and s["iters"] == 28
     assert s["sk_ctas"] == 4 * 2
     # 4 x 100: P = 4 (shares of 25 >= 4 iterations)
-    assert check(256, 256, 6400, bk=64, ctas=132,
-                 mode="stream-k")["sk_ctas"] == 4 * 4
+    assert (
+        check(256, 256, 6400, bk=64, ctas=132, mode="stream-k")["sk_ctas"]
+        == 4 * 4
+    )
     # 112 tiles x 24 on 132 CTAs: shares of 21 would cut most tiles for
     # 3 iterations saved: whole tiles, one a CTA, and no partials
     s = check(1024, 1792, 1536, bk=64, ctas=132, mode="stream-k")
     assert s["sk_tiles"] == 112 and s["sk_ctas"] == 112
     # 1 tile x 4000 iterations: P = 25, and no more CTAs than that
-    assert check(64, 64, 4000 * 16, bk=16, ctas=1000,
-                 mode="stream-k")["sk_ctas"] == 25
+    assert (
+        check(64, 64, 4000 * 16, bk=16, ctas=1000, mode="stream-k")["sk_ctas"]
+        == 25
+    )
     # a long region keeps every CTA busy
     big = check(4096, 4096, 4096, bk=64, ctas=132, mode="stream-k")
     assert big["sk_ctas"] == 132

@@ -18,6 +18,7 @@ name only, and torch's is _C.cpython-*.so too, so the module does not
 tell). A report with none of these and no kernel at all is counted as ours
 too: an unknown format must not pass silently.
 """
+
 import re
 import sys
 from collections import Counter
@@ -34,7 +35,9 @@ PREFIX = re.compile(r"^=========(?: |$)")
 NOT_FINDINGS = re.compile(
     r"^(COMPUTE-SANITIZER|ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|"
     r"Target application returned|This can be caused|"
-    r"\d+ errors? (were|was) not printed|INFO\b|Info\b)", re.I)
+    r"\d+ errors? (were|was) not printed|INFO\b|Info\b)",
+    re.I,
+)
 WARNING = re.compile(r"^warning\b", re.I)
 HOST_PART = re.compile(r"Saved host backtrace|Host Frame", re.I)
 API_CALL = re.compile(r"on CUDA API call to (\w+)|by (cuda\w+|cu\w+)")
@@ -47,7 +50,7 @@ def kernel_names():
         text = src.read_text()
         for m in re.finditer(r"__global__\b", text):
             i = m.end()
-            rest = text[i:i + 2000]
+            rest = text[i : i + 2000]
             rest = re.sub(r"^\s*(static\s+)?void\s+", "", rest)
             if rest.startswith("__launch_bounds__"):
                 depth, j = 0, len("__launch_bounds__")
@@ -69,11 +72,17 @@ def source_files():
 
 def host_marker():
     """Host frames of gemsops' C: its symbols, or its source files."""
-    files = sorted(p.name for p in list((ROOT / "csrc").glob("*.c")) +
-                   list((ROOT / "csrc" / "cpu").glob("*.c")) +
-                   list((ROOT / "csrc" / "cuda").glob("*.cu*")))
-    return re.compile(r"Host Frame:.*(\bgemsops(::|_)|\bin (" +
-                      "|".join(map(re.escape, files)) + r"):\d+)")
+    files = sorted(
+        p.name
+        for p in list((ROOT / "csrc").glob("*.c"))
+        + list((ROOT / "csrc" / "cpu").glob("*.c"))
+        + list((ROOT / "csrc" / "cuda").glob("*.cu*"))
+    )
+    return re.compile(
+        r"Host Frame:.*(\bgemsops(::|_)|\bin ("
+        + "|".join(map(re.escape, files))
+        + r"):\d+)"
+    )
 
 
 def records(lines):
@@ -112,15 +121,18 @@ def kernel_label(header, device):
         if text is header:  # racecheck: "Race reported between Write access
             m = re.search(r"access at (?:0x[0-9a-f]+ in )?(.+)", text)
         else:  # memcheck, synccheck, initcheck: "at f(args)+0x70 in f.cu:6"
-            m = re.match(r"(?:at|and \w+ access at|\w+ Thread \S+ at|"
-                         r"Device Frame:) ?(?:0x[0-9a-f]+ in )?(.+)", text)
+            m = re.match(
+                r"(?:at|and \w+ access at|\w+ Thread \S+ at|"
+                r"Device Frame:) ?(?:0x[0-9a-f]+ in )?(.+)",
+                text,
+            )
         if not m:
             continue
         loc = m.group(1)
         loc = re.sub(r"\s+\[\d+ hazards?\]$", "", loc)
-        if "+0x" in loc:            # new format: kernel(args)+0x70 in f.cu:6
+        if "+0x" in loc:  # new format: kernel(args)+0x70 in f.cu:6
             loc = loc.split("+0x")[0]
-        else:                        # old format: f.cu:6:kernel(args)
+        else:  # old format: f.cu:6:kernel(args)
             loc = re.sub(r"^.*?\.cuh?:\d+:", "", loc)
         loc = re.sub(r"^void ", "", loc.strip())
         # up to the argument list, template arguments kept short
@@ -197,8 +209,9 @@ def summarize(log_dir, tool, ours_names, ours_files, ours_host):
         ours["not printed (past --print-limit)"] += not_printed
     # the tool's own count against what was parsed: a report in a format
     # this script does not know must not pass as clean
-    said = race_errors if tool == "racecheck" and race_errors else \
-        summary_total
+    said = (
+        race_errors if tool == "racecheck" and race_errors else summary_total
+    )
     unparsed = said - sum(ours.values()) - sum(theirs.values())
     if unparsed > 0:
         ours["in the tool's summary but not parsed: read the log"] += unparsed
@@ -206,12 +219,21 @@ def summarize(log_dir, tool, ours_names, ours_files, ours_host):
     failed_tests = []
     pytest_log = log_dir / f"{tool}.pytest.log"
     if pytest_log.exists():
-        failed_tests = re.findall(r"^(?:FAILED|ERROR) (\S+)",
-                                  pytest_log.read_text(errors="replace"),
-                                  re.M)
-    return dict(ours=ours, theirs=theirs, warnings=warnings, rc=rc,
-                finished=finished, logs=logs, summary_total=summary_total,
-                failed_tests=failed_tests)
+        failed_tests = re.findall(
+            r"^(?:FAILED|ERROR) (\S+)",
+            pytest_log.read_text(errors="replace"),
+            re.M,
+        )
+    return dict(
+        ours=ours,
+        theirs=theirs,
+        warnings=warnings,
+        rc=rc,
+        finished=finished,
+        logs=logs,
+        summary_total=summary_total,
+        failed_tests=failed_tests,
+    )
 
 
 def main(argv):
@@ -229,8 +251,10 @@ def main(argv):
         if s is None:
             continue
         n, m = sum(s["ours"].values()), sum(s["theirs"].values())
-        line = (f"{tool}: {n} errors in gemsops kernels "
-                f"({m} in torch kernels filtered)")
+        line = (
+            f"{tool}: {n} errors in gemsops kernels "
+            f"({m} in torch kernels filtered)"
+        )
         nw = sum(s["warnings"].values())
         if nw:
             line += f"; {nw} warnings (not counted)"
@@ -261,12 +285,16 @@ def main(argv):
         for (where, label), c in s["warnings"].most_common():
             lines.append(f"    warning  {c:5d}  {label} ({where})")
         for t in s["failed_tests"]:
-            lines.append(f"    test failed under {tool} (not a sanitizer "
-                         f"report; see {tool}.pytest.log): {t}")
+            lines.append(
+                f"    test failed under {tool} (not a sanitizer "
+                f"report; see {tool}.pytest.log): {t}"
+            )
     print("\n".join(lines))
-    print(f"gemsops kernels: {', '.join(sorted(ours_names))}; errors in "
-          "any other kernel (torch's, cuBLAS's) or in API calls not made "
-          "from gemsops/_C are filtered out: listed above, not counted.")
+    print(
+        f"gemsops kernels: {', '.join(sorted(ours_names))}; errors in "
+        "any other kernel (torch's, cuBLAS's) or in API calls not made "
+        "from gemsops/_C are filtered out: listed above, not counted."
+    )
     return 1 if failed else 0
 
 

@@ -28,6 +28,7 @@ rank 0; exit status 1 if any check failed on any rank:
    that raises is reported with its exception.
 5. device: the current device is still the rank's GPU.
 """
+
 import copy
 import datetime
 import math
@@ -45,8 +46,8 @@ import gemsops
 
 D, HIDDEN, CLASSES = 256, 512, 16
 GLOBAL_BATCH, TOKENS = 16, 32
-GRAD_RTOL = 1e-4    # fp32 gradients, summed in another order
-TWIN_RTOL = 1e-3    # gemsops against torch's kernels
+GRAD_RTOL = 1e-4  # fp32 gradients, summed in another order
+TWIN_RTOL = 1e-3  # gemsops against torch's kernels
 REPLAYS = 3
 
 
@@ -107,7 +108,7 @@ def global_batch(step, device):
 def local_batch(step, device, rank, world):
     x, y = global_batch(step, device)
     per = GLOBAL_BATCH // world
-    return x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per]
+    return x[rank * per : (rank + 1) * per], y[rank * per : (rank + 1) * per]
 
 
 def grads(model):
@@ -116,8 +117,12 @@ def grads(model):
 
 def worst_error(got, ref):
     """max over parameters of max|got - ref| / max|ref|, and its name."""
-    errs = {n: ((got[n] - ref[n]).abs().max()
-                / ref[n].abs().max().clamp_min(1e-12)).item() for n in ref}
+    errs = {
+        n: (
+            (got[n] - ref[n]).abs().max() / ref[n].abs().max().clamp_min(1e-12)
+        ).item()
+        for n in ref
+    }
     name = max(errs, key=errs.get)
     return errs[name], name
 
@@ -186,8 +191,10 @@ def check_ddp_steps(dev, rank, world, steps=3):
     spread = max((t - mine).abs().max().item() for t in every)
     moved = (mine - start).abs().max().item()
     ok = spread <= 1e-6 * mine.abs().max().item() and moved > 0
-    return ok, (f"{steps} SGD steps: max parameter difference across ranks "
-                f"{spread:.2e}, moved {moved:.2e}")
+    return ok, (
+        f"{steps} SGD steps: max parameter difference across ranks "
+        f"{spread:.2e}, moved {moved:.2e}"
+    )
 
 
 def check_use_gemsops(dev, rank, world):
@@ -201,13 +208,17 @@ def check_use_gemsops(dev, rank, world):
     loss_fn(ddp_plain(x), y).backward()
     ctx = use()
     if not hasattr(ctx, "__enter__"):
-        return False, (f"gemsops.use_gemsops() returned {type(ctx).__name__},"
-                       " not a context manager: don't know how to use it")
+        return False, (
+            f"gemsops.use_gemsops() returned {type(ctx).__name__},"
+            " not a context manager: don't know how to use it"
+        )
     with ctx:
         loss_fn(ddp_twin(x), y).backward()
     err, name = worst_error(grads(twin), grads(plain))
-    return err <= TWIN_RTOL, (f"torch-ops DDP step under use_gemsops() vs "
-                              f"gemsops layers: {err:.2e} ({name})")
+    return err <= TWIN_RTOL, (
+        f"torch-ops DDP step under use_gemsops() vs "
+        f"gemsops layers: {err:.2e} ({name})"
+    )
 
 
 def check_graph(dev, rank, schedule, on_warmup_stream):
@@ -234,8 +245,9 @@ def check_graph(dev, rank, schedule, on_warmup_stream):
             p.grad = None
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph,
-                                  stream=side if on_warmup_stream else None):
+            with torch.cuda.graph(
+                graph, stream=side if on_warmup_stream else None
+            ):
                 loss_fn(model(sx), sy).backward()
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
@@ -254,8 +266,9 @@ def check_graph(dev, rank, schedule, on_warmup_stream):
             err, name = worst_error(static, grads(eager))
             if err >= worst:
                 worst, where = err, f"{name}, replay {i + 1}"
-        return worst <= GRAD_RTOL, (f"{REPLAYS} replays vs eager: worst "
-                                    f"{worst:.2e} ({where})")
+        return worst <= GRAD_RTOL, (
+            f"{REPLAYS} replays vs eager: worst {worst:.2e} ({where})"
+        )
     finally:
         gemsops.set_schedule("auto")
 
@@ -273,8 +286,11 @@ def main():
         dist.init_process_group("nccl", device_id=dev, timeout=timeout)
     if rank == 0:
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
-        print(f"torch {torch.__version__}, {world} ranks, {name}, gemsops "
-              f"{gemsops.__version__} {gemsops.backends()}", flush=True)
+        print(
+            f"torch {torch.__version__}, {world} ranks, {name}, gemsops "
+            f"{gemsops.__version__} {gemsops.backends()}",
+            flush=True,
+        )
     checks = Checks(rank)
     checks.run("ddp-grads", check_ddp_grads, dev, rank, world)
     checks.run("ddp-steps", check_ddp_steps, dev, rank, world)
@@ -285,12 +301,20 @@ def main():
     for schedule in ("auto", "stream-k"):
         for on_warmup in (False, True):
             stream = "warm-up stream" if on_warmup else "own capture stream"
-            checks.run(f"graph[{schedule}, {stream}]", check_graph, dev, rank,
-                       schedule, on_warmup)
+            checks.run(
+                f"graph[{schedule}, {stream}]",
+                check_graph,
+                dev,
+                rank,
+                schedule,
+                on_warmup,
+            )
     if dev.type == "cuda":
         now = torch.cuda.current_device()
-        checks.run("device", lambda: (now == local,
-                                      f"current {now}, expected {local}"))
+        checks.run(
+            "device",
+            lambda: (now == local, f"current {now}, expected {local}"),
+        )
     every = [None] * world
     dist.all_gather_object(every, checks.results)
     failed = sum(s == "FAIL" for results in every for _, s, _ in results)
@@ -299,8 +323,10 @@ def main():
         for r, results in enumerate(every):
             for name, status, detail in results:
                 print(f"{status}  rank {r}  {name}: {detail}")
-        print(f"==== {'FAIL' if failed else 'PASS'}: {failed} failed ====",
-              flush=True)
+        print(
+            f"==== {'FAIL' if failed else 'PASS'}: {failed} failed ====",
+            flush=True,
+        )
     dist.destroy_process_group()
     return 1 if failed else 0
 

@@ -5,6 +5,7 @@ of the case as well (CUDA events after a read-only L2 flush).
 usage: python -m tools.ln_bwd_ncu M N dtype [reps [grads]]
   dtype: float16, bfloat16, float32; grads: the gradients computed, some
   of x, w, b (default xwb)"""
+
 import sys
 
 
@@ -35,8 +36,10 @@ def main(argv):
         torch.cuda.synchronize()
         times.append(s.elapsed_time(e) * 1e3)
     t = sorted(times)[len(times) // 2]
-    print(f"{m}x{n} {argv[2]} {grads}: {t:.1f} us, "
-          f"{3 * x.numel() * x.element_size() / t / 1e3:.0f} GB/s")
+    print(
+        f"{m}x{n} {argv[2]} {grads}: {t:.1f} us, "
+        f"{3 * x.numel() * x.element_size() / t / 1e3:.0f} GB/s"
+    )
 
 
 if __name__ == "__main__":

@@ -8,13 +8,19 @@ usage: python -m tools.ln_time [case ...]
   that need a gradient, some of x, w, b (default xwb), e.g.
   8192,8192:fwd:bfloat16  256,262144:bwd:float32  16384,4096:bwd:bfloat16:x
   LN_NO_PEERS=1 leaves FlagGems and Liger out."""
+
 import os
 import sys
 
-DEFAULT = ["8192,8192:fwd:bfloat16", "4096,4096:fwd:bfloat16",
-           "16384,4096:fwd:bfloat16", "4096,12288:fwd:bfloat16",
-           "2048,16384:fwd:float32", "4096,12288:fwd:float32",
-           "1024,65536:fwd:float32"]
+DEFAULT = [
+    "8192,8192:fwd:bfloat16",
+    "4096,4096:fwd:bfloat16",
+    "16384,4096:fwd:bfloat16",
+    "4096,12288:fwd:bfloat16",
+    "2048,16384:fwd:float32",
+    "4096,12288:fwd:float32",
+    "1024,65536:fwd:float32",
+]
 
 
 def time_case(case, peers):
@@ -38,8 +44,15 @@ def time_case(case, peers):
     with torch.no_grad():
         ref = F(x.double(), shape, w.double(), b.double())
         err = (gemsops.layer_norm(*args).double() - ref).abs().max().item()
-    bench = Benchmark("ln_time", F, gemsops.layer_norm, None, [dtype],
-                      [(m, n)], is_backward=bwd)
+    bench = Benchmark(
+        "ln_time",
+        F,
+        gemsops.layer_norm,
+        None,
+        [dtype],
+        [(m, n)],
+        is_backward=bwd,
+    )
     ops = {"gems": gemsops.layer_norm, "torch": F}
     for k, op in peers.items():
         if k == "liger" and n > 65536:
@@ -47,10 +60,15 @@ def time_case(case, peers):
         ops[k] = op
     t = {k: bench._timed(op, args)[0] for k, op in ops.items()}
     gb = (3 if bwd else 2) * m * n * dtype.itemsize / 1e9
-    line = " ".join(f"{k} {v * 1e3:7.1f}us {gb / (v * 1e-3):5.0f}GB/s"
-                    for k, v in t.items())
-    print(f"{case:26s} {line} | vs torch {t['torch'] / t['gems']:.3f}"
-          f" err {err:.1e}", flush=True)
+    line = " ".join(
+        f"{k} {v * 1e3:7.1f}us {gb / (v * 1e-3):5.0f}GB/s"
+        for k, v in t.items()
+    )
+    print(
+        f"{case:26s} {line} | vs torch {t['torch'] / t['gems']:.3f}"
+        f" err {err:.1e}",
+        flush=True,
+    )
 
 
 def main(argv):

@@ -7,14 +7,22 @@ usage: python -m tools.prod_time [case ...]
   4096,4096:d1:float16  268435456:all:bfloat16
   PROD_CALLS=N: only call each provider N times, untimed (for ncu)
   PROD_KERNELS=1: also print gemsops' kernel times from torch.profiler"""
+
 import os
 import sys
 
-DEFAULT = ["268435456:all:float16", "1048576:all:float16",
-           "1048576:all:float32", "4096,4096:d1:float16",
-           "1024,65536:d1:float16", "65536,1024:d1:float16",
-           "4096,4096:d1:float32", "65536,1024:d1:float32",
-           "64,4096,64:d1:float32", "4096,4096:d0:float16"]
+DEFAULT = [
+    "268435456:all:float16",
+    "1048576:all:float16",
+    "1048576:all:float32",
+    "4096,4096:d1:float16",
+    "1024,65536:d1:float16",
+    "65536,1024:d1:float16",
+    "4096,4096:d1:float32",
+    "65536,1024:d1:float32",
+    "64,4096,64:d1:float32",
+    "4096,4096:d0:float16",
+]
 
 
 def kernel_times(fn):
@@ -59,17 +67,25 @@ def time_case(case, flag_gems):
                     torch.prod(x, *args)
         torch.cuda.synchronize()
         return
-    t = {"gems": do_bench(lambda: gemsops.prod(x, *args)),
-         "torch": do_bench(lambda: torch.prod(x, *args))}
+    t = {
+        "gems": do_bench(lambda: gemsops.prod(x, *args)),
+        "torch": do_bench(lambda: torch.prod(x, *args)),
+    }
     if flag_gems is not None:
         with flag_gems.use_gems():
             t["flaggems"] = do_bench(lambda: torch.prod(x, *args))
     if os.environ.get("PROD_KERNELS"):
         print("   kernels:", kernel_times(lambda: gemsops.prod(x, *args)))
     gb = x.numel() * x.element_size() / 1e9
-    print(f"{case:28s} " + "  ".join(
-        f"{k} {v * 1e3:7.1f} us {gb / v * 1e3:6.0f} GB/s"
-        for k, v in t.items()) + ("" if ok else "  WRONG"), flush=True)
+    print(
+        f"{case:28s} "
+        + "  ".join(
+            f"{k} {v * 1e3:7.1f} us {gb / v * 1e3:6.0f} GB/s"
+            for k, v in t.items()
+        )
+        + ("" if ok else "  WRONG"),
+        flush=True,
+    )
 
 
 def main(argv):

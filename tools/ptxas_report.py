@@ -3,6 +3,7 @@ stack frame and spill bytes, demangled enough to read the template args.
 
 usage: nvcc ... -Xptxas -v 2>&1 | python -m tools.ptxas_report [--spills]
 """
+
 import re
 import sys
 
@@ -17,8 +18,9 @@ def main():
         if m:
             name, arch = m.group(1), m.group(2)
             continue
-        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores",
-                      line)
+        m = re.search(
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores", line
+        )
         if m and name:
             stack, spill = int(m.group(1)), int(m.group(2))
             continue

@@ -19,6 +19,7 @@ usage:
 Which run a table shows: for each op and pass, the newest JSON (by its
 `date`) measured with the default L2 flush (`flush` absent or "zero");
 read-flush runs and older runs stay in benchmark/results/ as data."""
+
 import json
 import math
 import statistics
@@ -39,11 +40,19 @@ SCHEDULES = ["data-parallel", "auto", "hybrid"]
 # matmul shapes (batch, M, N, K) shown one by one: FlagGems' core shapes
 # and the shapes tests/test_matmul.py runs on CUDA; the rest of the 211
 # only count in the geomeans
-NAMED_MM = [(1, 384, 384, 384), (1, 1024, 1024, 1024), (1, 2048, 2048, 2048),
-            (1, 4096, 4096, 4096), (8, 1024, 1024, 1024),
-            (1, 1536, 1792, 6016), (1, 512, 1024, 4096),
-            (1, 16, 2560, 8192), (1, 8, 8192, 8192), (1, 2304, 5632, 3328),
-            (1, 495, 5333, 71)]
+NAMED_MM = [
+    (1, 384, 384, 384),
+    (1, 1024, 1024, 1024),
+    (1, 2048, 2048, 2048),
+    (1, 4096, 4096, 4096),
+    (8, 1024, 1024, 1024),
+    (1, 1536, 1792, 6016),
+    (1, 512, 1024, 4096),
+    (1, 16, 2560, 8192),
+    (1, 8, 8192, 8192),
+    (1, 2304, 5632, 3328),
+    (1, 495, 5333, 71),
+]
 
 
 def load(path):
@@ -59,8 +68,14 @@ def default_flush(doc):
 
 def newest(op, pass_, docs):
     """The newest default-flush run that holds rows of op/pass_."""
-    found = [d for d in docs if default_flush(d) and d["rows"]
-             and d["rows"][0]["op"] == op and d["rows"][0]["pass_"] == pass_]
+    found = [
+        d
+        for d in docs
+        if default_flush(d)
+        and d["rows"]
+        and d["rows"][0]["op"] == op
+        and d["rows"][0]["pass_"] == pass_
+    ]
     return max(found, key=lambda d: d["date"]) if found else None
 
 
@@ -82,8 +97,14 @@ def geomean(values):
 
 
 def peers_of(rows):
-    return sorted({k[:-3] for r in rows for k in r
-                   if k.endswith("_ms") and k[:-3] not in ("torch", "gems")})
+    return sorted(
+        {
+            k[:-3]
+            for r in rows
+            for k in r
+            if k.endswith("_ms") and k[:-3] not in ("torch", "gems")
+        }
+    )
 
 
 def case_name(shape):
@@ -94,20 +115,26 @@ def case_table(doc):
     """A row per case (the benchmark's own columns)."""
     rows = doc["rows"]
     peers = peers_of(rows)
-    out = [f"{rows[0]['op']} ({rows[0]['pass_']}) on {doc['gpu']}, commit "
-           f"{doc['commit']}, {doc['date'][:10]}, {timing(doc)}, copy "
-           f"{doc['copy_gbps']:.0f} GB/s, torch {doc['torch']}", ""]
-    head = ("| dtype | case | torch GB/s | gemsops GB/s | speedup "
-            "| gemsops/copy |")
+    out = [
+        f"{rows[0]['op']} ({rows[0]['pass_']}) on {doc['gpu']}, commit "
+        f"{doc['commit']}, {doc['date'][:10]}, {timing(doc)}, copy "
+        f"{doc['copy_gbps']:.0f} GB/s, torch {doc['torch']}",
+        "",
+    ]
+    head = (
+        "| dtype | case | torch GB/s | gemsops GB/s | speedup | gemsops/copy |"
+    )
     sep = "|---|---|---|---|---|---|"
     for p in peers:
         head += f" {p} GB/s |"
         sep += "---|"
     out += [head, sep]
     for r in rows:
-        line = (f"| {r['dtype']} | {case_name(r['shape'])} | "
-                f"{r['torch_gbps']:.0f} | {r['gems_gbps']:.0f} | "
-                f"{r['speedup']:.2f} | {r['gems_copy_fraction']:.0%} |")
+        line = (
+            f"| {r['dtype']} | {case_name(r['shape'])} | "
+            f"{r['torch_gbps']:.0f} | {r['gems_gbps']:.0f} | "
+            f"{r['speedup']:.2f} | {r['gems_copy_fraction']:.0%} |"
+        )
         for p in peers:
             v = r.get(f"{p}_gbps")
             line += f" {v:.0f} |" if v is not None else " – |"
@@ -119,11 +146,14 @@ def bandwidth_summary(title, docs):
     """One row per pass and dtype: speedup over torch (geomean and range),
     gemsops' fraction of the copy bandwidth (median and best) and the
     speedup over the fastest peer measured on each case."""
-    out = [f"**{title}**", "",
-           "| pass | dtype | cases | × torch, geomean (range) "
-           "| of copy, median (best) | × best peer, geomean (ahead) "
-           "| GPU, commit, timing |",
-           "|---|---|---|---|---|---|---|"]
+    out = [
+        f"**{title}**",
+        "",
+        "| pass | dtype | cases | × torch, geomean (range) "
+        "| of copy, median (best) | × best peer, geomean (ahead) "
+        "| GPU, commit, timing |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for op, pass_ in BANDWIDTH_OPS[title]:
         doc = newest(op, pass_, docs)
         if doc is None:
@@ -138,14 +168,18 @@ def bandwidth_summary(title, docs):
                 times = [r[f"{p}_ms"] for p in peers if r.get(f"{p}_ms")]
                 if times:
                     vs_peer.append(min(times) / r["gems_ms"])
-            peer = (f"{geomean(vs_peer):.2f} "
-                    f"({sum(v > 1 for v in vs_peer)}/{len(vs_peer)})"
-                    if vs_peer else "–")
+            peer = (
+                f"{geomean(vs_peer):.2f} "
+                f"({sum(v > 1 for v in vs_peer)}/{len(vs_peer)})"
+                if vs_peer
+                else "–"
+            )
             out.append(
                 f"| {pass_} | {dtype} | {len(rows)} | {geomean(sp):.2f} "
                 f"({min(sp):.2f}–{max(sp):.2f}) | "
                 f"{statistics.median(frac):.0%} ({max(frac):.0%}) | {peer} | "
-                f"{gpu_name(doc)}, {doc['commit']}, {timing(doc)} |")
+                f"{gpu_name(doc)}, {doc['commit']}, {timing(doc)} |"
+            )
     return out
 
 
@@ -165,28 +199,40 @@ def matmul_summary(docs):
     if not all(runs.values()):
         return []
     ref = runs["auto"]
-    out = ["**matmul** (each schedule forced for the whole run, the "
-           "mainloop chosen per shape)", "",
-           "| dtype | shapes | × cuBLAS, data-parallel | auto | hybrid "
-           "Stream-K | hybrid / data-parallel | GPU, commit, timing |",
-           "|---|---|---|---|---|---|---|"]
-    subsets = [("all", lambda s: True),
-               ("≥ 20 GFLOP", lambda s: gflop(s) >= 20),
-               ("< 2 GFLOP", lambda s: gflop(s) < 2)]
+    out = [
+        "**matmul** (each schedule forced for the whole run, the "
+        "mainloop chosen per shape)",
+        "",
+        "| dtype | shapes | × cuBLAS, data-parallel | auto | hybrid "
+        "Stream-K | hybrid / data-parallel | GPU, commit, timing |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    subsets = [
+        ("all", lambda s: True),
+        ("≥ 20 GFLOP", lambda s: gflop(s) >= 20),
+        ("< 2 GFLOP", lambda s: gflop(s) < 2),
+    ]
     for dtype in dict.fromkeys(r["dtype"] for r in ref["rows"]):
         for label, keep in subsets:
             g = {}
             for s, doc in runs.items():
-                sp = [r["speedup"] for r in doc["rows"]
-                      if r["dtype"] == dtype and keep(r["shape"])]
+                sp = [
+                    r["speedup"]
+                    for r in doc["rows"]
+                    if r["dtype"] == dtype and keep(r["shape"])
+                ]
                 g[s] = geomean(sp)
-            n = sum(1 for r in ref["rows"]
-                    if r["dtype"] == dtype and keep(r["shape"]))
+            n = sum(
+                1
+                for r in ref["rows"]
+                if r["dtype"] == dtype and keep(r["shape"])
+            )
             out.append(
                 f"| {dtype} | {label} ({n}) | {g['data-parallel']:.3f} | "
                 f"{g['auto']:.3f} | {g['hybrid']:.3f} | "
                 f"{g['hybrid'] / g['data-parallel']:.3f} | "
-                f"{gpu_name(ref)}, {ref['commit']}, {timing(ref)} |")
+                f"{gpu_name(ref)}, {ref['commit']}, {timing(ref)} |"
+            )
     return out
 
 
@@ -196,13 +242,22 @@ def matmul_named(docs):
     if not all(runs.values()):
         return []
     ref = runs["auto"]
-    by = {s: {tuple(r["shape"]): r for r in doc["rows"]
-              if r["dtype"] == "float16"} for s, doc in runs.items()}
-    out = [f"matmul, float16, on {ref['gpu']}, commit {ref['commit']}, "
-           f"{ref['date'][:10]}, {timing(ref)}, torch {ref['torch']}", "",
-           "| (batch ×) M × N × K | torch µs | gemsops µs (auto) | × torch "
-           "| TFLOP/s | × torch, data-parallel | × torch, hybrid |",
-           "|---|---|---|---|---|---|---|"]
+    by = {
+        s: {
+            tuple(r["shape"]): r
+            for r in doc["rows"]
+            if r["dtype"] == "float16"
+        }
+        for s, doc in runs.items()
+    }
+    out = [
+        f"matmul, float16, on {ref['gpu']}, commit {ref['commit']}, "
+        f"{ref['date'][:10]}, {timing(ref)}, torch {ref['torch']}",
+        "",
+        "| (batch ×) M × N × K | torch µs | gemsops µs (auto) | × torch "
+        "| TFLOP/s | × torch, data-parallel | × torch, hybrid |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for shape in NAMED_MM:
         if shape not in by["auto"]:
             continue
@@ -213,7 +268,8 @@ def matmul_named(docs):
             f"{r['gems_ms'] * 1e3:.1f} | {r['speedup']:.2f} | "
             f"{r['gems_tflops']:.0f} | "
             f"{by['data-parallel'][shape]['speedup']:.2f} | "
-            f"{by['hybrid'][shape]['speedup']:.2f} |")
+            f"{by['hybrid'][shape]['speedup']:.2f} |"
+        )
     return out
 
 
@@ -239,12 +295,13 @@ def cases(docs):
 def replace_block(text, name, lines, tool_flag):
     begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if text.count(begin) != 1 or text.count(end) != 1:
-        raise SystemExit(f"results_table: expected one {begin} and one "
-                         f"{end}")
+        raise SystemExit(f"results_table: expected one {begin} and one {end}")
     head, rest = text.split(begin)
     _, tail = rest.split(end)
-    note = (f"<!-- generated by `python -m tools.results_table {tool_flag}` "
-            "from benchmark/results/; edit the tool, not this block -->")
+    note = (
+        f"<!-- generated by `python -m tools.results_table {tool_flag}` "
+        "from benchmark/results/; edit the tool, not this block -->"
+    )
     body = "\n".join([note] + lines).rstrip("\n")
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
@@ -254,8 +311,10 @@ def write(path, name, lines, flag, check):
     new = replace_block(old, name, lines, flag)
     if check:
         if new != old:
-            print(f"{path.relative_to(ROOT)}: the {name} block is stale; "
-                  f"run python -m tools.results_table {flag}")
+            print(
+                f"{path.relative_to(ROOT)}: the {name} block is stale; "
+                f"run python -m tools.results_table {flag}"
+            )
             return 1
         return 0
     if new != old:
@@ -270,11 +329,13 @@ def main(argv):
         print("\n".join(summary(all_docs())))
         return 0
     if args == ["--write-readme"]:
-        return write(README, "results", summary(all_docs()),
-                     "--write-readme", check)
+        return write(
+            README, "results", summary(all_docs()), "--write-readme", check
+        )
     if args == ["--write-docs"]:
-        return write(PERFORMANCE, "cases", cases(all_docs()),
-                     "--write-docs", check)
+        return write(
+            PERFORMANCE, "cases", cases(all_docs()), "--write-docs", check
+        )
     if not args or any(a.startswith("--") for a in args):
         print(__doc__)
         return 2

@@ -13,8 +13,10 @@ gemsops_load_f64(const void *base, gemsops_dtype dt, int64_t i)
     switch (dt) {
     case GEMSOPS_FLOAT32: return ((const float *)base)[i];
     case GEMSOPS_FLOAT64: return ((const double *)base)[i];
-    case GEMSOPS_FLOAT16: return gemsops_half_to_float(((const uint16_t *)base)[i]);
-    case GEMSOPS_BFLOAT16: return gemsops_bf16_to_float(((const uint16_t *)base)[i]);
+    case GEMSOPS_FLOAT16:
+        return gemsops_half_to_float(((const uint16_t *)base)[i]);
+    case GEMSOPS_BFLOAT16:
+        return gemsops_bf16_to_float(((const uint16_t *)base)[i]);
     case GEMSOPS_BOOL: return ((const uint8_t *)base)[i] != 0;
     case GEMSOPS_UINT8: return ((const uint8_t *)base)[i];
     case GEMSOPS_INT8: return ((const int8_t *)base)[i];
@@ -33,8 +35,12 @@ gemsops_store_f64(void *base, gemsops_dtype dt, int64_t i, double v)
     switch (dt) {
     case GEMSOPS_FLOAT32: ((float *)base)[i] = (float)v; break;
     case GEMSOPS_FLOAT64: ((double *)base)[i] = v; break;
-    case GEMSOPS_FLOAT16: ((uint16_t *)base)[i] = gemsops_float_to_half((float)v); break;
-    case GEMSOPS_BFLOAT16: ((uint16_t *)base)[i] = gemsops_float_to_bf16((float)v); break;
+    case GEMSOPS_FLOAT16:
+        ((uint16_t *)base)[i] = gemsops_float_to_half((float)v);
+        break;
+    case GEMSOPS_BFLOAT16:
+        ((uint16_t *)base)[i] = gemsops_float_to_bf16((float)v);
+        break;
     default: break;
     }
 }

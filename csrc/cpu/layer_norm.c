@@ -41,30 +41,45 @@ load_param(const void *param, gemsops_dtype dt, int64_t n, double fill)
 
 /* A double rounded once to a storage type (half types through float, as
  * the CUDA kernels round). */
-static inline float narrow_f32(double v) { return (float)v; }
-static inline double narrow_f64(double v) { return v; }
-static inline uint16_t narrow_bf16(double v) { return gemsops_float_to_bf16((float)v); }
-static inline uint16_t narrow_f16(double v) { return gemsops_float_to_half((float)v); }
+static inline float
+narrow_f32(double v)
+{
+    return (float)v;
+}
+static inline double
+narrow_f64(double v)
+{
+    return v;
+}
+static inline uint16_t
+narrow_bf16(double v)
+{
+    return gemsops_float_to_bf16((float)v);
+}
+static inline uint16_t
+narrow_f16(double v)
+{
+    return gemsops_float_to_half((float)v);
+}
 
 /* for (c < n) ((CT *)dst)[c] = NARROW(EXPR): the row loops that end in a
  * store, one per float type, with `c` bound in EXPR. */
-#define GEMSOPS_STORE_ROW(dst, dt, EXPR)                                 \
-    switch (dt) {                                                        \
-    case GEMSOPS_FLOAT32: GEMSOPS_STORE_AS(dst, float, narrow_f32, EXPR) \
-    case GEMSOPS_FLOAT64: GEMSOPS_STORE_AS(dst, double, narrow_f64, EXPR) \
-    case GEMSOPS_BFLOAT16:                                               \
-        GEMSOPS_STORE_AS(dst, uint16_t, narrow_bf16, EXPR)               \
-    case GEMSOPS_FLOAT16: GEMSOPS_STORE_AS(dst, uint16_t, narrow_f16, EXPR) \
-    default: break;                                                      \
+#define GEMSOPS_STORE_ROW(dst, dt, EXPR)                                      \
+    switch (dt) {                                                             \
+    case GEMSOPS_FLOAT32: GEMSOPS_STORE_AS(dst, float, narrow_f32, EXPR)      \
+    case GEMSOPS_FLOAT64: GEMSOPS_STORE_AS(dst, double, narrow_f64, EXPR)     \
+    case GEMSOPS_BFLOAT16: GEMSOPS_STORE_AS(dst, uint16_t, narrow_bf16, EXPR) \
+    case GEMSOPS_FLOAT16: GEMSOPS_STORE_AS(dst, uint16_t, narrow_f16, EXPR)   \
+    default: break;                                                           \
     }
-#define GEMSOPS_STORE_AS(dst, CT, NARROW, EXPR)                          \
-    {                                                                    \
-        CT *d_ = (dst);                                                  \
-        _Pragma("omp simd")                                              \
-        for (int64_t c = 0; c < n; c++) {                                \
-            d_[c] = NARROW(EXPR);                                        \
-        }                                                                \
-    }                                                                    \
+#define GEMSOPS_STORE_AS(dst, CT, NARROW, EXPR)             \
+    {                                                       \
+        CT *d_ = (dst);                                     \
+        _Pragma("omp simd") for (int64_t c = 0; c < n; c++) \
+        {                                                   \
+            d_[c] = NARROW(EXPR);                           \
+        }                                                   \
+    }                                                       \
     break;
 
 /* x's row widened into buf, returning its sum: one fused pass. */
@@ -72,15 +87,16 @@ static inline double
 load_sum(const void *x, gemsops_dtype dt, int64_t n, double *buf)
 {
     double sum = 0;
-#define GEMSOPS_LOAD_SUM(CT, WIDEN)                                      \
-    {                                                                    \
-        const CT *s = x;                                                 \
-        _Pragma("omp simd reduction(+ : sum)")                           \
-        for (int64_t c = 0; c < n; c++) {                                \
-            buf[c] = WIDEN(s[c]);                                        \
-            sum += buf[c];                                               \
-        }                                                                \
-    }                                                                    \
+#define GEMSOPS_LOAD_SUM(CT, WIDEN)                                       \
+    {                                                                     \
+        const CT *s = x;                                                  \
+        _Pragma("omp simd reduction(+ : sum)") for (int64_t c = 0; c < n; \
+                                                    c++)                  \
+        {                                                                 \
+            buf[c] = WIDEN(s[c]);                                         \
+            sum += buf[c];                                                \
+        }                                                                 \
+    }                                                                     \
     break;
     switch (dt) {
     case GEMSOPS_FLOAT32: GEMSOPS_LOAD_SUM(float, (double))
@@ -185,15 +201,15 @@ bwd_row(const void *x, const void *dy, void *dx, gemsops_dtype dt, int64_t n,
         double *mine)
 {
     double c1 = 0, c2 = 0;
-#define GEMSOPS_BWD_PASS1(DT)                                            \
-    _Pragma("omp simd reduction(+ : c1, c2)")                            \
-    for (int64_t c = 0; c < n; c++) {                                    \
-        const double xv = (gemsops_load_f64(x, DT, c) - mean) * rstd;    \
-        const double d = gemsops_load_f64(dy, DT, c);                    \
-        xh[c] = xv;                                                      \
-        dyb[c] = d;                                                      \
-        c1 += d * w[c] * xv;                                             \
-        c2 += d * w[c];                                                  \
+#define GEMSOPS_BWD_PASS1(DT)                                                 \
+    _Pragma("omp simd reduction(+ : c1, c2)") for (int64_t c = 0; c < n; c++) \
+    {                                                                         \
+        const double xv = (gemsops_load_f64(x, DT, c) - mean) * rstd;         \
+        const double d = gemsops_load_f64(dy, DT, c);                         \
+        xh[c] = xv;                                                           \
+        dyb[c] = d;                                                           \
+        c1 += d * w[c] * xv;                                                  \
+        c2 += d * w[c];                                                       \
     }
     switch (dt) {
     case GEMSOPS_FLOAT32: GEMSOPS_BWD_PASS1(GEMSOPS_FLOAT32) break;
@@ -228,9 +244,9 @@ gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
     const int want_dwb = p->dweight != NULL || p->dbias != NULL;
     const int nthreads = gemsops_thread_count();
     double *w = load_param(p->weight, p->param_dtype, n, 1.0);
-    double *part = want_dwb ? calloc((size_t)nthreads * 2 * (n ? n : 1),
-                                     sizeof *part)
-                            : NULL;
+    double *part =
+        want_dwb ? calloc((size_t)nthreads * 2 * (n ? n : 1), sizeof *part)
+                 : NULL;
     int failed = w == NULL || (want_dwb && part == NULL);
 
 #pragma omp parallel num_threads(nthreads) reduction(| : failed)

@@ -44,16 +44,18 @@ tile_mac(const struct gemsops_matmul_params *p,
         const int64_t kk = p->k - kb < CPU_BK ? p->k - kb : CPU_BK;
         for (int64_t i = 0; i < rows; i++) {
             for (int64_t q = 0; q < kk; q++) {
-                w->a[i * CPU_BK + q] = (float)gemsops_load_f64(
-                    p->a, p->dtype,
-                    bt * p->a_bs + (r0 + i) * p->a_rs + (kb + q) * p->a_cs);
+                w->a[i * CPU_BK + q] =
+                    (float)gemsops_load_f64(p->a, p->dtype,
+                                            bt * p->a_bs + (r0 + i) * p->a_rs +
+                                                (kb + q) * p->a_cs);
             }
         }
         for (int64_t q = 0; q < kk; q++) {
             for (int64_t j = 0; j < cols; j++) {
-                w->b[q * CPU_BN + j] = (float)gemsops_load_f64(
-                    p->b, p->dtype,
-                    bt * p->b_bs + (kb + q) * p->b_rs + (c0 + j) * p->b_cs);
+                w->b[q * CPU_BN + j] =
+                    (float)gemsops_load_f64(p->b, p->dtype,
+                                            bt * p->b_bs + (kb + q) * p->b_rs +
+                                                (c0 + j) * p->b_cs);
             }
         }
         for (int64_t i = 0; i < rows; i++) {
@@ -71,16 +73,15 @@ tile_mac(const struct gemsops_matmul_params *p,
 
 static void
 tile_store(const struct gemsops_matmul_params *p,
-           const struct gemsops_sk_schedule *s, int64_t tile,
-           const float *acc)
+           const struct gemsops_sk_schedule *s, int64_t tile, const float *acc)
 {
     int64_t bt, tm, tn;
     gemsops_sk_tile_coords(s, tile, &bt, &tm, &tn);
     const int64_t r0 = tm * CPU_BM, c0 = tn * CPU_BN;
     for (int64_t i = 0; i < CPU_BM && r0 + i < p->m; i++) {
         for (int64_t j = 0; j < CPU_BN && c0 + j < p->n; j++) {
-            gemsops_store_f64(p->c, p->dtype, (bt * p->m + r0 + i) * p->n +
-                                                  c0 + j,
+            gemsops_store_f64(p->c, p->dtype,
+                              (bt * p->m + r0 + i) * p->n + c0 + j,
                               acc[i * CPU_BN + j]);
         }
     }
@@ -127,8 +128,8 @@ gemsops_matmul_plan_cpu(const struct gemsops_matmul_params *p,
                         struct gemsops_sk_schedule *s, gemsops_status *st)
 {
     (void)st;
-    const int64_t ctas = p->ctas_override > 0 ? p->ctas_override
-                                              : 2 * gemsops_thread_count();
+    const int64_t ctas =
+        p->ctas_override > 0 ? p->ctas_override : 2 * gemsops_thread_count();
     gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, CPU_BM, CPU_BN, CPU_BK,
                     CPU_GROUP_M, ctas, p->mode, p->two_tiles);
     return GEMSOPS_OK;

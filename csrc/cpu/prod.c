@@ -60,14 +60,15 @@ GEMSOPS_SIMD_CLONES static double
 run_f64(const void *base, gemsops_dtype dt, int64_t off, int64_t len)
 {
     double f = 1.0;
-#define GEMSOPS_RUN_F64(CT, WIDEN)                                       \
-    {                                                                    \
-        const CT *s = (const CT *)base + off;                            \
-        _Pragma("omp simd reduction(* : f)")                             \
-        for (int64_t r = 0; r < len; r++) {                              \
-            f *= WIDEN(s[r]);                                            \
-        }                                                                \
-    }                                                                    \
+#define GEMSOPS_RUN_F64(CT, WIDEN)                                        \
+    {                                                                     \
+        const CT *s = (const CT *)base + off;                             \
+        _Pragma("omp simd reduction(* : f)") for (int64_t r = 0; r < len; \
+                                                  r++)                    \
+        {                                                                 \
+            f *= WIDEN(s[r]);                                             \
+        }                                                                 \
+    }                                                                     \
     break;
     switch (dt) {
     case GEMSOPS_FLOAT32: GEMSOPS_RUN_F64(float, (double))
@@ -85,14 +86,15 @@ GEMSOPS_SIMD_CLONES static uint64_t
 run_u64(const void *base, gemsops_dtype dt, int64_t off, int64_t len)
 {
     uint64_t u = 1;
-#define GEMSOPS_RUN_U64(CT, WIDEN)                                       \
-    {                                                                    \
-        const CT *s = (const CT *)base + off;                            \
-        _Pragma("omp simd reduction(* : u)")                             \
-        for (int64_t r = 0; r < len; r++) {                              \
-            u *= WIDEN(s[r]);                                            \
-        }                                                                \
-    }                                                                    \
+#define GEMSOPS_RUN_U64(CT, WIDEN)                                        \
+    {                                                                     \
+        const CT *s = (const CT *)base + off;                             \
+        _Pragma("omp simd reduction(* : u)") for (int64_t r = 0; r < len; \
+                                                  r++)                    \
+        {                                                                 \
+            u *= WIDEN(s[r]);                                             \
+        }                                                                 \
+    }                                                                     \
     break;
 #define GEMSOPS_BOOL_U64(v) (uint64_t)((v) != 0)
 #define GEMSOPS_SIGNED_U64(v) (uint64_t)(int64_t)(v)
@@ -116,14 +118,14 @@ run_u64(const void *base, gemsops_dtype dt, int64_t off, int64_t len)
 GEMSOPS_SIMD_CLONES static void
 cols_f64(const void *base, gemsops_dtype dt, int64_t off, int nb, double *acc)
 {
-#define GEMSOPS_COLS_F64(CT, WIDEN)                                      \
-    {                                                                    \
-        const CT *s = (const CT *)base + off;                            \
-        _Pragma("omp simd")                                              \
-        for (int i = 0; i < nb; i++) {                                   \
-            acc[i] *= WIDEN(s[i]);                                       \
-        }                                                                \
-    }                                                                    \
+#define GEMSOPS_COLS_F64(CT, WIDEN)                      \
+    {                                                    \
+        const CT *s = (const CT *)base + off;            \
+        _Pragma("omp simd") for (int i = 0; i < nb; i++) \
+        {                                                \
+            acc[i] *= WIDEN(s[i]);                       \
+        }                                                \
+    }                                                    \
     break;
     switch (dt) {
     case GEMSOPS_FLOAT32: GEMSOPS_COLS_F64(float, (double))
@@ -143,7 +145,6 @@ cols_u64(const void *base, gemsops_dtype dt, int64_t off, int nb,
         acc[i] *= load_u64(base, dt, off + i);
     }
 }
-
 
 /* The line layout: `lines` lines of `len` elements, element r of line o at
  * base(o) + r * step. For the full product: one line over every element. */
@@ -352,9 +353,9 @@ gemsops_prod_bwd_cpu(const struct gemsops_prod_bwd_params *p,
             /* suffix[r] = prod_{j >= r} x_j, then a running prefix */
             suffix[l.len] = 1.0;
             for (int64_t r = l.len - 1; r >= 0; r--) {
-                suffix[r] = suffix[r + 1] *
-                            gemsops_load_f64(x->data, x->dtype,
-                                             element(&l, x, o, r));
+                suffix[r] =
+                    suffix[r + 1] *
+                    gemsops_load_f64(x->data, x->dtype, element(&l, x, o, r));
             }
             const int64_t outer = l.full ? 0 : o / inner;
             const int64_t in = l.full ? 0 : o % inner;
@@ -364,8 +365,8 @@ gemsops_prod_bwd_cpu(const struct gemsops_prod_bwd_params *p,
                     l.full ? r : (outer * l.len + r) * inner + in;
                 gemsops_store_f64(p->grad_in, x->dtype, gi,
                                   g * prefix * suffix[r + 1]);
-                prefix *= gemsops_load_f64(x->data, x->dtype,
-                                           element(&l, x, o, r));
+                prefix *=
+                    gemsops_load_f64(x->data, x->dtype, element(&l, x, o, r));
             }
         }
         free(suffix);

@@ -11,7 +11,8 @@
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \
     defined(__linux__)
 #define GEMSOPS_SIMD_CLONES \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+    __attribute__((         \
+        target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define GEMSOPS_SIMD_CLONES
 #endif

@@ -48,7 +48,8 @@ __device__ __forceinline__ void cp_async_commit()
 }
 
 // Waits until at most N of this thread's committed groups are pending.
-template <int N> __device__ __forceinline__ void cp_async_wait()
+template <int N>
+__device__ __forceinline__ void cp_async_wait()
 {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
@@ -75,8 +76,8 @@ __device__ __forceinline__ void mbar_init_fence()
 }
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes)
 {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(
-                     bar),
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::
+                     "r"(bar),
                  "r"(bytes)
                  : "memory");
 }
@@ -103,8 +104,8 @@ __device__ __forceinline__ void bulk_load(unsigned dst, const void *src,
                                           uint64_t policy)
 {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx"
-                 "::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+                 "::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar), "l"(policy)
                  : "memory");
 }
 

@@ -12,14 +12,37 @@
 namespace gemsops {
 
 // Accumulation type: fp32 for every float type but fp64.
-template <typename T> struct acc_of { using type = float; };
-template <> struct acc_of<double> { using type = double; };
-template <typename T> using acc_t = typename acc_of<T>::type;
+template <typename T>
+struct acc_of {
+    using type = float;
+};
+template <>
+struct acc_of<double> {
+    using type = double;
+};
+template <typename T>
+using acc_t = typename acc_of<T>::type;
 
-template <typename A> __device__ __forceinline__ A to_acc(float v) { return v; }
-template <typename A> __device__ __forceinline__ A to_acc(double v) { return (A)v; }
-template <typename A> __device__ __forceinline__ A to_acc(__half v) { return (A)__half2float(v); }
-template <typename A> __device__ __forceinline__ A to_acc(__nv_bfloat16 v) { return (A)__bfloat162float(v); }
+template <typename A>
+__device__ __forceinline__ A to_acc(float v)
+{
+    return v;
+}
+template <typename A>
+__device__ __forceinline__ A to_acc(double v)
+{
+    return (A)v;
+}
+template <typename A>
+__device__ __forceinline__ A to_acc(__half v)
+{
+    return (A)__half2float(v);
+}
+template <typename A>
+__device__ __forceinline__ A to_acc(__nv_bfloat16 v)
+{
+    return (A)__bfloat162float(v);
+}
 
 // to_acc for values read in more than one pass. Widening bf16 is one
 // instruction (a shift or mask), so the compiler widens each element once
@@ -28,35 +51,74 @@ template <typename A> __device__ __forceinline__ A to_acc(__nv_bfloat16 v) { ret
 // As an opaque move it is redone in each pass, as fp16's conversion
 // already is (a tighter register bound instead spilled and was slower;
 // docs/performance.md).
-template <typename A, typename T> __device__ __forceinline__ A widen(T v) { return to_acc<A>(v); }
-template <> __device__ __forceinline__ float widen<float, __nv_bfloat16>(__nv_bfloat16 v)
+template <typename A, typename T>
+__device__ __forceinline__ A widen(T v)
+{
+    return to_acc<A>(v);
+}
+template <>
+__device__ __forceinline__ float widen<float, __nv_bfloat16>(__nv_bfloat16 v)
 {
     float f;
     const unsigned short zero = 0;
-    asm volatile("mov.b32 %0, {%1, %2};" : "=f"(f) : "h"(zero), "h"(__bfloat16_as_ushort(v)));
+    asm volatile("mov.b32 %0, {%1, %2};"
+                 : "=f"(f)
+                 : "h"(zero), "h"(__bfloat16_as_ushort(v)));
     return f;
 }
 
-template <typename T> __device__ __forceinline__ T from_acc(float v);
-template <> __device__ __forceinline__ float from_acc<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_acc<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <typename T> __device__ __forceinline__ T from_acc(double v) { return (T)v; }
+template <typename T>
+__device__ __forceinline__ T from_acc(float v);
+template <>
+__device__ __forceinline__ float from_acc<float>(float v)
+{
+    return v;
+}
+template <>
+__device__ __forceinline__ __half from_acc<__half>(float v)
+{
+    return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_acc<__nv_bfloat16>(float v)
+{
+    return __float2bfloat16_rn(v);
+}
+template <typename T>
+__device__ __forceinline__ T from_acc(double v)
+{
+    return (T)v;
+}
 
 // VEC elements moved as one access: 16 bytes when the caller proved the
 // alignment, one element otherwise. Copies go through raw words: the half
 // types' class assignment would otherwise split a vector into 2-byte
 // accesses.
-template <typename T, int VEC> struct alignas(sizeof(T) * VEC) vec_t {
+template <typename T, int VEC>
+struct alignas(sizeof(T) * VEC) vec_t {
     T v[VEC];
 };
 
-template <int BYTES> struct raw_word;
-template <> struct raw_word<16> { using type = uint4; };
-template <> struct raw_word<8> { using type = uint2; };
-template <> struct raw_word<4> { using type = unsigned; };
-template <> struct raw_word<2> { using type = unsigned short; };
-template <> struct raw_word<32> {
+template <int BYTES>
+struct raw_word;
+template <>
+struct raw_word<16> {
+    using type = uint4;
+};
+template <>
+struct raw_word<8> {
+    using type = uint2;
+};
+template <>
+struct raw_word<4> {
+    using type = unsigned;
+};
+template <>
+struct raw_word<2> {
+    using type = unsigned short;
+};
+template <>
+struct raw_word<32> {
     struct alignas(32) type {
         uint4 lo, hi;
     };
@@ -86,12 +148,14 @@ template <typename T, int VEC, typename A>
 __device__ __forceinline__ void store_rounded(T *p, const A (&o)[VEC])
 {
     if constexpr ((std::is_same_v<T, __nv_bfloat16> ||
-                   std::is_same_v<T, __half>) && VEC % 2 == 0) {
+                   std::is_same_v<T, __half>) &&
+                  VEC % 2 == 0) {
         unsigned w[VEC / 2];
 #pragma unroll
         for (int k = 0; k < VEC / 2; k++) {
             if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-                __nv_bfloat162 h = __floats2bfloat162_rn(o[2 * k], o[2 * k + 1]);
+                __nv_bfloat162 h =
+                    __floats2bfloat162_rn(o[2 * k], o[2 * k + 1]);
                 w[k] = *reinterpret_cast<unsigned *>(&h);
             }
             else {

@@ -11,29 +11,29 @@
 
 // Every CUDA runtime call goes through this: on failure it records the call
 // text, file, line and the CUDA error name, and returns from the caller.
-#define GEMSOPS_CUDA_CHECK(st, call)                                          \
-    do {                                                                      \
-        cudaError_t gemsops_err_ = (call);                                    \
-        if (gemsops_err_ != cudaSuccess) {                                    \
-            return gemsops_fail((st), GEMSOPS_ERR_RUNTIME,                    \
-                                "%s failed at %s:%d: %s (%s)", #call,         \
-                                __FILE__, __LINE__,                           \
-                                cudaGetErrorName(gemsops_err_),               \
-                                cudaGetErrorString(gemsops_err_));            \
-        }                                                                     \
+#define GEMSOPS_CUDA_CHECK(st, call)                                  \
+    do {                                                              \
+        cudaError_t gemsops_err_ = (call);                            \
+        if (gemsops_err_ != cudaSuccess) {                            \
+            return gemsops_fail((st), GEMSOPS_ERR_RUNTIME,            \
+                                "%s failed at %s:%d: %s (%s)", #call, \
+                                __FILE__, __LINE__,                   \
+                                cudaGetErrorName(gemsops_err_),       \
+                                cudaGetErrorString(gemsops_err_));    \
+        }                                                             \
     } while (0)
 
 // After each launch: configuration errors surface here, not at a later call.
-#define GEMSOPS_CUDA_CHECK_LAUNCH(st, kernel_name)                            \
-    do {                                                                      \
-        cudaError_t gemsops_err_ = cudaGetLastError();                        \
-        if (gemsops_err_ != cudaSuccess) {                                    \
-            return gemsops_fail((st), GEMSOPS_ERR_RUNTIME,                    \
-                                "launch of %s failed at %s:%d: %s (%s)",      \
-                                kernel_name, __FILE__, __LINE__,              \
-                                cudaGetErrorName(gemsops_err_),               \
-                                cudaGetErrorString(gemsops_err_));            \
-        }                                                                     \
+#define GEMSOPS_CUDA_CHECK_LAUNCH(st, kernel_name)                       \
+    do {                                                                 \
+        cudaError_t gemsops_err_ = cudaGetLastError();                   \
+        if (gemsops_err_ != cudaSuccess) {                               \
+            return gemsops_fail((st), GEMSOPS_ERR_RUNTIME,               \
+                                "launch of %s failed at %s:%d: %s (%s)", \
+                                kernel_name, __FILE__, __LINE__,         \
+                                cudaGetErrorName(gemsops_err_),          \
+                                cudaGetErrorString(gemsops_err_));       \
+        }                                                                \
     } while (0)
 
 namespace gemsops {

@@ -33,10 +33,10 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
         GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
                                    &f.cc_minor,
                                    cudaDevAttrComputeCapabilityMinor, device));
-        GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
-                                   &f.smem_per_block_optin,
-                                   cudaDevAttrMaxSharedMemoryPerBlockOptin,
-                                   device));
+        GEMSOPS_CUDA_CHECK(
+            st, cudaDeviceGetAttribute(&f.smem_per_block_optin,
+                                       cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                       device));
         GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
                                    &f.smem_per_sm,
                                    cudaDevAttrMaxSharedMemoryPerMultiprocessor,
@@ -82,8 +82,10 @@ int resident_ctas(const void *kernel, int device, int block, int smem,
     }
     GEMSOPS_CUDA_CHECK(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                                &per_sm, kernel, block, (size_t)smem));
-    GEMSOPS_CUDA_CHECK(st, cudaDeviceGetAttribute(
-                               &sms, cudaDevAttrMultiProcessorCount, device));
+    GEMSOPS_CUDA_CHECK(st,
+                       cudaDeviceGetAttribute(&sms,
+                                              cudaDevAttrMultiProcessorCount,
+                                              device));
     *out = per_sm * sms > 0 ? per_sm * sms : 1;
     if (g_resident_count < kMaxResident) { // else: asked again next time
         g_resident[g_resident_count++] = {kernel, device, block, smem, *out};
@@ -103,4 +105,7 @@ extern "C" int gemsops_cuda_device_count(int *count)
     return 0;
 }
 
-extern "C" int gemsops_built_with_cuda(void) { return 1; }
+extern "C" int gemsops_built_with_cuda(void)
+{
+    return 1;
+}

@@ -12,8 +12,8 @@ struct device_facts {
     int sm_count;
     int cc_major, cc_minor;
     int smem_per_block_optin; // bytes of shared memory one CTA may ask for
-    int smem_per_sm;          // bytes of shared memory of one SM
-    int l2_bytes;             // L2 cache size
+    int smem_per_sm; // bytes of shared memory of one SM
+    int l2_bytes; // L2 cache size
 };
 int get_device_facts(int device, device_facts *out, gemsops_status *st);
 

@@ -18,8 +18,7 @@ namespace gemsops {
 __device__ __forceinline__ uint64_t l2_evict_first_policy()
 {
     uint64_t policy;
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;"
-        : "=l"(policy));
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
     return policy;
 }
 

@@ -59,8 +59,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     extern __shared__ uint4 ring_words[];
     __shared__ A red[2 * 32 * 2];
     __shared__ A merged[2 * 2];
-    __shared__ A colsum[Th::ROWS_PER_CTA > 1 ? Th::ROWS_PER_CTA * Th::SLAB
-                                               : 1];
+    __shared__ A
+        colsum[Th::ROWS_PER_CTA > 1 ? Th::ROWS_PER_CTA * Th::SLAB : 1];
     Th t(a, ring_words, red);
     typename Th::Sums dw, db;
     t.init_columns(dw, db);
@@ -113,8 +113,7 @@ int plan_for(const gemsops_layer_norm_bwd_params *p, const bwd_config &c,
     // Both access widths get the same grid, so the workspace plan does not
     // depend on pointer alignment, and split rows stay co-resident.
     if (get_device_facts(p->device_id, &f, st) ||
-        ctas_per_sm<T, P, TPR, 16 / sizeof(T), E>(p->device_id, f, st,
-                                                  &occ) ||
+        ctas_per_sm<T, P, TPR, 16 / sizeof(T), E>(p->device_id, f, st, &occ) ||
         ctas_per_sm<T, P, TPR, 1, E>(p->device_id, f, st, &occ_scalar)) {
         return st->code;
     }
@@ -141,8 +140,8 @@ int plan_for(const gemsops_layer_norm_bwd_params *p, const bwd_config &c,
         // with 3 or more slabs, or 4 stages, LAG won or tied everywhere
         // measured (docs/performance.md).
         const bool lag_pays = c.shape.split > 2 || out->ring.stages > 3;
-        out->lagged = c.shape.split > 1 && p->dx && out->ring.stages >= 2 &&
-                      lag_pays;
+        out->lagged =
+            c.shape.split > 1 && p->dx && out->ring.stages >= 2 && lag_pays;
     }
     out->pdl = f.cc_major >= 9;
     return GEMSOPS_OK;
@@ -182,15 +181,15 @@ int launch_for(const gemsops_layer_norm_bwd_params *p, const bwd_plan &pl,
 
     if (p->kept_zero && !p->known_zero) {
         // kept from now on: all of it zero, whatever this launch uses
-        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws, 0, p->workspace_bytes,
-                                               stream));
+        GEMSOPS_CUDA_CHECK(st,
+                           cudaMemsetAsync(ws, 0, p->workspace_bytes, stream));
     }
     else {
         const int64_t zero_from = p->known_zero ? l.exchange : 0;
         if (l.zeroed > zero_from) {
-            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + zero_from, 0,
-                                                   l.zeroed - zero_from,
-                                                   stream));
+            GEMSOPS_CUDA_CHECK(st,
+                               cudaMemsetAsync(ws + zero_from, 0,
+                                               l.zeroed - zero_from, stream));
         }
     }
     const unsigned block = layer_norm_block_threads(TPR);
@@ -213,11 +212,12 @@ int launch_for(const gemsops_layer_norm_bwd_params *p, const bwd_plan &pl,
         const int64_t n_parts =
             a.deterministic ? pl.grid / pl.config.shape.split : l.n_stripes;
         const unsigned sum_grid = (unsigned)((n + kSumCols - 1) / kSumCols);
-        GEMSOPS_CUDA_CHECK(st, launch_dependent(
-                                   layer_norm_bwd_sum_partials<A, P>,
-                                   dim3(sum_grid), dim3(kSumCols, kSumLanes),
-                                   stream, pl.pdl, parts, n_parts,
-                                   (int64_t)p->cols, a.dw, a.db));
+        GEMSOPS_CUDA_CHECK(st,
+                           launch_dependent(layer_norm_bwd_sum_partials<A, P>,
+                                            dim3(sum_grid),
+                                            dim3(kSumCols, kSumLanes), stream,
+                                            pl.pdl, parts, n_parts,
+                                            (int64_t)p->cols, a.dw, a.db));
     }
     if (p->kept_zero && l.zeroed > l.exchange) {
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(ws + l.exchange, 0,
@@ -227,7 +227,8 @@ int launch_for(const gemsops_layer_norm_bwd_params *p, const bwd_plan &pl,
 }
 
 // Names one instantiation's compile-time shape for the visitors below.
-template <int TPR_, int VEC_, int E_> struct bwd_kernel {
+template <int TPR_, int VEC_, int E_>
+struct bwd_kernel {
     static constexpr int TPR = TPR_, VEC = VEC_, E = E_;
 };
 
@@ -375,7 +376,8 @@ int backward(const gemsops_layer_norm_bwd_params *p, int64_t *need,
     return launch<T, P>(p, pl, st);
 }
 
-template <typename T> struct type_tag {
+template <typename T>
+struct type_tag {
     using type = T;
 };
 
@@ -387,10 +389,8 @@ int with_dtypes(const gemsops_layer_norm_bwd_params *p, gemsops_status *st,
 {
     const bool same = p->param_dtype == p->dtype;
     switch (p->dtype) {
-    case GEMSOPS_FLOAT32:
-        return f(type_tag<float>(), type_tag<float>());
-    case GEMSOPS_FLOAT64:
-        return f(type_tag<double>(), type_tag<double>());
+    case GEMSOPS_FLOAT32: return f(type_tag<float>(), type_tag<float>());
+    case GEMSOPS_FLOAT64: return f(type_tag<double>(), type_tag<double>());
     case GEMSOPS_FLOAT16:
         return same ? f(type_tag<__half>(), type_tag<__half>())
                     : f(type_tag<__half>(), type_tag<float>());

@@ -35,7 +35,8 @@ constexpr int64_t kMinRowsPerCta = 8;
 // barriers and ring bookkeeping are per row and thread, so twice the
 // elements halve their share. Short rows were slower at 16
 // (docs/performance.md).
-template <typename T> __host__ __device__ constexpr int bwd_base_elems()
+template <typename T>
+__host__ __device__ constexpr int bwd_base_elems()
 {
     return sizeof(T) == 8 ? 4 : 8;
 }
@@ -43,14 +44,16 @@ template <typename T> __host__ __device__ constexpr int bwd_base_elems()
 // Resident threads per SM the registers and the ring are planned for:
 // 1024 at 8 elements (64 registers), 512 at 16 (x, dy and the fp32 dW/dB
 // accumulators take twice the registers) and for fp64.
-template <typename T, int E> __host__ __device__ constexpr int bwd_sm_threads()
+template <typename T, int E>
+__host__ __device__ constexpr int bwd_sm_threads()
 {
     return sizeof(T) == 8 || E > 8 ? 512 : 1024;
 }
 
 // The ring feeds 16-byte accesses only; one stage holds each thread's x
 // and dy vectors, then the rows' mean and rstd.
-template <typename T, int VEC> __host__ __device__ constexpr bool bwd_ring()
+template <typename T, int VEC>
+__host__ __device__ constexpr bool bwd_ring()
 {
     return VEC * sizeof(T) == 16;
 }
@@ -74,7 +77,8 @@ __host__ __device__ constexpr int bwd_stage_bytes(int block, int tpr)
     return bwd_ring<T, VEC>()
                ? (block * 2 * (E / VEC) * 16 +
                   2 * (block / bwd_stat_lanes(tpr)) * (int)sizeof(acc_t<T>) +
-                  127) / 128 * 128
+                  127) /
+                     128 * 128
                : 0;
 }
 
@@ -89,22 +93,23 @@ __host__ __device__ constexpr int bwd_min_ctas(int tpr, int threads)
 }
 
 // The fused kernel's arguments (layer_norm_bwd_row.cuh reads them).
-template <typename T, typename P> struct bwd_args {
+template <typename T, typename P>
+struct bwd_args {
     const T *dy;
     const T *x;
     const P *w;
     const acc_t<T> *mean;
     const acc_t<T> *rstd;
-    T *dx;               // NULL: no dx wanted
-    P *dw;               // outputs, NULL when not wanted
+    T *dx; // NULL: no dx wanted
+    P *dw; // outputs, NULL when not wanted
     P *db;
-    acc_t<T> *stripes;   // atomics: [n_stripes][2 * cols] (dW then dB)
-    int n_stripes;       // row group g adds into stripe g % n_stripes
-    acc_t<T> *partials;  // deterministic: [groups][2 * cols]
-    acc_t<T> *exchange;  // split > 1: [rows][split][2], zero at launch
+    acc_t<T> *stripes; // atomics: [n_stripes][2 * cols] (dW then dB)
+    int n_stripes; // row group g adds into stripe g % n_stripes
+    acc_t<T> *partials; // deterministic: [groups][2 * cols]
+    acc_t<T> *exchange; // split > 1: [rows][split][2], zero at launch
     int64_t rows, cols, dy_stride, x_stride, dx_stride;
     int split;
-    int stages;          // ring depth, 1..kMaxStages (ring kernels only)
+    int stages; // ring depth, 1..kMaxStages (ring kernels only)
     bool deterministic;
 };
 
@@ -115,7 +120,8 @@ template <typename T, typename P> struct bwd_args {
 // on pointer alignment.
 constexpr int kWideMaxTpr = 512;
 
-template <typename T> bool bwd_wide(int64_t cols)
+template <typename T>
+bool bwd_wide(int64_t cols)
 {
     if (sizeof(T) != 2) {
         return false;
@@ -139,8 +145,7 @@ bool bwd_vector_ok(const gemsops_layer_norm_bwd_params *p)
     };
     return p->cols % V == 0 && p->x_row_stride % V == 0 &&
            p->dy_row_stride % V == 0 && p->dx_row_stride % V == 0 &&
-           al(p->x, 16) && al(p->dy, 16) && al(p->dx, 16) &&
-           al(p->weight, PA);
+           al(p->x, 16) && al(p->dy, 16) && al(p->dx, 16) && al(p->weight, PA);
 }
 
 // Which fused-kernel instantiation runs: its elements per thread, access
@@ -148,7 +153,7 @@ bool bwd_vector_ok(const gemsops_layer_norm_bwd_params *p)
 struct bwd_config {
     layer_norm_shape shape;
     int elems; // E: bwd_base_elems<T>(), or twice that (bwd_wide)
-    int vec;   // VEC: 16 / sizeof(T) (bwd_vector_ok), or 1
+    int vec; // VEC: 16 / sizeof(T) (bwd_vector_ok), or 1
 };
 
 template <typename T, typename P>
@@ -224,12 +229,15 @@ inline int64_t bwd_grid(int64_t rows, layer_norm_shape s, int ctas_per_sm,
     }
     int64_t groups_needed = (rows + rows_per_cta - 1) / rows_per_cta;
     int64_t resident_groups = (int64_t)ctas_per_sm * sm_count / s.split;
-    int64_t groups = groups_needed < resident_groups ? groups_needed
-                                                     : resident_groups;
+    int64_t groups =
+        groups_needed < resident_groups ? groups_needed : resident_groups;
     return groups * s.split;
 }
 
-inline int64_t round16(int64_t n) { return (n + 15) / 16 * 16; }
+inline int64_t round16(int64_t n)
+{
+    return (n + 15) / 16 * 16;
+}
 
 // Same-address atomics serialise in L2: with G row groups adding into one
 // accumulator per column, the tail of the kernel waits ~G atomic latencies.
@@ -291,8 +299,8 @@ struct bwd_plan {
     int64_t grid;
     bwd_ring_plan ring; // for the config's access width
     bwd_layout layout;
-    bool lagged;        // split rows take the LAG kernel
-    bool pdl;           // the sum kernel is a programmatic dependent
+    bool lagged; // split rows take the LAG kernel
+    bool pdl; // the sum kernel is a programmatic dependent
 };
 
 } // namespace

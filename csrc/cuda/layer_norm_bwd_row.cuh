@@ -104,8 +104,8 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
             V xv[Th::ITEMS], dv[Th::ITEMS];
             t.read_xd(t.stage_at(held_stage), xv, dv);
             t.pad(held_ok, xv, dv);
-            t.finish(held, held_ok, xv, dv, held_mean, held_rstd, m[0],
-                     m[1], dw, db);
+            t.finish(held, held_ok, xv, dv, held_mean, held_rstd, m[0], m[1],
+                     dw, db);
         }
         held_stage = stage;
         held_mean = mean;

@@ -92,8 +92,8 @@ __device__ __forceinline__ void split_peek(const A *partials, int64_t row,
 // The row's totals once every slab has published; called by the 32 lanes
 // of one warp, with the bits split_peek saw (zeros: none seen).
 template <typename A>
-__device__ void split_collect(const A *partials, int64_t row, int split,
-                              A &v0, A &v1, unsigned long long peek0 = 0,
+__device__ void split_collect(const A *partials, int64_t row, int split, A &v0,
+                              A &v1, unsigned long long peek0 = 0,
                               unsigned long long peek1 = 0)
 {
     const int lane = threadIdx.x % 32;

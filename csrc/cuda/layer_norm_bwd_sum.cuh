@@ -157,7 +157,7 @@ __device__ __forceinline__ void bwd_emit(const Th &t, typename Th::A *colsum,
 constexpr int kSumCols = 64, kSumLanes = 4;
 
 template <typename A, typename P>
-__global__ void __launch_bounds__(kSumCols * kSumLanes)
+__global__ void __launch_bounds__(kSumCols *kSumLanes)
     layer_norm_bwd_sum_partials(A *partials, int64_t parts, int64_t cols,
                                 P *dw, P *db)
 {

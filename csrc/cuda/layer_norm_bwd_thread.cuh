@@ -46,7 +46,8 @@ __device__ __forceinline__ void ring_wait(int pending)
 // locals, passed to what adds to them. HELD (the loops' template argument)
 // is how many rows a loop keeps in the ring after their step: the ring
 // prefetches that many rows less.
-template <typename T, typename P, int TPR, int VEC, int E> struct bwd_thread {
+template <typename T, typename P, int TPR, int VEC, int E>
+struct bwd_thread {
     using A = acc_t<T>;
     using V = vec_t<T, VEC>;
     using W = vec_t<P, VEC>;
@@ -71,7 +72,7 @@ template <typename T, typename P, int TPR, int VEC, int E> struct bwd_thread {
 
     const bwd_args<T, P> &a;
     uint4 *ring_words; // dynamic shared memory: the ring, then the weights
-    A *red;            // row_sum's scratch
+    A *red; // row_sum's scratch
     int parity;
     int lane, sub, slab;
     int64_t group, groups, slab0, col0, col_end;
@@ -193,7 +194,8 @@ template <typename T, typename P, int TPR, int VEC, int E> struct bwd_thread {
         }
     }
 
-    template <int HELD> __device__ __forceinline__ void prime_ring()
+    template <int HELD>
+    __device__ __forceinline__ void prime_ring()
     {
         if constexpr (RING) {
             for (int k = 0; k < a.stages - 1 - HELD; k++) {
@@ -204,7 +206,8 @@ template <typename T, typename P, int TPR, int VEC, int E> struct bwd_thread {
 
     __device__ __forceinline__ const char *stage_at(int stage) const
     {
-        return reinterpret_cast<const char *>(ring_words) + stage * STAGE_BYTES;
+        return reinterpret_cast<const char *>(ring_words) +
+               stage * STAGE_BYTES;
     }
 
     // This thread's x and dy of the row in the ring stage at st.
@@ -273,8 +276,8 @@ template <typename T, typename P, int TPR, int VEC, int E> struct bwd_thread {
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             if (row_ok && i * STEP < lim) {
-                xv[i] = load_vec<T, VEC>(a.x + row * a.x_stride + col0 +
-                                         i * STEP);
+                xv[i] =
+                    load_vec<T, VEC>(a.x + row * a.x_stride + col0 + i * STEP);
                 dv[i] = load_vec<T, VEC>(a.dy + row * a.dy_stride + col0 +
                                          i * STEP);
             }

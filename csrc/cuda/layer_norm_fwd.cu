@@ -45,7 +45,8 @@ namespace gemsops {
 namespace {
 
 // Elements per thread in the forward: four 16-byte accesses in flight.
-template <typename T> __host__ __device__ constexpr int fwd_elems()
+template <typename T>
+__host__ __device__ constexpr int fwd_elems()
 {
     return 4 * 16 / sizeof(T);
 }
@@ -57,12 +58,14 @@ template <typename T> __host__ __device__ constexpr int fwd_elems()
 // more. fp16 stays at 256: in registers at 512 threads it was slower than
 // looped (bf16 with the same plan was not); fp64 at 512 (its registers
 // double). Longer rows go to the looped kernel.
-template <typename T> constexpr int fwd_max_tpr()
+template <typename T>
+constexpr int fwd_max_tpr()
 {
     return sizeof(T) == 8 ? 512 : std::is_same_v<T, __half> ? 256 : 1024;
 }
 
-template <typename T, typename P> struct fwd_args {
+template <typename T, typename P>
+struct fwd_args {
     const T *x;
     T *y;
     const P *w;
@@ -152,7 +155,8 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         const A shift = dev[1] / (A)a.cols;
         const A mean = mean0 + shift;
         const A m2 = dev[0] - dev[1] * shift;
-        const A rstd = A(1) / sqrt((m2 > A(0) ? m2 : A(0)) / (A)a.cols + a.eps);
+        const A rstd =
+            A(1) / sqrt((m2 > A(0) ? m2 : A(0)) / (A)a.cols + a.eps);
 
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
@@ -221,8 +225,7 @@ constexpr int64_t kLooped256MaxCols = 16384;
 template <typename T>
 int looped_block_for(int64_t cols, const device_facts &f)
 {
-    const int block =
-        sizeof(T) == 2 && cols <= kLooped256MaxCols ? 256 : 512;
+    const int block = sizeof(T) == 2 && cols <= kLooped256MaxCols ? 256 : 512;
     const int64_t one_row_a_sm = (int64_t)f.sm_count * cols * sizeof(T);
     const bool overflows = 2 * one_row_a_sm > f.l2_bytes;
     const bool one_fits = one_row_a_sm <= f.l2_bytes;
@@ -233,7 +236,8 @@ int looped_block_for(int64_t cols, const device_facts &f)
 // kLooped256MaxCols elements, and rows are looped only past fwd_max_tpr *
 // fwd_elems: bf16 (32768) never gets a 256-thread looped kernel, fp32 and
 // fp64 never do.
-template <typename T> constexpr bool looped_may_take_256()
+template <typename T>
+constexpr bool looped_may_take_256()
 {
     return sizeof(T) == 2 &&
            fwd_max_tpr<T>() * fwd_elems<T>() < kLooped256MaxCols;
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     // thread while pass 1 streams from DRAM (two for the half types were
     // slower; six for fp32 gained nothing).
     constexpr int U = 4;
-    constexpr int STEP = kLoopedBlock * VEC;     // columns between accesses
+    constexpr int STEP = kLoopedBlock * VEC; // columns between accesses
     constexpr int CHUNK = STEP * U;
     constexpr int WARPS = kLoopedBlock / 32;
     __shared__ A part[3][WARPS];
@@ -487,9 +491,8 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     if (p->cols > (int64_t)fwd_max_tpr<T>() * fwd_elems<T>()) {
         return vec ? run_looped<T, P, V>(p, st) : run_looped<T, P, 1>(p, st);
     }
-    const int tpr = layer_norm_choose_shape(p->cols, fwd_elems<T>(),
-                                            fwd_max_tpr<T>())
-                        .tpr;
+    const int tpr =
+        layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>()).tpr;
     return vec ? dispatch_tpr<T, P, V>(p, tpr, st)
                : dispatch_tpr<T, P, 1>(p, tpr, st);
 }
@@ -499,10 +502,8 @@ int dispatch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     const bool same = p->param_dtype == p->dtype;
     switch (p->dtype) {
-    case GEMSOPS_FLOAT32:
-        return launch<float, float>(p, st);
-    case GEMSOPS_FLOAT64:
-        return launch<double, double>(p, st);
+    case GEMSOPS_FLOAT32: return launch<float, float>(p, st);
+    case GEMSOPS_FLOAT64: return launch<double, double>(p, st);
     case GEMSOPS_FLOAT16:
         return same ? launch<__half, __half>(p, st)
                     : launch<__half, float>(p, st);
@@ -530,8 +531,7 @@ extern "C" int gemsops_layer_norm_fwd_cuda(
         }
         gemsops::device_guard guard;
         GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
-        const size_t bytes =
-            p->rows * (p->dtype == GEMSOPS_FLOAT64 ? 8 : 4);
+        const size_t bytes = p->rows * (p->dtype == GEMSOPS_FLOAT64 ? 8 : 4);
         cudaStream_t stream = (cudaStream_t)p->stream;
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->mean, 0, bytes, stream));
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->rstd, 0xff, bytes, stream));

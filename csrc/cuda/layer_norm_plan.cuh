@@ -14,7 +14,7 @@ namespace gemsops {
 constexpr int kLayerNormTprChoices[] = {4, 8, 16, 32, 128, 256, 512, 1024};
 
 struct layer_norm_shape {
-    int tpr;   // threads per row (slab)
+    int tpr; // threads per row (slab)
     int split; // CTAs per row
 };
 
@@ -46,6 +46,9 @@ inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e,
 }
 
 // Rows narrower than 128 threads share a 128-thread CTA.
-inline int layer_norm_block_threads(int tpr) { return tpr < 128 ? 128 : tpr; }
+inline int layer_norm_block_threads(int tpr)
+{
+    return tpr < 128 ? 128 : tpr;
+}
 
 } // namespace gemsops

@@ -27,16 +27,18 @@ namespace gemsops {
 
 // d += a * b for one m16n8k16 tile (fp32 accumulators); the two element
 // types differ only in the instruction's type suffix.
-#define GEMSOPS_MMA_M16N8K16(TYPE)                                             \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE      \
-                 ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "               \
-                 "{%0,%1,%2,%3};"                                             \
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])             \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0),       \
+#define GEMSOPS_MMA_M16N8K16(TYPE)                                      \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE \
+                 ".f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "         \
+                 "{%0,%1,%2,%3};"                                       \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])       \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), \
                    "r"(b1))
 
-template <typename T> struct mma_op {
-    static __device__ __forceinline__ void run(float (&d)[4], const unsigned (&a)[4],
+template <typename T>
+struct mma_op {
+    static __device__ __forceinline__ void run(float (&d)[4],
+                                               const unsigned (&a)[4],
                                                unsigned b0, unsigned b1)
     {
         static_assert(std::is_same_v<T, __half> ||
@@ -54,7 +56,8 @@ template <typename T> struct mma_op {
 
 __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr)
 {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, "
+                 "[%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
@@ -62,10 +65,10 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned addr)
 __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4],
                                                   unsigned addr)
 {
-    asm volatile(
-        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-        : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-        : "r"(addr));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 "
+                 "{%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
 }
 
 // Operands of a tensor-core mainloop: A [m][k] and B [k][n] with strides.
@@ -77,7 +80,8 @@ struct tc_operands {
     const CUtensorMap *ta, *tb; // wgmma: TMA maps of A and B
 };
 
-template <typename T> struct mma_mainloop {
+template <typename T>
+struct mma_mainloop {
     static constexpr int BM = 128, BN = 128, BK = 32, kStages = 3;
     static constexpr bool kTma = false;
     static constexpr int kThreads = 256, kAcc = 64; // 4 x 4 mma x 4 floats
@@ -146,7 +150,9 @@ template <typename T> struct mma_mainloop {
                                  smem_t &)
     {
     }
-    static __device__ void drain(ring_t &, smem_t &) {}
+    static __device__ void drain(ring_t &, smem_t &)
+    {
+    }
 
     static __device__ void mac(const gemsops_sk_schedule &s,
                                const tc_operands &o, ring_t &, int64_t tile,
@@ -162,8 +168,7 @@ template <typename T> struct mma_mainloop {
         for (int e = 0; e < kAcc; e++) {
             acc[e] = 0.f;
         }
-        const unsigned base =
-            (unsigned)__cvta_generic_to_shared(sm.ring);
+        const unsigned base = (unsigned)__cvta_generic_to_shared(sm.ring);
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
         const int wm = warp / 4, wn = warp % 4; // warp tile 64 x 32
         const int64_t steps = k1 - k0;
@@ -198,12 +203,14 @@ template <typename T> struct mma_mainloop {
                 for (int nj = 0; nj < 2; nj++) { // two n8 blocks per x4
                     unsigned q[4];
                     if (o.b_k_unit) {
-                        const int n = wn * 32 + nj * 16 + (lane % 8) +
-                                      (lane / 16) * 8;
-                        ldmatrix_x4(q, sb + bk_off(n, kk * 2 + (lane / 8) % 2));
+                        const int n =
+                            wn * 32 + nj * 16 + (lane % 8) + (lane / 16) * 8;
+                        ldmatrix_x4(q,
+                                    sb + bk_off(n, kk * 2 + (lane / 8) % 2));
                     }
                     else {
-                        const int k = kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
+                        const int k =
+                            kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8;
                         const int c = (wn * 32 + nj * 16) / 8 + lane / 16;
                         ldmatrix_x4_trans(q, sb + bn_off(k, c));
                     }
@@ -216,8 +223,8 @@ template <typename T> struct mma_mainloop {
                 for (int mi = 0; mi < 4; mi++) {
 #pragma unroll
                     for (int ni = 0; ni < 4; ni++) {
-                        float(&d)[4] =
-                            *reinterpret_cast<float(*)[4]>(acc + (mi * 4 + ni) * 4);
+                        float (&d)[4] = *reinterpret_cast<float (*)[4]>(
+                            acc + (mi * 4 + ni) * 4);
                         mma_op<T>::run(d, af[mi], bf[ni][0], bf[ni][1]);
                     }
                 }

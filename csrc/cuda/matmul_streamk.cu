@@ -56,17 +56,18 @@ struct driver_args {
     void *c;
     int64_t a_bs, a_rs, a_cs, b_bs, b_rs, b_cs;
     bool a_m_unit, b_k_unit; // tensor-core operand layouts (planner's pick)
-    bool c_pairs;            // C's rows take 2-element stores (n even, aligned)
-    bool c_chunks;           // ... and 16-byte stores (n % 8 == 0, aligned)
-    float *partials;        // [ctas][BM * BN] when sk_tiles > 0
-    unsigned *flags;        // [ctas]
+    bool c_pairs; // C's rows take 2-element stores (n even, aligned)
+    bool c_chunks; // ... and 16-byte stores (n % 8 == 0, aligned)
+    float *partials; // [ctas][BM * BN] when sk_tiles > 0
+    unsigned *flags; // [ctas]
     unsigned epoch;
-    int64_t spin_limit;     // 0: wait as long as it takes
+    int64_t spin_limit; // 0: wait as long as it takes
     int *error;
 };
 
 // ---- the exact FFMA mainloop ----------------------------------------------
-template <typename T> struct ffma_mainloop {
+template <typename T>
+struct ffma_mainloop {
     static constexpr int BM = 64, BN = 64, BK = 16, kAcc = 16, kMinCtas = 1;
     struct smem_t {
         float a[BK][BM + 4];
@@ -79,7 +80,9 @@ template <typename T> struct ffma_mainloop {
                                  smem_t &)
     {
     }
-    static __device__ void drain(ring_t &, smem_t &) {}
+    static __device__ void drain(ring_t &, smem_t &)
+    {
+    }
     template <typename>
     static __device__ bool store(const driver_args &, int64_t,
                                  const float (&)[kAcc], smem_t &)
@@ -111,15 +114,17 @@ template <typename T> struct ffma_mainloop {
                 const int ai = a_k_unit ? idx / BK : idx % BM;
                 const int aq = a_k_unit ? idx % BK : idx / BM;
                 const int64_t gr = r0 + ai, gk = kb + aq;
-                sm.a[aq][ai] = (gr < p.s.m && gk < p.s.k)
-                                   ? to_acc<float>(A[gr * p.a_rs + gk * p.a_cs])
-                                   : 0.f;
+                sm.a[aq][ai] =
+                    (gr < p.s.m && gk < p.s.k)
+                        ? to_acc<float>(A[gr * p.a_rs + gk * p.a_cs])
+                        : 0.f;
                 const int bj = b_n_unit ? idx % BN : idx / BK;
                 const int bq = b_n_unit ? idx / BN : idx % BK;
                 const int64_t gc = c0 + bj, gk2 = kb + bq;
-                sm.b[bq][bj] = (gc < p.s.n && gk2 < p.s.k)
-                                   ? to_acc<float>(B[gk2 * p.b_rs + gc * p.b_cs])
-                                   : 0.f;
+                sm.b[bq][bj] =
+                    (gc < p.s.n && gk2 < p.s.k)
+                        ? to_acc<float>(B[gk2 * p.b_rs + gc * p.b_cs])
+                        : 0.f;
             }
             __syncthreads();
 #pragma unroll
@@ -150,7 +155,8 @@ template <typename T> struct ffma_mainloop {
 };
 
 // ---- a tensor-core mainloop (mma.sync or wgmma), adapted to the driver ----
-template <typename M, int MIN_CTAS> struct tc_mainloop {
+template <typename M, int MIN_CTAS>
+struct tc_mainloop {
     static constexpr int BM = M::BM, BN = M::BN, kAcc = M::kAcc;
     static constexpr int kMinCtas = MIN_CTAS;
     using smem_t = typename M::smem_t;
@@ -158,7 +164,8 @@ template <typename M, int MIN_CTAS> struct tc_mainloop {
 
     using ring_t = typename M::ring_t;
 
-    static __device__ __forceinline__ tc_operands operands(const driver_args &p)
+    static __device__ __forceinline__ tc_operands
+    operands(const driver_args &p)
     {
         // only TMA mainloops take the maps' addresses (taking them costs
         // the mma.sync kernel a stack frame)
@@ -167,9 +174,9 @@ template <typename M, int MIN_CTAS> struct tc_mainloop {
             ta = &p.ta;
             tb = &p.tb;
         }
-        return tc_operands{p.a,    p.b,    p.a_bs,     p.a_rs,     p.a_cs,
-                           p.b_bs, p.b_rs, p.b_cs,     p.a_m_unit, p.b_k_unit,
-                           ta,     tb};
+        return tc_operands{p.a,        p.b,        p.a_bs, p.a_rs,
+                           p.a_cs,     p.b_bs,     p.b_rs, p.b_cs,
+                           p.a_m_unit, p.b_k_unit, ta,     tb};
     }
 
     static __device__ void begin(const driver_args &p, int64_t cta,
@@ -214,7 +221,8 @@ template <typename M, int MIN_CTAS> struct tc_mainloop {
 };
 // mma.sync: 128 registers, two CTAs per SM; wgmma: one CTA holds the
 // 193 KB ring (6 stages of 128 x 128 x 64, 4 of 128 x 256 x 64).
-template <typename T> using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
+template <typename T>
+using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
 template <typename T, int BN, bool AM, bool BNM>
 using wgmma_tc =
     tc_mainloop<wgmma_mainloop<T, BN, BN == 128 ? 6 : 4, AM, BNM>, 1>;
@@ -317,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, L::kMinCtas)
             }
             if (__syncthreads_or(gave_up)) {
                 L::drain(ring, sm); // no load may land after the CTA exits
-                return;             // the host raises: error = 1
+                return; // the host raises: error = 1
             }
             const float *slot = p.partials + q * kTile;
 #pragma unroll
@@ -348,12 +356,12 @@ struct tc_layout {
 tc_layout layout_of(const gemsops_matmul_params *p)
 {
     auto al = [](const void *q) { return (uintptr_t)q % 16 == 0; };
-    const bool base = (p->dtype == GEMSOPS_FLOAT16 ||
-                       p->dtype == GEMSOPS_BFLOAT16) &&
-                      al(p->a) && al(p->b) &&
-                      ((p->a_bs % 8 == 0 && p->b_bs % 8 == 0) || p->batch == 1) &&
-                      p->m < INT32_MAX && p->n < INT32_MAX && p->k < INT32_MAX &&
-                      p->batch < INT32_MAX; // TMA coordinates are int32
+    const bool base =
+        (p->dtype == GEMSOPS_FLOAT16 || p->dtype == GEMSOPS_BFLOAT16) &&
+        al(p->a) && al(p->b) &&
+        ((p->a_bs % 8 == 0 && p->b_bs % 8 == 0) || p->batch == 1) &&
+        p->m < INT32_MAX && p->n < INT32_MAX && p->k < INT32_MAX &&
+        p->batch < INT32_MAX; // TMA coordinates are int32
     tc_layout l;
     l.a_k = base && p->a_cs == 1 && p->a_rs % 8 == 0 && p->k % 8 == 0;
     l.a_m = base && p->a_rs == 1 && p->a_cs % 8 == 0 && p->m % 8 == 0;
@@ -400,7 +408,8 @@ using encode_tiled_fn = CUresult (*)(CUtensorMap *, CUtensorMapDataType,
                                      cuuint32_t, void *, const cuuint64_t *,
                                      const cuuint64_t *, const cuuint32_t *,
                                      const cuuint32_t *, CUtensorMapInterleave,
-                                     CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                     CUtensorMapSwizzle,
+                                     CUtensorMapL2promotion,
                                      CUtensorMapFloatOOBfill);
 
 encode_tiled_fn tensor_map_encoder()
@@ -433,9 +442,18 @@ struct tma_operand {
     const void *base;
     int64_t x, y, y_stride, batch, z_stride;
     int box_y;
-    bool one() const { return z_stride == 0 || batch == 1; }
-    int64_t y_bytes() const { return y_stride * 2; }
-    int64_t z_bytes() const { return (one() ? y_stride * y : z_stride) * 2; }
+    bool one() const
+    {
+        return z_stride == 0 || batch == 1;
+    }
+    int64_t y_bytes() const
+    {
+        return y_stride * 2;
+    }
+    int64_t z_bytes() const
+    {
+        return (one() ? y_stride * y : z_stride) * 2;
+    }
 };
 
 bool tma_describes(const tma_operand &o)
@@ -512,8 +530,8 @@ gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
 #endif
     if (want == GEMSOPS_MAINLOOP_AUTO) {
         // 128 x 256 tiles when they still fill a wave of SMs
-        const int64_t wide = p->batch * ((p->m + 127) / 128) *
-                             ((p->n + 255) / 256);
+        const int64_t wide =
+            p->batch * ((p->m + 127) / 128) * ((p->n + 255) / 256);
         want = wide >= f.sm_count ? GEMSOPS_MAINLOOP_WGMMA_256
                                   : GEMSOPS_MAINLOOP_WGMMA_128;
     }
@@ -547,12 +565,9 @@ kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l)
     }
     else {
         switch (m) {
-        case GEMSOPS_MAINLOOP_WGMMA_256:
-            return wgmma_choice<T, 256>(m, l);
-        case GEMSOPS_MAINLOOP_WGMMA_128:
-            return wgmma_choice<T, 128>(m, l);
-        case GEMSOPS_MAINLOOP_MMA:
-            return choice<T, mma_tc<T>>(32, m, l);
+        case GEMSOPS_MAINLOOP_WGMMA_256: return wgmma_choice<T, 256>(m, l);
+        case GEMSOPS_MAINLOOP_WGMMA_128: return wgmma_choice<T, 128>(m, l);
+        case GEMSOPS_MAINLOOP_MMA: return choice<T, mma_tc<T>>(32, m, l);
         default:
             return choice<T, ffma_mainloop<T>>(16, GEMSOPS_MAINLOOP_FFMA, l);
         }
@@ -564,12 +579,8 @@ int choose_dtype(gemsops_dtype dtype, gemsops_mainloop m, const tc_layout &l,
                  kernel_choice *k, gemsops_status *st)
 {
     switch (dtype) {
-    case GEMSOPS_FLOAT32:
-        *k = choose_typed<float>(m, l);
-        return GEMSOPS_OK;
-    case GEMSOPS_FLOAT16:
-        *k = choose_typed<__half>(m, l);
-        return GEMSOPS_OK;
+    case GEMSOPS_FLOAT32: *k = choose_typed<float>(m, l); return GEMSOPS_OK;
+    case GEMSOPS_FLOAT16: *k = choose_typed<__half>(m, l); return GEMSOPS_OK;
     case GEMSOPS_BFLOAT16:
         *k = choose_typed<__nv_bfloat16>(m, l);
         return GEMSOPS_OK;
@@ -602,7 +613,8 @@ int choose(const gemsops_matmul_params *p, kernel_choice *k,
     if (m >= GEMSOPS_MAINLOOP_WGMMA_128) {
         bool ra = false, rb = false;
         if (encode_operand(&ta, p->dtype, oa, &ra, st) != GEMSOPS_OK ||
-            (!ra && encode_operand(&tb, p->dtype, ob, &rb, st) != GEMSOPS_OK)) {
+            (!ra &&
+             encode_operand(&tb, p->dtype, ob, &rb, st) != GEMSOPS_OK)) {
             return st->code;
         }
         if (ra || rb) {
@@ -628,8 +640,8 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
         return st->code;
     }
     int resident = 1;
-    if (resident_ctas(k->fn, p->device_id, kThreads, k->smem, &resident,
-                      st) != GEMSOPS_OK) {
+    if (resident_ctas(k->fn, p->device_id, kThreads, k->smem, &resident, st) !=
+        GEMSOPS_OK) {
         return st->code;
     }
     int64_t ctas = resident;
@@ -655,9 +667,10 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     // flags the boundary cannot vouch for may hold any value, this epoch
     // too: zeroed before use (then every slot holds an older epoch)
     if (p->flags != nullptr && !p->flags_known) {
-        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->flags, 0,
-                                               p->flag_count * sizeof(unsigned),
-                                               (cudaStream_t)p->stream));
+        GEMSOPS_CUDA_CHECK(st,
+                           cudaMemsetAsync(p->flags, 0,
+                                           p->flag_count * sizeof(unsigned),
+                                           (cudaStream_t)p->stream));
     }
     if (a.s.tiles == 0) {
         return GEMSOPS_OK;

@@ -60,37 +60,40 @@ __device__ __forceinline__ void wgmma_commit()
 {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
 }
-template <int N> __device__ __forceinline__ void wgmma_wait()
+template <int N>
+__device__ __forceinline__ void wgmma_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
 // One TMA box of a 3-D tensor map at (x, y, z) into shared memory; its bytes
 // count toward `bar`'s transaction.
-__device__ __forceinline__ void tma_load_3d(unsigned dst, const CUtensorMap *map,
-                                            int x, int y, int z, unsigned bar)
+__device__ __forceinline__ void tma_load_3d(unsigned dst,
+                                            const CUtensorMap *map, int x,
+                                            int y, int z, unsigned bar)
 {
     asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile"
-                 ".mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
-                 ::"r"(dst), "l"(map), "r"(x), "r"(y), "r"(z), "r"(bar)
+                 ".mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+                 "[%5];" ::"r"(dst),
+                 "l"(map), "r"(x), "r"(y), "r"(z), "r"(bar)
                  : "memory");
 }
 
-#define GEMSOPS_ACC8(i)                                                        \
-    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]),               \
+#define GEMSOPS_ACC8(i)                                         \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
         "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define GEMSOPS_WGMMA_M64N128K16(TYPE)                                         \
-    asm volatile(                                                             \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                          \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"     \
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,"          \
-        "%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,"            \
-        "%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,"            \
-        "%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,"            \
-        "%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, %67, %68;\n}\n"             \
-        : GEMSOPS_ACC8(0), GEMSOPS_ACC8(8), GEMSOPS_ACC8(16),                  \
-          GEMSOPS_ACC8(24), GEMSOPS_ACC8(32), GEMSOPS_ACC8(40),               \
-          GEMSOPS_ACC8(48), GEMSOPS_ACC8(56)                                  \
-        : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+#define GEMSOPS_WGMMA_M64N128K16(TYPE)                                        \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                 \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE \
+                 " {"                                                         \
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16," \
+                 "%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,"   \
+                 "%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,"   \
+                 "%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,"   \
+                 "%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, %67, %68;\n}\n"    \
+                 : GEMSOPS_ACC8(0), GEMSOPS_ACC8(8), GEMSOPS_ACC8(16),        \
+                   GEMSOPS_ACC8(24), GEMSOPS_ACC8(32), GEMSOPS_ACC8(40),      \
+                   GEMSOPS_ACC8(48), GEMSOPS_ACC8(56)                         \
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 
 // d (64 x 128 per warpgroup, fp32) += A (64 x 16) * B (16 x 128); TA / TB:
 // the operand is MN-major in shared memory.
@@ -119,18 +122,20 @@ struct wgmma_mainloop {
     static constexpr int BM = 128, BN = BN_, BK = 64, kStages = STAGES;
     static constexpr bool kTma = true;
     static constexpr int kThreads = 256, kAcc = BN / 2;
-    static constexpr int kABytes = BM * BK * 2, kStageBytes = (BM + BN) * BK * 2;
+    static constexpr int kABytes = BM * BK * 2,
+                         kStageBytes = (BM + BN) * BK * 2;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
     // the ring, its mbarriers, and slack to align the ring to 1024 bytes
-    static constexpr int kRingBytes = kStages * kStageBytes + kStages * 8 + 1024;
+    static constexpr int kRingBytes =
+        kStages * kStageBytes + kStages * 8 + 1024;
     // Thread 0's side of the ring (it alone touches this): its own walk of
     // the CTA's pieces, kStages - 2 k-steps ahead of the consumers, across
     // pieces: the next piece's first steps load during this one's epilogue.
     struct producer_t {
         gemsops_sk_walk walk;
-        int64_t k, k1;      // the piece being loaded: next k-step, its end
+        int64_t k, k1; // the piece being loaded: next k-step, its end
         int r0, c0, za, zb; // its tile's origin and TMA batch coordinates
-        int write;          // the ring slot of the next load
+        int write; // the ring slot of the next load
     };
     // Epilogue staging, one slice per warp (outside the ring: the next
     // tile's loads land there meanwhile): 16 rows x 64 columns of packed
@@ -154,9 +159,11 @@ struct wgmma_mainloop {
 
     // Thread 0: the k-step `step` of the tile at (r0, c0) into ring slot
     // `stage` (its mbarrier `bar`).
-    static __device__ __forceinline__ void
-    produce(const tc_operands &o, unsigned stage, unsigned bar, int r0,
-            int c0, int za, int zb, int64_t step)
+    static __device__ __forceinline__ void produce(const tc_operands &o,
+                                                   unsigned stage,
+                                                   unsigned bar, int r0,
+                                                   int c0, int za, int zb,
+                                                   int64_t step)
     {
 #ifdef GEMSOPS_HAS_WGMMA
         const int kb = (int)(step * BK);
@@ -179,8 +186,8 @@ struct wgmma_mainloop {
             tma_load_3d(stage + kABytes, o.tb, kb, c0, zb, bar);
         }
 #else
-        (void)o, (void)stage, (void)bar, (void)r0, (void)c0, (void)za, (void)zb,
-            (void)step;
+        (void)o, (void)stage, (void)bar, (void)r0, (void)c0, (void)za,
+            (void)zb, (void)step;
 #endif
     }
 
@@ -278,8 +285,10 @@ struct wgmma_mainloop {
             acc[e] = 0.f;
         }
         const unsigned g = threadIdx.x / 128; // warpgroup: rows 64g..
-        const uint64_t da0 = wgmma_desc(base + g * kAtom, AM ? kAtom : 16, 1024);
-        const uint64_t db0 = wgmma_desc(base + kABytes, BNM ? kAtom : 16, 1024);
+        const uint64_t da0 =
+            wgmma_desc(base + g * kAtom, AM ? kAtom : 16, 1024);
+        const uint64_t db0 =
+            wgmma_desc(base + kABytes, BNM ? kAtom : 16, 1024);
         for (int64_t i = 0; i < steps; i++) {
             // (barrier init, for the first step) the wgmma of the step two
             // back are done everywhere: thread 0 may refill that slot
@@ -357,8 +366,8 @@ struct wgmma_mainloop {
             for (int t = 0; t < 4; t++) {
                 const int idx = t * 32 + lane, row = idx / 8, ch = idx % 8;
                 const int64_t gr = rows + row, gc = c0 + cc * 64 + ch * 8;
-                const uint4 v =
-                    *reinterpret_cast<const uint4 *>(st + row * kStageRow + ch * 4);
+                const uint4 v = *reinterpret_cast<const uint4 *>(
+                    st + row * kStageRow + ch * 4);
                 if (gr < m && gc + 8 <= n) {
                     *reinterpret_cast<uint4 *>(C + gr * n + gc) = v;
                 }
@@ -369,7 +378,8 @@ struct wgmma_mainloop {
 #pragma unroll
                     for (int i = 0; i < 8; i++) {
                         if (gc + i < n) {
-                            d[i] = (unsigned short)(w[i / 2] >> (16 * (i % 2)));
+                            d[i] =
+                                (unsigned short)(w[i / 2] >> (16 * (i % 2)));
                         }
                     }
                 }

@@ -33,9 +33,8 @@ __device__ __forceinline__ void pdl_wait_primary()
 // their tail; it must call pdl_wait_primary() before reading what they
 // wrote. Without `pdl`, a plain launch.
 template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid,
-                             dim3 block, cudaStream_t stream, bool pdl,
-                             Args... args)
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block,
+                             cudaStream_t stream, bool pdl, Args... args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;

@@ -34,17 +34,18 @@ namespace gemsops {
 // 8 KB x 4 and x 12 were 0.5-2% slower.
 constexpr int kBulkChunk = 16384;
 constexpr int kBulkStages = 8;
-constexpr int kBulkThreads = kProdBlock + 32;       // consumers + producer
+constexpr int kBulkThreads = kProdBlock + 32; // consumers + producer
 constexpr int kBulkSmem = kBulkChunk * kBulkStages;
 
-template <typename T> struct prod_bulk_args {
+template <typename T>
+struct prod_bulk_args {
     const T *x;
     int64_t rows, row_stride; // elements between row starts (16-byte multiple)
-    int64_t row_bytes;        // len * sizeof(T), a multiple of 16
-    int64_t splits;           // CTAs per row
-    bool evict_first;         // the copies' L2 priority (plan_bulk says when)
-    prod_out<T> *out;         // splits == 1: out[row]
-    prod_acc<T> *partial;     // else partial[row * splits + split]
+    int64_t row_bytes; // len * sizeof(T), a multiple of 16
+    int64_t splits; // CTAs per row
+    bool evict_first; // the copies' L2 priority (plan_bulk says when)
+    prod_out<T> *out; // splits == 1: out[row]
+    prod_acc<T> *partial; // else partial[row * splits + split]
 };
 
 // A stage's position in the ring: index and the parity of its phase.
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
     const unsigned full0 = smem_addr(full), empty0 = smem_addr(empty);
     if (threadIdx.x == 0) {
         for (int st = 0; st < kBulkStages; st++) {
-            mbar_init(full0 + 8 * st, 1);              // the producer's arrive
+            mbar_init(full0 + 8 * st, 1); // the producer's arrive
             mbar_init(empty0 + 8 * st, kProdBlock / 32); // one per warp
         }
         mbar_init_fence();
@@ -98,8 +99,8 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
             const uint64_t policy = a.evict_first ? l2_evict_first_policy()
                                                   : l2_evict_normal_policy();
             for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-                const char *row = (const char *)(a.x + item / a.splits *
-                                                           a.row_stride);
+                const char *row =
+                    (const char *)(a.x + item / a.splits * a.row_stride);
                 for (int64_t c = item % a.splits; c < chunks; c += a.splits) {
                     const unsigned bytes = bulk_chunk_bytes(a.row_bytes, c);
                     // the previous use of the stage has been read by all

@@ -31,12 +31,13 @@ namespace gemsops {
 namespace {
 
 constexpr int kRowElems = 16; // L: consecutive elements per thread (rows)
-constexpr int kColRows = 8;   // C: rows per thread (cols)
+constexpr int kColRows = 8; // C: rows per thread (cols)
 
 // ---- exclusive scans of tile products along each line -------------------
-template <typename A> struct prod_scan_args {
-    const A *part;       // [outer, splits, inner] tile products
-    A *pre, *suf;        // same layout: exclusive prefix, suffix
+template <typename A>
+struct prod_scan_args {
+    const A *part; // [outer, splits, inner] tile products
+    A *pre, *suf; // same layout: exclusive prefix, suffix
     int64_t outer, splits, inner;
 };
 
@@ -50,7 +51,8 @@ __global__ void __launch_bounds__(kProdBlock, 1)
     if (a.inner > 1) { // a thread per line, coalesced across i
         for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
              j < a.outer * a.inner; j += (int64_t)gridDim.x * blockDim.x) {
-            const int64_t base = j / a.inner * a.splits * a.inner + j % a.inner;
+            const int64_t base =
+                j / a.inner * a.splits * a.inner + j % a.inner;
             A run = A(1);
             for (int64_t s = 0; s < a.splits; s++) {
                 a.pre[base + s * a.inner] = run;
@@ -142,13 +144,14 @@ __device__ __forceinline__ void group_exclusive(A v, int G, A *warp_tot,
 }
 
 // ---- rows: I == 1 ----------------------------------------------------------
-template <typename T> struct prod_bwd_rows_args {
+template <typename T>
+struct prod_bwd_rows_args {
     const T *x, *g;
     T *gx;
     int64_t rows, len;
-    int G;                       // threads per row, power of two
-    int64_t splits;              // tiles per row (G == 256 when > 1)
-    const acc_t<T> *pre, *suf;   // [rows, splits] or NULL when splits == 1
+    int G; // threads per row, power of two
+    int64_t splits; // tiles per row (G == 256 when > 1)
+    const acc_t<T> *pre, *suf; // [rows, splits] or NULL when splits == 1
 };
 
 template <typename T, int VEC>
@@ -229,13 +232,14 @@ __global__ void __launch_bounds__(kProdBlock)
 }
 
 // ---- cols: I > 1 -----------------------------------------------------------
-template <typename T> struct prod_bwd_cols_args {
+template <typename T>
+struct prod_bwd_cols_args {
     const T *x, *g;
     T *gx;
     int64_t outer, len, inner;
-    int tx;                      // threads across column vectors
+    int tx; // threads across column vectors
     int64_t ivecs, iblocks, splits;
-    const acc_t<T> *pre, *suf;   // [outer, splits, inner] or NULL
+    const acc_t<T> *pre, *suf; // [outer, splits, inner] or NULL
 };
 
 template <typename T, int VEC>
@@ -264,8 +268,9 @@ __global__ void __launch_bounds__(kProdBlock)
 #pragma unroll
         for (int c = 0; c < C; c++) {
             if (valid && r0 + c < a.len) {
-                prod_load_vec<T, VEC>(
-                    a.x + (o * a.len + r0 + c) * a.inner + col, v[c]);
+                prod_load_vec<T, VEC>(a.x + (o * a.len + r0 + c) * a.inner +
+                                          col,
+                                      v[c]);
             }
             else {
 #pragma unroll
@@ -326,8 +331,9 @@ __global__ void __launch_bounds__(kProdBlock)
                 right[k] *= v[c][k];
             }
             if (r0 + c < a.len) {
-                store_rounded<T, VEC>(
-                    a.gx + (o * a.len + r0 + c) * a.inner + col, out[c]);
+                store_rounded<T, VEC>(a.gx + (o * a.len + r0 + c) * a.inner +
+                                          col,
+                                      out[c]);
             }
         }
     }
@@ -337,14 +343,15 @@ __global__ void __launch_bounds__(kProdBlock)
 struct bwd_plan {
     int64_t outer, len, inner;
     bool vec;
-    int G;                 // rows
-    prod_cols_shape cols;  // cols (rchunk: the tile's rows)
-    int64_t splits;        // tiles per line
-    int64_t tile;          // rows: elements per tile
-    int64_t lines_acc;     // accumulators per array (0: no workspace)
+    int G; // rows
+    prod_cols_shape cols; // cols (rchunk: the tile's rows)
+    int64_t splits; // tiles per line
+    int64_t tile; // rows: elements per tile
+    int64_t lines_acc; // accumulators per array (0: no workspace)
 };
 
-template <typename T> bwd_plan plan_bwd(const gemsops_prod_bwd_params *p)
+template <typename T>
+bwd_plan plan_bwd(const gemsops_prod_bwd_params *p)
 {
     constexpr int V = 16 / sizeof(T);
     const gemsops_tensor *x = &p->x;
@@ -365,8 +372,8 @@ template <typename T> bwd_plan plan_bwd(const gemsops_prod_bwd_params *p)
         }
         pl.len = x->sizes[p->dim];
     }
-    const bool base_ok = (uintptr_t)x->data % 16 == 0 &&
-                         (uintptr_t)p->grad_in % 16 == 0;
+    const bool base_ok =
+        (uintptr_t)x->data % 16 == 0 && (uintptr_t)p->grad_in % 16 == 0;
     if (pl.inner == 1) {
         pl.vec = base_ok && pl.len % V == 0;
         int64_t G = pow2_ceil(ceil_div(pl.len, kRowElems));
@@ -388,7 +395,8 @@ template <typename T> bwd_plan plan_bwd(const gemsops_prod_bwd_params *p)
     return pl;
 }
 
-template <typename T> int64_t workspace_bytes(const bwd_plan &pl)
+template <typename T>
+int64_t workspace_bytes(const bwd_plan &pl)
 {
     return 3 * pl.lines_acc * (int64_t)sizeof(acc_t<T>);
 }
@@ -408,19 +416,27 @@ int run(const gemsops_prod_bwd_params *p, const bwd_plan &pl,
     }
     if (pl.inner == 1) {
         if (part != nullptr) { // tile products: the forward's rows kernel
-            const prod_rows_args<T> t{x,         pl.outer,  pl.len,
-                                      pl.len / VEC, kProdBlock, pl.splits,
-                                      pl.tile / VEC, false, nullptr, part};
+            const prod_rows_args<T>
+                t{x,         pl.outer,      pl.len, pl.len / VEC, kProdBlock,
+                  pl.splits, pl.tile / VEC, false,  nullptr,      part};
             prod_rows_kernel<T, VEC>
-                <<<prod_grid(pl.outer * pl.splits), kProdBlock, 0, stream>>>(t);
+                <<<prod_grid(pl.outer * pl.splits), kProdBlock, 0, stream>>>(
+                    t);
             GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_rows_kernel (tiles)");
             const prod_scan_args<A> sc{part, pre, suf, pl.outer, pl.splits, 1};
-            prod_scan_kernel<A><<<prod_grid(pl.outer), kProdBlock, 0, stream>>>(sc);
+            prod_scan_kernel<A>
+                <<<prod_grid(pl.outer), kProdBlock, 0, stream>>>(sc);
             GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_scan_kernel");
         }
-        const prod_bwd_rows_args<T> a{x, (const T *)p->grad_out,
-                                      (T *)p->grad_in, pl.outer, pl.len, pl.G,
-                                      pl.splits, pre, suf};
+        const prod_bwd_rows_args<T> a{x,
+                                      (const T *)p->grad_out,
+                                      (T *)p->grad_in,
+                                      pl.outer,
+                                      pl.len,
+                                      pl.G,
+                                      pl.splits,
+                                      pre,
+                                      suf};
         const int64_t ctas = ceil_div(pl.outer, kProdBlock / pl.G) * pl.splits;
         prod_bwd_rows_kernel<T, VEC>
             <<<prod_grid(ctas), kProdBlock, 0, stream>>>(a);
@@ -430,24 +446,35 @@ int run(const gemsops_prod_bwd_params *p, const bwd_plan &pl,
     const prod_cols_shape &c = pl.cols;
     const int64_t ctas = pl.outer * c.iblocks * pl.splits;
     if (part != nullptr) {
-        const prod_cols_args<T> t{x,       pl.outer, pl.len * pl.inner,
-                                  pl.len,  pl.inner, pl.inner,
-                                  c.tx,    c.ivecs,  c.iblocks,
-                                  c.splits, c.rchunk, false, nullptr, part};
-        prod_cols_kernel<T, VEC><<<prod_grid(ctas), kProdBlock, 0, stream>>>(t);
+        const prod_cols_args<T> t{x,        pl.outer, pl.len * pl.inner,
+                                  pl.len,   pl.inner, pl.inner,
+                                  c.tx,     c.ivecs,  c.iblocks,
+                                  c.splits, c.rchunk, false,
+                                  nullptr,  part};
+        prod_cols_kernel<T, VEC>
+            <<<prod_grid(ctas), kProdBlock, 0, stream>>>(t);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_cols_kernel (tiles)");
-        const prod_scan_args<A> sc{part, pre, suf, pl.outer, pl.splits,
-                                   pl.inner};
+        const prod_scan_args<A> sc{part,     pre,       suf,
+                                   pl.outer, pl.splits, pl.inner};
         prod_scan_kernel<A>
-            <<<prod_grid(ceil_div(pl.outer * pl.inner, kProdBlock)), kProdBlock,
-               0, stream>>>(sc);
+            <<<prod_grid(ceil_div(pl.outer * pl.inner, kProdBlock)),
+               kProdBlock, 0, stream>>>(sc);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_scan_kernel");
     }
-    const prod_bwd_cols_args<T> a{x,       (const T *)p->grad_out,
-                                  (T *)p->grad_in, pl.outer, pl.len, pl.inner,
-                                  c.tx,    c.ivecs,  c.iblocks, pl.splits,
-                                  pre,     suf};
-    prod_bwd_cols_kernel<T, VEC><<<prod_grid(ctas), kProdBlock, 0, stream>>>(a);
+    const prod_bwd_cols_args<T> a{x,
+                                  (const T *)p->grad_out,
+                                  (T *)p->grad_in,
+                                  pl.outer,
+                                  pl.len,
+                                  pl.inner,
+                                  c.tx,
+                                  c.ivecs,
+                                  c.iblocks,
+                                  pl.splits,
+                                  pre,
+                                  suf};
+    prod_bwd_cols_kernel<T, VEC>
+        <<<prod_grid(ctas), kProdBlock, 0, stream>>>(a);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_bwd_cols_kernel");
     return GEMSOPS_OK;
 }
@@ -481,16 +508,28 @@ int query(const gemsops_prod_bwd_params *p, int64_t *bytes)
 } // namespace gemsops
 
 // The one dtype switch (only float inputs have gradients).
-#define GEMSOPS_PROD_BWD_DISPATCH(dt, st, CALL)                               \
-    switch (dt) {                                                             \
-    case GEMSOPS_FLOAT32: { using T = float; return CALL; }                   \
-    case GEMSOPS_FLOAT64: { using T = double; return CALL; }                  \
-    case GEMSOPS_FLOAT16: { using T = __half; return CALL; }                  \
-    case GEMSOPS_BFLOAT16: { using T = __nv_bfloat16; return CALL; }          \
-    default:                                                                  \
-        return gemsops_fail((st), GEMSOPS_ERR_TYPE,                           \
-                            "prod_backward: unsupported dtype %s on CUDA",    \
-                            gemsops_dtype_name(dt));                          \
+#define GEMSOPS_PROD_BWD_DISPATCH(dt, st, CALL)                            \
+    switch (dt) {                                                          \
+    case GEMSOPS_FLOAT32: {                                                \
+        using T = float;                                                   \
+        return CALL;                                                       \
+    }                                                                      \
+    case GEMSOPS_FLOAT64: {                                                \
+        using T = double;                                                  \
+        return CALL;                                                       \
+    }                                                                      \
+    case GEMSOPS_FLOAT16: {                                                \
+        using T = __half;                                                  \
+        return CALL;                                                       \
+    }                                                                      \
+    case GEMSOPS_BFLOAT16: {                                               \
+        using T = __nv_bfloat16;                                           \
+        return CALL;                                                       \
+    }                                                                      \
+    default:                                                               \
+        return gemsops_fail((st), GEMSOPS_ERR_TYPE,                        \
+                            "prod_backward: unsupported dtype %s on CUDA", \
+                            gemsops_dtype_name(dt));                       \
     }
 
 extern "C" int gemsops_prod_bwd_cuda(const struct gemsops_prod_bwd_params *p,

@@ -50,13 +50,14 @@ namespace gemsops {
 namespace {
 
 // ---- generic: a thread per line ----------------------------------------
-template <typename T> struct prod_generic_args {
+template <typename T>
+struct prod_generic_args {
     const T *x;
     int64_t lines, len, step; // outputs, reduced extent and its stride
-    int kept_ndim;            // the kept dims (coalesced), row-major
+    int kept_ndim; // the kept dims (coalesced), row-major
     int64_t kept_sizes[GEMSOPS_MAX_DIMS], kept_strides[GEMSOPS_MAX_DIMS];
-    prod_out<T> *out;         // partial == NULL: out[line]
-    prod_acc<T> *partial;     // else partial[line] (full, non-dense x)
+    prod_out<T> *out; // partial == NULL: out[line]
+    prod_acc<T> *partial; // else partial[line] (full, non-dense x)
 };
 
 template <typename T>
@@ -92,7 +93,8 @@ __global__ void __launch_bounds__(kProdBlock)
 }
 
 // ---- combine: out[o, i] = prod_s partial[(o * splits + s) * inner + i] --
-template <typename T> struct prod_combine_args {
+template <typename T>
+struct prod_combine_args {
     const prod_acc<T> *partial;
     int64_t outer, splits, inner;
     int G; // inner == 1: threads per output (32, or the CTA for many splits)
@@ -165,16 +167,16 @@ __global__ void __launch_bounds__(kProdBlock)
 // ---- the plan ------------------------------------------------------------
 struct fwd_plan {
     prod_layout l;
-    bool vec;              // 16-byte accesses are legal
-    prod_rows_shape rows;  // kind == rows
-    prod_cols_shape cols;  // kind == cols
-    bool l2_hint;          // rows: U = 8 loads, 128-byte L2 fetches
-    bool bulk;             // rows: prod_bulk_kernel (sm_90)
-    bool evict_first;      // cols, bulk: evict-first loads or copies
-    int64_t partials;      // accumulator values in the workspace
-    int64_t ctas;          // work items of the first launch
-    int grid;              // its CTAs (at most one resident wave)
-    bool pdl;              // the combine as a programmatic dependent (sm_90)
+    bool vec; // 16-byte accesses are legal
+    prod_rows_shape rows; // kind == rows
+    prod_cols_shape cols; // kind == cols
+    bool l2_hint; // rows: U = 8 loads, 128-byte L2 fetches
+    bool bulk; // rows: prod_bulk_kernel (sm_90)
+    bool evict_first; // cols, bulk: evict-first loads or copies
+    int64_t partials; // accumulator values in the workspace
+    int64_t ctas; // work items of the first launch
+    int grid; // its CTAs (at most one resident wave)
+    bool pdl; // the combine as a programmatic dependent (sm_90)
 };
 
 // The columns kernel for a plan: 16-byte vectors, evict-first where the
@@ -199,7 +201,8 @@ void (*cols_kernel(const fwd_plan &pl))(prod_cols_args<T>)
 // (53-54 us). Inputs that fit in L2 keep the rows kernel: at 2^20 the bulk
 // kernel was equal in eager timing but slower in graph replays (bf16 9.2
 // -> 9.9 us, fp16 9.2 -> 9.5).
-template <typename T> constexpr bool bulk_type()
+template <typename T>
+constexpr bool bulk_type()
 {
     return prod_vec<T>() * sizeof(T) == 16; // not the 1-byte types
 }
@@ -220,7 +223,8 @@ inline bool bulk_rows(const fwd_plan &pl, const device_facts &f, int64_t bytes)
 // 65536 fp16 58.0 us at normal priority, 54.0 evict-first) and normal where
 // every CTA shares one window of one row (2^28 fp32 367.2 us evict-first,
 // 356.8 normal).
-template <typename T> int plan_bulk(fwd_plan &pl, int dev, gemsops_status *st)
+template <typename T>
+int plan_bulk(fwd_plan &pl, int dev, gemsops_status *st)
 {
     int resident = 1;
     if (resident_ctas((const void *)prod_bulk_kernel<T>, dev, kBulkThreads,
@@ -262,7 +266,8 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         pl.vec = base_ok && l.len % V == 0 && l.outer_stride % V == 0;
         const void *k = pl.vec ? (const void *)prod_rows_kernel<T, V>
                                : (const void *)prod_rows_kernel<T, 1>;
-        if (resident_ctas(k, dev, kProdBlock, 0, &resident, st) != GEMSOPS_OK) {
+        if (resident_ctas(k, dev, kProdBlock, 0, &resident, st) !=
+            GEMSOPS_OK) {
             return st->code;
         }
         const int64_t nvec = pl.vec ? l.len / V : l.len;
@@ -297,10 +302,12 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     else if (l.kind == prod_kind::cols) {
         pl.vec = base_ok && l.inner % V == 0 && l.outer_stride % V == 0 &&
                  l.step % V == 0;
-        pl.evict_first = pl.vec && gemsops_tensor_numel(&p->x) *
-                                           (int64_t)sizeof(T) <= f.l2_bytes;
+        pl.evict_first =
+            pl.vec &&
+            gemsops_tensor_numel(&p->x) * (int64_t)sizeof(T) <= f.l2_bytes;
         const void *k = (const void *)cols_kernel<T>(pl);
-        if (resident_ctas(k, dev, kProdBlock, 0, &resident, st) != GEMSOPS_OK) {
+        if (resident_ctas(k, dev, kProdBlock, 0, &resident, st) !=
+            GEMSOPS_OK) {
             return st->code;
         }
         prod_cols_shape &c = pl.cols;
@@ -336,7 +343,8 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
     return GEMSOPS_OK;
 }
 
-template <typename T> int64_t workspace_bytes(const fwd_plan &pl)
+template <typename T>
+int64_t workspace_bytes(const fwd_plan &pl)
 {
     return pl.partials * (int64_t)sizeof(prod_acc<T>);
 }
@@ -368,9 +376,15 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
     const int grid = pl.grid;
     prod_combine_args<T> c{part, 1, 1, 1, 32, out};
     if (l.kind == prod_kind::rows) {
-        const prod_rows_args<T> a{x,          l.outer,        l.outer_stride,
-                                  pl.vec ? l.len / V : l.len, pl.rows.G,
-                                  pl.rows.splits, pl.rows.seg, true, out,
+        const prod_rows_args<T> a{x,
+                                  l.outer,
+                                  l.outer_stride,
+                                  pl.vec ? l.len / V : l.len,
+                                  pl.rows.G,
+                                  pl.rows.splits,
+                                  pl.rows.seg,
+                                  true,
+                                  out,
                                   part};
         if (pl.bulk) {
             if constexpr (bulk_type<T>()) {
@@ -388,7 +402,8 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
         }
         else if (pl.vec) {
             if (pl.l2_hint) {
-                prod_rows_kernel<T, V, true, 8><<<grid, kProdBlock, 0, stream>>>(a);
+                prod_rows_kernel<T, V, true, 8>
+                    <<<grid, kProdBlock, 0, stream>>>(a);
             }
             else {
                 prod_rows_kernel<T, V><<<grid, kProdBlock, 0, stream>>>(a);
@@ -403,10 +418,11 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
     }
     else if (l.kind == prod_kind::cols) {
         const prod_cols_shape &cs = pl.cols;
-        const prod_cols_args<T> a{x,       l.outer,    l.outer_stride,
-                                  l.len,   l.step,     l.inner,
-                                  cs.tx,   cs.ivecs,   cs.iblocks,
-                                  cs.splits, cs.rchunk, true, out, part};
+        const prod_cols_args<T> a{x,         l.outer,   l.outer_stride,
+                                  l.len,     l.step,    l.inner,
+                                  cs.tx,     cs.ivecs,  cs.iblocks,
+                                  cs.splits, cs.rchunk, true,
+                                  out,       part};
         cols_kernel<T>(pl)<<<grid, kProdBlock, 0, stream>>>(a);
         GEMSOPS_CUDA_CHECK_LAUNCH(st, "prod_cols_kernel");
         c = {part, l.outer, cs.splits, l.inner, 32, out};
@@ -434,10 +450,11 @@ int launch(const gemsops_prod_params *p, gemsops_status *st)
         c.G = c.inner == 1 && c.splits >= 4 * kProdBlock ? kProdBlock : 32;
         const int64_t ctas = c.inner == 1 ? ceil_div(c.outer * c.G, kProdBlock)
                                           : c.outer * ceil_div(c.inner, 32);
-        GEMSOPS_CUDA_CHECK(st, launch_dependent(prod_combine_kernel<T>,
-                                                dim3((unsigned)prod_grid(ctas)),
-                                                dim3(kProdBlock), stream,
-                                                pl.pdl, c));
+        GEMSOPS_CUDA_CHECK(st,
+                           launch_dependent(prod_combine_kernel<T>,
+                                            dim3((unsigned)prod_grid(ctas)),
+                                            dim3(kProdBlock), stream, pl.pdl,
+                                            c));
     }
     return GEMSOPS_OK;
 }
@@ -477,13 +494,15 @@ int dispatch(gemsops_dtype dt, gemsops_status *st, Args... args)
     }
 }
 
-template <typename T> struct launch_fn {
+template <typename T>
+struct launch_fn {
     static int run(const gemsops_prod_params *p, gemsops_status *st)
     {
         return launch<T>(p, st);
     }
 };
-template <typename T> struct query_fn {
+template <typename T>
+struct query_fn {
     static int run(const gemsops_prod_params *p, int64_t *bytes,
                    gemsops_status *st)
     {

@@ -26,11 +26,11 @@ enum class prod_kind { rows, cols, generic };
 struct prod_layout {
     prod_kind kind;
     int64_t outer, outer_stride; // O lines (rows) or column groups (cols)
-    int64_t len, step;           // R: the reduced extent, and its stride
-    int64_t inner;               // I: unit-stride columns (cols), else 1
-    int kept_ndim;               // generic: the kept dims, coalesced
+    int64_t len, step; // R: the reduced extent, and its stride
+    int64_t inner; // I: unit-stride columns (cols), else 1
+    int kept_ndim; // generic: the kept dims, coalesced
     int64_t kept_sizes[GEMSOPS_MAX_DIMS], kept_strides[GEMSOPS_MAX_DIMS];
-    bool full_lines;             // generic full product: lines -> combine
+    bool full_lines; // generic full product: lines -> combine
 };
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b)

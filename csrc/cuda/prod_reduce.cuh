@@ -12,25 +12,50 @@ namespace gemsops {
 // Element type T -> accumulator A and output type. Floats multiply in fp32
 // (fp64 in fp64); bool and integers in uint64, whose wrap-around is the
 // int64 two's-complement product torch computes. Bool arrives as uint8.
-template <typename T> struct prod_types {
+template <typename T>
+struct prod_types {
     using acc = acc_t<T>;
     using out = T;
 };
-template <> struct prod_types<uint8_t> { using acc = uint64_t; using out = int64_t; };
-template <> struct prod_types<int8_t> { using acc = uint64_t; using out = int64_t; };
-template <> struct prod_types<int16_t> { using acc = uint64_t; using out = int64_t; };
-template <> struct prod_types<int32_t> { using acc = uint64_t; using out = int64_t; };
-template <> struct prod_types<int64_t> { using acc = uint64_t; using out = int64_t; };
-template <typename T> using prod_acc = typename prod_types<T>::acc;
-template <typename T> using prod_out = typename prod_types<T>::out;
+template <>
+struct prod_types<uint8_t> {
+    using acc = uint64_t;
+    using out = int64_t;
+};
+template <>
+struct prod_types<int8_t> {
+    using acc = uint64_t;
+    using out = int64_t;
+};
+template <>
+struct prod_types<int16_t> {
+    using acc = uint64_t;
+    using out = int64_t;
+};
+template <>
+struct prod_types<int32_t> {
+    using acc = uint64_t;
+    using out = int64_t;
+};
+template <>
+struct prod_types<int64_t> {
+    using acc = uint64_t;
+    using out = int64_t;
+};
+template <typename T>
+using prod_acc = typename prod_types<T>::acc;
+template <typename T>
+using prod_out = typename prod_types<T>::out;
 
 // Elements per access: 16 bytes, at most 8 lanes (1-byte types move 8).
-template <typename T> constexpr int prod_vec()
+template <typename T>
+constexpr int prod_vec()
 {
     return 16 / sizeof(T) < 8 ? 16 / sizeof(T) : 8;
 }
 
-template <typename A, typename T> __device__ __forceinline__ A prod_load(T v)
+template <typename A, typename T>
+__device__ __forceinline__ A prod_load(T v)
 {
     if constexpr (std::is_integral_v<T>) {
         return (A)(int64_t)v;
@@ -40,7 +65,8 @@ template <typename A, typename T> __device__ __forceinline__ A prod_load(T v)
     }
 }
 
-template <typename O, typename A> __device__ __forceinline__ O prod_store(A v)
+template <typename O, typename A>
+__device__ __forceinline__ O prod_store(A v)
 {
     if constexpr (std::is_integral_v<O>) {
         return (O)v;
@@ -128,7 +154,8 @@ __device__ __forceinline__ void prod_fold_step(A (&v)[VEC])
     }
 }
 
-template <int VEC, typename A> __device__ __forceinline__ A prod_fold(A (&v)[VEC])
+template <int VEC, typename A>
+__device__ __forceinline__ A prod_fold(A (&v)[VEC])
 {
     prod_fold_step<VEC / 2>(v);
     return v[0];
@@ -160,24 +187,26 @@ __device__ __forceinline__ A prod_group(A v, int G, A *warp_part)
 }
 
 // ---- rows: out[o] = prod_r x[o * row_stride + r] ------------------------
-template <typename T> struct prod_rows_args {
+template <typename T>
+struct prod_rows_args {
     const T *x;
     int64_t rows, row_stride; // elements between row starts
-    int64_t nvec;             // vectors of VEC per row (row length / VEC)
-    int G;                    // threads per row: 1..256, a power of two
-    int64_t splits, seg;      // a row's CTAs, and vectors each one takes
-    bool interleaved;         // split s takes vectors s*G + lane + k*splits*G
-                              // (all CTAs stream one window: DRAM locality)
-                              // instead of the contiguous [s*seg, s*seg+seg)
-    prod_out<T> *out;         // splits == 1 and partial == NULL: the result
-    prod_acc<T> *partial;     // else partial[row * splits + split]
+    int64_t nvec; // vectors of VEC per row (row length / VEC)
+    int G; // threads per row: 1..256, a power of two
+    int64_t splits, seg; // a row's CTAs, and vectors each one takes
+    bool interleaved; // split s takes vectors s*G + lane + k*splits*G
+    // (all CTAs stream one window: DRAM locality)
+    // instead of the contiguous [s*seg, s*seg+seg)
+    prod_out<T> *out; // splits == 1 and partial == NULL: the result
+    prod_acc<T> *partial; // else partial[row * splits + split]
 };
 
 // Without a bound, ptxas spilled 4 bytes in the fp64 rows and the uint8
 // columns kernels (at 48-80 registers, with 255 allowed); a minimum of one
 // CTA stops that. The fp16/bf16/fp32 kernels keep the choices they were
 // timed with (a minimum of 1 moves their register counts).
-template <typename T> constexpr int prod_min_ctas_else()
+template <typename T>
+constexpr int prod_min_ctas_else()
 {
     return std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16> ||
                    std::is_same_v<T, float>
@@ -193,10 +222,11 @@ template <typename T> constexpr int prod_min_ctas_else()
 // 375.7 -> 364.1 us; 1024^3 bf16 820.8 -> 709.8). fp16 fits in 64 as it
 // is; the eight-load and integer kernels keep what they need. (An explicit
 // minimum of 1 is not "no bound": it changed ptxas's register choices.)
-template <typename T, int U, bool L2_HINT> constexpr int prod_rows_min_ctas()
+template <typename T, int U, bool L2_HINT>
+constexpr int prod_rows_min_ctas()
 {
-    constexpr bool four = std::is_same_v<T, float> ||
-                          std::is_same_v<T, __nv_bfloat16>;
+    constexpr bool four =
+        std::is_same_v<T, float> || std::is_same_v<T, __nv_bfloat16>;
     return four && !L2_HINT && U == 4 ? 4 : prod_min_ctas_else<T>();
 }
 
@@ -232,7 +262,8 @@ __device__ constexpr bool prod_rows_batch_tail()
 // under a tree cross it far more often (2^27 fp32 near one, emulated: 64 KB
 // contiguous pieces a CTA -13.8%, this loop -5.6%, torch.prod ~9%).
 template <typename T, int VEC, bool L2_HINT = false, int U = 4>
-__global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>())
+__global__ void __launch_bounds__(kProdBlock,
+                                  prod_rows_min_ctas<T, U, L2_HINT>())
     prod_rows_kernel(const prod_rows_args<T> a)
 {
     using A = prod_acc<T>;
@@ -262,7 +293,8 @@ __global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>(
                 vec_t<T, VEC> w[U];
 #pragma unroll
                 for (int u = 0; u < U; u++) {
-                    w[u] = prod_fetch<T, VEC, L2_HINT>(p + (v + u * step) * VEC);
+                    w[u] =
+                        prod_fetch<T, VEC, L2_HINT>(p + (v + u * step) * VEC);
                 }
 #pragma unroll
                 for (int u = 0; u < U; u++) {
@@ -275,7 +307,8 @@ __global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>(
 #pragma unroll
                     for (int u = 0; u < U; u++) {
                         if (v + u * step < hi) {
-                            w[u] = prod_fetch<T, VEC, L2_HINT>(p + (v + u * step) * VEC);
+                            w[u] = prod_fetch<T, VEC, L2_HINT>(
+                                p + (v + u * step) * VEC);
                         }
                     }
 #pragma unroll
@@ -288,7 +321,8 @@ __global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>(
             }
             else { // fewer than U left: one at a time, in the same order
                 for (; v < hi; v += step) {
-                    prod_mul_raw(acc, prod_fetch<T, VEC, L2_HINT>(p + v * VEC));
+                    prod_mul_raw(acc,
+                                 prod_fetch<T, VEC, L2_HINT>(p + v * VEC));
                 }
             }
         }
@@ -305,18 +339,19 @@ __global__ void __launch_bounds__(kProdBlock, prod_rows_min_ctas<T, U, L2_HINT>(
 }
 
 // ---- cols: out[o, i] = prod_r x[o * outer_stride + r * step + i] --------
-template <typename T> struct prod_cols_args {
+template <typename T>
+struct prod_cols_args {
     const T *x;
     int64_t outer, outer_stride; // O column groups, elements apart
-    int64_t len, step;           // R and the stride between its rows
-    int64_t inner;               // I unit-stride columns
-    int tx;                      // threads across columns (TX), 256/TX down
-    int64_t ivecs, iblocks;      // column vectors, and blocks of TX of them
-    int64_t splits, rchunk;      // CTAs down one column block, rows each
-    bool interleaved;            // split s takes rows s*TY + ty + k*splits*TY
-                                 // instead of [s*rchunk, s*rchunk+rchunk)
-    prod_out<T> *out;            // partial == NULL: out[o * I + i]
-    prod_acc<T> *partial;        // else partial[(o * splits + s) * I + i]
+    int64_t len, step; // R and the stride between its rows
+    int64_t inner; // I unit-stride columns
+    int tx; // threads across columns (TX), 256/TX down
+    int64_t ivecs, iblocks; // column vectors, and blocks of TX of them
+    int64_t splits, rchunk; // CTAs down one column block, rows each
+    bool interleaved; // split s takes rows s*TY + ty + k*splits*TY
+    // instead of [s*rchunk, s*rchunk+rchunk)
+    prod_out<T> *out; // partial == NULL: out[o * I + i]
+    prod_acc<T> *partial; // else partial[(o * splits + s) * I + i]
 };
 
 // EVICT_FIRST: the batched loads are evict-first in L2 (load_vec_last),

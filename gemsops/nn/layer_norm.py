@@ -9,5 +9,6 @@ class LayerNorm(torch.nn.LayerNorm):
     subclass), so checkpoints load either way."""
 
     def forward(self, input):
-        return layer_norm(input, self.normalized_shape, self.weight,
-                          self.bias, self.eps)
+        return layer_norm(
+            input, self.normalized_shape, self.weight, self.bias, self.eps
+        )

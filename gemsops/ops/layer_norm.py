@@ -4,6 +4,7 @@ semantics over gemsops._C's forward and fused backward kernels.
 The Python layer allocates every output and workspace with torch (so they
 come from torch's caching allocator on the right device) and passes them
 down; the C side validates and launches on torch's current stream."""
+
 import math
 import operator
 from typing import Optional, Sequence
@@ -29,11 +30,14 @@ def _normalized_shape(normalized_shape, fn="layer_norm"):
         shape = tuple(normalized_shape)
         for s in shape:
             if type(s) is not int:
-                return tuple(_shape_item(v, i, fn)
-                             for i, v in enumerate(shape))
+                return tuple(
+                    _shape_item(v, i, fn) for i, v in enumerate(shape)
+                )
         return shape
-    raise TypeError(f"{fn}(): argument 'normalized_shape' must be tuple of "
-                    f"ints, not {type(normalized_shape).__name__}")
+    raise TypeError(
+        f"{fn}(): argument 'normalized_shape' must be tuple of "
+        f"ints, not {type(normalized_shape).__name__}"
+    )
 
 
 def _shape_item(s, i, fn):
@@ -44,9 +48,11 @@ def _shape_item(s, i, fn):
             return operator.index(s)
         except TypeError:
             pass
-    raise TypeError(f"{fn}(): argument 'normalized_shape' must be tuple of "
-                    f"ints, but found element of type {type(s).__name__} at "
-                    f"pos {i}")
+    raise TypeError(
+        f"{fn}(): argument 'normalized_shape' must be tuple of "
+        f"ints, but found element of type {type(s).__name__} at "
+        f"pos {i}"
+    )
 
 
 def _check_shape(x, shape, fn="layer_norm"):
@@ -55,12 +61,14 @@ def _check_shape(x, shape, fn="layer_norm"):
         raise RuntimeError(
             f"{fn}(): Expected normalized_shape to be at least "
             "1-dimensional, i.e., containing at least one element, but got "
-            f"normalized_shape = {list(shape)}")
-    if x.dim() < len(shape) or x.shape[x.dim() - len(shape):] != shape:
+            f"normalized_shape = {list(shape)}"
+        )
+    if x.dim() < len(shape) or x.shape[x.dim() - len(shape) :] != shape:
         raise RuntimeError(
             f"{fn}(): Given normalized_shape={list(shape)}, expected "
             f"input with shape [*, {', '.join(map(str, shape))}], but got "
-            f"input of size{list(x.shape)}")
+            f"input of size{list(x.shape)}"
+        )
 
 
 def _rows_view_ok(x, nd):
@@ -121,7 +129,7 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     mean = rstd = None
     if want_stats:  # two allocations cost less than one plus two views
-        rows = math.prod(x.shape[:x.dim() - nd])
+        rows = math.prod(x.shape[: x.dim() - nd])
         sd = _stats_dtype(x.dtype)
         mean = torch.empty(rows, dtype=sd, device=x.device)
         rstd = torch.empty(rows, dtype=sd, device=x.device)
@@ -136,57 +144,136 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
     if x.is_cuda:
         nbytes = _workspace.planned(
             ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
-            _C.layer_norm_fwd_workspace, x, weight, bias, nd)
+            _C.layer_norm_fwd_workspace,
+            x,
+            weight,
+            bias,
+            nd,
+        )
         ws = _workspace.scratch(nbytes, x.device, zero=True)
     _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, ws)
     return out, mean, rstd
 
 
-def _backward(grad_out, x, shape, weight, mean, rstd, want_dx, want_dw,
-              want_db, deterministic=None, bias=None):
+def _backward(
+    grad_out,
+    x,
+    shape,
+    weight,
+    mean,
+    rstd,
+    want_dx,
+    want_dw,
+    want_db,
+    deterministic=None,
+    bias=None,
+):
     nd = len(shape)
-    if want_db and weight is None and bias is not None and \
-            bias.dtype != x.dtype:
+    if (
+        want_db
+        and weight is None
+        and bias is not None
+        and bias.dtype != x.dtype
+    ):
         # no weight and a bias of its own dtype (fp32 beside half input):
         # dB, the rows' sum of dy, comes out in the bias' dtype as torch's
         # does; the kernel writes its dW/dB in the weight's dtype only
-        db = grad_out.reshape(-1, math.prod(shape)).sum(
-            0, dtype=torch.float32).reshape(shape).to(bias.dtype)
-        dx, dw, _ = _backward(grad_out, x, shape, weight, mean, rstd,
-                              want_dx, want_dw, False, deterministic)
+        db = (
+            grad_out.reshape(-1, math.prod(shape))
+            .sum(0, dtype=torch.float32)
+            .reshape(shape)
+            .to(bias.dtype)
+        )
+        dx, dw, _ = _backward(
+            grad_out,
+            x,
+            shape,
+            weight,
+            mean,
+            rstd,
+            want_dx,
+            want_dw,
+            False,
+            deterministic,
+        )
         return dx, dw, db
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
     x = _rows(x, nd)
     grad_out = _rows(_plain(grad_out), nd)
     pdtype = weight.dtype if weight is not None else x.dtype
-    dx = (torch.empty_like(x, memory_format=torch.contiguous_format)
-          if want_dx else None)
+    dx = (
+        torch.empty_like(x, memory_format=torch.contiguous_format)
+        if want_dx
+        else None
+    )
     if x.numel() == 0:
         # dW/dB sum over no rows: zeros, which a CUDA launch would not
         # write; C still checks the arguments as for any size
-        dw = torch.zeros(shape, dtype=pdtype, device=x.device) if want_dw else None
-        db = torch.zeros(shape, dtype=pdtype, device=x.device) if want_db else None
-        _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
-                          dx, dw, db, None)
+        dw = (
+            torch.zeros(shape, dtype=pdtype, device=x.device)
+            if want_dw
+            else None
+        )
+        db = (
+            torch.zeros(shape, dtype=pdtype, device=x.device)
+            if want_db
+            else None
+        )
+        _C.layer_norm_bwd(
+            grad_out,
+            x,
+            weight,
+            nd,
+            deterministic,
+            mean,
+            rstd,
+            dx,
+            dw,
+            db,
+            None,
+        )
         return dx, dw, db
     dw = torch.empty(shape, dtype=pdtype, device=x.device) if want_dw else None
     db = torch.empty(shape, dtype=pdtype, device=x.device) if want_db else None
     if not (want_dx or want_dw or want_db):
         # nothing to compute, but the arguments are checked as for any call
-        _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
-                          None, None, None, None)
+        _C.layer_norm_bwd(
+            grad_out,
+            x,
+            weight,
+            nd,
+            deterministic,
+            mean,
+            rstd,
+            None,
+            None,
+            None,
+            None,
+        )
         return dx, dw, db
     if not x.is_cuda:
-        _C.layer_norm_bwd(grad_out, x, weight, nd, deterministic, mean, rstd,
-                          dx, dw, db, None)
+        _C.layer_norm_bwd(
+            grad_out,
+            x,
+            weight,
+            nd,
+            deterministic,
+            mean,
+            rstd,
+            dx,
+            dw,
+            db,
+            None,
+        )
         return dx, dw, db
     device = x.get_device()
     args = (grad_out, x, weight, nd, deterministic, mean, rstd, dx, dw, db)
     if _workspace.capturing(x.device):
         # a captured launch gets its own workspace and zeroes it itself
-        nbytes = _C.layer_norm_bwd_workspace(x, weight, nd, deterministic,
-                                             want_dx, want_dw, want_db)
+        nbytes = _C.layer_norm_bwd_workspace(
+            x, weight, nd, deterministic, want_dx, want_dw, want_db
+        )
         _C.layer_norm_bwd(*args, _workspace.scratch(nbytes, x.device))
         return dx, dw, db
     stream = _bwd_stream.get(device, -1)
@@ -195,8 +282,9 @@ def _backward(grad_out, x, shape, weight, mean, rstd, want_dx, want_dw,
         need = _C.layer_norm_bwd(*args, slot and slot.buf, stream)
         if need is not None:  # first use, larger, or another stream
             nbytes, stream = need
-            slot = _workspace.kept("ln_bwd", device, stream, nbytes,
-                                   minimum=4096)
+            slot = _workspace.kept(
+                "ln_bwd", device, stream, nbytes, minimum=4096
+            )
             _bwd_stream[device] = stream
             _C.layer_norm_bwd(*args, slot.buf, stream)
     except BaseException:
@@ -230,35 +318,45 @@ class LayerNormFunction(torch.autograd.Function):
     def backward(ctx, grad_out, *_):
         x, weight, mean, rstd, bias = ctx.saved_tensors
         want_dx, _, want_dw, want_db, _, _ = ctx.needs_input_grad
-        mask = (want_dx, want_dw and weight is not None,
-                want_db and ctx.has_bias)
+        mask = (
+            want_dx,
+            want_dw and weight is not None,
+            want_db and ctx.has_bias,
+        )
         if torch.is_grad_enabled():  # create_graph: differentiable op
-            dx, dw, db = _backward_op(grad_out, x, ctx.shape, mean, rstd,
-                                      weight, mask, bias=bias)
+            dx, dw, db = _backward_op(
+                grad_out, x, ctx.shape, mean, rstd, weight, mask, bias=bias
+            )
         else:
-            dx, dw, db = _backward(grad_out, x, ctx.shape, weight, mean,
-                                   rstd, *mask, bias=bias)
+            dx, dw, db = _backward(
+                grad_out, x, ctx.shape, weight, mean, rstd, *mask, bias=bias
+            )
         return dx, None, dw, db, None, None
 
 
 # ---- torch.library ops ---------------------------------------------------
 
+
 def _stat_shape(x, nd):
-    return tuple(x.shape[:x.dim() - nd]) + (1,) * nd
+    return tuple(x.shape[: x.dim() - nd]) + (1,) * nd
 
 
-@torch.library.custom_op("gemsops::layer_norm", mutates_args=(),
-                         device_types=("cpu", "cuda"))
-def _layer_norm_op(input: torch.Tensor, normalized_shape: Sequence[int],
-                   weight: Optional[torch.Tensor],
-                   bias: Optional[torch.Tensor],
-                   eps: float) -> tuple[torch.Tensor, torch.Tensor,
-                                        torch.Tensor]:
+@torch.library.custom_op(
+    "gemsops::layer_norm", mutates_args=(), device_types=("cpu", "cuda")
+)
+def _layer_norm_op(
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """torch.native_layer_norm: (out, mean, rstd), statistics of shape
     input.shape[:-k] + (1,) * k in fp32 (fp64 for fp64 input)."""
     shape = tuple(normalized_shape)
-    out, mean, rstd = _forward(_plain(input), shape, _param(weight),
-                               _param(bias), eps)
+    out, mean, rstd = _forward(
+        _plain(input), shape, _param(weight), _param(bias), eps
+    )
     st = _stat_shape(input, len(shape))
     return out, mean.view(st), rstd.view(st)
 
@@ -267,8 +365,11 @@ def _layer_norm_op(input: torch.Tensor, normalized_shape: Sequence[int],
 def _(input, normalized_shape, weight, bias, eps):
     st = _stat_shape(input, len(normalized_shape))
     sd = _stats_dtype(input.dtype)
-    return (torch.empty_like(input, memory_format=torch.contiguous_format),
-            input.new_empty(st, dtype=sd), input.new_empty(st, dtype=sd))
+    return (
+        torch.empty_like(input, memory_format=torch.contiguous_format),
+        input.new_empty(st, dtype=sd),
+        input.new_empty(st, dtype=sd),
+    )
 
 
 def _layer_norm_setup(ctx, inputs, output):
@@ -283,26 +384,28 @@ def _layer_norm_setup(ctx, inputs, output):
 def _layer_norm_grad(ctx, grad_out, _gmean, _grstd):
     x, weight, mean, rstd, bias = ctx.saved_tensors
     want_dx, _, want_dw, want_db, _ = ctx.needs_input_grad
-    mask = (want_dx, want_dw and weight is not None,
-            want_db and ctx.has_bias)
-    dx, dw, db = _backward_op(grad_out, x, ctx.shape, mean, rstd, weight,
-                              mask, bias=bias)
+    mask = (want_dx, want_dw and weight is not None, want_db and ctx.has_bias)
+    dx, dw, db = _backward_op(
+        grad_out, x, ctx.shape, mean, rstd, weight, mask, bias=bias
+    )
     return dx, None, dw, db, None
 
 
-_layer_norm_op.register_autograd(_layer_norm_grad,
-                                 setup_context=_layer_norm_setup)
+_layer_norm_op.register_autograd(
+    _layer_norm_grad, setup_context=_layer_norm_setup
+)
 
 
 def _none_unless(mask, *ts):
     return tuple(t if m else None for m, t in zip(mask, ts))
 
 
-def _backward_op(grad_out, x, shape, mean, rstd, weight, mask,
-                 deterministic=None, bias=None):
+def _backward_op(
+    grad_out, x, shape, mean, rstd, weight, mask, deterministic=None, bias=None
+):
     dx, dw, db = torch.ops.gemsops.layer_norm_backward(
-        grad_out, x, shape, mean, rstd, weight, bias, list(mask),
-        deterministic)
+        grad_out, x, shape, mean, rstd, weight, bias, list(mask), deterministic
+    )
     return _none_unless(mask, dx, dw, db)
 
 
@@ -312,28 +415,45 @@ def _unwanted(like, dtype):
     return like.new_empty((0,), dtype=dtype)
 
 
-@torch.library.custom_op("gemsops::layer_norm_backward", mutates_args=(),
-                         device_types=("cpu", "cuda"))
+@torch.library.custom_op(
+    "gemsops::layer_norm_backward",
+    mutates_args=(),
+    device_types=("cpu", "cuda"),
+)
 def _layer_norm_backward_op(
-        grad_out: torch.Tensor, input: torch.Tensor,
-        normalized_shape: Sequence[int], mean: torch.Tensor,
-        rstd: torch.Tensor, weight: Optional[torch.Tensor],
-        bias: Optional[torch.Tensor], output_mask: Sequence[bool],
-        deterministic: Optional[bool] = None,
-        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    mean: torch.Tensor,
+    rstd: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    bias: Optional[torch.Tensor],
+    output_mask: Sequence[bool],
+    deterministic: Optional[bool] = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """native_layer_norm_backward: (grad_input, grad_weight, grad_bias);
     an output output_mask leaves out has 0 elements. mean/rstd: fp32
     (fp64 for fp64 input), any shape with one value per row."""
     shape = tuple(normalized_shape)
     weight = _param(weight)
-    dx, dw, db = _backward(grad_out, _plain(input), shape, weight,
-                           _plain(mean).reshape(-1), _plain(rstd).reshape(-1),
-                           *map(bool, output_mask), deterministic, bias=bias)
+    dx, dw, db = _backward(
+        grad_out,
+        _plain(input),
+        shape,
+        weight,
+        _plain(mean).reshape(-1),
+        _plain(rstd).reshape(-1),
+        *map(bool, output_mask),
+        deterministic,
+        bias=bias,
+    )
     pdtype = weight.dtype if weight is not None else input.dtype
     bdtype = _grad_bias_dtype(input, weight, bias)
-    return (dx if dx is not None else _unwanted(input, input.dtype),
-            dw if dw is not None else _unwanted(input, pdtype),
-            db if db is not None else _unwanted(input, bdtype))
+    return (
+        dx if dx is not None else _unwanted(input, input.dtype),
+        dw if dw is not None else _unwanted(input, pdtype),
+        db if db is not None else _unwanted(input, bdtype),
+    )
 
 
 def _grad_bias_dtype(input, weight, bias):
@@ -343,17 +463,31 @@ def _grad_bias_dtype(input, weight, bias):
 
 
 @_layer_norm_backward_op.register_fake
-def _(grad_out, input, normalized_shape, mean, rstd, weight, bias,
-      output_mask, deterministic=None):
+def _(
+    grad_out,
+    input,
+    normalized_shape,
+    mean,
+    rstd,
+    weight,
+    bias,
+    output_mask,
+    deterministic=None,
+):
     pdtype = weight.dtype if weight is not None else input.dtype
     bdtype = _grad_bias_dtype(input, weight, bias)
     shape = tuple(normalized_shape)
-    return (torch.empty_like(input, memory_format=torch.contiguous_format)
-            if output_mask[0] else _unwanted(input, input.dtype),
-            input.new_empty(shape, dtype=pdtype) if output_mask[1]
-            else _unwanted(input, pdtype),
-            input.new_empty(shape, dtype=bdtype) if output_mask[2]
-            else _unwanted(input, bdtype))
+    return (
+        torch.empty_like(input, memory_format=torch.contiguous_format)
+        if output_mask[0]
+        else _unwanted(input, input.dtype),
+        input.new_empty(shape, dtype=pdtype)
+        if output_mask[1]
+        else _unwanted(input, pdtype),
+        input.new_empty(shape, dtype=bdtype)
+        if output_mask[2]
+        else _unwanted(input, bdtype),
+    )
 
 
 def _eps_of(x, rstd, shape):
@@ -383,11 +517,17 @@ def _backward_composite(g, x, weight, eps, shape):
     r = torch.rsqrt(var + eps)
     xhat = xc * r
     gw = gf * weight.to(cd) if weight is not None else gf
-    dx = r * (gw - gw.mean(cols, keepdim=True)
-              - xhat * (gw * xhat).mean(cols, keepdim=True))
+    dx = r * (
+        gw
+        - gw.mean(cols, keepdim=True)
+        - xhat * (gw * xhat).mean(cols, keepdim=True)
+    )
     pdtype = weight.dtype if weight is not None else x.dtype
-    return (dx.to(x.dtype), (gf * xhat).sum(rows).to(pdtype),
-            gf.sum(rows).to(pdtype))
+    return (
+        dx.to(x.dtype),
+        (gf * xhat).sum(rows).to(pdtype),
+        gf.sum(rows).to(pdtype),
+    )
 
 
 def _layer_norm_backward_setup(ctx, inputs, output):
@@ -403,25 +543,39 @@ def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
     functions of input, differentiated through it)."""
     g, x, rstd, weight = ctx.saved_tensors
     need = ctx.needs_input_grad
-    cots = tuple(c if m and c is not None and c.numel() else None
-                 for c, m in zip((gdx, gdw, gdb), ctx.mask))
+    cots = tuple(
+        c if m and c is not None and c.numel() else None
+        for c, m in zip((gdx, gdw, gdb), ctx.mask)
+    )
     eps = _eps_of(x, rstd, ctx.shape)
     # torch.func.vjp: the result stays differentiable with respect to the
     # saved tensors' own history (third order and up), without counting
     # twice a path from x to grad_out
     if weight is None:
         _, vjp = torch.func.vjp(
-            lambda g, x: _composite_masked(g, x, None, eps, ctx, cots),
-            g, x)
+            lambda g, x: _composite_masked(g, x, None, eps, ctx, cots), g, x
+        )
         dg, dx = vjp(_cotangents(cots))
         dw = None
     else:
         _, vjp = torch.func.vjp(
             lambda g, x, w: _composite_masked(g, x, w, eps, ctx, cots),
-            g, x, weight)
+            g,
+            x,
+            weight,
+        )
         dg, dx, dw = vjp(_cotangents(cots))
-    return (dg if need[0] else None, dx if need[1] else None, None, None,
-            None, dw if need[5] else None, None, None, None)
+    return (
+        dg if need[0] else None,
+        dx if need[1] else None,
+        None,
+        None,
+        None,
+        dw if need[5] else None,
+        None,
+        None,
+        None,
+    )
 
 
 def _composite_masked(g, x, w, eps, ctx, cots):
@@ -434,14 +588,17 @@ def _cotangents(cots):
 
 
 _layer_norm_backward_op.register_autograd(
-    _layer_norm_backward_grad, setup_context=_layer_norm_backward_setup)
+    _layer_norm_backward_grad, setup_context=_layer_norm_backward_setup
+)
 register_autocast(torch.ops.gemsops.layer_norm.default, "cuda", "fp32")
 
 
 def _prepare(input, normalized_shape, weight, bias, fn="layer_norm"):
     if not isinstance(input, torch.Tensor):
-        raise TypeError(f"{fn}(): argument 'input' must be a Tensor, not "
-                        f"{type(input).__name__}")
+        raise TypeError(
+            f"{fn}(): argument 'input' must be a Tensor, not "
+            f"{type(input).__name__}"
+        )
     if weight is not None and not isinstance(weight, torch.Tensor):
         raise _not_tensor(TypeError, fn, "weight", weight, " or None")
     if bias is not None and not isinstance(bias, torch.Tensor):
@@ -454,20 +611,22 @@ def _prepare(input, normalized_shape, weight, bias, fn="layer_norm"):
 
 
 def _not_tensor(exc, fn, name, value, alt=""):
-    return exc(f"{fn}(): argument '{name}' must be a Tensor{alt}, not "
-               f"{type(value).__name__}")
+    return exc(
+        f"{fn}(): argument '{name}' must be a Tensor{alt}, not "
+        f"{type(value).__name__}"
+    )
 
 
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Drop-in for torch.nn.functional.layer_norm. weight/bias may be fp32
     with fp16/bf16 input (mixed precision); the output has input's dtype."""
-    input, shape, weight, bias = _prepare(input, normalized_shape, weight,
-                                          bias)
+    input, shape, weight, bias = _prepare(
+        input, normalized_shape, weight, bias
+    )
     if not eager((input, weight, bias)):
         return _layer_norm_op(input, shape, weight, bias, eps)[0]
     if _needs_grad(input, weight, bias):
-        return LayerNormFunction.apply(input, shape, weight, bias, eps,
-                                       False)
+        return LayerNormFunction.apply(input, shape, weight, bias, eps, False)
     return _forward(input, shape, weight, bias, eps, want_stats=False)[0]
 
 
@@ -475,76 +634,133 @@ def _needs_grad(input, weight, bias):
     return torch.is_grad_enabled() and (
         input.requires_grad
         or (weight is not None and weight.requires_grad)
-        or (bias is not None and bias.requires_grad))
+        or (bias is not None and bias.requires_grad)
+    )
 
 
-def native_layer_norm(input, normalized_shape, weight=None, bias=None,
-                      eps=1e-5):
+def native_layer_norm(
+    input, normalized_shape, weight=None, bias=None, eps=1e-5
+):
     """Like torch.native_layer_norm: (out, mean, rstd), statistics in fp32
     (fp64 for fp64 input) of shape input.shape[:-k] + (1,) * k;
     differentiable through out, as torch's."""
-    input, shape, weight, bias = _prepare(input, normalized_shape, weight,
-                                          bias)
+    input, shape, weight, bias = _prepare(
+        input, normalized_shape, weight, bias
+    )
     if not eager((input, weight, bias)):
         return _layer_norm_op(input, shape, weight, bias, eps)
     if _needs_grad(input, weight, bias):
-        out, mean, rstd = LayerNormFunction.apply(input, shape, weight, bias,
-                                                  eps, True)
+        out, mean, rstd = LayerNormFunction.apply(
+            input, shape, weight, bias, eps, True
+        )
     else:
         out, mean, rstd = _forward(input, shape, weight, bias, eps)
-    stat_shape = tuple(input.shape[:input.dim() - len(shape)]) + (1,) * len(shape)
+    stat_shape = tuple(input.shape[: input.dim() - len(shape)]) + (1,) * len(
+        shape
+    )
     return out, mean.view(stat_shape), rstd.view(stat_shape)
 
 
-def layer_norm_backward(grad_out, input, normalized_shape, mean, rstd,
-                        weight=None, bias=None,
-                        output_mask=(True, True, True), deterministic=None):
+def layer_norm_backward(
+    grad_out,
+    input,
+    normalized_shape,
+    mean,
+    rstd,
+    weight=None,
+    bias=None,
+    output_mask=(True, True, True),
+    deterministic=None,
+):
     """Like torch.ops.aten.native_layer_norm_backward: (grad_input,
     grad_weight, grad_bias), each None where output_mask says so. mean and
     rstd may come in the input's half type, as torch's CPU
     native_layer_norm returns them; they are widened to fp32 first."""
     fn = "layer_norm_backward"
-    normalized_shape = _backward_args(grad_out, input, normalized_shape, mean,
-                                      rstd, weight, bias, output_mask)
-    input, shape, weight, bias = _prepare(input, normalized_shape, weight,
-                                          bias, fn)
+    normalized_shape = _backward_args(
+        grad_out,
+        input,
+        normalized_shape,
+        mean,
+        rstd,
+        weight,
+        bias,
+        output_mask,
+    )
+    input, shape, weight, bias = _prepare(
+        input, normalized_shape, weight, bias, fn
+    )
     want_dx, want_dw, want_db = map(bool, output_mask)
-    for want, name, p in ((want_dw, "weight", weight),
-                          (want_db, "bias", bias)):
+    for want, name, p in (
+        (want_dw, "weight", weight),
+        (want_db, "bias", bias),
+    ):
         if want and p is None:  # torch fails here too (RuntimeError)
-            raise RuntimeError(f"{fn}(): output_mask asks for grad_{name} "
-                               f"but {name} is None")
+            raise RuntimeError(
+                f"{fn}(): output_mask asks for grad_{name} but {name} is None"
+            )
     sd = _stats_dtype(input.dtype)
-    mean, rstd = (s.to(sd) if s.dtype in (torch.float16, torch.bfloat16)
-                  and sd == torch.float32 else _plain(s) for s in (mean, rstd))
+    mean, rstd = (
+        s.to(sd)
+        if s.dtype in (torch.float16, torch.bfloat16) and sd == torch.float32
+        else _plain(s)
+        for s in (mean, rstd)
+    )
     if not eager((grad_out, input, mean, rstd, weight)) or (
-            torch.is_grad_enabled() and any(
-                t is not None and t.requires_grad
-                for t in (grad_out, input, weight))):
-        return _backward_op(grad_out, input, shape, mean, rstd, weight,
-                            (want_dx, want_dw, want_db), deterministic,
-                            bias=bias)
-    return _backward(grad_out, input, shape, weight, mean.reshape(-1),
-                     rstd.reshape(-1), want_dx, want_dw, want_db,
-                     deterministic, bias=bias)
+        torch.is_grad_enabled()
+        and any(
+            t is not None and t.requires_grad
+            for t in (grad_out, input, weight)
+        )
+    ):
+        return _backward_op(
+            grad_out,
+            input,
+            shape,
+            mean,
+            rstd,
+            weight,
+            (want_dx, want_dw, want_db),
+            deterministic,
+            bias=bias,
+        )
+    return _backward(
+        grad_out,
+        input,
+        shape,
+        weight,
+        mean.reshape(-1),
+        rstd.reshape(-1),
+        want_dx,
+        want_dw,
+        want_db,
+        deterministic,
+        bias=bias,
+    )
 
 
-def _backward_args(grad_out, input, normalized_shape, mean, rstd, weight,
-                   bias, output_mask):
+def _backward_args(
+    grad_out, input, normalized_shape, mean, rstd, weight, bias, output_mask
+):
     """Arguments torch.ops.aten.native_layer_norm_backward would not match
     to its schema raise RuntimeError, as there; returns normalized_shape as
     a sequence (that schema takes ndarrays and tensors too)."""
     fn = "layer_norm_backward"
-    for name, t in (("grad_out", grad_out), ("input", input), ("mean", mean),
-                    ("rstd", rstd)):
+    for name, t in (
+        ("grad_out", grad_out),
+        ("input", input),
+        ("mean", mean),
+        ("rstd", rstd),
+    ):
         if not isinstance(t, torch.Tensor):
             raise _not_tensor(RuntimeError, fn, name, t)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise _not_tensor(RuntimeError, fn, name, t, " or None")
     if not isinstance(output_mask, (list, tuple)) or len(output_mask) != 3:
-        raise RuntimeError(f"{fn}(): output_mask must be 3 bools, got "
-                           f"{output_mask!r}")
+        raise RuntimeError(
+            f"{fn}(): output_mask must be 3 bools, got {output_mask!r}"
+        )
     if hasattr(normalized_shape, "tolist"):
         normalized_shape = normalized_shape.tolist()
     try:

@@ -5,8 +5,9 @@ views of the inputs (transposes, slices, storage offsets and broadcast
 batches are strides, not copies); C comes back [m, n] or [batch, m, n] and
 is viewed into torch.matmul's result shape. The host path is kept short:
 small products are host-bound (one _C call per launch; the workspace and
-flags exist only for Stream-K launches and are kept per stream). The backward runs the same kernel on
-transposed views: dA = dC . B^T, dB = A^T . dC.
+flags exist only for Stream-K launches and are kept per stream). The
+backward runs the same kernel on transposed views: dA = dC . B^T,
+dB = A^T . dC.
 
 Schedules: 'auto' (hybrid where Stream-K can help), 'data-parallel',
 'stream-k', 'hybrid'; set_schedule() or GEMSOPS_MATMUL_SCHEDULE picks one
@@ -14,6 +15,7 @@ for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest the GPU and
 operands allow), or a cap: 'wgmma-256', 'wgmma-128' (sm_90a), 'mma'
 (sm_80+), 'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too.
 """
+
 import math
 import os
 
@@ -28,21 +30,30 @@ SCHEDULES = {"auto": 0, "data-parallel": 1, "stream-k": 2, "hybrid": 3}
 MAINLOOPS = {"auto": 0, "ffma": 1, "mma": 2, "wgmma-128": 3, "wgmma-256": 4}
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
-_config = dict(schedule=os.environ.get("GEMSOPS_MATMUL_SCHEDULE", "auto"),
-               two_tiles=False, ctas=0, spin_limit=0,
-               mainloop=os.environ.get("GEMSOPS_MATMUL_MAINLOOP", "auto"))
-_launch = ()   # _C.matmul's (schedule, two_tiles, ctas, mainloop, spin_limit)
+_config = dict(
+    schedule=os.environ.get("GEMSOPS_MATMUL_SCHEDULE", "auto"),
+    two_tiles=False,
+    ctas=0,
+    spin_limit=0,
+    mainloop=os.environ.get("GEMSOPS_MATMUL_MAINLOOP", "auto"),
+)
+_launch = ()  # _C.matmul's (schedule, two_tiles, ctas, mainloop, spin_limit)
 
 
 def _set_launch():
     global _launch
-    _launch = (SCHEDULES[_config["schedule"]], _config["two_tiles"],
-               _config["ctas"], MAINLOOPS[_config["mainloop"]],
-               _config["spin_limit"])
+    _launch = (
+        SCHEDULES[_config["schedule"]],
+        _config["two_tiles"],
+        _config["ctas"],
+        MAINLOOPS[_config["mainloop"]],
+        _config["spin_limit"],
+    )
 
 
-def set_schedule(schedule="auto", *, two_tiles=False, ctas=0, spin_limit=0,
-                 mainloop="auto"):
+def set_schedule(
+    schedule="auto", *, two_tiles=False, ctas=0, spin_limit=0, mainloop="auto"
+):
     """Force the Stream-K schedule for later calls: schedule in SCHEDULES;
     two_tiles: hybrid moves one full wave more into Stream-K; ctas: >0 caps
     the persistent grid (never above what fits on the device); spin_limit:
@@ -50,14 +61,22 @@ def set_schedule(schedule="auto", *, two_tiles=False, ctas=0, spin_limit=0,
     RuntimeError (debug: a would-be hang becomes an error; it syncs);
     mainloop in MAINLOOPS: the most capable CUDA mainloop allowed."""
     if schedule not in SCHEDULES:
-        raise ValueError(f"set_schedule(): schedule must be one of "
-                         f"{sorted(SCHEDULES)}, got {schedule!r}")
+        raise ValueError(
+            f"set_schedule(): schedule must be one of "
+            f"{sorted(SCHEDULES)}, got {schedule!r}"
+        )
     if mainloop not in MAINLOOPS:
-        raise ValueError(f"set_schedule(): mainloop must be one of "
-                         f"{sorted(MAINLOOPS)}, got {mainloop!r}")
-    _config.update(schedule=schedule, two_tiles=bool(two_tiles),
-                   ctas=int(ctas), spin_limit=int(spin_limit),
-                   mainloop=mainloop)
+        raise ValueError(
+            f"set_schedule(): mainloop must be one of "
+            f"{sorted(MAINLOOPS)}, got {mainloop!r}"
+        )
+    _config.update(
+        schedule=schedule,
+        two_tiles=bool(two_tiles),
+        ctas=int(ctas),
+        spin_limit=int(spin_limit),
+        mainloop=mainloop,
+    )
     _set_launch()
 
 
@@ -75,29 +94,37 @@ def _stream_buffers(device, need):
     nbytes, count, stream = need
     if _workspace.capturing(torch.device("cuda", device)):
         dev = torch.device("cuda", device)
-        return (torch.empty(max(count, 1), dtype=torch.int32, device=dev),
-                1, _workspace.scratch(nbytes, dev))
-    flags = _workspace.kept("mm_flags", device, stream, count,
-                            dtype=torch.int32, minimum=1024)
+        return (
+            torch.empty(max(count, 1), dtype=torch.int32, device=dev),
+            1,
+            _workspace.scratch(nbytes, dev),
+        )
+    flags = _workspace.kept(
+        "mm_flags", device, stream, count, dtype=torch.int32, minimum=1024
+    )
     if flags.epoch >= 0xFFFFFFFF:  # epochs used up: start afresh
         _workspace.forget("mm_flags", device)
-        flags = _workspace.kept("mm_flags", device, stream, count,
-                                dtype=torch.int32, minimum=1024)
+        flags = _workspace.kept(
+            "mm_flags", device, stream, count, dtype=torch.int32, minimum=1024
+        )
     ws = _workspace.kept("mm_ws", device, stream, nbytes, zero=False)
     flags.epoch += 1  # a new epoch: no flag needs resetting
     return flags.buf, flags.epoch, ws.buf
 
 
 def _error_buffer(device):
-    return _workspace.kept("mm_error", device.index, -1, 1,
-                           dtype=torch.int32).buf
+    return _workspace.kept(
+        "mm_error", device.index, -1, 1, dtype=torch.int32
+    ).buf
 
 
 def _mm(a, b):
     """[m, k] x [k, n] -> [m, n], or [B, m, k] x [B, k, n] -> [B, m, n]: a
     new contiguous C (no autograd). One _C call; a Stream-K launch asks for
     its stream's workspace and flags and takes a second."""
-    c = torch.empty(a.shape[:-1] + b.shape[-1:], dtype=a.dtype, device=a.device)
+    c = torch.empty(
+        a.shape[:-1] + b.shape[-1:], dtype=a.dtype, device=a.device
+    )
     mode, two, ctas, loop, spin = _launch
     err = _error_buffer(a.device) if spin and a.is_cuda else None
     need = _C.matmul(a, b, c, mode, two, ctas, loop, None, None, 0, spin, err)
@@ -106,8 +133,10 @@ def _mm(a, b):
         _C.matmul(a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err)
     if err is not None and err.item():
         err.zero_()
-        raise RuntimeError("matmul(): a Stream-K owner waited more than "
-                           f"spin_limit={spin} polls for a peer's partial")
+        raise RuntimeError(
+            "matmul(): a Stream-K owner waited more than "
+            f"spin_limit={spin} polls for a peer's partial"
+        )
     return c
 
 
@@ -141,6 +170,7 @@ def _grads(ctx, a, b, grad, direct):
 
 # ---- torch.library ops ---------------------------------------------------
 
+
 def _op_impl(a, b):
     if a.is_neg():
         a = a.resolve_neg()
@@ -162,15 +192,17 @@ def _op_grad(ctx, grad):
     return _grads(ctx, a, b, grad, False)
 
 
-@torch.library.custom_op("gemsops::mm", mutates_args=(),
-                         device_types=("cpu", "cuda"))
+@torch.library.custom_op(
+    "gemsops::mm", mutates_args=(), device_types=("cpu", "cuda")
+)
 def _mm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[m, k] x [k, n] -> [m, n] (contiguous), Stream-K."""
     return _op_impl(a, b)
 
 
-@torch.library.custom_op("gemsops::bmm", mutates_args=(),
-                         device_types=("cpu", "cuda"))
+@torch.library.custom_op(
+    "gemsops::bmm", mutates_args=(), device_types=("cpu", "cuda")
+)
 def _bmm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[B, m, k] x [B, k, n] -> [B, m, n] (contiguous), Stream-K."""
     return _op_impl(a, b)
@@ -193,15 +225,20 @@ def _operands(fn, a, b):
     if not isinstance(b, torch.Tensor):
         raise _not_tensor(fn, "other", b)
     if a.dtype != b.dtype and not _autocast_casts(a, b):
-        raise RuntimeError(f"{fn}(): expected both arguments to have the same "
-                           f"dtype, but got {a.dtype} and {b.dtype}")
+        raise RuntimeError(
+            f"{fn}(): expected both arguments to have the same "
+            f"dtype, but got {a.dtype} and {b.dtype}"
+        )
     if a.get_device() != b.get_device():
-        raise RuntimeError(f"{fn}(): expected both arguments on the same "
-                           f"device, but got {a.device} and {b.device}")
+        raise RuntimeError(
+            f"{fn}(): expected both arguments on the same "
+            f"device, but got {a.device} and {b.device}"
+        )
     if a.dtype not in SUPPORTED:  # torch's type for a dtype without kernel
         raise NotImplementedError(
             f"{fn}(): gemsops matmul takes float16, bfloat16 and float32, "
-            f"got {a.dtype}")
+            f"got {a.dtype}"
+        )
     if not _compiling():  # Dynamo cannot ask; the ops resolve it
         if a.is_neg():
             a = a.resolve_neg()
@@ -212,15 +249,20 @@ def _operands(fn, a, b):
 
 def _autocast_casts(a, b):
     """Autocast will cast both to one dtype (the op's autocast rule)."""
-    return (torch.is_autocast_enabled(a.device.type)
-            and a.device.type == b.device.type
-            and all(t.is_floating_point() and t.dtype != torch.float64
-                    for t in (a, b)))
+    return (
+        torch.is_autocast_enabled(a.device.type)
+        and a.device.type == b.device.type
+        and all(
+            t.is_floating_point() and t.dtype != torch.float64 for t in (a, b)
+        )
+    )
 
 
 def _not_tensor(fn, name, value):
-    return TypeError(f"{fn}(): argument '{name}' must be a Tensor, not "
-                     f"{type(value).__name__}")
+    return TypeError(
+        f"{fn}(): argument '{name}' must be a Tensor, not "
+        f"{type(value).__name__}"
+    )
 
 
 def _product(a, b):
@@ -241,8 +283,10 @@ def mm(input, mat2):
     """torch.mm: [m, k] x [k, n] -> [m, n]."""
     input, mat2 = _operands("mm", input, mat2)
     if input.dim() != 2 or mat2.dim() != 2:
-        raise RuntimeError(f"mm(): both arguments must be matrices, got "
-                           f"{input.dim()}-D and {mat2.dim()}-D")
+        raise RuntimeError(
+            f"mm(): both arguments must be matrices, got "
+            f"{input.dim()}-D and {mat2.dim()}-D"
+        )
     if input.shape[1] != mat2.shape[0]:
         raise _shapes_error("mm", input, mat2)
     return _product(input, mat2)
@@ -252,8 +296,10 @@ def bmm(input, mat2):
     """torch.bmm: [B, m, k] x [B, k, n] -> [B, m, n]."""
     input, mat2 = _operands("bmm", input, mat2)
     if input.dim() != 3 or mat2.dim() != 3:
-        raise RuntimeError(f"bmm(): both arguments must be 3-D, got "
-                           f"{input.dim()}-D and {mat2.dim()}-D")
+        raise RuntimeError(
+            f"bmm(): both arguments must be 3-D, got "
+            f"{input.dim()}-D and {mat2.dim()}-D"
+        )
     if input.shape[0] != mat2.shape[0] or input.shape[2] != mat2.shape[1]:
         raise _shapes_error("bmm", input, mat2)
     return _product(input, mat2)
@@ -265,14 +311,16 @@ def matmul(input, other):
     input, other = _operands("matmul", input, other)
     da, db = input.dim(), other.dim()
     if da == 0 or db == 0:
-        raise RuntimeError("matmul(): both arguments to matmul need to be at "
-                           f"least 1D, but they are {da}D and {db}D")
+        raise RuntimeError(
+            "matmul(): both arguments to matmul need to be at "
+            f"least 1D, but they are {da}D and {db}D"
+        )
     if da == db and (da == 2 or da == 3 and input.shape[0] == other.shape[0]):
         if input.shape[-1] != other.shape[-2]:
             raise _shapes_error("matmul", input, other)
-        return _product(input, other)   # mm / bmm: no views needed
-    a = input.unsqueeze(0) if da == 1 else input    # [.., m, k]
-    b = other.unsqueeze(-1) if db == 1 else other   # [.., k, n]
+        return _product(input, other)  # mm / bmm: no views needed
+    a = input.unsqueeze(0) if da == 1 else input  # [.., m, k]
+    b = other.unsqueeze(-1) if db == 1 else other  # [.., k, n]
     if a.shape[-1] != b.shape[-2]:
         raise _shapes_error("matmul", input, other)
     try:
@@ -281,7 +329,8 @@ def matmul(input, other):
         raise RuntimeError(
             f"matmul(): batch dimensions {list(a.shape[:-2])} and "
             f"{list(b.shape[:-2])} do not broadcast (shapes "
-            f"{list(input.shape)} and {list(other.shape)})") from None
+            f"{list(input.shape)} and {list(other.shape)})"
+        ) from None
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
     if b.dim() == 2:
         # torch's folding: the batch joins m and one mm runs; b's gradient

@@ -5,6 +5,7 @@ torch's int64 products); float inputs keep their dtype; dtype= casts the
 input before multiplying and is the result's dtype. The backward is
 zero-safe: exclusive prefix and suffix products, no division by x and no
 host sync."""
+
 import sys
 from typing import Optional
 
@@ -21,15 +22,25 @@ def _scratch(kind, query, x, dim):
     plan depends on the device's SM count), the buffer fresh."""
     if not x.is_cuda:
         return None
-    key = (kind, x.dtype, x.shape, x.stride(), dim, x.device.index,
-           x.data_ptr() % 16)
-    return _workspace.scratch(_workspace.planned(key, query, x, dim),
-                              x.device)
+    key = (
+        kind,
+        x.dtype,
+        x.shape,
+        x.stride(),
+        dim,
+        x.device.index,
+        x.data_ptr() % 16,
+    )
+    return _workspace.scratch(_workspace.planned(key, query, x, dim), x.device)
 
 
 # dtype= may be one of these Python types, as torch takes it
-_PY_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool,
-              complex: torch.complex128}
+_PY_DTYPES = {
+    float: torch.float64,
+    int: torch.int64,
+    bool: torch.bool,
+    complex: torch.complex128,
+}
 
 
 def _out_dtype(dtype):
@@ -41,8 +52,10 @@ def _dtype(dtype):
         return dtype
     if isinstance(dtype, type) and dtype in _PY_DTYPES:
         return _PY_DTYPES[dtype]
-    raise TypeError(f"prod(): argument 'dtype' must be torch.dtype, not "
-                    f"{type(dtype).__name__}")
+    raise TypeError(
+        f"prod(): argument 'dtype' must be torch.dtype, not "
+        f"{type(dtype).__name__}"
+    )
 
 
 def _normalize_dim(dim, ndim):
@@ -50,8 +63,10 @@ def _normalize_dim(dim, ndim):
         dim = _index(dim)
     n = max(ndim, 1)
     if not -n <= dim < n:
-        raise IndexError(f"prod(): Dimension out of range (expected to be in "
-                         f"range of [{-n}, {n - 1}], but got {dim})")
+        raise IndexError(
+            f"prod(): Dimension out of range (expected to be in "
+            f"range of [{-n}, {n - 1}], but got {dim})"
+        )
     return dim % n
 
 
@@ -59,14 +74,21 @@ def _index(dim):
     """dim as torch's parser takes an int: an int (not a bool), a NumPy
     integer or a 0-d integer tensor; anything else is a TypeError."""
     np = sys.modules.get("numpy")  # a NumPy integer implies NumPy is loaded
-    if ((isinstance(dim, int) and not isinstance(dim, bool))
-            or (np is not None and isinstance(dim, np.integer))
-            or (isinstance(dim, torch.Tensor) and dim.dim() == 0
-                and not dim.is_floating_point() and not dim.is_complex()
-                and dim.dtype != torch.bool)):
+    if (
+        (isinstance(dim, int) and not isinstance(dim, bool))
+        or (np is not None and isinstance(dim, np.integer))
+        or (
+            isinstance(dim, torch.Tensor)
+            and dim.dim() == 0
+            and not dim.is_floating_point()
+            and not dim.is_complex()
+            and dim.dtype != torch.bool
+        )
+    ):
         return int(dim)
-    raise TypeError(f"prod(): argument 'dim' must be int, not "
-                    f"{type(dim).__name__}")
+    raise TypeError(
+        f"prod(): argument 'dim' must be int, not {type(dim).__name__}"
+    )
 
 
 def _forward(x, dim):
@@ -75,7 +97,7 @@ def _forward(x, dim):
     if dim is None:
         out = torch.empty((), dtype=_out_dtype(x.dtype), device=x.device)
     else:
-        kept = x.shape[:dim] + x.shape[dim + 1:]
+        kept = x.shape[:dim] + x.shape[dim + 1 :]
         out = torch.empty(kept, dtype=_out_dtype(x.dtype), device=x.device)
     _C.prod(x, dim, out, _scratch("prod", _C.prod_workspace, x, dim))
     return out
@@ -112,12 +134,14 @@ class ProdFunction(torch.autograd.Function):
 
 # ---- torch.library ops ---------------------------------------------------
 
+
 def _kept_shape(x, dim):
-    return () if dim is None else tuple(x.shape[:dim] + x.shape[dim + 1:])
+    return () if dim is None else tuple(x.shape[:dim] + x.shape[dim + 1 :])
 
 
-@torch.library.custom_op("gemsops::prod", mutates_args=(),
-                         device_types=("cpu", "cuda"))
+@torch.library.custom_op(
+    "gemsops::prod", mutates_args=(), device_types=("cpu", "cuda")
+)
 def _prod_op(input: torch.Tensor, dim: Optional[int]) -> torch.Tensor:
     """The product of input (at least 1-D) over dim (normalised), or of
     all of it for None, without keepdim: int64 for bool and integer
@@ -129,8 +153,9 @@ def _prod_op(input: torch.Tensor, dim: Optional[int]) -> torch.Tensor:
 
 @_prod_op.register_fake
 def _(input, dim):
-    return input.new_empty(_kept_shape(input, dim),
-                           dtype=_out_dtype(input.dtype))
+    return input.new_empty(
+        _kept_shape(input, dim), dtype=_out_dtype(input.dtype)
+    )
 
 
 def _prod_setup(ctx, inputs, output):
@@ -146,10 +171,12 @@ def _prod_grad(ctx, grad):
 _prod_op.register_autograd(_prod_grad, setup_context=_prod_setup)
 
 
-@torch.library.custom_op("gemsops::prod_backward", mutates_args=(),
-                         device_types=("cpu", "cuda"))
-def _prod_backward_op(input: torch.Tensor, dim: Optional[int],
-                      grad: torch.Tensor) -> torch.Tensor:
+@torch.library.custom_op(
+    "gemsops::prod_backward", mutates_args=(), device_types=("cpu", "cuda")
+)
+def _prod_backward_op(
+    input: torch.Tensor, dim: Optional[int], grad: torch.Tensor
+) -> torch.Tensor:
     """d prod(input, dim) / d input times grad (the kept-dims shape):
     zero-safe, from exclusive prefix and suffix products."""
     if input.is_neg():
@@ -164,8 +191,9 @@ def _(input, dim, grad):
 
 def _exclusive_cumprod(x, d):
     ones = torch.ones_like(x.narrow(d, 0, 1))
-    return torch.cat([ones, torch.cumprod(x.narrow(d, 0, x.shape[d] - 1),
-                                          d)], d)
+    return torch.cat(
+        [ones, torch.cumprod(x.narrow(d, 0, x.shape[d] - 1), d)], d
+    )
 
 
 def _backward_composite(x, dim, grad):
@@ -176,7 +204,8 @@ def _backward_composite(x, dim, grad):
     xf = x.reshape(-1) if dim is None else x
     d = 0 if dim is None else dim
     others = _exclusive_cumprod(xf, d) * _exclusive_cumprod(
-        xf.flip(d), d).flip(d)
+        xf.flip(d), d
+    ).flip(d)
     if dim is None:
         return (grad * others).reshape(x.shape)
     return grad.unsqueeze(d) * others
@@ -191,15 +220,17 @@ def _prod_backward_grad(ctx, gg):
     """Second order: the vector-Jacobian product of the composite."""
     x, grad = ctx.saved_tensors
     # torch.func.vjp keeps the result differentiable (third order and up)
-    _, vjp = torch.func.vjp(lambda x, g: _backward_composite(x, ctx.dim, g),
-                            x, grad)
+    _, vjp = torch.func.vjp(
+        lambda x, g: _backward_composite(x, ctx.dim, g), x, grad
+    )
     dx, dg = vjp(gg)
     need = ctx.needs_input_grad
     return dx if need[0] else None, None, dg if need[2] else None
 
 
-_prod_backward_op.register_autograd(_prod_backward_grad,
-                                    setup_context=_prod_backward_setup)
+_prod_backward_op.register_autograd(
+    _prod_backward_grad, setup_context=_prod_backward_setup
+)
 for _device in ("cpu", "cuda"):  # prod is on torch's fp32 autocast lists
     register_autocast(torch.ops.gemsops.prod.default, _device, "fp32")
 
@@ -213,11 +244,15 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
     torch does; integer and bool results are computed in int64 and
     truncated, which wraps as torch's narrower products do."""
     if not isinstance(input, torch.Tensor):
-        raise TypeError("prod(): argument 'input' must be a Tensor, not "
-                        f"{type(input).__name__}")
+        raise TypeError(
+            "prod(): argument 'input' must be a Tensor, not "
+            f"{type(input).__name__}"
+        )
     if keepdim is not False and keepdim is not True:
-        raise TypeError("prod(): argument 'keepdim' must be bool, not "
-                        f"{type(keepdim).__name__}")
+        raise TypeError(
+            "prod(): argument 'keepdim' must be bool, not "
+            f"{type(keepdim).__name__}"
+        )
     if dim is None and keepdim:  # torch has no prod(input, keepdim=...)
         raise TypeError("prod(): keepdim=True needs a dim")
     if dtype is not None:
@@ -225,23 +260,32 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
     d = None if dim is None else _normalize_dim(dim, input.dim())
     cast = None
     if dtype is not None:
-        if (not dtype.is_floating_point and input.requires_grad
-                and torch.is_grad_enabled()):  # as torch refuses
-            raise RuntimeError(f"prod(): autograd does not support dtype "
-                               f"{dtype} (input requires grad)")
+        if (
+            not dtype.is_floating_point
+            and input.requires_grad
+            and torch.is_grad_enabled()
+        ):  # as torch refuses
+            raise RuntimeError(
+                f"prod(): autograd does not support dtype "
+                f"{dtype} (input requires grad)"
+            )
         input = input.to(dtype)
         if not dtype.is_floating_point and dtype != torch.int64:
             cast = dtype
     if input.is_complex():
-        raise NotImplementedError(f"prod(): gemsops has no kernel for "
-                                  f"complex input ({input.dtype})")
+        raise NotImplementedError(
+            f"prod(): gemsops has no kernel for complex input ({input.dtype})"
+        )
     if not _compiling() and input.is_neg():  # C reads raw memory
         input = input.resolve_neg()
     x = input.reshape(1) if input.dim() == 0 else input
     if not eager((x,)):
         out = _prod_op(x, d)
-    elif (torch.is_grad_enabled() and input.requires_grad
-            and input.is_floating_point()):
+    elif (
+        torch.is_grad_enabled()
+        and input.requires_grad
+        and input.is_floating_point()
+    ):
         out = ProdFunction.apply(x, d)
     else:
         out = _forward(x, d)

@@ -6,7 +6,8 @@
 
 /* Bit casts through a union (C11 6.5.2.3): GCC vectorizes loops over
  * these, where memcpy into a local left a temporary array in the loop. */
-static inline float gemsops_bits_to_float(uint32_t u)
+static inline float
+gemsops_bits_to_float(uint32_t u)
 {
     union {
         uint32_t u;
@@ -15,7 +16,8 @@ static inline float gemsops_bits_to_float(uint32_t u)
     return v.f;
 }
 
-static inline uint32_t gemsops_float_to_bits(float f)
+static inline uint32_t
+gemsops_float_to_bits(float f)
 {
     union {
         float f;
@@ -27,18 +29,21 @@ static inline uint32_t gemsops_float_to_bits(float f)
 /* c ? a : b as bit masks. A ?: whose arm holds a float operation is not
  * if-converted under the default -ftrapping-math, which left the half
  * conversions' loops scalar. */
-static inline uint32_t gemsops_select_u32(int c, uint32_t a, uint32_t b)
+static inline uint32_t
+gemsops_select_u32(int c, uint32_t a, uint32_t b)
 {
     const uint32_t m = 0u - (uint32_t)(c != 0);
     return (a & m) | (b & ~m);
 }
 
-static inline float gemsops_bf16_to_float(uint16_t h)
+static inline float
+gemsops_bf16_to_float(uint16_t h)
 {
     return gemsops_bits_to_float((uint32_t)h << 16);
 }
 
-static inline uint16_t gemsops_float_to_bf16(float f)
+static inline uint16_t
+gemsops_float_to_bf16(float f)
 {
     const uint32_t u = gemsops_float_to_bits(f);
     const uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u); /* to even */
@@ -53,7 +58,8 @@ static inline uint16_t gemsops_float_to_bf16(float f)
  * exact multiply by 2^112 restores it; inf/NaN (exponent 31) take the
  * float's all-ones exponent by a select. Equal, bit for bit, to the
  * case-by-case conversion on all 65536 inputs (checked when written). */
-static inline float gemsops_half_to_float(uint16_t h)
+static inline float
+gemsops_half_to_float(uint16_t h)
 {
     const uint32_t t = (uint32_t)(h & 0x7fffu) << 13;
     uint32_t u = gemsops_float_to_bits(gemsops_bits_to_float(t) * 0x1p112f);
@@ -68,7 +74,8 @@ static inline float gemsops_half_to_float(uint16_t h)
  * the half's; >= 65520 overflows to inf; NaN stays a quiet NaN. Equal,
  * bit for bit, to the case-by-case conversion on all 2^32 floats
  * (checked when written). */
-static inline uint16_t gemsops_float_to_half(float f)
+static inline uint16_t
+gemsops_float_to_half(float f)
 {
     const uint32_t u = gemsops_float_to_bits(f);
     const uint32_t sign = (u >> 16) & 0x8000u;
@@ -80,6 +87,6 @@ static inline uint16_t gemsops_float_to_half(float f)
         0x4b000000u;
     uint32_t h = gemsops_select_u32(abs >= 0x38800000u, normal, sub);
     h = gemsops_select_u32(abs >= 0x477ff000u, 0x7c00u, h); /* >= 65520: inf */
-    h = gemsops_select_u32(abs > 0x7f800000u, 0x7e00u, h);  /* NaN */
+    h = gemsops_select_u32(abs > 0x7f800000u, 0x7e00u, h); /* NaN */
     return (uint16_t)(sign | h);
 }

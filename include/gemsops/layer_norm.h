@@ -23,47 +23,47 @@ extern "C" {
 #endif
 
 struct gemsops_layer_norm_fwd_params {
-    const void *x;        /* [rows, cols] input, dtype `dtype`             */
-    void *y;              /* [rows, cols] output, dtype `dtype`            */
-    const void *weight;   /* [cols] contiguous, `param_dtype`, or NULL     */
-    const void *bias;     /* [cols] contiguous, `param_dtype`, or NULL     */
-    void *mean;           /* [rows] fp64 for fp64 x, else fp32; or NULL    */
-    void *rstd;           /* [rows] 1/sqrt(var + eps); NULL with mean      */
-    void *workspace;      /* zeroed, >= workspace_bytes; NULL if that is 0 */
+    const void *x; /* [rows, cols] input, dtype `dtype`             */
+    void *y; /* [rows, cols] output, dtype `dtype`            */
+    const void *weight; /* [cols] contiguous, `param_dtype`, or NULL     */
+    const void *bias; /* [cols] contiguous, `param_dtype`, or NULL     */
+    void *mean; /* [rows] fp64 for fp64 x, else fp32; or NULL    */
+    void *rstd; /* [rows] 1/sqrt(var + eps); NULL with mean      */
+    void *workspace; /* zeroed, >= workspace_bytes; NULL if that is 0 */
     int64_t workspace_bytes; /* size the caller passed                     */
-    int64_t rows;         /* M: product of the leading dimensions          */
-    int64_t cols;         /* N: product of the normalized dimensions       */
+    int64_t rows; /* M: product of the leading dimensions          */
+    int64_t cols; /* N: product of the normalized dimensions       */
     int64_t x_row_stride; /* elements between rows of x                    */
     int64_t y_row_stride; /* elements between rows of y                    */
-    gemsops_dtype dtype;       /* x and y                                   */
+    gemsops_dtype dtype; /* x and y                                   */
     gemsops_dtype param_dtype; /* weight and bias: dtype, or fp32 if half  */
     double eps;
-    int device_id;        /* CUDA ordinal of every tensor                  */
-    void *stream;         /* cudaStream_t to launch on                     */
+    int device_id; /* CUDA ordinal of every tensor                  */
+    void *stream; /* cudaStream_t to launch on                     */
 };
 
 struct gemsops_layer_norm_bwd_params {
-    const void *dy;       /* [rows, cols] upstream gradient, dtype `dtype` */
-    const void *x;        /* [rows, cols] forward input                    */
-    const void *weight;   /* [cols] or NULL (then w = 1)                   */
-    const void *mean;     /* [rows] from the forward                       */
-    const void *rstd;     /* [rows] from the forward                       */
-    void *dx;             /* [rows, cols] or NULL: input needs no grad     */
-    void *dweight;        /* [cols] param_dtype, or NULL: no grad wanted   */
-    void *dbias;          /* [cols] param_dtype, or NULL                   */
-    void *workspace;      /* >= the planned size (see kept_zero)           */
+    const void *dy; /* [rows, cols] upstream gradient, dtype `dtype` */
+    const void *x; /* [rows, cols] forward input                    */
+    const void *weight; /* [cols] or NULL (then w = 1)                   */
+    const void *mean; /* [rows] from the forward                       */
+    const void *rstd; /* [rows] from the forward                       */
+    void *dx; /* [rows, cols] or NULL: input needs no grad     */
+    void *dweight; /* [cols] param_dtype, or NULL: no grad wanted   */
+    void *dbias; /* [cols] param_dtype, or NULL                   */
+    void *workspace; /* >= the planned size (see kept_zero)           */
     int64_t workspace_bytes;
-    int kept_zero;        /* the caller keeps this workspace across launches
+    int kept_zero; /* the caller keeps this workspace across launches
                              on one stream: the launch leaves its dW/dB
                              accumulators zero                             */
-    int known_zero;       /* the accumulators are zero on entry (the
+    int known_zero; /* the accumulators are zero on entry (the
                              boundary vouches: csrc/kept.c), so nothing is
                              memset first. 0: the launch zeroes them       */
     int64_t rows, cols;
     int64_t dy_row_stride, x_row_stride, dx_row_stride;
     gemsops_dtype dtype;
     gemsops_dtype param_dtype;
-    int deterministic;    /* dW/dB summed in a fixed order, no atomics     */
+    int deterministic; /* dW/dB summed in a fixed order, no atomics     */
     int device_id;
     void *stream;
 };

@@ -22,36 +22,36 @@ extern "C" {
  * falls back to the next one down, FFMA taking everything. */
 typedef enum gemsops_mainloop {
     GEMSOPS_MAINLOOP_AUTO = 0,
-    GEMSOPS_MAINLOOP_FFMA = 1,      /* exact fp32 FMA, any layout          */
-    GEMSOPS_MAINLOOP_MMA = 2,       /* mma.sync, sm_80+, fp16/bf16         */
+    GEMSOPS_MAINLOOP_FFMA = 1, /* exact fp32 FMA, any layout          */
+    GEMSOPS_MAINLOOP_MMA = 2, /* mma.sync, sm_80+, fp16/bf16         */
     GEMSOPS_MAINLOOP_WGMMA_128 = 3, /* wgmma 128 x 128 tiles, sm_90a       */
-    GEMSOPS_MAINLOOP_WGMMA_256 = 4  /* wgmma 128 x 256 tiles, sm_90a       */
+    GEMSOPS_MAINLOOP_WGMMA_256 = 4 /* wgmma 128 x 256 tiles, sm_90a       */
 } gemsops_mainloop;
 
 struct gemsops_matmul_params {
-    const void *a, *b;       /* inputs, dtype `dtype`                      */
-    void *c;                 /* output [batch, m, n], contiguous           */
+    const void *a, *b; /* inputs, dtype `dtype`                      */
+    void *c; /* output [batch, m, n], contiguous           */
     int64_t batch, m, n, k;
     int64_t a_bs, a_rs, a_cs; /* A strides: batch, row (m), column (k)     */
     int64_t b_bs, b_rs, b_cs; /* B strides: batch, row (k), column (n)     */
-    gemsops_dtype dtype;     /* fp16, bf16 or fp32                         */
-    int allow_tf32;          /* fp32 may use TF32 tensor cores (unused by  */
-                             /* the exact FFMA kernels of today)           */
-    gemsops_sk_mode mode;    /* schedule: auto, or forced for tests        */
+    gemsops_dtype dtype; /* fp16, bf16 or fp32                         */
+    int allow_tf32; /* fp32 may use TF32 tensor cores (unused by  */
+    /* the exact FFMA kernels of today)           */
+    gemsops_sk_mode mode; /* schedule: auto, or forced for tests        */
     gemsops_mainloop mainloop; /* CUDA: the most capable mainloop allowed  */
-    int two_tiles;           /* hybrid: one more wave joins Stream-K       */
-    int64_t ctas_override;   /* >0: use this many CTAs (tests), else device */
-    void *workspace;         /* CUDA: fp32 partial tiles, one per CTA      */
+    int two_tiles; /* hybrid: one more wave joins Stream-K       */
+    int64_t ctas_override; /* >0: use this many CTAs (tests), else device */
+    void *workspace; /* CUDA: fp32 partial tiles, one per CTA      */
     int64_t workspace_bytes;
-    unsigned *flags;         /* CUDA: one per CTA, persistent; see epoch   */
+    unsigned *flags; /* CUDA: one per CTA, persistent; see epoch   */
     int64_t flag_count;
-    unsigned epoch;          /* this launch's flag value: the flags never  */
-                             /* need resetting (no memset launch); != 0    */
-    int flags_known;         /* no flag holds `epoch` (the boundary vouches:*/
-                             /* csrc/kept.c); 0: the launch zeroes them    */
-    int64_t spin_limit;      /* >0: a wait longer than this many polls     */
-                             /* fails (debug) instead of hanging           */
-    int *error;              /* CUDA: set to 1 when spin_limit tripped     */
+    unsigned epoch; /* this launch's flag value: the flags never  */
+    /* need resetting (no memset launch); != 0    */
+    int flags_known; /* no flag holds `epoch` (the boundary vouches:*/
+    /* csrc/kept.c); 0: the launch zeroes them    */
+    int64_t spin_limit; /* >0: a wait longer than this many polls     */
+    /* fails (debug) instead of hanging           */
+    int *error; /* CUDA: set to 1 when spin_limit tripped     */
     int device_id;
     void *stream;
 };
@@ -79,8 +79,7 @@ int gemsops_matmul_cuda(const struct gemsops_matmul_params *p,
 int gemsops_matmul_cpu(const struct gemsops_matmul_params *p,
                        gemsops_status *st);
 int gemsops_matmul_plan_cpu(const struct gemsops_matmul_params *p,
-                            struct gemsops_sk_schedule *s,
-                            gemsops_status *st);
+                            struct gemsops_sk_schedule *s, gemsops_status *st);
 
 /* Checks a schedule: every (tile, k-iteration) computed exactly once, the
  * grouped tile order a bijection, one owner per Stream-K tile whose peers

@@ -21,22 +21,22 @@ extern "C" {
 
 struct gemsops_prod_params {
     struct gemsops_tensor x; /* input view, any strides                  */
-    int dim;                 /* reduced dim, or -1 for all elements       */
-    void *out;               /* contiguous [kept dims], dtype out_dtype   */
+    int dim; /* reduced dim, or -1 for all elements       */
+    void *out; /* contiguous [kept dims], dtype out_dtype   */
     gemsops_dtype out_dtype; /* int64 for bool/int input, else x's dtype  */
-    void *workspace;         /* CUDA: >= the queried bytes, or NULL if 0  */
+    void *workspace; /* CUDA: >= the queried bytes, or NULL if 0  */
     int64_t workspace_bytes; /* size the caller passed                    */
-    void *stream;            /* CUDA: cudaStream_t to launch on           */
+    void *stream; /* CUDA: cudaStream_t to launch on           */
 };
 
 struct gemsops_prod_bwd_params {
     struct gemsops_tensor x; /* forward input (float dtype), any strides  */
-    int dim;                 /* as in the forward                         */
-    const void *grad_out;    /* contiguous [kept dims], x's dtype         */
-    void *grad_in;           /* contiguous, x's shape and dtype           */
-    void *workspace;         /* CUDA: >= the queried bytes, or NULL if 0  */
+    int dim; /* as in the forward                         */
+    const void *grad_out; /* contiguous [kept dims], x's dtype         */
+    void *grad_in; /* contiguous, x's shape and dtype           */
+    void *workspace; /* CUDA: >= the queried bytes, or NULL if 0  */
     int64_t workspace_bytes; /* size the caller passed                    */
-    void *stream;            /* CUDA: cudaStream_t to launch on           */
+    void *stream; /* CUDA: cudaStream_t to launch on           */
 };
 
 /* CUDA: bytes of scratch (uninitialised is fine) the launch will need; 0

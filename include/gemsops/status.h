@@ -10,9 +10,9 @@ extern "C" {
 
 typedef enum gemsops_status_code {
     GEMSOPS_OK = 0,
-    GEMSOPS_ERR_TYPE,    /* -> TypeError    (wrong dtype or kind of object) */
-    GEMSOPS_ERR_VALUE,   /* -> ValueError   (shape, size, layout)           */
-    GEMSOPS_ERR_INDEX,   /* -> IndexError   (dimension out of range)         */
+    GEMSOPS_ERR_TYPE, /* -> TypeError    (wrong dtype or kind of object) */
+    GEMSOPS_ERR_VALUE, /* -> ValueError   (shape, size, layout)           */
+    GEMSOPS_ERR_INDEX, /* -> IndexError   (dimension out of range)         */
     GEMSOPS_ERR_RUNTIME, /* -> RuntimeError (CUDA failure, no backend)     */
 } gemsops_status_code;
 
@@ -25,8 +25,8 @@ typedef struct gemsops_status {
 
 /* Records code and a printf-style message; returns code so callers can
  * write `return gemsops_fail(st, GEMSOPS_ERR_VALUE, "...")`. */
-int gemsops_fail(gemsops_status *st, gemsops_status_code code,
-                 const char *fmt, ...)
+int gemsops_fail(gemsops_status *st, gemsops_status_code code, const char *fmt,
+                 ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif

@@ -45,27 +45,27 @@ extern "C" {
 #endif
 
 typedef enum gemsops_sk_mode {
-    GEMSOPS_SK_AUTO = 0,   /* planner: hybrid for a sparse last wave      */
+    GEMSOPS_SK_AUTO = 0, /* planner: hybrid for a sparse last wave      */
     GEMSOPS_SK_DATA_PARALLEL,
     GEMSOPS_SK_STREAM_K,
     GEMSOPS_SK_HYBRID,
 } gemsops_sk_mode;
 
 struct gemsops_sk_schedule {
-    int64_t m, n, k;           /* problem per batch                        */
-    int64_t batch;             /* independent products                    */
-    int bm, bn, bk;            /* tile shape                              */
-    int group_m;               /* tile rows per swizzle group (>= 1)      */
-    int64_t tiles_m, tiles_n;  /* tiles per batch along M and N           */
-    int64_t tiles;             /* batch * tiles_m * tiles_n               */
-    int64_t iters;             /* k-iterations per tile: ceil(k / bk)     */
-    int64_t ctas;              /* persistent CTAs in the grid             */
-    int64_t sk_ctas;           /* CTAs 0..sk_ctas-1 share the Stream-K    */
-                               /* region (each >= GEMSOPS_SK_MIN_ITERS,   */
-                               /* tiles cut in at most                    */
-                               /* gemsops_sk_pieces_per_tile pieces)      */
-    int64_t sk_tiles;          /* the last sk_tiles tiles are Stream-K    */
-    int64_t dp_tiles;          /* tiles [0, dp_tiles) are data-parallel   */
+    int64_t m, n, k; /* problem per batch                        */
+    int64_t batch; /* independent products                    */
+    int bm, bn, bk; /* tile shape                              */
+    int group_m; /* tile rows per swizzle group (>= 1)      */
+    int64_t tiles_m, tiles_n; /* tiles per batch along M and N           */
+    int64_t tiles; /* batch * tiles_m * tiles_n               */
+    int64_t iters; /* k-iterations per tile: ceil(k / bk)     */
+    int64_t ctas; /* persistent CTAs in the grid             */
+    int64_t sk_ctas; /* CTAs 0..sk_ctas-1 share the Stream-K    */
+    /* region (each >= GEMSOPS_SK_MIN_ITERS,   */
+    /* tiles cut in at most                    */
+    /* gemsops_sk_pieces_per_tile pieces)      */
+    int64_t sk_tiles; /* the last sk_tiles tiles are Stream-K    */
+    int64_t dp_tiles; /* tiles [0, dp_tiles) are data-parallel   */
 };
 
 /* A Stream-K share shorter than this many k-iterations costs more in its
@@ -79,7 +79,8 @@ struct gemsops_sk_schedule {
  * 128: ~1.8 us a peer against ~0.3 us a k-iteration). */
 #define GEMSOPS_SK_PEER_COST_ITERS 6
 
-GEMSOPS_SK_FN int64_t gemsops_sk_cdiv(int64_t a, int64_t b)
+GEMSOPS_SK_FN int64_t
+gemsops_sk_cdiv(int64_t a, int64_t b)
 {
     return (a + b - 1) / b;
 }
@@ -88,7 +89,8 @@ GEMSOPS_SK_FN int64_t gemsops_sk_cdiv(int64_t a, int64_t b)
  * P pieces take about iters / P + (P - 1) * PEER_COST iterations, least at
  * P = sqrt(iters / PEER_COST). More CTAs than tiles x P would only lengthen
  * the owners' serial fix-up. */
-GEMSOPS_SK_FN int64_t gemsops_sk_pieces_per_tile(int64_t iters)
+GEMSOPS_SK_FN int64_t
+gemsops_sk_pieces_per_tile(int64_t iters)
 {
     int64_t p = 1;
     while ((p + 1) * (p + 1) * GEMSOPS_SK_PEER_COST_ITERS <= iters) {
@@ -99,11 +101,10 @@ GEMSOPS_SK_FN int64_t gemsops_sk_pieces_per_tile(int64_t iters)
 
 /* Fills the derived fields. `ctas_resident`: CTAs that fit on the device at
  * once (SM count x occupancy), the Stream-K grid's ceiling. */
-GEMSOPS_SK_FN void gemsops_sk_plan(struct gemsops_sk_schedule *s,
-                                   int64_t m, int64_t n, int64_t k,
-                                   int64_t batch, int bm, int bn, int bk,
-                                   int group_m, int64_t ctas_resident,
-                                   gemsops_sk_mode mode, int two_tiles)
+GEMSOPS_SK_FN void
+gemsops_sk_plan(struct gemsops_sk_schedule *s, int64_t m, int64_t n, int64_t k,
+                int64_t batch, int bm, int bn, int bk, int group_m,
+                int64_t ctas_resident, gemsops_sk_mode mode, int two_tiles)
 {
     s->m = m;
     s->n = n;
@@ -173,8 +174,9 @@ GEMSOPS_SK_FN void gemsops_sk_plan(struct gemsops_sk_schedule *s,
 
 /* Stream-K iterations of CTA c: [*begin, *end) in the global numbering
  * (tile - dp_tiles) * iters + k_iter over the Stream-K tiles. */
-GEMSOPS_SK_FN void gemsops_sk_range(const struct gemsops_sk_schedule *s,
-                                    int64_t c, int64_t *begin, int64_t *end)
+GEMSOPS_SK_FN void
+gemsops_sk_range(const struct gemsops_sk_schedule *s, int64_t c,
+                 int64_t *begin, int64_t *end)
 {
     const int64_t total = s->sk_tiles * s->iters;
     if (c >= s->sk_ctas) { /* no Stream-K share: data-parallel tiles only */
@@ -187,8 +189,8 @@ GEMSOPS_SK_FN void gemsops_sk_range(const struct gemsops_sk_schedule *s,
 
 /* The CTA whose Stream-K share contains global iteration `it`: the
  * largest c with begin(c) <= it (shares may be empty). */
-GEMSOPS_SK_FN int64_t gemsops_sk_cta_of(const struct gemsops_sk_schedule *s,
-                                        int64_t it)
+GEMSOPS_SK_FN int64_t
+gemsops_sk_cta_of(const struct gemsops_sk_schedule *s, int64_t it)
 {
     const int64_t total = s->sk_tiles * s->iters;
     /* begin(c) = floor(total * c / sk_ctas) <= it  <=>  c <= ((it + 1) *
@@ -200,9 +202,9 @@ GEMSOPS_SK_FN int64_t gemsops_sk_cta_of(const struct gemsops_sk_schedule *s,
 /* One piece of a CTA's Stream-K share, from global iteration `it` (below
  * the share's `end`): the absolute tile number and its k-iterations
  * [*k0, *k1) the piece covers. Returns the global iteration after it. */
-GEMSOPS_SK_FN int64_t gemsops_sk_piece(const struct gemsops_sk_schedule *s,
-                                       int64_t it, int64_t end, int64_t *tile,
-                                       int64_t *k0, int64_t *k1)
+GEMSOPS_SK_FN int64_t
+gemsops_sk_piece(const struct gemsops_sk_schedule *s, int64_t it, int64_t end,
+                 int64_t *tile, int64_t *k0, int64_t *k1)
 {
     *tile = s->dp_tiles + it / s->iters;
     *k0 = it % s->iters;
@@ -215,8 +217,9 @@ GEMSOPS_SK_FN int64_t gemsops_sk_piece(const struct gemsops_sk_schedule *s,
 /* The peers of the Stream-K tile `tile` (absolute number), in the order its
  * owner adds them: the first CTA after `prev` whose non-empty share begins
  * inside the tile, or -1 when there is none. Start with prev = owner. */
-GEMSOPS_SK_FN int64_t gemsops_sk_next_peer(const struct gemsops_sk_schedule *s,
-                                           int64_t tile, int64_t prev)
+GEMSOPS_SK_FN int64_t
+gemsops_sk_next_peer(const struct gemsops_sk_schedule *s, int64_t tile,
+                     int64_t prev)
 {
     const int64_t tile_end = (tile - s->dp_tiles + 1) * s->iters;
     for (int64_t q = prev + 1; q < s->sk_ctas; q++) {
@@ -238,11 +241,12 @@ GEMSOPS_SK_FN int64_t gemsops_sk_next_peer(const struct gemsops_sk_schedule *s,
  * of the driver to load the next pieces' operands early. */
 struct gemsops_sk_walk {
     int64_t it, end; /* the Stream-K share still to do */
-    int64_t dp;      /* the next data-parallel tile */
+    int64_t dp; /* the next data-parallel tile */
 };
 
-GEMSOPS_SK_FN void gemsops_sk_walk_start(const struct gemsops_sk_schedule *s,
-                                         int64_t c, struct gemsops_sk_walk *w)
+GEMSOPS_SK_FN void
+gemsops_sk_walk_start(const struct gemsops_sk_schedule *s, int64_t c,
+                      struct gemsops_sk_walk *w)
 {
     gemsops_sk_range(s, c, &w->it, &w->end);
     w->dp = c;
@@ -251,10 +255,10 @@ GEMSOPS_SK_FN void gemsops_sk_walk_start(const struct gemsops_sk_schedule *s,
 /* The next piece: absolute tile and k-iterations [*k0, *k1); 0 when the
  * CTA's work is done. A piece with k0 > 0 is a peer's, else the owner's
  * (data-parallel tiles have no peers). */
-GEMSOPS_SK_FN int gemsops_sk_walk_next(const struct gemsops_sk_schedule *s,
-                                       struct gemsops_sk_walk *w,
-                                       int64_t *tile, int64_t *k0,
-                                       int64_t *k1)
+GEMSOPS_SK_FN int
+gemsops_sk_walk_next(const struct gemsops_sk_schedule *s,
+                     struct gemsops_sk_walk *w, int64_t *tile, int64_t *k0,
+                     int64_t *k1)
 {
     if (w->it < w->end) {
         w->it = gemsops_sk_piece(s, w->it, w->end, tile, k0, k1);
@@ -274,9 +278,9 @@ GEMSOPS_SK_FN int gemsops_sk_walk_next(const struct gemsops_sk_schedule *s,
  * grouped order: group_m tile rows at a time, walked column-major inside
  * the group; the last group may hold fewer rows (its width is what is
  * left, not group_m: the corrected formula). */
-GEMSOPS_SK_FN void gemsops_sk_tile_coords(const struct gemsops_sk_schedule *s,
-                                          int64_t tile, int64_t *b,
-                                          int64_t *tm, int64_t *tn)
+GEMSOPS_SK_FN void
+gemsops_sk_tile_coords(const struct gemsops_sk_schedule *s, int64_t tile,
+                       int64_t *b, int64_t *tm, int64_t *tn)
 {
     const int64_t per_batch = s->tiles_m * s->tiles_n;
     *b = tile / per_batch;

@@ -31,12 +31,12 @@ typedef enum gemsops_device_type {
 } gemsops_device_type;
 
 struct gemsops_tensor {
-    void *data;               /* first element (DLPack data + byte_offset) */
-    gemsops_dtype dtype;      /* element type */
-    int device_type;          /* gemsops_device_type, or another DLPack code */
-    int device_id;            /* CUDA ordinal; 0 on the CPU */
-    int ndim;                 /* number of dimensions, 0 for a scalar */
-    int64_t sizes[GEMSOPS_MAX_DIMS];   /* extent of each dimension */
+    void *data; /* first element (DLPack data + byte_offset) */
+    gemsops_dtype dtype; /* element type */
+    int device_type; /* gemsops_device_type, or another DLPack code */
+    int device_id; /* CUDA ordinal; 0 on the CPU */
+    int ndim; /* number of dimensions, 0 for a scalar */
+    int64_t sizes[GEMSOPS_MAX_DIMS]; /* extent of each dimension */
     int64_t strides[GEMSOPS_MAX_DIMS]; /* in elements, never NULL here */
 };
 

@@ -4,6 +4,7 @@ backward (torch.autograd.grad), good and bad arguments, against torch.
 
 A case function takes a Ctx, logs what it calls (ctx.note) and ends by
 raising an oracle Outcome or returning (passed)."""
+
 import math
 
 import numpy as np
@@ -28,8 +29,13 @@ def _leaves(ts, dtype=None):
             out.append(None)
             continue
         d = t.detach()
-        d = d.double() if dtype == torch.float64 else d.clone() \
-            if d.is_neg() else d
+        d = (
+            d.double()
+            if dtype == torch.float64
+            else d.clone()
+            if d.is_neg()
+            else d
+        )
         out.append(d.requires_grad_())
     return out
 
@@ -83,12 +89,13 @@ def case_layer_norm(ctx):
     nd = ctx.rng.randint(1, ndim)
     shape = ctx.shape(ndim, budget=ctx.choice([4000, 30000, 30000, 300000]))
     if dtype.is_complex:
-        x = torch.complex(ctx.values(shape, torch.float32),
-                          ctx.values(shape, torch.float32)).to(dtype)
+        x = torch.complex(
+            ctx.values(shape, torch.float32), ctx.values(shape, torch.float32)
+        ).to(dtype)
         x = x.to(ctx.device)
     else:
         x, _ = ctx.tensor(shape, dtype)
-    pshape = shape[ndim - nd:]
+    pshape = shape[ndim - nd :]
     pdtype = dtype
     if dtype in HALF and ctx.chance(0.3):
         pdtype = torch.float32  # mixed precision
@@ -101,30 +108,45 @@ def case_layer_norm(ctx):
     if affine in ("bias", "both") and pdtype.is_floating_point:
         b, _ = ctx.tensor(pshape, pdtype, nonfinite=0.01)
     if ctx.chance(0.03) and w is not None:
-        w = w.reshape(-1)[:max(w.numel() - 1, 0)]  # wrong weight shape
+        w = w.reshape(-1)[: max(w.numel() - 1, 0)]  # wrong weight shape
     ns, ns_form = _ln_shape_arg(ctx, pshape)
     eps = _eps(ctx)
-    variant = ctx.choice(["F", "F", "native", "module", "grad", "grad",
-                          "backward"])
-    ctx.note(f"layer_norm variant={variant} normalized_shape={ns!r} "
-             f"({ns_form}) eps={eps!r}")
+    variant = ctx.choice(
+        ["F", "F", "native", "module", "grad", "grad", "backward"]
+    )
+    ctx.note(
+        f"layer_norm variant={variant} normalized_shape={ns!r} "
+        f"({ns_form}) eps={eps!r}"
+    )
     for name, t in (("input", x), ("weight", w), ("bias", b)):
         ctx.describe(name, t)
     tags = {"ln-mixed"} if pdtype != dtype and dtype in HALF else set()
     inputs = [t for t in (x, w, b) if t is not None]
-    rows = math.prod(shape[:ndim - nd])
+    rows = math.prod(shape[: ndim - nd])
 
     def ref_fwd():
-        return F.layer_norm(x.double(), pshape, w if w is None else w.double(),
-                            b if b is None else b.double(), eps)
+        return F.layer_norm(
+            x.double(),
+            pshape,
+            w if w is None else w.double(),
+            b if b is None else b.double(),
+            eps,
+        )
 
     if variant == "F":
+
         def check(ours, theirs):
             same_meta("out", ours, theirs)
             close("out", ours, ref_fwd(), theirs, dtype, torch_slack=2.0)
-        differential(ctx, lambda: F.layer_norm(x, ns, w, b, eps),
-                     lambda: gemsops.layer_norm(x, ns, w, b, eps), check,
-                     inputs, tags)
+
+        differential(
+            ctx,
+            lambda: F.layer_norm(x, ns, w, b, eps),
+            lambda: gemsops.layer_norm(x, ns, w, b, eps),
+            check,
+            inputs,
+            tags,
+        )
     elif variant == "native":
         if dtype in HALF:
             tags.add("ln-half-stats")
@@ -132,28 +154,44 @@ def case_layer_norm(ctx):
         def check(ours, theirs):
             same_meta("out", ours[0], theirs[0])
             rout, rmean, rrstd = torch.native_layer_norm(
-                x.double(), pshape, None if w is None else w.double(),
-                None if b is None else b.double(), eps)
+                x.double(),
+                pshape,
+                None if w is None else w.double(),
+                None if b is None else b.double(),
+                eps,
+            )
             close("out", ours[0], rout, theirs[0], dtype, torch_slack=2.0)
             sd = torch.float64 if dtype == torch.float64 else torch.float32
-            for name, o, r, t in (("mean", ours[1], rmean, theirs[1]),
-                                  ("rstd", ours[2], rrstd, theirs[2])):
+            for name, o, r, t in (
+                ("mean", ours[1], rmean, theirs[1]),
+                ("rstd", ours[2], rrstd, theirs[2]),
+            ):
                 if dtype in HALF and o.dtype == sd:
                     t = t.to(sd)  # documented: fp32 statistics
                 same_meta(name, o, t)
-                close(name, o, r, t.to(o.dtype), sd, torch_slack=2.0,
-                      loose=True)
-        differential(ctx, lambda: torch.native_layer_norm(x, ns, w, b, eps),
-                     lambda: gemsops.native_layer_norm(x, ns, w, b, eps),
-                     check, inputs, tags)
+                close(
+                    name, o, r, t.to(o.dtype), sd, torch_slack=2.0, loose=True
+                )
+
+        differential(
+            ctx,
+            lambda: torch.native_layer_norm(x, ns, w, b, eps),
+            lambda: gemsops.native_layer_norm(x, ns, w, b, eps),
+            check,
+            inputs,
+            tags,
+        )
     elif variant == "module":
         _ln_module(ctx, x, pshape, ns, pdtype, affine, eps, dtype, tags)
     elif variant == "grad":
         g, _ = ctx.tensor(shape, x.dtype, nonfinite=0.01)
         ctx.describe("grad_out", g)
         inputs.append(g)
-        mask = [True, w is not None and ctx.chance(0.8),
-                b is not None and ctx.chance(0.8)]
+        mask = [
+            True,
+            w is not None and ctx.chance(0.8),
+            b is not None and ctx.chance(0.8),
+        ]
         if not any(mask[1:]) or ctx.chance(0.8):
             mask[0] = True
         else:
@@ -167,44 +205,72 @@ def case_layer_norm(ctx):
             for i, m in enumerate(mask):
                 if lv[i] is not None and not m:
                     lv[i].requires_grad_(False)
-            sel = [t if (t is not None and m) else None
-                   for t, m in zip(lv, mask)]
+            sel = [
+                t if (t is not None and m) else None for t, m in zip(lv, mask)
+            ]
             out = fn(lv[0], ns if dt is None else pshape, lv[1], lv[2], eps)
             return out, _grads(out, sel, g if dt is None else g.double())
 
         def check(ours, theirs):
             same_meta("out", ours[0], theirs[0])
             ref = run(F.layer_norm, torch.float64)
-            _, m, r = torch.native_layer_norm(x.detach().double(), pshape,
-                                              None, None, eps)
-            f64_atol = oracle.f64_ln_terms(g, x, w, m, r, rows) \
-                if dtype == torch.float64 else None
-            bound = oracle.ln_dx_bound(g, x, w, m, r, len(pshape), dtype) \
-                if rows else None
+            _, m, r = torch.native_layer_norm(
+                x.detach().double(), pshape, None, None, eps
+            )
+            f64_atol = (
+                oracle.f64_ln_terms(g, x, w, m, r, rows)
+                if dtype == torch.float64
+                else None
+            )
+            bound = (
+                oracle.ln_dx_bound(g, x, w, m, r, len(pshape), dtype)
+                if rows
+                else None
+            )
             close("out", ours[0], ref[0], theirs[0], dtype, torch_slack=2.0)
-            for name, o, r, t in zip(("dx", "dw", "db"), ours[1], ref[1],
-                                     theirs[1]):
+            for name, o, r, t in zip(
+                ("dx", "dw", "db"), ours[1], ref[1], theirs[1]
+            ):
                 if t is None:
                     if o is not None:
                         raise oracle.WrongAnswer(f"{name}: not asked for")
                     continue
                 same_meta(name, o, t)
                 # an infinite weight: see _ln_backward
-                close(name, o, r, t, t.dtype, torch_slack=2.0,
-                      reduce_len=rows if name != "dx" else 1,
-                      loose=name == "dx" and w is not None
-                      and not bool(torch.isfinite(w).all()),
-                      f64_atol=f64_atol if name != "db" else None,
-                      bound=bound if name == "dx" else None)
-        differential(ctx, lambda: run(F.layer_norm),
-                     lambda: run(gemsops.layer_norm), check, inputs, tags)
+                close(
+                    name,
+                    o,
+                    r,
+                    t,
+                    t.dtype,
+                    torch_slack=2.0,
+                    reduce_len=rows if name != "dx" else 1,
+                    loose=name == "dx"
+                    and w is not None
+                    and not bool(torch.isfinite(w).all()),
+                    f64_atol=f64_atol if name != "db" else None,
+                    bound=bound if name == "dx" else None,
+                )
+
+        differential(
+            ctx,
+            lambda: run(F.layer_norm),
+            lambda: run(gemsops.layer_norm),
+            check,
+            inputs,
+            tags,
+        )
     else:
         _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags)
 
 
 def _ln_module(ctx, x, pshape, ns, pdtype, affine, eps, dtype, tags):
-    kw = dict(eps=eps, elementwise_affine=affine != "none",
-              bias=affine in ("both", "bias"), dtype=pdtype)
+    kw = dict(
+        eps=eps,
+        elementwise_affine=affine != "none",
+        bias=affine in ("both", "bias"),
+        dtype=pdtype,
+    )
     ctx.note(f"  nn.LayerNorm({ns!r}, **{kw})")
 
     def make(cls):
@@ -216,17 +282,26 @@ def _ln_module(ctx, x, pshape, ns, pdtype, affine, eps, dtype, tags):
                 if m.bias is not None:
                     m.bias.copy_(ctx_vals[1])
         return m.to(ctx.device)
-    ctx_vals = (ctx.values(pshape, torch.float64, nonfinite=0),
-                ctx.values(pshape, torch.float64, nonfinite=0))
+
+    ctx_vals = (
+        ctx.values(pshape, torch.float64, nonfinite=0),
+        ctx.values(pshape, torch.float64, nonfinite=0),
+    )
 
     def check(ours, theirs):
         same_meta("out", ours, theirs)
         tm = make(torch.nn.LayerNorm).double()
         ref = tm(x.double())
         close("out", ours, ref, theirs, dtype, torch_slack=2.0)
-    differential(ctx, lambda: make(torch.nn.LayerNorm)(x).detach(),
-                 lambda: make(gemsops.nn.LayerNorm)(x).detach(), check, [x],
-                 tags)
+
+    differential(
+        ctx,
+        lambda: make(torch.nn.LayerNorm)(x).detach(),
+        lambda: make(gemsops.nn.LayerNorm)(x).detach(),
+        check,
+        [x],
+        tags,
+    )
 
 
 def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
@@ -234,20 +309,23 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
     g, _ = ctx.tensor(list(x.shape), x.dtype, nonfinite=0.01)
     ctx.describe("grad_out", g)
     try:  # torch's statistics (the input's dtype on the CPU for halves)
-        _, mean, rstd = torch.native_layer_norm(x, pshape, w, b, max(eps, 0.0)
-                                                if eps == eps else 1e-5)
+        _, mean, rstd = torch.native_layer_norm(
+            x, pshape, w, b, max(eps, 0.0) if eps == eps else 1e-5
+        )
     except RuntimeError as e:
         mean = rstd = torch.zeros(1)
         ctx.note(f"  (torch.native_layer_norm refused: {e})")
         if "mixed dtype" in str(e):
             tags = tuple(tags) + ("ln-fwd-refused",)
-    ctx.note(f"  layer_norm_backward output_mask={mask}, mean/rstd "
-             f"{describe(mean)}")
+    ctx.note(
+        f"  layer_norm_backward output_mask={mask}, mean/rstd {describe(mean)}"
+    )
     inputs = inputs + [g, mean, rstd]
     # torch's CPU backward cannot take the half statistics its forward
     # returns: it gets them widened, gemsops as they are (it widens them)
-    tmean, trstd = ((s.float() if s.dtype in HALF else s)
-                    for s in (mean, rstd))
+    tmean, trstd = (
+        (s.float() if s.dtype in HALF else s) for s in (mean, rstd)
+    )
     # torch's op fails ("tensor does not have a device") when asked for
     # dW without a weight; gemsops returns None there, as torch would
     mask = [mask[0], mask[1] and w is not None, mask[2] and b is not None]
@@ -255,16 +333,21 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
     def theirs():
         if dtype not in HALF:
             return torch.ops.aten.native_layer_norm_backward(
-                g, x, ns, tmean, trstd, w, b, mask)
+                g, x, ns, tmean, trstd, w, b, mask
+            )
         # torch's CPU half backward fails on its own statistics ("tensor
         # does not have a device", "expected scalar type Half"): validate
         # the arguments with the half call's float32 twin, cast back
         f = [None if t is None else t.float() for t in (g, x, w, b)]
         out = torch.ops.aten.native_layer_norm_backward(
-            f[0], f[1], ns, tmean, trstd, f[2], f[3], mask)
-        return [None if o is None else o.to(t.dtype) for o, t in
-                zip(out, (x, w if w is not None else x,
-                          b if b is not None else x))]
+            f[0], f[1], ns, tmean, trstd, f[2], f[3], mask
+        )
+        return [
+            None if o is None else o.to(t.dtype)
+            for o, t in zip(
+                out, (x, w if w is not None else x, b if b is not None else x)
+            )
+        ]
 
     def ours():
         return gemsops.layer_norm_backward(g, x, ns, mean, rstd, w, b, mask)
@@ -275,39 +358,68 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
     # torch's and gemsops' kernels choose differently; only finite vs
     # non-finite is compared there (README: deliberate differences)
     w_nonfinite = w is not None and not bool(torch.isfinite(w).all())
-    bound = oracle.ln_dx_bound(g, x, w, mean, rstd, len(pshape), dtype) \
-        if rows and mean.numel() == rows else None
+    bound = (
+        oracle.ln_dx_bound(g, x, w, mean, rstd, len(pshape), dtype)
+        if rows and mean.numel() == rows
+        else None
+    )
     f64_atol = None
     if dtype == torch.float64 and g.numel():
-        wdy = g.abs().max() * (w.abs().max() if w is not None and w.numel()
-                               else 1.0)
-        f64_atol = float(64 * torch.finfo(torch.float64).eps * wdy
-                         * rstd.double().abs().max()) if rstd.numel() else None
+        wdy = g.abs().max() * (
+            w.abs().max() if w is not None and w.numel() else 1.0
+        )
+        f64_atol = (
+            float(
+                64
+                * torch.finfo(torch.float64).eps
+                * wdy
+                * rstd.double().abs().max()
+            )
+            if rstd.numel()
+            else None
+        )
 
     def check(o, t):
         ref = torch.ops.aten.native_layer_norm_backward(
-            g.double(), x.double(), pshape, mean.double(), rstd.double(),
+            g.double(),
+            x.double(),
+            pshape,
+            mean.double(),
+            rstd.double(),
             None if w is None else w.double(),
-            None if b is None else b.double(), mask)
+            None if b is None else b.double(),
+            mask,
+        )
         for name, oo, rr, tt in zip(("dx", "dw", "db"), o, ref, t):
             if tt is None:
                 if oo is not None:
                     raise oracle.WrongAnswer(f"{name}: not asked for, got one")
                 continue
             same_meta(name, oo, tt)
-            close(name, oo, rr, tt, tt.dtype, torch_slack=2.0,
-                  reduce_len=rows if name != "dx" else 1,
-                  loose=name == "dx" and w_nonfinite,
-                  f64_atol=f64_atol if name == "dx" else None,
-                  bound=bound if name == "dx" else None)
+            close(
+                name,
+                oo,
+                rr,
+                tt,
+                tt.dtype,
+                torch_slack=2.0,
+                reduce_len=rows if name != "dx" else 1,
+                loose=name == "dx" and w_nonfinite,
+                f64_atol=f64_atol if name == "dx" else None,
+                bound=bound if name == "dx" else None,
+            )
+
     differential(ctx, theirs, ours, check, inputs, tags)
 
 
 # --------------------------------------------------------------------- prod
 def _dim_arg(ctx, ndim):
     n = max(ndim, 1)
-    f = ctx.choice(["int", "int", "neg", "np", "bool", "range", "float"]
-                   if ctx.chance(0.15) else ["int", "int", "neg"])
+    f = ctx.choice(
+        ["int", "int", "neg", "np", "bool", "range", "float"]
+        if ctx.chance(0.15)
+        else ["int", "int", "neg"]
+    )
     d = ctx.rng.randrange(n)
     if f == "neg":
         return d - n, f
@@ -330,18 +442,23 @@ def case_prod(ctx):
     x, _ = ctx.tensor(shape, dtype, kind=kind)
     tags = set()
     if ctx.chance(0.02):
-        x = torch.complex(x.double(), x.double()).to(torch.complex64) \
-            if dtype.is_floating_point else x
+        x = (
+            torch.complex(x.double(), x.double()).to(torch.complex64)
+            if dtype.is_floating_point
+            else x
+        )
         tags.add("prod-complex")
     full = ctx.chance(0.3)
     dim, dform = _dim_arg(ctx, ndim)
-    kd_form = ctx.choice(["omit", "pos", "kw"] + (["none", "int"]
-                                                   if ctx.chance(0.1) else []))
+    kd_form = ctx.choice(
+        ["omit", "pos", "kw"] + (["none", "int"] if ctx.chance(0.1) else [])
+    )
     keepdim = {"none": None, "int": 1}.get(kd_form, ctx.chance(0.5))
     dt = None
     if ctx.chance(0.25):
-        dt = ctx.choice(list(FLOATS) + [torch.int16, torch.int32,
-                                        torch.int64, torch.bool])
+        dt = ctx.choice(
+            list(FLOATS) + [torch.int16, torch.int32, torch.int64, torch.bool]
+        )
     grad = x.is_floating_point() and ctx.chance(0.3)
     args, kw = [x], {}
     if not full:
@@ -352,13 +469,20 @@ def case_prod(ctx):
             kw["keepdim"] = keepdim
     if dt is not None:
         kw["dtype"] = dt
-    ctx.note(f"prod args=(input, {', '.join(repr(a) for a in args[1:])}) "
-             f"kwargs={kw} dim-form={'full' if full else dform} grad={grad}")
+    ctx.note(
+        f"prod args=(input, {', '.join(repr(a) for a in args[1:])}) "
+        f"kwargs={kw} dim-form={'full' if full else dform} grad={grad}"
+    )
     ctx.describe("input", x)
     if x.is_complex():
-        differential(ctx, lambda: torch.prod(*args, **kw),
-                     lambda: gemsops.prod(*args, **kw), lambda o, t: None,
-                     [x], tags)
+        differential(
+            ctx,
+            lambda: torch.prod(*args, **kw),
+            lambda: gemsops.prod(*args, **kw),
+            lambda o, t: None,
+            [x],
+            tags,
+        )
         return
     g = None
 
@@ -373,16 +497,25 @@ def case_prod(ctx):
     if grad:
         try:
             shp = torch.prod(*args, **kw).shape
-            g, _ = ctx.tensor(list(shp), x.dtype if dt is None or
-                              not dt.is_floating_point else dt,
-                              kind="near_one", nonfinite=0.0)
+            g, _ = ctx.tensor(
+                list(shp),
+                x.dtype if dt is None or not dt.is_floating_point else dt,
+                kind="near_one",
+                nonfinite=0.0,
+            )
             ctx.describe("grad_out", g)
         except Exception:  # noqa: BLE001 - torch refuses: no gradient
             grad = False
 
-    chain = x.numel() if full or not shape else shape[int(dim) % ndim] \
-        if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) \
-        and -ndim <= int(dim) < ndim else 1
+    chain = (
+        x.numel()
+        if full or not shape
+        else shape[int(dim) % ndim]
+        if isinstance(dim, (int, np.integer))
+        and not isinstance(dim, bool)
+        and -ndim <= int(dim) < ndim
+        else 1
+    )
 
     def check(ours, theirs):
         o, t = ours[0], theirs[0]
@@ -391,15 +524,18 @@ def case_prod(ctx):
         if not t.is_floating_point():
             oracle.exact("out", o, t)
         else:
-            ref = torch.prod(*([xr.double()] + args[1:]),
-                             **{k: v for k, v in kw.items() if k != "dtype"})
-            close("out", o, ref, t, t.dtype, chain_len=chain,
-                  torch_slack=1.5)
+            ref = torch.prod(
+                *([xr.double()] + args[1:]),
+                **{k: v for k, v in kw.items() if k != "dtype"},
+            )
+            close("out", o, ref, t, t.dtype, chain_len=chain, torch_slack=1.5)
         if grad:  # in dtype= when given, then cast back to x's dtype
             leaf = x.detach().double().requires_grad_()
             xx = leaf if dt is None else leaf.to(dt).double()
-            r = torch.prod(*([xx] + args[1:]),
-                           **{k: v for k, v in kw.items() if k != "dtype"})
+            r = torch.prod(
+                *([xx] + args[1:]),
+                **{k: v for k, v in kw.items() if k != "dtype"},
+            )
             ref_g = torch.autograd.grad(r, leaf, g.double())[0]
             gdt = dt if dt is not None and dt.is_floating_point else x.dtype
             if gdt in HALF or x.dtype in HALF:
@@ -407,10 +543,25 @@ def case_prod(ctx):
             same_meta("grad", ours[1], theirs[1])
             # where x itself is inf/NaN torch's g * prod / x is NaN; the
             # zero-safe backward gives the product of the others
-            close("grad", ours[1], ref_g, theirs[1], gdt, chain_len=chain,
-                  torch_slack=1.5, skip=~torch.isfinite(x.detach().cpu()))
-    differential(ctx, lambda: run(torch.prod), lambda: run(gemsops.prod),
-                 check, [x], tags)
+            close(
+                "grad",
+                ours[1],
+                ref_g,
+                theirs[1],
+                gdt,
+                chain_len=chain,
+                torch_slack=1.5,
+                skip=~torch.isfinite(x.detach().cpu()),
+            )
+
+    differential(
+        ctx,
+        lambda: run(torch.prod),
+        lambda: run(gemsops.prod),
+        check,
+        [x],
+        tags,
+    )
 
 
 # ------------------------------------------------------------------- matmul
@@ -431,9 +582,10 @@ def _mm_shapes(ctx, fn):
     def side(r, tail):
         if r == 1:
             return [tail[0] if tail is a_tail else tail[1]]
-        b = batch[len(batch) - (r - 2):] if r > 2 else []
+        b = batch[len(batch) - (r - 2) :] if r > 2 else []
         b = [s if ctx.chance(0.7) else 1 for s in b]
         return b + tail
+
     a_tail, b_tail = [m, k], [k, n]
     sa = [k] if ra == 1 else side(ra, a_tail)
     sb = [k] if rb == 1 else side(rb, b_tail)
@@ -442,8 +594,10 @@ def _mm_shapes(ctx, fn):
 
 def case_matmul(ctx):
     fn = ctx.choice(["mm", "bmm", "matmul", "matmul"])
-    dtype = ctx.choice([torch.float16, torch.bfloat16, torch.float32] * 3
-                       + [torch.float64, torch.int64])
+    dtype = ctx.choice(
+        [torch.float16, torch.bfloat16, torch.float32] * 3
+        + [torch.float64, torch.int64]
+    )
     sa, sb = _mm_shapes(ctx, fn)
     bad = ""
     if ctx.chance(0.08):
@@ -455,9 +609,15 @@ def case_matmul(ctx):
         elif bad == "scalar":
             sa = []
     a, _ = ctx.tensor(sa, dtype, nonfinite=0.02)
-    b, _ = ctx.tensor(sb, dtype if bad != "dtype" else torch.float32
-                      if dtype != torch.float32 else torch.float16,
-                      nonfinite=0.02)
+    b, _ = ctx.tensor(
+        sb,
+        dtype
+        if bad != "dtype"
+        else torch.float32
+        if dtype != torch.float32
+        else torch.float16,
+        nonfinite=0.02,
+    )
     tags = set()
     if dtype not in gmm.SUPPORTED:
         tags.add("matmul-unsupported-dtype")
@@ -471,8 +631,9 @@ def case_matmul(ctx):
     g = None
     if grad:
         try:
-            g, _ = ctx.tensor(list(torch.matmul(a, b).shape), dtype,
-                              nonfinite=0.0)
+            g, _ = ctx.tensor(
+                list(torch.matmul(a, b).shape), dtype, nonfinite=0.0
+            )
             ctx.describe("grad_out", g)
         except Exception:  # noqa: BLE001
             grad = False
@@ -482,8 +643,9 @@ def case_matmul(ctx):
             return f(a, b), None
         la, lb = _leaves([a, b], torch.float64 if double else None)
         out = f(la, lb)
-        return out, torch.autograd.grad(out, [la, lb],
-                                        g.double() if double else g)
+        return out, torch.autograd.grad(
+            out, [la, lb], g.double() if double else g
+        )
 
     def check(ours, theirs):
         same_meta("out", ours[0], theirs[0])
@@ -493,21 +655,29 @@ def case_matmul(ctx):
         mm_close("out", ours[0], a, b, theirs[0])
         if grad:
             ref = run(tfn, double=True)[1]
-            la, lb = [t.detach().double().abs().requires_grad_()
-                      for t in (a, b)]
-            bound = torch.autograd.grad(tfn(la, lb), [la, lb],
-                                        g.double().abs())
+            la, lb = [
+                t.detach().double().abs().requires_grad_() for t in (a, b)
+            ]
+            bound = torch.autograd.grad(
+                tfn(la, lb), [la, lb], g.double().abs()
+            )
             for i, name in enumerate(("da", "db")):
                 same_meta(name, ours[1][i], theirs[1][i])
-                oracle.grad_close(name, ours[1][i], ref[i], bound[i],
-                                  theirs[1][i])
+                oracle.grad_close(
+                    name, ours[1][i], ref[i], bound[i], theirs[1][i]
+                )
 
     old = gmm.get_schedule()
     gemsops.set_schedule(sched, **kw)
     try:
-        differential(ctx, lambda: run(tfn), lambda: run(gfn), check, [a, b],
-                     tags)
+        differential(
+            ctx, lambda: run(tfn), lambda: run(gfn), check, [a, b], tags
+        )
     finally:
-        gemsops.set_schedule(old["schedule"], two_tiles=old["two_tiles"],
-                             ctas=old["ctas"], spin_limit=old["spin_limit"],
-                             mainloop=old["mainloop"])
+        gemsops.set_schedule(
+            old["schedule"],
+            two_tiles=old["two_tiles"],
+            ctas=old["ctas"],
+            spin_limit=old["spin_limit"],
+            mainloop=old["mainloop"],
+        )

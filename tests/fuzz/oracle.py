@@ -3,6 +3,7 @@ itself for dtypes, shapes, non-finite positions and exceptions) against
 gemsops', with the tolerances of gemsops/testing.py.
 
 A case ends by raising one Outcome subclass (or returning: passed)."""
+
 import math
 
 import torch
@@ -39,43 +40,68 @@ class ExpectedRefusal(Outcome):
 
 class HarnessError(Outcome):
     """The fuzzer itself broke (a bug here, not in gemsops)."""
+
     kind, failure = "harness-error", True
 
 
 # Kinds the runner adds for workers: "crash" (died), "hang" (timed out).
-KINDS = ["passed", "wrong-answer", "crash", "hang", "write-outside-output",
-         "exception-mismatch", "both-raised", "expected-refusal",
-         "harness-error"]
-FAILURES = {"wrong-answer", "crash", "hang", "write-outside-output",
-            "exception-mismatch", "harness-error"}
+KINDS = [
+    "passed",
+    "wrong-answer",
+    "crash",
+    "hang",
+    "write-outside-output",
+    "exception-mismatch",
+    "both-raised",
+    "expected-refusal",
+    "harness-error",
+]
+FAILURES = {
+    "wrong-answer",
+    "crash",
+    "hang",
+    "write-outside-output",
+    "exception-mismatch",
+    "harness-error",
+}
 
 # Where gemsops may differ from torch on purpose. Each entry: (name, why,
 # predicate(case_tags) -> bool). Only these turn a difference into an
 # expected refusal; keep the list short and every entry documented in
 # README.md.
 DOCUMENTED = [
-    ("matmul-dtypes",
-     "matmul takes fp16/bf16/fp32 only; fp64 and integer matrices raise "
-     "NotImplementedError (README, deliberate differences)",
-     lambda tags: "matmul-unsupported-dtype" in tags),
-    ("prod-complex",
-     "prod refuses complex input with NotImplementedError (README, "
-     "deliberate differences)",
-     lambda tags: "prod-complex" in tags),
-    ("ln-mixed",
-     "layer_norm takes fp32 weight/bias with fp16/bf16 input (README, API: "
-     "mixed precision); torch refuses some of those combinations",
-     lambda tags: "ln-mixed" in tags),
-    ("ln-bwd-unpaired",
-     "layer_norm_backward refuses the parameter dtypes layer_norm refuses "
-     "(RuntimeError), where torch's backward alone takes them: torch's own "
-     "forward refuses them, so no forward of either made such a call "
-     "(README, deliberate differences)",
-     lambda tags: "ln-fwd-refused" in tags),
-    ("ln-half-stats",
-     "native_layer_norm returns fp32 statistics for fp16/bf16 input (as "
-     "torch on CUDA; torch's CPU kernel returns the input's dtype)",
-     lambda tags: "ln-half-stats" in tags),
+    (
+        "matmul-dtypes",
+        "matmul takes fp16/bf16/fp32 only; fp64 and integer matrices raise "
+        "NotImplementedError (README, deliberate differences)",
+        lambda tags: "matmul-unsupported-dtype" in tags,
+    ),
+    (
+        "prod-complex",
+        "prod refuses complex input with NotImplementedError (README, "
+        "deliberate differences)",
+        lambda tags: "prod-complex" in tags,
+    ),
+    (
+        "ln-mixed",
+        "layer_norm takes fp32 weight/bias with fp16/bf16 input (README, API: "
+        "mixed precision); torch refuses some of those combinations",
+        lambda tags: "ln-mixed" in tags,
+    ),
+    (
+        "ln-bwd-unpaired",
+        "layer_norm_backward refuses the parameter dtypes layer_norm refuses "
+        "(RuntimeError), where torch's backward alone takes them: torch's own "
+        "forward refuses them, so no forward of either made such a call "
+        "(README, deliberate differences)",
+        lambda tags: "ln-fwd-refused" in tags,
+    ),
+    (
+        "ln-half-stats",
+        "native_layer_norm returns fp32 statistics for fp16/bf16 input (as "
+        "torch on CUDA; torch's CPU kernel returns the input's dtype)",
+        lambda tags: "ln-half-stats" in tags,
+    ),
 ]
 
 
@@ -117,37 +143,51 @@ def differential(ctx, theirs, ours, check, inputs, tags=()):
         why = documented(tags)
         if why and isinstance(g_exc, NotImplementedError):
             raise ExpectedRefusal(why)
-        raise ExceptionMismatch(f"torch raised {_exc(t_exc)}; gemsops "
-                                f"raised {_exc(g_exc)}")
+        raise ExceptionMismatch(
+            f"torch raised {_exc(t_exc)}; gemsops raised {_exc(g_exc)}"
+        )
     if t_exc is not None:
         why = documented(tags)
         if why:
             raise ExpectedRefusal(f"{why} (torch refused, gemsops did not)")
-        raise ExceptionMismatch(f"torch raised {_exc(t_exc)}; gemsops "
-                                f"returned {describe(_first(g_res))}")
+        raise ExceptionMismatch(
+            f"torch raised {_exc(t_exc)}; gemsops "
+            f"returned {describe(_first(g_res))}"
+        )
     if g_exc is not None:
         if _empty_dtype_check(inputs, g_exc):
             raise ExpectedRefusal(
                 "empty-dtype: gemsops checks dtypes on tensors of no "
                 "elements too, where torch's bmm/matmul/layer_norm_backward "
-                "skip the check (README, deliberate differences)")
+                "skip the check (README, deliberate differences)"
+            )
         why = documented(tags)
-        if why and (isinstance(g_exc, NotImplementedError) or
-                    "ln-fwd-refused" in tags and
-                    isinstance(g_exc, RuntimeError)):
+        if why and (
+            isinstance(g_exc, NotImplementedError)
+            or "ln-fwd-refused" in tags
+            and isinstance(g_exc, RuntimeError)
+        ):
             raise ExpectedRefusal(why)
-        raise ExceptionMismatch(f"torch returned; gemsops raised {_exc(g_exc)}")
+        raise ExceptionMismatch(
+            f"torch returned; gemsops raised {_exc(g_exc)}"
+        )
     check(g_res, t_res)
 
 
 def _empty_dtype_check(inputs, exc):
     """gemsops refused a dtype that torch let through because some input
     has no elements."""
-    empty = any(getattr(t, "numel", lambda: 1)() == 0 if
-                isinstance(t, torch.Tensor) else getattr(t, "size", 1) == 0
-                for t in inputs)
-    return empty and isinstance(exc, (RuntimeError, NotImplementedError)) \
+    empty = any(
+        getattr(t, "numel", lambda: 1)() == 0
+        if isinstance(t, torch.Tensor)
+        else getattr(t, "size", 1) == 0
+        for t in inputs
+    )
+    return (
+        empty
+        and isinstance(exc, (RuntimeError, NotImplementedError))
         and ("dtype" in str(exc) or "floating point" in str(exc))
+    )
 
 
 def _first(r):
@@ -199,22 +239,43 @@ RAW_REFUSALS = {
 # The raw cases' mutations (raw.py), each one bad argument: its kind.
 # "<arg>-<suffix>" mutations of an output go by their suffix.
 MUTATION_KINDS = {
-    "out-overlaps-input": "overlap", "mean-overlaps-rstd": "overlap",
-    "gi-overlaps-g": "overlap", "nd-0": "ndim", "nd-big": "ndim",
-    "nd-float": "arg-type", "eps-str": "arg-type", "weight-dtype": "dtype",
-    "weight-shape": "shape", "ws-dtype": "dtype",
-    "input-int": "unsupported-dtype", "complex": "unsupported-dtype",
-    "stats-half": "dtype", "not-tensor": "not-tensor",
-    "mean-size": "shape", "dw-without-w": "combination",
-    "dim-neg": "dim-range", "dim-big": "dim-range", "dim-float": "arg-type",
-    "sched-bad": "int-range", "ctas-neg": "int-range",
-    "epoch-neg": "int-range", "int-huge": "int-overflow",
+    "out-overlaps-input": "overlap",
+    "mean-overlaps-rstd": "overlap",
+    "gi-overlaps-g": "overlap",
+    "nd-0": "ndim",
+    "nd-big": "ndim",
+    "nd-float": "arg-type",
+    "eps-str": "arg-type",
+    "weight-dtype": "dtype",
+    "weight-shape": "shape",
+    "ws-dtype": "dtype",
+    "input-int": "unsupported-dtype",
+    "complex": "unsupported-dtype",
+    "stats-half": "dtype",
+    "not-tensor": "not-tensor",
+    "mean-size": "shape",
+    "dw-without-w": "combination",
+    "dim-neg": "dim-range",
+    "dim-big": "dim-range",
+    "dim-float": "arg-type",
+    "sched-bad": "int-range",
+    "ctas-neg": "int-range",
+    "epoch-neg": "int-range",
+    "int-huge": "int-overflow",
     "dim-huge": ("dim-range", "int-overflow"),
-    "k-mismatch": "shape", "rank-4": "ndim", "arg-count": "arg-count",
+    "k-mismatch": "shape",
+    "rank-4": "ndim",
+    "arg-count": "arg-count",
 }
-SUFFIX_KINDS = {"dtype": "dtype", "shape": "shape", "strided": "layout",
-                "readonly": "read-only", "misaligned": "misaligned",
-                "negbit": "neg-bit", "reversed": "neg-stride"}
+SUFFIX_KINDS = {
+    "dtype": "dtype",
+    "shape": "shape",
+    "strided": "layout",
+    "readonly": "read-only",
+    "misaligned": "misaligned",
+    "negbit": "neg-bit",
+    "reversed": "neg-stride",
+}
 
 
 def mutation_kind(mut):
@@ -256,15 +317,17 @@ def expect_refusal(ctx, call, guards, inputs, what, kinds=None):
     except Exception as e:  # noqa: BLE001
         sync()
         if not any(_refusal_matches(e, k) for k in kinds):
-            raise ExceptionMismatch(f"{what}: expected {_want(kinds)}, got "
-                                    f"{_exc(e)}") from None
+            raise ExceptionMismatch(
+                f"{what}: expected {_want(kinds)}, got {_exc(e)}"
+            ) from None
         ctx.note(f"  gemsops: {_exc(e)}")
         _no_writes(guards, snap, refused=True)
         raise ExpectedRefusal(f"{what}: {type(e).__name__}") from None
     sync()
     _no_writes(guards, snap, refused=False)
-    raise ExceptionMismatch(f"{what}: gemsops accepted it (no exception; "
-                            f"expected {_want(kinds)})")
+    raise ExceptionMismatch(
+        f"{what}: gemsops accepted it (no exception; expected {_want(kinds)})"
+    )
 
 
 def may_refuse(ctx, call, guards, inputs, what, kinds=("layout",)):
@@ -277,9 +340,9 @@ def may_refuse(ctx, call, guards, inputs, what, kinds=("layout",)):
     except Exception as e:  # noqa: BLE001
         sync()
         if not any(_refusal_matches(e, k) for k in kinds):
-            raise ExceptionMismatch(f"{what}: expected acceptance or "
-                                    f"{_want(kinds)}, got {_exc(e)}") \
-                from None
+            raise ExceptionMismatch(
+                f"{what}: expected acceptance or {_want(kinds)}, got {_exc(e)}"
+            ) from None
         ctx.note(f"  gemsops: {_exc(e)}")
         _no_writes(guards, snap, refused=True)
         raise ExpectedRefusal(f"{what}: {type(e).__name__}") from None
@@ -312,8 +375,10 @@ def _no_writes(guards, snap, refused):
             continue
         n, first = g.outside_changes()
         if n:
-            raise WriteOutside(f"{n} bytes changed outside '{name}' "
-                               f"(first at buffer byte {first})")
+            raise WriteOutside(
+                f"{n} bytes changed outside '{name}' "
+                f"(first at buffer byte {first})"
+            )
         if refused and g.any_change():
             raise WriteOutside(f"'{name}' written by a call that raised")
 
@@ -325,10 +390,13 @@ def same_meta(name, ours, theirs):
     if ours.dtype != theirs.dtype:
         raise WrongAnswer(f"{name}: dtype {ours.dtype}, torch {theirs.dtype}")
     if tuple(ours.shape) != tuple(theirs.shape):
-        raise WrongAnswer(f"{name}: shape {list(ours.shape)}, torch "
-                          f"{list(theirs.shape)}")
+        raise WrongAnswer(
+            f"{name}: shape {list(ours.shape)}, torch {list(theirs.shape)}"
+        )
     if ours.device != theirs.device:
-        raise WrongAnswer(f"{name}: device {ours.device}, torch {theirs.device}")
+        raise WrongAnswer(
+            f"{name}: device {ours.device}, torch {theirs.device}"
+        )
 
 
 def nonfinite_match(name, ours, theirs, loose=False, ref=None, skip=None):
@@ -338,8 +406,11 @@ def nonfinite_match(name, ours, theirs, loose=False, ref=None, skip=None):
     o, t = ours.detach().cpu(), theirs.detach().cpu()
     if not o.is_floating_point():
         return torch.ones(o.shape, dtype=torch.bool)
-    tests = (("NaN", torch.isnan), ("+inf", torch.isposinf),
-             ("-inf", torch.isneginf))
+    tests = (
+        ("NaN", torch.isnan),
+        ("+inf", torch.isposinf),
+        ("-inf", torch.isneginf),
+    )
     if loose:
         tests = (("non-finite", lambda v: ~torch.isfinite(v)),)
     for label, f in tests:
@@ -355,7 +426,8 @@ def nonfinite_match(name, ours, theirs, loose=False, ref=None, skip=None):
             raise WrongAnswer(
                 f"{name}: {label} positions differ from torch's "
                 f"({int(fo.sum())} vs {int(ft.sum())}); first at {i}: gemsops "
-                f"{o[tuple(i)].item()!r}, torch {t[tuple(i)].item()!r}")
+                f"{o[tuple(i)].item()!r}, torch {t[tuple(i)].item()!r}"
+            )
     return torch.isfinite(o)
 
 
@@ -372,29 +444,49 @@ def ln_dx_bound(g, x, w, mean, rstd, nd, dtype):
     mean(w dy xhat)); each term carries a few ulps of the accumulation
     type (fp32 for halves), the sums sqrt(N) of them, and the output one
     rounding to its dtype. None when the statistics have no rows."""
-    if not g.numel() or not rstd.numel() or g.shape != x.shape or \
-            x.is_complex() or g.is_complex() or (
-            w is not None and tuple(w.shape) != tuple(x.shape[x.dim() - nd:])):
+    if (
+        not g.numel()
+        or not rstd.numel()
+        or g.shape != x.shape
+        or x.is_complex()
+        or g.is_complex()
+        or (w is not None and tuple(w.shape) != tuple(x.shape[x.dim() - nd :]))
+    ):
         return None  # a case whose call is refused
-    n = math.prod(x.shape[x.dim() - nd:])
+    n = math.prod(x.shape[x.dim() - nd :])
     if mean.numel() * n != x.numel() or rstd.numel() != mean.numel():
         return None
-    sh = tuple(x.shape[:x.dim() - nd]) + (1,) * nd
+    sh = tuple(x.shape[: x.dim() - nd]) + (1,) * nd
     xd, gd = x.detach().double(), g.detach().double()
     m = mean.detach().double().reshape(sh)
     r = rstd.detach().double().reshape(sh)
     wdy = gd * (w.detach().double() if w is not None else 1.0)
     xh = (xd - m) * r
     dims = tuple(range(x.dim() - nd, x.dim()))
-    terms = r.abs() * (wdy.abs() + xh.abs() * (wdy * xh).abs().mean(
-        dims, keepdim=True) + wdy.abs().mean(dims, keepdim=True))
+    terms = r.abs() * (
+        wdy.abs()
+        + xh.abs() * (wdy * xh).abs().mean(dims, keepdim=True)
+        + wdy.abs().mean(dims, keepdim=True)
+    )
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     return (16 * torch.finfo(acc).eps * math.sqrt(n) * terms).cpu()
 
 
-def close(name, ours, ref, theirs, dtype, *, reduce_len=1, chain_len=1,
-          torch_slack=None, loose=False, skip=None, f64_atol=None,
-          bound=None):
+def close(
+    name,
+    ours,
+    ref,
+    theirs,
+    dtype,
+    *,
+    reduce_len=1,
+    chain_len=1,
+    torch_slack=None,
+    loose=False,
+    skip=None,
+    f64_atol=None,
+    bound=None,
+):
     """ours vs the float64 ref on the finite positions with testing.py's
     tolerance; if that fails, still pass when torch's own result
     (theirs) is at least 1/torch_slack as far from ref (same bar as
@@ -404,8 +496,11 @@ def close(name, ours, ref, theirs, dtype, *, reduce_len=1, chain_len=1,
     exact in ours and a few ulps of those terms in the reference).
     bound: an elementwise bound on the rounding error (ln_dx_bound) that
     also passes a result, plus one rounding of the output."""
-    fin = nonfinite_match(name, ours, theirs, loose, ref, skip) \
-        if theirs is not None else torch.isfinite(ours.detach().cpu())
+    fin = (
+        nonfinite_match(name, ours, theirs, loose, ref, skip)
+        if theirs is not None
+        else torch.isfinite(ours.detach().cpu())
+    )
     fin = fin & torch.isfinite(ref.detach().cpu())
     if skip is not None:
         fin &= ~skip
@@ -414,31 +509,48 @@ def close(name, ours, ref, theirs, dtype, *, reduce_len=1, chain_len=1,
     t = theirs.detach().cpu()[fin] if theirs is not None else None
     if t is not None and t.is_floating_point() and not torch.isfinite(t).all():
         t = None  # torch overflowed where the reference did not
-    if dtype not in (torch.float16, torch.bfloat16, torch.float32,
-                     torch.float64):
+    if dtype not in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+    ):
         if not torch.equal(o.to(torch.int64), r.to(torch.int64)):
             raise WrongAnswer(f"{name}: integer result differs from torch")
         return
     try:
-        assert_close(o, r, dtype, reduce_len=reduce_len, chain_len=chain_len,
-                     torch_out=t, name=name)
+        assert_close(
+            o,
+            r,
+            dtype,
+            reduce_len=reduce_len,
+            chain_len=chain_len,
+            torch_out=t,
+            name=name,
+        )
     except AssertionError as e:
         if dtype == torch.float64 and rel_error(o, r) <= F64_REL:
             return
-        if dtype == torch.float64 and f64_atol is not None and \
-                float((o - r).abs().max()) <= f64_atol:
+        if (
+            dtype == torch.float64
+            and f64_atol is not None
+            and float((o - r).abs().max()) <= f64_atol
+        ):
             return
         if bound is not None and r.numel():
-            tol = bound.to(r.device)[fin.to(bound.device)] + \
-                torch.finfo(dtype).eps * r.abs()
+            tol = (
+                bound.to(r.device)[fin.to(bound.device)]
+                + torch.finfo(dtype).eps * r.abs()
+            )
             if bool(((o.double() - r).abs() <= tol).all()):
                 return
         if t is not None and torch_slack and r.numel():
             ours_err, their_err = rel_error(o, r), rel_error(t, r)
             if ours_err <= torch_slack * their_err:
                 return
-            raise WrongAnswer(f"{e} (rel err {ours_err:.3g}, torch's "
-                              f"{their_err:.3g})") from None
+            raise WrongAnswer(
+                f"{e} (rel err {ours_err:.3g}, torch's {their_err:.3g})"
+            ) from None
         raise WrongAnswer(str(e)) from None
 
 
@@ -449,8 +561,12 @@ def f64_ln_terms(g, x, w, mean, rstd, rows):
         return None
     xs = x.double().abs().max() + mean.double().abs().max()
     ws = w.double().abs().max() if w is not None and w.numel() else 1.0
-    big = g.double().abs().max() * ws * rstd.double().abs().max() * \
-        max(float(xs * rstd.double().abs().max()), 1.0)
+    big = (
+        g.double().abs().max()
+        * ws
+        * rstd.double().abs().max()
+        * max(float(xs * rstd.double().abs().max()), 1.0)
+    )
     return float(64 * torch.finfo(torch.float64).eps * big * max(rows, 1))
 
 
@@ -462,8 +578,11 @@ def mm_close(name, ours, a, b, theirs):
     ref = torch.matmul(ad, bd)
     bound = torch.matmul(ad.abs(), bd.abs())
     k = a.shape[-1] if a.dim() else 1
-    rtol = {torch.float16: 1e-3, torch.bfloat16: 8e-3,
-            torch.float32: 1.3e-6}.get(ours.dtype, 1e-12)
+    rtol = {
+        torch.float16: 1e-3,
+        torch.bfloat16: 8e-3,
+        torch.float32: 1.3e-6,
+    }.get(ours.dtype, 1e-12)
     # + the spacing of the output's subnormals: results below its normal
     # range round to multiples of it
     fi = torch.finfo(ours.dtype) if ours.is_floating_point() else None
@@ -476,7 +595,8 @@ def mm_close(name, ours, a, b, theirs):
         raise WrongAnswer(
             f"{name}: {int(bad.sum())} of {ours.numel()} out of tolerance; "
             f"first at {i}: got {ours.detach().cpu()[tuple(i)].item()!r}, "
-            f"expected {ref[tuple(i)].item()!r}")
+            f"expected {ref[tuple(i)].item()!r}"
+        )
 
 
 def grad_close(name, ours, ref, bound, theirs):
@@ -485,8 +605,11 @@ def grad_close(name, ours, ref, bound, theirs):
     |grad|); rounding to the dtype may happen once per broadcast batch
     summed, so rtol applies to the bound too."""
     fin = nonfinite_match(name, ours, theirs)
-    rtol = {torch.float16: 1e-3, torch.bfloat16: 8e-3,
-            torch.float32: 1.3e-6}.get(ours.dtype, 1e-12)
+    rtol = {
+        torch.float16: 1e-3,
+        torch.bfloat16: 8e-3,
+        torch.float32: 1.3e-6,
+    }.get(ours.dtype, 1e-12)
     fi = torch.finfo(ours.dtype)
     tol = rtol * (ref.abs() + bound) + 2**-20 * bound + fi.tiny * fi.eps
     err = (ours.detach().cpu().double() - ref.cpu()).abs()
@@ -496,7 +619,8 @@ def grad_close(name, ours, ref, bound, theirs):
         raise WrongAnswer(
             f"{name}: {int(bad.sum())} of {ours.numel()} out of tolerance; "
             f"first at {i}: got {ours.detach().cpu()[tuple(i)].item()!r}, "
-            f"expected {ref.cpu()[tuple(i)].item()!r}")
+            f"expected {ref.cpu()[tuple(i)].item()!r}"
+        )
 
 
 def exact(name, ours, theirs):
@@ -504,6 +628,8 @@ def exact(name, ours, theirs):
     same_meta(name, ours, theirs)
     if not torch.equal(ours.cpu(), theirs.cpu()):
         d = (ours.cpu() != theirs.cpu()).nonzero()[0].tolist()
-        raise WrongAnswer(f"{name}: differs from torch at {d}: "
-                          f"{ours.cpu()[tuple(d)].item()} vs "
-                          f"{theirs.cpu()[tuple(d)].item()}")
+        raise WrongAnswer(
+            f"{name}: differs from torch at {d}: "
+            f"{ours.cpu()[tuple(d)].item()} vs "
+            f"{theirs.cpu()[tuple(d)].item()}"
+        )

@@ -2,6 +2,7 @@
 a view inside a poisoned buffer (tensors.Guarded), inputs from torch or
 NumPy producers, valid calls checked against torch and invalid ones
 (one mutation each) required to raise without writing anything."""
+
 import math
 
 import numpy as np
@@ -12,8 +13,15 @@ from gemsops import _C
 
 from . import oracle
 from .oracle import close, expect_refusal, may_refuse, mm_close, run_raw
-from .tensors import (FLOATS, INTS, NP_DTYPES, Guarded, as_torch, describe,
-                      to_numpy)
+from .tensors import (
+    FLOATS,
+    INTS,
+    NP_DTYPES,
+    Guarded,
+    as_torch,
+    describe,
+    to_numpy,
+)
 
 HALF = (torch.float16, torch.bfloat16)
 # layouts the raw calls take as they are (others may be refused, which is
@@ -23,8 +31,9 @@ ROW_LAYOUTS = ("contig", "offset")
 
 def _maybe_numpy(ctx, t, readonly_ok=True, reversed_ok=True):
     if ctx.numpy_ok and ctx.chance(0.3) and not t.is_neg():
-        return to_numpy(ctx, t, writable=not readonly_ok,
-                        reversed_ok=reversed_ok)
+        return to_numpy(
+            ctx, t, writable=not readonly_ok, reversed_ok=reversed_ok
+        )
     return t
 
 
@@ -35,7 +44,8 @@ def input_refusal(obj):
     if isinstance(obj, torch.Tensor) and obj.is_neg():
         return "neg-bit"
     if isinstance(obj, np.ndarray) and any(
-            st < 0 and n > 1 for st, n in zip(obj.strides, obj.shape)):
+        st < 0 and n > 1 for st, n in zip(obj.strides, obj.shape)
+    ):
         return "neg-stride"
     return None
 
@@ -70,25 +80,41 @@ def _out(ctx, guards, name, shape, dtype, mutation=None):
     strided = mutation == f"{name}-strided"
     rev = mutation == f"{name}-reversed"
     negbit = mutation == f"{name}-negbit"
-    numpy = ctx.numpy_ok and (ctx.chance(0.2) or mutation in (
-        f"{name}-readonly", f"{name}-reversed")) and not negbit
+    numpy = (
+        ctx.numpy_ok
+        and (
+            ctx.chance(0.2)
+            or mutation in (f"{name}-readonly", f"{name}-reversed")
+        )
+        and not negbit
+    )
     mis = mutation == f"{name}-misaligned"
     if mutation == f"{name}-dtype":
         dtype = ctx.choice([d for d in FLOATS + (torch.int64,) if d != dtype])
     if mutation == f"{name}-shape":
-        shape = list(shape) + [2] if ctx.chance(0.5) or not shape else \
-            list(shape[:-1]) + [shape[-1] + 1]
-    if (mutation in (f"{name}-readonly", f"{name}-misaligned",
-                     f"{name}-reversed")
-            and (not ctx.numpy_ok or dtype not in NP_DTYPES)):
+        shape = (
+            list(shape) + [2]
+            if ctx.chance(0.5) or not shape
+            else list(shape[:-1]) + [shape[-1] + 1]
+        )
+    if mutation in (
+        f"{name}-readonly",
+        f"{name}-misaligned",
+        f"{name}-reversed",
+    ) and (not ctx.numpy_ok or dtype not in NP_DTYPES):
         ctx.dropped = True  # NumPy producers only: on the CPU, not bf16
         mis = rev = False
-    if strided and math.prod(shape) <= 1 or rev and (
-            not shape or shape[0] <= 1):
+    if (
+        strided
+        and math.prod(shape) <= 1
+        or rev
+        and (not shape or shape[0] <= 1)
+    ):
         ctx.dropped = True  # nothing to step over: a valid output
         strided = rev = False
-    g = Guarded(ctx, shape, dtype, strided=strided, numpy=numpy or mis,
-                misalign=mis)
+    g = Guarded(
+        ctx, shape, dtype, strided=strided, numpy=numpy or mis, misalign=mis
+    )
     if mutation == f"{name}-readonly" and g.numpy:
         g.view.flags.writeable = False
     if rev and g.numpy:
@@ -122,15 +148,22 @@ def _ln_setup(ctx):
     shape = ctx.shape(ndim, budget=ctx.choice([3000, 30000, 200000]))
     # a mutated call gets row layouts: its refusal must be the mutation's
     ctx.row_only = ctx.chance(0.45)
-    x, lay = ctx.tensor(shape, dtype, layout=ctx.choice(ROW_LAYOUTS)
-                        if ctx.row_only else None)
-    pshape = shape[ndim - nd:]
+    x, lay = ctx.tensor(
+        shape, dtype, layout=ctx.choice(ROW_LAYOUTS) if ctx.row_only else None
+    )
+    pshape = shape[ndim - nd :]
     pdtype = torch.float32 if dtype in HALF and ctx.chance(0.3) else dtype
-    w = ctx.tensor(pshape, pdtype, layout="contig", nonfinite=0)[0] \
-        if ctx.chance(0.7) else None
-    b = ctx.tensor(pshape, pdtype, layout="contig", nonfinite=0)[0] \
-        if ctx.chance(0.7) else None
-    rows = math.prod(shape[:ndim - nd])
+    w = (
+        ctx.tensor(pshape, pdtype, layout="contig", nonfinite=0)[0]
+        if ctx.chance(0.7)
+        else None
+    )
+    b = (
+        ctx.tensor(pshape, pdtype, layout="contig", nonfinite=0)[0]
+        if ctx.chance(0.7)
+        else None
+    )
+    rows = math.prod(shape[: ndim - nd])
     sd = torch.float64 if dtype == torch.float64 else torch.float32
     return dtype, shape, nd, pshape, x, lay, w, b, rows, sd
 
@@ -139,20 +172,45 @@ def _c_ln_fwd(ctx):
     dtype, shape, nd, pshape, x, lay, w, b, rows, sd = _ln_setup(ctx)
     # any eps computes as torch's (negative or NaN: NaN rows)
     eps = ctx.choice([1e-5, 1e-3, 0.0] * 3 + [-1e-3, float("nan")])
-    mut = _pick(ctx, ["out-dtype", "out-shape", "out-strided", "out-readonly",
-                      "out-misaligned", "out-reversed", "out-negbit",
-                      "mean-dtype", "mean-shape",
-                      "out-overlaps-input", "mean-overlaps-rstd", "nd-0",
-                      "nd-big", "nd-float", "eps-str", "weight-dtype",
-                      "weight-shape", "ws-dtype", "input-int", "stats-half",
-                      "not-tensor", "arg-count"], x.numel(), p=ctx.row_only)
+    mut = _pick(
+        ctx,
+        [
+            "out-dtype",
+            "out-shape",
+            "out-strided",
+            "out-readonly",
+            "out-misaligned",
+            "out-reversed",
+            "out-negbit",
+            "mean-dtype",
+            "mean-shape",
+            "out-overlaps-input",
+            "mean-overlaps-rstd",
+            "nd-0",
+            "nd-big",
+            "nd-float",
+            "eps-str",
+            "weight-dtype",
+            "weight-shape",
+            "ws-dtype",
+            "input-int",
+            "stats-half",
+            "not-tensor",
+            "arg-count",
+        ],
+        x.numel(),
+        p=ctx.row_only,
+    )
     if mut == "out-strided" and math.prod(pshape) <= 1:
         mut = None  # one element per row: any row stride is a layout
     xp = _maybe_numpy(ctx, x, reversed_ok=not mut)
     guards = {}
     out = _out(ctx, guards, "out", shape, dtype, mut)
-    want_stats = ctx.chance(0.8) or mut in ("mean-dtype", "mean-shape",
-                                            "mean-overlaps-rstd")
+    want_stats = ctx.chance(0.8) or mut in (
+        "mean-dtype",
+        "mean-shape",
+        "mean-overlaps-rstd",
+    )
     mean = _out(ctx, guards, "mean", [rows], sd, mut) if want_stats else None
     rstd = _out(ctx, guards, "rstd", [rows], sd, mut) if want_stats else None
     ws = None
@@ -163,8 +221,9 @@ def _c_ln_fwd(ctx):
             g.view.zero_()
             g.before = g.buf.cpu().clone()
             guards["workspace"], ws = g, g.view
-    a = dict(x=xp, w=w, b=b, nd=nd, eps=eps, out=out, mean=mean, rstd=rstd,
-             ws=ws)
+    a = dict(
+        x=xp, w=w, b=b, nd=nd, eps=eps, out=out, mean=mean, rstd=rstd, ws=ws
+    )
     if mut == "out-overlaps-input" and isinstance(xp, torch.Tensor):
         a["out"] = xp
     elif mut == "mean-overlaps-rstd" and want_stats:
@@ -178,8 +237,9 @@ def _c_ln_fwd(ctx):
     elif mut == "eps-str":
         a["eps"] = str(eps)
     elif mut == "weight-dtype" and w is not None:
-        a["w"] = w.to(torch.float64 if w.dtype != torch.float64
-                      else torch.float32)
+        a["w"] = w.to(
+            torch.float64 if w.dtype != torch.float64 else torch.float32
+        )
     elif mut == "weight-shape" and w is not None:
         # one element more, also when the weight has none
         a["w"] = torch.cat([w.reshape(-1), w.new_ones(1)])
@@ -193,22 +253,36 @@ def _c_ln_fwd(ctx):
         a["x"] = [1.0, 2.0]
     elif mut == "arg-count":
         pass
-    elif mut and (not mut.startswith(("out-", "mean-")) or mut in (
-            "out-overlaps-input", "mean-overlaps-rstd")):
+    elif mut and (
+        not mut.startswith(("out-", "mean-"))
+        or mut in ("out-overlaps-input", "mean-overlaps-rstd")
+    ):
         mut = None  # the mutation does not apply to this case
     if mut == "mean-shape" and rows == 0 or getattr(ctx, "dropped", False):
         mut = None
     if isinstance(xp, np.ndarray) and any(s < 0 for s in xp.strides):
         lay = "numpy-reversed"
-    ctx.note(f"_C.layer_norm_fwd(x, w, b, nd={a['nd']}, eps={a['eps']!r}, "
-             f"out, mean, rstd, ws) mutation={mut or '-'}")
+    ctx.note(
+        f"_C.layer_norm_fwd(x, w, b, nd={a['nd']}, eps={a['eps']!r}, "
+        f"out, mean, rstd, ws) mutation={mut or '-'}"
+    )
     for k in ("x", "w", "b"):
         ctx.describe(k, a[k])
 
     def call():
-        args = [a["x"], a["w"], a["b"], a["nd"], a["eps"], a["out"],
-                a["mean"], a["rstd"], a["ws"]]
+        args = [
+            a["x"],
+            a["w"],
+            a["b"],
+            a["nd"],
+            a["eps"],
+            a["out"],
+            a["mean"],
+            a["rstd"],
+            a["ws"],
+        ]
         return _C.layer_norm_fwd(*args[:-1] if mut == "arg-count" else args)
+
     inputs = [t for t in (xp, w, b) if t is not None]
     row_ok = lay in ROW_LAYOUTS or isinstance(xp, np.ndarray)
     if mut:
@@ -219,13 +293,22 @@ def _c_ln_fwd(ctx):
     if not row_ok:
         may_refuse(ctx, call, guards, inputs, f"input layout {lay}")
     run_raw(ctx, call, guards, inputs)
-    ref = torch.native_layer_norm(x.double(), pshape,
-                                  None if w is None else w.double(),
-                                  None if b is None else b.double(), eps)
-    theirs = _torch_or_none(lambda: F.layer_norm(
-        x, pshape, w, b, eps))
-    close("out", as_torch(guards["out"].result()).to(x.device), ref[0],
-          theirs, dtype, torch_slack=2.0)
+    ref = torch.native_layer_norm(
+        x.double(),
+        pshape,
+        None if w is None else w.double(),
+        None if b is None else b.double(),
+        eps,
+    )
+    theirs = _torch_or_none(lambda: F.layer_norm(x, pshape, w, b, eps))
+    close(
+        "out",
+        as_torch(guards["out"].result()).to(x.device),
+        ref[0],
+        theirs,
+        dtype,
+        torch_slack=2.0,
+    )
     if want_stats:
         for name, r in (("mean", ref[1]), ("rstd", ref[2])):
             o = as_torch(guards[name].result()).reshape(-1)
@@ -246,7 +329,8 @@ def _written(name, ours, ref):
         i = bad.nonzero()[0].tolist()
         raise oracle.WrongAnswer(
             f"{name}: NaN where the reference is finite ({int(bad.sum())} "
-            f"of {o.numel()}); first at {i}: reference {r[tuple(i)].item()!r}")
+            f"of {o.numel()}); first at {i}: reference {r[tuple(i)].item()!r}"
+        )
 
 
 def _torch_or_none(fn):
@@ -259,47 +343,93 @@ def _torch_or_none(fn):
 def _c_ln_bwd(ctx):
     dtype, shape, nd, pshape, x, lay, w, b, rows, sd = _ln_setup(ctx)
     eps = 1e-5
-    _, mean, rstd = torch.native_layer_norm(x.double(), pshape, None, None,
-                                            eps)
+    _, mean, rstd = torch.native_layer_norm(
+        x.double(), pshape, None, None, eps
+    )
     mean, rstd = mean.reshape(-1).to(sd), rstd.reshape(-1).to(sd)
-    g, glay = ctx.tensor(shape, dtype, nonfinite=0.01, layout=ctx.choice(
-        ROW_LAYOUTS) if ctx.row_only else None)
+    g, glay = ctx.tensor(
+        shape,
+        dtype,
+        nonfinite=0.01,
+        layout=ctx.choice(ROW_LAYOUTS) if ctx.row_only else None,
+    )
     det = ctx.chance(0.3)
-    want = [ctx.chance(0.8), w is not None and ctx.chance(0.8),
-            w is not None and b is not None and ctx.chance(0.8)]
-    mut = _pick(ctx, ["grad_input-dtype", "grad_input-shape",
-                      "grad_input-strided", "grad_input-readonly",
-                      "grad_input-reversed", "grad_input-negbit",
-                      "grad_weight-dtype", "grad_weight-shape",
-                      "gi-overlaps-g", "mean-size", "dw-without-w", "nd-0",
-                      "nd-float", "arg-count"],
-                x.numel(), p=ctx.row_only)
+    want = [
+        ctx.chance(0.8),
+        w is not None and ctx.chance(0.8),
+        w is not None and b is not None and ctx.chance(0.8),
+    ]
+    mut = _pick(
+        ctx,
+        [
+            "grad_input-dtype",
+            "grad_input-shape",
+            "grad_input-strided",
+            "grad_input-readonly",
+            "grad_input-reversed",
+            "grad_input-negbit",
+            "grad_weight-dtype",
+            "grad_weight-shape",
+            "gi-overlaps-g",
+            "mean-size",
+            "dw-without-w",
+            "nd-0",
+            "nd-float",
+            "arg-count",
+        ],
+        x.numel(),
+        p=ctx.row_only,
+    )
     if mut == "grad_input-strided" and math.prod(pshape) <= 1:
         mut = None  # one element per row: any row stride is a layout
     guards = {}
     pdt = w.dtype if w is not None else dtype
-    gi = _out(ctx, guards, "grad_input", shape, dtype, mut) \
-        if want[0] or mut and mut.startswith("grad_input") else None
-    gw = _out(ctx, guards, "grad_weight", pshape, pdt, mut) \
-        if want[1] or mut and mut.startswith("grad_weight") else None
+    gi = (
+        _out(ctx, guards, "grad_input", shape, dtype, mut)
+        if want[0] or mut and mut.startswith("grad_input")
+        else None
+    )
+    gw = (
+        _out(ctx, guards, "grad_weight", pshape, pdt, mut)
+        if want[1] or mut and mut.startswith("grad_weight")
+        else None
+    )
     gb = _out(ctx, guards, "grad_bias", pshape, pdt, mut) if want[2] else None
     if mut and mut.startswith("grad_weight") and w is None:
         mut = "dw-without-w"
     ws = None
     if x.is_cuda:
-        need = _query(lambda: _C.layer_norm_bwd_workspace(
-            x, w, nd, det, gi is not None, gw is not None, gb is not None))
+        need = _query(
+            lambda: _C.layer_norm_bwd_workspace(
+                x, w, nd, det, gi is not None, gw is not None, gb is not None
+            )
+        )
         if need:
             gg = Guarded(ctx, [need], torch.uint8)
             guards["workspace"], ws = gg, gg.view
-    a = dict(g=_maybe_numpy(ctx, g, reversed_ok=not mut),
-             x=_maybe_numpy(ctx, x, reversed_ok=not mut), w=w, nd=nd,
-             det=det, mean=mean, rstd=rstd, gi=gi, gw=gw, gb=gb, ws=ws)
-    if mut == "gi-overlaps-g" and isinstance(a["g"], torch.Tensor) and gi is not None:
+    a = dict(
+        g=_maybe_numpy(ctx, g, reversed_ok=not mut),
+        x=_maybe_numpy(ctx, x, reversed_ok=not mut),
+        w=w,
+        nd=nd,
+        det=det,
+        mean=mean,
+        rstd=rstd,
+        gi=gi,
+        gw=gw,
+        gb=gb,
+        ws=ws,
+    )
+    if (
+        mut == "gi-overlaps-g"
+        and isinstance(a["g"], torch.Tensor)
+        and gi is not None
+    ):
         a["gi"] = a["g"]
     elif mut == "mean-size":
-        a["mean"] = mean[:-1] if rows else torch.zeros(1, dtype=sd,
-                                                       device=x.device)
+        a["mean"] = (
+            mean[:-1] if rows else torch.zeros(1, dtype=sd, device=x.device)
+        )
     elif mut == "dw-without-w" and gw is not None:
         a["w"] = None
     elif mut == "nd-0":
@@ -307,21 +437,36 @@ def _c_ln_bwd(ctx):
     elif mut == "nd-float":
         a["nd"] = float(nd)
     elif mut in ("gi-overlaps-g", "dw-without-w", "mean-size") or (
-            mut and mut.startswith("grad_input") and gi is None):
+        mut and mut.startswith("grad_input") and gi is None
+    ):
         mut = None
     if getattr(ctx, "dropped", False):
         mut = None
-    ctx.note(f"_C.layer_norm_bwd(g, x, w, nd={a['nd']}, det={det}, mean, "
-             f"rstd, gi, gw, gb, ws) mutation={mut or '-'}")
+    ctx.note(
+        f"_C.layer_norm_bwd(g, x, w, nd={a['nd']}, det={det}, mean, "
+        f"rstd, gi, gw, gb, ws) mutation={mut or '-'}"
+    )
     for k in ("g", "x", "w", "mean", "rstd"):
         ctx.describe(k, a[k])
 
     def call():
-        args = [a["g"], a["x"], a["w"], a["nd"], a["det"], a["mean"],
-                a["rstd"], a["gi"], a["gw"], a["gb"], a["ws"]]
+        args = [
+            a["g"],
+            a["x"],
+            a["w"],
+            a["nd"],
+            a["det"],
+            a["mean"],
+            a["rstd"],
+            a["gi"],
+            a["gw"],
+            a["gb"],
+            a["ws"],
+        ]
         if mut == "arg-count":
             args = args[:3]
         return _C.layer_norm_bwd(*args)
+
     inputs = [t for t in (a["g"], a["x"], w, mean, rstd) if t is not None]
     x_ok = lay in ROW_LAYOUTS or isinstance(a["x"], np.ndarray)
     g_ok = glay in ROW_LAYOUTS or isinstance(a["g"], np.ndarray)
@@ -336,23 +481,37 @@ def _c_ln_bwd(ctx):
         may_refuse(ctx, call, guards, inputs, what)
     run_raw(ctx, call, guards, inputs)
     ref = torch.ops.aten.native_layer_norm_backward(
-        g.double(), x.double(), pshape, mean.double().view(-1, *[1] * nd)
-        if rows else mean.double(), rstd.double().view(-1, *[1] * nd)
-        if rows else rstd.double(), None if w is None else w.double(),
-        None if b is None else b.double(), [True, w is not None,
-                                            b is not None])
+        g.double(),
+        x.double(),
+        pshape,
+        mean.double().view(-1, *[1] * nd) if rows else mean.double(),
+        rstd.double().view(-1, *[1] * nd) if rows else rstd.double(),
+        None if w is None else w.double(),
+        None if b is None else b.double(),
+        [True, w is not None, b is not None],
+    )
     for name, r in zip(("grad_input", "grad_weight", "grad_bias"), ref):
         if name in guards and r is not None:
             o = as_torch(guards[name].result())
-            if not rows and name != "grad_input" and not torch.equal(
-                    o.cpu(), torch.zeros_like(o.cpu())):
+            if (
+                not rows
+                and name != "grad_input"
+                and not torch.equal(o.cpu(), torch.zeros_like(o.cpu()))
+            ):
                 raise oracle.WrongAnswer(f"{name}: not zeros over no rows")
             _written(name, o, r)
-            close(name, o.to(r.device), r, None, o.dtype,
-                  reduce_len=rows if name != "grad_input" else 1,
-                  f64_atol=oracle.f64_ln_terms(g, x, w, mean, rstd, rows),
-                  bound=oracle.ln_dx_bound(g, x, w, mean, rstd, nd, dtype)
-                  if name == "grad_input" and rows else None)
+            close(
+                name,
+                o.to(r.device),
+                r,
+                None,
+                o.dtype,
+                reduce_len=rows if name != "grad_input" else 1,
+                f64_atol=oracle.f64_ln_terms(g, x, w, mean, rstd, rows),
+                bound=oracle.ln_dx_bound(g, x, w, mean, rstd, nd, dtype)
+                if name == "grad_input" and rows
+                else None,
+            )
 
 
 # ------------------------------------------------------------------ prod
@@ -362,23 +521,44 @@ def case_c_prod(ctx):
     shape = ctx.shape(ndim, budget=ctx.choice([2000, 20000, 200000]))
     dim = None if ctx.chance(0.3) else ctx.rng.randrange(ndim)
     bwd = dtype.is_floating_point and ctx.chance(0.4)
-    kept = [] if dim is None else shape[:dim] + shape[dim + 1:]
+    kept = [] if dim is None else shape[:dim] + shape[dim + 1 :]
     odt = dtype if dtype.is_floating_point else torch.int64
-    mut = _pick(ctx, ["out-dtype", "out-shape", "out-strided", "out-readonly",
-                      "out-misaligned", "out-reversed", "out-negbit",
-                      "dim-neg", "dim-big", "dim-huge", "dim-float",
-                      "ws-dtype", "out-overlaps-input", "complex",
-                      "arg-count"], math.prod(shape))
+    mut = _pick(
+        ctx,
+        [
+            "out-dtype",
+            "out-shape",
+            "out-strided",
+            "out-readonly",
+            "out-misaligned",
+            "out-reversed",
+            "out-negbit",
+            "dim-neg",
+            "dim-big",
+            "dim-huge",
+            "dim-float",
+            "ws-dtype",
+            "out-overlaps-input",
+            "complex",
+            "arg-count",
+        ],
+        math.prod(shape),
+    )
     # a mutated call's other arguments are ones it takes as they are
     cuda_bwd = bwd and ctx.device != "cpu"
-    x, lay = ctx.tensor(shape, dtype, kind="near_one", neg_ok=not mut,
-                        layout=ctx.choice(["contig", "offset"])
-                        if mut and cuda_bwd else None)
+    x, lay = ctx.tensor(
+        shape,
+        dtype,
+        kind="near_one",
+        neg_ok=not mut,
+        layout=ctx.choice(["contig", "offset"]) if mut and cuda_bwd else None,
+    )
     xp = _maybe_numpy(ctx, x, reversed_ok=not mut)
     guards = {}
     if bwd:
-        g, _ = ctx.tensor(kept, dtype, kind="near_one", layout="contig",
-                          nonfinite=0)
+        g, _ = ctx.tensor(
+            kept, dtype, kind="near_one", layout="contig", nonfinite=0
+        )
         out = _out(ctx, guards, "out", shape, dtype, mut)  # grad_in
     else:
         out = _out(ctx, guards, "out", kept, odt, mut)
@@ -401,15 +581,21 @@ def case_c_prod(ctx):
         pass
     elif mut == "ws-dtype":
         a["ws"] = torch.zeros(8, dtype=torch.int32, device=x.device)
-    elif mut == "out-overlaps-input" and isinstance(xp, torch.Tensor) and (
-            bwd and lay == "contig"):
+    elif (
+        mut == "out-overlaps-input"
+        and isinstance(xp, torch.Tensor)
+        and (bwd and lay == "contig")
+    ):
         a["out"] = xp
     elif mut == "complex":
         a["x"] = torch.zeros(shape, dtype=torch.complex64, device=x.device)
     elif mut and not mut.startswith("out-") or mut == "out-overlaps-input":
         mut = None
-    if mut == "out-shape" and math.prod(guards["out"].shape) == \
-            math.prod(shape if bwd else kept) and not bwd:
+    if (
+        mut == "out-shape"
+        and math.prod(guards["out"].shape) == math.prod(shape if bwd else kept)
+        and not bwd
+    ):
         mut = None  # same element count: C only checks numel
     if getattr(ctx, "dropped", False):
         mut = None
@@ -424,6 +610,7 @@ def case_c_prod(ctx):
             return _C.prod_bwd(*args[:-1] if mut == "arg-count" else args)
         args = [a["x"], a["dim"], a["out"], a["ws"]]
         return _C.prod(*args[:-1] if mut == "arg-count" else args)
+
     if bwd:
         ctx.describe("grad_out", g)
     # CUDA prod_bwd takes a contiguous input only
@@ -449,8 +636,15 @@ def case_c_prod(ctx):
         oracle.exact("out", o.reshape(theirs.shape), theirs)
     else:
         ref = x.double().prod() if dim is None else x.double().prod(dim)
-        close("out", o.reshape(theirs.shape), ref, theirs, dtype,
-              chain_len=chain, torch_slack=1.5)
+        close(
+            "out",
+            o.reshape(theirs.shape),
+            ref,
+            theirs,
+            dtype,
+            chain_len=chain,
+            torch_slack=1.5,
+        )
 
 
 # ---------------------------------------------------------------- matmul
@@ -461,40 +655,84 @@ def case_c_matmul(ctx):
     bsz = ctx.choice([1, 2, 3]) if batched else None
     sa = ([bsz] if batched else []) + [m, k]
     sb = ([bsz] if batched else []) + [k, n]
-    a, _ = ctx.tensor(sa, dtype, layout=ctx.choice(
-        ["contig", "transposed", "sliced", "offset", "expand"]), nonfinite=0.02)
-    b, _ = ctx.tensor(sb, dtype, layout=ctx.choice(
-        ["contig", "transposed", "sliced", "offset", "expand"]), nonfinite=0.02)
+    a, _ = ctx.tensor(
+        sa,
+        dtype,
+        layout=ctx.choice(
+            ["contig", "transposed", "sliced", "offset", "expand"]
+        ),
+        nonfinite=0.02,
+    )
+    b, _ = ctx.tensor(
+        sb,
+        dtype,
+        layout=ctx.choice(
+            ["contig", "transposed", "sliced", "offset", "expand"]
+        ),
+        nonfinite=0.02,
+    )
     sched = ctx.choice([0, 1, 2, 3])
-    two, ctas, loop = ctx.chance(0.3), ctx.choice([0, 1, 2, 5]), \
-        ctx.choice([0, 1, 2])
-    mut = _pick(ctx, ["out-dtype", "out-shape", "out-strided", "out-readonly",
-                      "out-misaligned", "out-reversed", "out-negbit",
-                      "sched-bad", "ctas-neg", "k-mismatch", "int-huge",
-                      "epoch-neg", "out-overlaps-input", "rank-4",
-                      "arg-count"],
-                m * n, p=0.35)
+    two, ctas, loop = (
+        ctx.chance(0.3),
+        ctx.choice([0, 1, 2, 5]),
+        ctx.choice([0, 1, 2]),
+    )
+    mut = _pick(
+        ctx,
+        [
+            "out-dtype",
+            "out-shape",
+            "out-strided",
+            "out-readonly",
+            "out-misaligned",
+            "out-reversed",
+            "out-negbit",
+            "sched-bad",
+            "ctas-neg",
+            "k-mismatch",
+            "int-huge",
+            "epoch-neg",
+            "out-overlaps-input",
+            "rank-4",
+            "arg-count",
+        ],
+        m * n,
+        p=0.35,
+    )
     guards = {}
     out = _out(ctx, guards, "out", sa[:-1] + [n], dtype, mut)
     ap = _maybe_numpy(ctx, a, reversed_ok=not mut)
     bp = _maybe_numpy(ctx, b, reversed_ok=not mut)
-    args = dict(a=ap, b=bp, out=out, sched=sched, two=two, ctas=ctas,
-                loop=loop, epoch=0)
+    args = dict(
+        a=ap,
+        b=bp,
+        out=out,
+        sched=sched,
+        two=two,
+        ctas=ctas,
+        loop=loop,
+        epoch=0,
+    )
     if mut == "sched-bad":
         args["sched"] = ctx.choice([4, -1, 99])
     elif mut == "ctas-neg":
         args["ctas"] = -3
     elif mut == "k-mismatch":
-        args["b"] = torch.zeros(sb[:-2] + [k + 1, n], dtype=dtype,
-                                device=a.device)
+        args["b"] = torch.zeros(
+            sb[:-2] + [k + 1, n], dtype=dtype, device=a.device
+        )
     elif mut == "epoch-neg":
         args["epoch"] = -1
     elif mut == "int-huge":
         args[ctx.choice(["sched", "ctas", "loop"])] = 2**64
     elif mut == "arg-count":
         pass
-    elif mut == "out-overlaps-input" and isinstance(ap, torch.Tensor) and \
-            ap.is_contiguous() and m == k == n:
+    elif (
+        mut == "out-overlaps-input"
+        and isinstance(ap, torch.Tensor)
+        and ap.is_contiguous()
+        and m == k == n
+    ):
         args["out"] = ap
     elif mut == "rank-4" and batched:
         args["a"] = a.reshape([1] + sa)
@@ -502,22 +740,44 @@ def case_c_matmul(ctx):
         mut = None
     if getattr(ctx, "dropped", False):
         mut = None
-    ctx.note(f"_C.matmul(a, b, out, schedule={args['sched']}, two_tiles={two}, "
-             f"ctas={args['ctas']}, mainloop={loop}, ...) "
-             f"mutation={mut or '-'}")
+    ctx.note(
+        f"_C.matmul(a, b, out, schedule={args['sched']}, two_tiles={two}, "
+        f"ctas={args['ctas']}, mainloop={loop}, ...) "
+        f"mutation={mut or '-'}"
+    )
     ctx.describe("a", args["a"])
     ctx.describe("b", args["b"])
     inputs = [ap, bp]
 
     def call():
-        c = [args["a"], args["b"], args["out"], args["sched"], args["two"],
-             args["ctas"], args["loop"], None, None, args["epoch"], 0, None]
+        c = [
+            args["a"],
+            args["b"],
+            args["out"],
+            args["sched"],
+            args["two"],
+            args["ctas"],
+            args["loop"],
+            None,
+            None,
+            args["epoch"],
+            0,
+            None,
+        ]
         return _C.matmul(*c[:-1] if mut == "arg-count" else c)
 
     def plan():
-        c = [args["a"], args["b"], args["out"], args["sched"], args["two"],
-             args["ctas"], args["loop"]]
+        c = [
+            args["a"],
+            args["b"],
+            args["out"],
+            args["sched"],
+            args["two"],
+            args["ctas"],
+            args["loop"],
+        ]
         return _C.matmul_plan(*c[:-1] if mut == "arg-count" else c)
+
     if mut:
         if ctx.chance(0.3) and mut != "epoch-neg":  # plan takes no epoch
             expect_refusal(ctx, plan, guards, inputs, "plan: " + mut)
@@ -538,9 +798,25 @@ def case_c_matmul(ctx):
         fg.view.zero_()
         fg.before = fg.buf.cpu().clone()
         guards.update(workspace=wg, flags=fg)
-        run_raw(ctx, lambda: _C.matmul(
-            ap, bp, out, sched, two, ctas, loop, wg.view, fg.view, 1, 0,
-            None), guards, inputs)
+        run_raw(
+            ctx,
+            lambda: _C.matmul(
+                ap,
+                bp,
+                out,
+                sched,
+                two,
+                ctas,
+                loop,
+                wg.view,
+                fg.view,
+                1,
+                0,
+                None,
+            ),
+            guards,
+            inputs,
+        )
     o = as_torch(guards["out"].result()).to(a.device)
     mm_close("out", o, a, b, torch.matmul(a, b))
 
@@ -557,8 +833,9 @@ def case_c_misc(ctx):
     ctx.describe("obj", obj)
     pre = first_refusal([(obj, True)])
     if pre:  # the negative bit, negative strides: refused everywhere
-        expect_refusal(ctx, lambda: _C.tensor_info(obj), {}, [obj],
-                       "tensor_info", pre)
+        expect_refusal(
+            ctx, lambda: _C.tensor_info(obj), {}, [obj], "tensor_info", pre
+        )
     info = run_raw(ctx, lambda: _C.tensor_info(obj), {}, [obj])
     if isinstance(obj, np.ndarray):
         want_shape = tuple(obj.shape)
@@ -569,13 +846,16 @@ def case_c_misc(ctx):
         addr = obj.data_ptr()
     got = (tuple(info[3]), tuple(info[4]), info[5])
     if math.prod(want_shape) > 1:
-        want_strides = tuple(s if n != 1 else got[1][i] for i, (s, n) in
-                             enumerate(zip(want_strides, want_shape)))
+        want_strides = tuple(
+            s if n != 1 else got[1][i]
+            for i, (s, n) in enumerate(zip(want_strides, want_shape))
+        )
     else:
         want_strides = got[1]
     if got != (want_shape, want_strides, addr):
-        raise oracle.WrongAnswer(f"tensor_info: {got} != "
-                                 f"{(want_shape, want_strides, addr)}")
+        raise oracle.WrongAnswer(
+            f"tensor_info: {got} != {(want_shape, want_strides, addr)}"
+        )
     q = ctx.choice(["ln_fwd", "ln_bwd", "prod", "prod_bwd"])
     nd = ctx.choice([1, len(shape), len(shape) + 1, 0])
     d = None
@@ -583,7 +863,8 @@ def case_c_misc(ctx):
         call = lambda: _C.layer_norm_fwd_workspace(obj, None, None, nd)  # noqa
     elif q == "ln_bwd":
         call = lambda: _C.layer_norm_bwd_workspace(  # noqa: E731
-            obj, None, nd, False, True, False, False)
+            obj, None, nd, False, True, False, False
+        )
     else:
         d = ctx.choice([None, 0, len(shape) - 1, len(shape), -1])
         f = _C.prod_workspace if q == "prod" else _C.prod_bwd_workspace
@@ -592,20 +873,28 @@ def case_c_misc(ctx):
     # the query checks what the call would: the table's refusals
     if q.startswith("ln"):
         if not dtype.is_floating_point:
-            expect_refusal(ctx, call, {}, [obj], f"{q} workspace: {dtype}",
-                           "unsupported-dtype")
+            expect_refusal(
+                ctx,
+                call,
+                {},
+                [obj],
+                f"{q} workspace: {dtype}",
+                "unsupported-dtype",
+            )
         if not 1 <= nd <= len(shape):
-            expect_refusal(ctx, call, {}, [obj], f"{q} workspace: nd={nd}",
-                           "ndim")
+            expect_refusal(
+                ctx, call, {}, [obj], f"{q} workspace: nd={nd}", "ndim"
+            )
         if lay not in ROW_LAYOUTS and not isinstance(obj, np.ndarray):
             may_refuse(ctx, call, {}, [obj], f"{q} workspace: layout {lay}")
     elif d is not None and not 0 <= d < len(shape):
-        expect_refusal(ctx, call, {}, [obj], f"{q} workspace: dim={d}",
-                       "dim-range")
-    elif q == "prod_bwd" and not (dtype.is_floating_point or
-                                  dtype.is_complex):
-        expect_refusal(ctx, call, {}, [obj], f"{q} workspace: {dtype}",
-                       "no-grad")
+        expect_refusal(
+            ctx, call, {}, [obj], f"{q} workspace: dim={d}", "dim-range"
+        )
+    elif q == "prod_bwd" and not (dtype.is_floating_point or dtype.is_complex):
+        expect_refusal(
+            ctx, call, {}, [obj], f"{q} workspace: {dtype}", "no-grad"
+        )
     r = run_raw(ctx, call, {}, [obj])
     if not isinstance(r, int) or r < 0 or (t.device.type == "cpu" and r):
         raise oracle.WrongAnswer(f"workspace query {q} returned {r!r}")

@@ -1,5 +1,6 @@
 """Runs cases: in-process (replay) or in worker subprocesses that may die
 (crash) or stall (hang) without stopping the batch."""
+
 import collections
 import multiprocessing
 import multiprocessing.connection
@@ -18,8 +19,10 @@ FAMILIES = {  # name -> (module, function, weight)
     "c_matmul": ("raw", "case_c_matmul", 2),
     "c_misc": ("raw", "case_c_misc", 1),
 }
-ALIASES = {"raw": [f for f in FAMILIES if f.startswith("c_")],
-           "public": ["layer_norm", "prod", "matmul"]}
+ALIASES = {
+    "raw": [f for f in FAMILIES if f.startswith("c_")],
+    "public": ["layer_norm", "prod", "matmul"],
+}
 
 
 def parse_ops(text):
@@ -31,8 +34,10 @@ def parse_ops(text):
         names = ALIASES.get(name, [name])
         for n in names:
             if n not in FAMILIES:
-                raise SystemExit(f"unknown op family {n!r}; known: "
-                                 f"{', '.join(list(FAMILIES) + list(ALIASES))}")
+                raise SystemExit(
+                    f"unknown op family {n!r}; known: "
+                    f"{', '.join(list(FAMILIES) + list(ALIASES))}"
+                )
             if n not in out:
                 out.append(n)
     return out
@@ -71,14 +76,22 @@ def run_case(seed, index, device, ops, verbose=False):
         kind = "harness-error"
         msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         tb = traceback.format_exc()
-    res = dict(seed=seed, index=index, device=device, family=fam, kind=kind,
-               message=msg[:600], secs=round(time.perf_counter() - t0, 3))
+    res = dict(
+        seed=seed,
+        index=index,
+        device=device,
+        family=fam,
+        kind=kind,
+        message=msg[:600],
+        secs=round(time.perf_counter() - t0, 3),
+    )
     if verbose:
         print(f"case seed={seed} index={index} device={device} family={fam}")
         for line in ctx.lines:
             print("  " + line)
-        print(f"=> {kind}" + (f": {msg}" if msg else "")
-              + f"  ({res['secs']} s)")
+        print(
+            f"=> {kind}" + (f": {msg}" if msg else "") + f"  ({res['secs']} s)"
+        )
         if tb:
             print(tb)
     return res
@@ -93,6 +106,7 @@ STARTUP_GRACE = {"cpu": 30.0, "cuda": 120.0}
 def _worker(conn, device, ops):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
+
     torch.set_num_threads(1)
     if device == "cuda":  # CUDA starts here, in the worker, never the parent
         torch.cuda.init()
@@ -110,8 +124,11 @@ def _worker(conn, device, ops):
             try:
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001
-                res.update(kind="crash", restart=True, message=(
-                    f"CUDA error after the case: {e}")[:600])
+                res.update(
+                    kind="crash",
+                    restart=True,
+                    message=(f"CUDA error after the case: {e}")[:600],
+                )
         conn.send(res)
         if res.get("restart"):
             return
@@ -120,8 +137,9 @@ def _worker(conn, device, ops):
 class _Slot:
     def __init__(self, mp, device, ops):
         self.conn, child = mp.Pipe()
-        self.proc = mp.Process(target=_worker, args=(child, device, ops),
-                               daemon=True)
+        self.proc = mp.Process(
+            target=_worker, args=(child, device, ops), daemon=True
+        )
         self.proc.start()
         child.close()
         self.job = None
@@ -155,8 +173,9 @@ def _died(exitcode):
     return f"worker exited with status {exitcode}"
 
 
-def run_batch(seed, indices, device, ops, workers=2, timeout=60.0,
-              progress=None):
+def run_batch(
+    seed, indices, device, ops, workers=2, timeout=60.0, progress=None
+):
     """Every index of `indices` in worker processes; returns results in
     index order. A dead worker is a crash, one past `timeout` a hang; both
     are replaced and the batch goes on."""
@@ -165,7 +184,9 @@ def run_batch(seed, indices, device, ops, workers=2, timeout=60.0,
     mp = multiprocessing.get_context("spawn")
     todo = collections.deque(indices)
     results = {}
-    slots = [_Slot(mp, device, ops) for _ in range(min(workers, len(todo)) or 1)]
+    slots = [
+        _Slot(mp, device, ops) for _ in range(min(workers, len(todo)) or 1)
+    ]
     try:
         while todo or any(s.job for s in slots):
             for s in slots:
@@ -175,7 +196,8 @@ def run_batch(seed, indices, device, ops, workers=2, timeout=60.0,
             deadline = min(s.started + s.limit(timeout) for s in busy)
             ready = multiprocessing.connection.wait(
                 [s.conn for s in busy] + [s.proc.sentinel for s in busy],
-                max(0.0, deadline - time.monotonic()))
+                max(0.0, deadline - time.monotonic()),
+            )
             for i, s in enumerate(slots):
                 if s.job is None:
                     continue
@@ -200,13 +222,21 @@ def run_batch(seed, indices, device, ops, workers=2, timeout=60.0,
                 elif time.monotonic() - s.started > s.limit(timeout):
                     s.proc.kill()
                     s.proc.join(5)
-                    kind, msg = "hang", (f"no result after "
-                                         f"{s.limit(timeout):g} s")
+                    kind, msg = (
+                        "hang",
+                        (f"no result after {s.limit(timeout):g} s"),
+                    )
                 if kind:
                     fam = family_of(Ctx(seed, index, device), ops)
-                    res = dict(seed=seed, index=index, device=device,
-                               family=fam, kind=kind, message=msg,
-                               secs=round(time.monotonic() - s.started, 3))
+                    res = dict(
+                        seed=seed,
+                        index=index,
+                        device=device,
+                        family=fam,
+                        kind=kind,
+                        message=msg,
+                        secs=round(time.monotonic() - s.started, 3),
+                    )
                     results[index] = res
                     if progress:
                         progress(res)
@@ -229,8 +259,11 @@ def summary(results, ops, replay_base, out=sys.stdout):
     from .oracle import FAILURES, KINDS
 
     counts = collections.Counter(r["kind"] for r in results)
-    print(f"\n{len(results)} cases: " + ", ".join(
-        f"{k} {counts.get(k, 0)}" for k in KINDS), file=out)
+    print(
+        f"\n{len(results)} cases: "
+        + ", ".join(f"{k} {counts.get(k, 0)}" for k in KINDS),
+        file=out,
+    )
     fails = [r for r in results if r["kind"] in FAILURES]
     if not fails:
         print("no failures", file=out)
@@ -241,10 +274,16 @@ def summary(results, ops, replay_base, out=sys.stdout):
     print(f"\n{len(fails)} failures in {len(classes)} classes:", file=out)
     for key, rs in classes.items():
         first = rs[0]
-        print(f"  [{len(rs)}x] {key}\n        e.g. {replay_base} "
-              f"--seed {first['seed']} --replay {first['index']}", file=out)
+        print(
+            f"  [{len(rs)}x] {key}\n        e.g. {replay_base} "
+            f"--seed {first['seed']} --replay {first['index']}",
+            file=out,
+        )
     print("\nevery failure (seed, index, family, kind: message):", file=out)
     for r in fails:
-        print(f"  {r['seed']} {r['index']} {r['family']} {r['kind']}: "
-              f"{r['message'][:200]}", file=out)
+        print(
+            f"  {r['seed']} {r['index']} {r['family']} {r['kind']}: "
+            f"{r['message'][:200]}",
+            file=out,
+        )
     return fails

@@ -5,6 +5,7 @@ Everything random comes from the case's Ctx, so a case is a function of
 (seed, index) alone. Values are drawn on the CPU in float64 with the
 case's torch generator and then cast and moved, so a case makes the same
 numbers on every device."""
+
 import math
 import random
 
@@ -13,16 +14,47 @@ import torch
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-NP_DTYPES = {torch.float16: np.float16, torch.float32: np.float32,
-             torch.float64: np.float64, torch.uint8: np.uint8,
-             torch.int8: np.int8, torch.int16: np.int16,
-             torch.int32: np.int32, torch.int64: np.int64,
-             torch.bool: np.bool_}
+NP_DTYPES = {
+    torch.float16: np.float16,
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.uint8: np.uint8,
+    torch.int8: np.int8,
+    torch.int16: np.int16,
+    torch.int32: np.int32,
+    torch.int64: np.int64,
+    torch.bool: np.bool_,
+}
 POISON_BYTE = 0xA7  # guard bytes around outputs and workspaces
 
 # sizes that find edge cases: 0, 1, odd, prime, powers of two and +-1
-SMALL_SIZES = [0, 1, 1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 37, 63, 64,
-               65, 97, 127, 128, 129, 255, 256, 257]
+SMALL_SIZES = [
+    0,
+    1,
+    1,
+    2,
+    3,
+    5,
+    7,
+    8,
+    13,
+    16,
+    17,
+    31,
+    32,
+    33,
+    37,
+    63,
+    64,
+    65,
+    97,
+    127,
+    128,
+    129,
+    255,
+    256,
+    257,
+]
 LARGE_SIZES = [509, 512, 1000, 1023, 1024, 1031, 2048, 4097, 8191]
 
 
@@ -71,32 +103,53 @@ class Ctx:
             return torch.rand(shape, generator=self.gen) < 0.9
         if not dtype.is_floating_point and not dtype.is_complex:
             lo, hi = (0, 4) if dtype == torch.uint8 else (-3, 4)
-            return torch.randint(lo, hi, shape, generator=self.gen,
-                                 dtype=torch.int64)
+            return torch.randint(
+                lo, hi, shape, generator=self.gen, dtype=torch.int64
+            )
         if kind == "near_one":  # products that stay in range
             spread = 0.5 / math.sqrt(max(n, 1)) + 0.02
-            v = 1 + (torch.rand(shape, generator=self.gen,
-                                dtype=torch.float64) * 2 - 1) * spread
+            v = (
+                1
+                + (
+                    torch.rand(shape, generator=self.gen, dtype=torch.float64)
+                    * 2
+                    - 1
+                )
+                * spread
+            )
             sign = torch.randint(0, 2, shape, generator=self.gen) * 2 - 1
             v = v * sign.double()
             if self.chance(0.1) and n:  # exact zeros: the zero-safe paths
-                v.view(-1)[torch.randint(0, n, (1 + n // 50,),
-                                         generator=self.gen)] = 0.0
+                v.view(-1)[
+                    torch.randint(0, n, (1 + n // 50,), generator=self.gen)
+                ] = 0.0
         else:
             scale = self.choice([1.0, 1.0, 3.0, 1e-2, 50.0])
             shift = self.choice([0.0, 0.0, 0.5, -2.0, 100.0])
-            v = torch.randn(shape, generator=self.gen,
-                            dtype=torch.float64) * scale + shift
+            v = (
+                torch.randn(shape, generator=self.gen, dtype=torch.float64)
+                * scale
+                + shift
+            )
         if n and self.chance(nonfinite):
-            picks = torch.randint(0, n, (self.rng.randint(1, 3),),
-                                  generator=self.gen)
+            picks = torch.randint(
+                0, n, (self.rng.randint(1, 3),), generator=self.gen
+            )
             for p in picks.tolist():
                 v.view(-1)[p] = self.choice([math.inf, -math.inf, math.nan])
         return v
 
     # ----- layouts -----
-    def tensor(self, shape, dtype, kind="normal", layout=None, nonfinite=0.05,
-               device=None, neg_ok=True):
+    def tensor(
+        self,
+        shape,
+        dtype,
+        kind="normal",
+        layout=None,
+        nonfinite=0.05,
+        device=None,
+        neg_ok=True,
+    ):
         """A torch tensor of `shape` holding random values in a random
         layout (neg_ok=False: none with the negative bit); returns (tensor,
         layout name)."""
@@ -143,7 +196,7 @@ def place(ctx, vals, dtype, layout, device):
         n = vals.numel()
         off = ctx.rng.randint(1, 9)
         base = torch.zeros(n + off + 3, dtype=dtype, device=device)
-        view = base[off:off + n].view(shape)
+        view = base[off : off + n].view(shape)
         view.copy_(vals.to(dtype).to(device))
         return view
     if layout == "expand" and nd >= 1:
@@ -169,8 +222,10 @@ def describe(t):
     if t is None:
         return "None"
     if isinstance(t, torch.Tensor):
-        s = (f"tensor(shape={list(t.shape)}, stride={list(t.stride())}, "
-             f"{str(t.dtype)[6:]}, offset={t.storage_offset()}")
+        s = (
+            f"tensor(shape={list(t.shape)}, stride={list(t.stride())}, "
+            f"{str(t.dtype)[6:]}, offset={t.storage_offset()}"
+        )
         if t.is_neg():
             s += ", neg-bit"
         if t.is_conj():
@@ -185,8 +240,10 @@ def describe(t):
     if isinstance(t, np.ndarray):
         flags = "" if t.flags.writeable else ", read-only"
         kind = type(t).__name__
-        return (f"{kind}(shape={list(t.shape)}, strides={list(t.strides)}, "
-                f"{t.dtype}{flags})")
+        return (
+            f"{kind}(shape={list(t.shape)}, strides={list(t.strides)}, "
+            f"{t.dtype}{flags})"
+        )
     return repr(t)
 
 
@@ -219,6 +276,7 @@ _memmaps = []
 
 def readonly_memmap(a):
     import tempfile
+
     f = tempfile.NamedTemporaryFile(prefix="gemsops-fuzz-", suffix=".bin")
     f.write(a.tobytes())
     f.flush()
@@ -240,8 +298,16 @@ class Guarded:
     NaN (floats) or a sentinel (ints). check() names any byte outside the
     view that changed."""
 
-    def __init__(self, ctx, shape, dtype, device=None, strided=False,
-                 numpy=False, misalign=False):
+    def __init__(
+        self,
+        ctx,
+        shape,
+        dtype,
+        device=None,
+        strided=False,
+        numpy=False,
+        misalign=False,
+    ):
         device = device or ctx.device
         esize = torch.empty((), dtype=dtype).element_size()
         shape = list(shape)
@@ -251,22 +317,30 @@ class Guarded:
         for d in range(len(shape) - 1, -1, -1):
             strides[d] = acc
             acc *= max(shape[d], 1)
-        span = 1 + sum((s - 1) * st for s, st in zip(shape, strides)) if n else 0
+        span = (
+            1 + sum((s - 1) * st for s, st in zip(shape, strides)) if n else 0
+        )
         before = ctx.rng.randint(1, 6) * 16 // esize * esize or esize
         after = ctx.rng.randint(1, 6) * 16
         nbytes = before + span * esize + after + (1 if misalign else 0)
-        self.buf = torch.full((nbytes,), POISON_BYTE, dtype=torch.uint8,
-                              device=device)
+        self.buf = torch.full(
+            (nbytes,), POISON_BYTE, dtype=torch.uint8, device=device
+        )
         start = before + (1 if misalign else 0)
-        self.numpy = (numpy or misalign) and device == "cpu" and \
-            dtype in NP_DTYPES
+        self.numpy = (
+            (numpy or misalign) and device == "cpu" and dtype in NP_DTYPES
+        )
         if self.numpy:
             nb = self.buf.numpy()  # shares memory with self.buf
             self.view = np.ndarray(
-                shape, dtype=NP_DTYPES[dtype], buffer=nb, offset=start,
-                strides=[s * esize for s in strides])
+                shape,
+                dtype=NP_DTYPES[dtype],
+                buffer=nb,
+                offset=start,
+                strides=[s * esize for s in strides],
+            )
         else:
-            typed = self.buf[start:start + span * esize]
+            typed = self.buf[start : start + span * esize]
             if not misalign:
                 typed = typed.view(dtype)
                 self.view = typed.as_strided(shape, strides)
@@ -286,7 +360,11 @@ class Guarded:
         self.before = self.buf.cpu().clone()
 
     def poison_view(self):
-        if self.numpy or self.view.dtype == torch.uint8 and self.dtype != torch.uint8:
+        if (
+            self.numpy
+            or self.view.dtype == torch.uint8
+            and self.dtype != torch.uint8
+        ):
             return  # bytes already POISON_BYTE
         if self.dtype.is_floating_point:
             self.view.fill_(float("nan"))
@@ -304,7 +382,9 @@ class Guarded:
     def outside_changes(self):
         now = self.buf.cpu()
         changed = (now != self.before) & ~self.inside
-        return int(changed.sum()), (changed.nonzero()[:1].tolist() or [[-1]])[0][0]
+        return int(changed.sum()), (changed.nonzero()[:1].tolist() or [[-1]])[
+            0
+        ][0]
 
     def any_change(self):
         return int((self.buf.cpu() != self.before).sum())
@@ -317,7 +397,8 @@ def snapshot(objs):
         if isinstance(o, torch.Tensor):
             st = o.untyped_storage()
             raw = torch.empty(0, dtype=torch.uint8, device=o.device).set_(
-                st, 0, (st.nbytes(),), (1,))
+                st, 0, (st.nbytes(),), (1,)
+            )
             snap.append((o, raw, raw.cpu().clone()))
         elif isinstance(o, np.ndarray):
             base = o

@@ -3,6 +3,7 @@ refusal torch makes too (or one listed in oracle.DOCUMENTED).
 GEMSOPS_FUZZ_CASES scales the batch (default 4000 on the CPU, about half a
 minutes on two cores); GEMSOPS_FUZZ_SEED picks another seed. The failure
 list printed on failure has one replay command per failure class."""
+
 import io
 import os
 
@@ -24,18 +25,25 @@ KNOWN_OPEN = [
 
 
 def _known_open(r):
-    return any(r["family"] == fam and words in r["message"]
-               for fam, words in KNOWN_OPEN)
+    return any(
+        r["family"] == fam and words in r["message"]
+        for fam, words in KNOWN_OPEN
+    )
 
 
 def _batch(device):
     ops = runner.parse_ops("")
-    results = runner.run_batch(SEED, range(CASES), device, ops, WORKERS,
-                               timeout=120.0)
+    results = runner.run_batch(
+        SEED, range(CASES), device, ops, WORKERS, timeout=120.0
+    )
     report = io.StringIO()
-    fails = runner.summary(results, ops, "python -m tests.fuzz"
-                           + (" --device cuda" if device == "cuda" else ""),
-                           out=report)
+    fails = runner.summary(
+        results,
+        ops,
+        "python -m tests.fuzz"
+        + (" --device cuda" if device == "cuda" else ""),
+        out=report,
+    )
     assert len(results) == CASES
     assert all(_known_open(r) for r in fails), report.getvalue()
 
