@@ -226,68 +226,6 @@ int launch_for(const gemsops_layer_norm_bwd_params *p, const bwd_plan &pl,
     return GEMSOPS_OK;
 }
 
-// Names one instantiation's compile-time shape for the visitors below.
-template <int TPR_, int VEC_, int E_>
-struct bwd_kernel {
-    static constexpr int TPR = TPR_, VEC = VEC_, E = E_;
-};
-
-// Calls f(bwd_kernel<TPR, VEC, E>()) for the instantiation that runs
-// threads-per-row `tpr`; every (TPR, VEC, E) that has a kernel is listed
-// here and nowhere else.
-template <typename T, int VEC, int E, typename F>
-int with_tpr(int tpr, gemsops_status *st, F &&f)
-{
-    if constexpr (E > bwd_base_elems<T>()) {
-        // 256 or 512 threads a row (slab) only: 16 elements at 1024
-        // threads need more than the 64 registers a thread then has
-        switch (tpr) {
-        case 256: return f(bwd_kernel<256, VEC, E>());
-        case 512: return f(bwd_kernel<512, VEC, E>());
-        default: break;
-        }
-    }
-    else {
-        switch (tpr) {
-        case 4: return f(bwd_kernel<4, VEC, E>());
-        case 8: return f(bwd_kernel<8, VEC, E>());
-        case 16: return f(bwd_kernel<16, VEC, E>());
-        case 32: return f(bwd_kernel<32, VEC, E>());
-        case 128: return f(bwd_kernel<128, VEC, E>());
-        case 256: return f(bwd_kernel<256, VEC, E>());
-        default: break;
-        }
-        // Half types never get here with 512 or 1024 threads: wherever 8
-        // elements a thread need a slab of 512 or more threads (4096
-        // columns or more), 16 elements at half the threads pad no more
-        // columns, so bwd_wide picks them.
-        if constexpr (sizeof(T) != 2) {
-            switch (tpr) {
-            case 512: return f(bwd_kernel<512, VEC, E>());
-            case 1024: return f(bwd_kernel<1024, VEC, E>());
-            default: break;
-            }
-        }
-    }
-    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                        "layer_norm_bwd: no kernel for %d threads/row", tpr);
-}
-
-template <typename T, typename F>
-int with_kernel(const bwd_config &c, gemsops_status *st, F &&f)
-{
-    constexpr int E = bwd_base_elems<T>();
-    constexpr int V = 16 / sizeof(T);
-    if constexpr (sizeof(T) == 2) {
-        if (c.elems == 2 * E) {
-            return c.vec == V ? with_tpr<T, V, 2 * E>(c.shape.tpr, st, f)
-                              : with_tpr<T, 1, 2 * E>(c.shape.tpr, st, f);
-        }
-    }
-    return c.vec == V ? with_tpr<T, V, E>(c.shape.tpr, st, f)
-                      : with_tpr<T, 1, E>(c.shape.tpr, st, f);
-}
-
 // Planning: the shape, the instantiation, its grid and ring, the
 // workspace. Launches nothing; the same plan serves the workspace query.
 template <typename T, typename P>
