@@ -70,7 +70,8 @@ if ! "$PY" -c 'import sys, gemsops; sys.exit(0 if gemsops.cuda_available() else 
         2>/dev/null; then
     t0=$(date +%s)
     echo "cuda_sanitize: no CUDA build of gemsops._C here: building (sm_90a)"
-    GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a} "$PY" setup.py build_ext \
+    GEMSOPS_LINEINFO=1 GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a} \
+        "$PY" setup.py build_ext \
         --inplace > "$OUT/build.log" 2>&1 || {
         tail -30 "$OUT/build.log"; echo "cuda_sanitize: build failed" >&2; exit 2; }
     echo "cuda_sanitize: built in $(( $(date +%s) - t0 )) s"

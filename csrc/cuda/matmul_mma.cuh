@@ -1,10 +1,9 @@
 // The tensor-core mainloop of the Stream-K matmul (fp16/bf16, sm_80+):
 // a 128 x 128 tile per CTA, k-steps of 32, 8 warps as 2 (M) x 4 (N), each
 // warp 64 x 32 of the tile as 4 x 4 mma.sync.m16n8k16 (fp32 accumulate).
-// Measured on an H100 at 4096^3 fp16: 225 TFLOP/s (0.32x cuBLAS); 64 x 64
-// warp tiles (4 warps) gave 211 and 256 x 128 CTA tiles (8 warps of
-// 64 x 64, 72 KB ring) 206, so neither shared-memory nor L2 bandwidth is
-// what holds it; see NOTES.md.
+// Larger warp and CTA tiles were measured and did not help, so neither
+// shared-memory nor L2 bandwidth is what holds it (docs/performance.md,
+// matmul).
 //
 // Global -> shared: cp.async 16-byte chunks into a 3-stage ring (the loads
 // of step k+2 fly while step k computes). Shared -> registers: ldmatrix.x4.
