@@ -503,3 +503,24 @@ def test_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out, layer_norm_reference(x, pshape, w, b)[0], torch.bfloat16)
+
+
+@pytest.mark.parametrize("n", [32, 1000, 4096, 40000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_constant_rows_with_tiny_eps_normalize_to_zero(n, dtype, device):
+    # x - mean is exactly 0 on a constant row, so y = bias whatever eps;
+    # a mean off by its rounding, times rstd = 1/sqrt(eps) = 1e6, is not
+    # (the corrected two-pass statistics; 40000 takes the looped kernel)
+    x = torch.full((64, n), 0.1, dtype=dtype, device=device)
+    x[1::2] = -7.3  # two different constants, stride-0 free
+    b = torch.randn(n, dtype=torch.float32, device=device)
+    y = gemsops.layer_norm(x, (n,), None, b.to(dtype), eps=1e-12)
+    ref = torch.nn.functional.layer_norm(
+        x.double(), (n,), None, b.to(dtype).double(), eps=1e-12
+    )
+    assert_close(y, ref, dtype)
+    _, mean, rstd = gemsops.native_layer_norm(x, (n,), None, None, 1e-12)
+    assert torch.equal(
+        mean.reshape(-1).double()[0::2].cpu(),
+        torch.full((32,), float(x[0, 0]), dtype=torch.float64),
+    )

@@ -151,12 +151,14 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         }
         row_sum<TPR, 2>(dev, red, parity);
         // the corrected two-pass step: mean0's rounding error comes back
-        // as the deviations' mean
+        // as the deviations' mean (a row holding inf or NaN, or
+        // overflowing, keeps the plain two-pass values, as before)
         const A shift = dev[1] / (A)a.cols;
-        const A mean = mean0 + shift;
-        const A m2 = dev[0] - dev[1] * shift;
-        const A rstd =
-            A(1) / sqrt((m2 > A(0) ? m2 : A(0)) / (A)a.cols + a.eps);
+        const bool fix = isfinite(shift);
+        const A mean = fix ? mean0 + shift : mean0;
+        A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
+        m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
+        const A rstd = A(1) / sqrt(m2 / (A)a.cols + a.eps);
 
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
@@ -295,9 +297,11 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 }
             }
             // the corrected two-pass step (see the registers kernel)
-            const A cm = cm0 + cd / cnt;
-            cm2 -= cd * (cd / cnt);
-            chan_merge(n, mean, m2, cnt, cm, cm2 > A(0) ? cm2 : A(0));
+            const A sh = cd / cnt;
+            const bool fix = isfinite(sh);
+            const A cm = fix ? cm0 + sh : cm0;
+            cm2 = fix ? cm2 - cd * sh : cm2;
+            chan_merge(n, mean, m2, cnt, cm, cm2 < A(0) ? A(0) : cm2);
         }
         // warp: merge down to lane 0 in a fixed order; then warp 0's thread
         // 0 merges the warps in order (deterministic)

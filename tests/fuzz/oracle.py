@@ -457,10 +457,13 @@ def ln_dx_bound(g, x, w, mean, rstd, nd, dtype):
     if mean.numel() * n != x.numel() or rstd.numel() != mean.numel():
         return None
     sh = tuple(x.shape[: x.dim() - nd]) + (1,) * nd
-    xd, gd = x.detach().double(), g.detach().double()
-    m = mean.detach().double().reshape(sh)
-    r = rstd.detach().double().reshape(sh)
-    wdy = gd * (w.detach().double() if w is not None else 1.0)
+
+    def cpu(t):
+        return torch.as_tensor(t).detach().cpu().double()
+
+    xd, gd = cpu(x), cpu(g)
+    m, r = cpu(mean).reshape(sh), cpu(rstd).reshape(sh)
+    wdy = gd * (cpu(w) if w is not None else 1.0)
     xh = (xd - m) * r
     dims = tuple(range(x.dim() - nd, x.dim()))
     terms = r.abs() * (
@@ -559,14 +562,13 @@ def f64_ln_terms(g, x, w, mean, rstd, rows):
     or cancels (close's f64_atol), None for other dtypes."""
     if x.dtype != torch.float64 or not g.numel() or not rstd.numel():
         return None
-    xs = x.double().abs().max() + mean.double().abs().max()
-    ws = w.double().abs().max() if w is not None and w.numel() else 1.0
-    big = (
-        g.double().abs().max()
-        * ws
-        * rstd.double().abs().max()
-        * max(float(xs * rstd.double().abs().max()), 1.0)
-    )
+
+    def amax(t):
+        return float(torch.as_tensor(t).detach().double().abs().max())
+
+    xs = amax(x) + amax(mean)
+    ws = amax(w) if w is not None and w.numel() else 1.0
+    big = amax(g) * ws * amax(rstd) * max(xs * amax(rstd), 1.0)
     return float(64 * torch.finfo(torch.float64).eps * big * max(rows, 1))
 
 
