@@ -202,73 +202,18 @@ def _backward(
     x = _rows(x, nd)
     grad_out = _rows(_plain(grad_out), nd)
     pdtype = weight.dtype if weight is not None else x.dtype
-    dx = (
-        torch.empty_like(x, memory_format=torch.contiguous_format)
-        if want_dx
-        else None
-    )
-    if x.numel() == 0:
-        # dW/dB sum over no rows: zeros, which a CUDA launch would not
-        # write; C still checks the arguments as for any size
-        dw = (
-            torch.zeros(shape, dtype=pdtype, device=x.device)
-            if want_dw
-            else None
-        )
-        db = (
-            torch.zeros(shape, dtype=pdtype, device=x.device)
-            if want_db
-            else None
-        )
-        _C.layer_norm_bwd(
-            grad_out,
-            x,
-            weight,
-            nd,
-            deterministic,
-            mean,
-            rstd,
-            dx,
-            dw,
-            db,
-            None,
-        )
-        return dx, dw, db
-    dw = torch.empty(shape, dtype=pdtype, device=x.device) if want_dw else None
-    db = torch.empty(shape, dtype=pdtype, device=x.device) if want_db else None
-    if not (want_dx or want_dw or want_db):
-        # nothing to compute, but the arguments are checked as for any call
-        _C.layer_norm_bwd(
-            grad_out,
-            x,
-            weight,
-            nd,
-            deterministic,
-            mean,
-            rstd,
-            None,
-            None,
-            None,
-            None,
-        )
-        return dx, dw, db
-    if not x.is_cuda:
-        _C.layer_norm_bwd(
-            grad_out,
-            x,
-            weight,
-            nd,
-            deterministic,
-            mean,
-            rstd,
-            dx,
-            dw,
-            db,
-            None,
-        )
+    # dW/dB over no rows are zeros, which a CUDA launch would not write
+    empty = torch.zeros if x.numel() == 0 else torch.empty
+    contiguous = torch.contiguous_format
+    dx = torch.empty_like(x, memory_format=contiguous) if want_dx else None
+    dw = empty(shape, dtype=pdtype, device=x.device) if want_dw else None
+    db = empty(shape, dtype=pdtype, device=x.device) if want_db else None
+    args = (grad_out, x, weight, nd, deterministic, mean, rstd, dx, dw, db)
+    if x.numel() == 0 or not x.is_cuda or not (want_dx or want_dw or want_db):
+        # C checks the arguments as for any call (and computes on the CPU)
+        _C.layer_norm_bwd(*args, None)
         return dx, dw, db
     device = x.get_device()
-    args = (grad_out, x, weight, nd, deterministic, mean, rstd, dx, dw, db)
     if _workspace.capturing(x.device):
         # a captured launch gets its own workspace and zeroes it itself
         nbytes = _C.layer_norm_bwd_workspace(
