@@ -157,3 +157,24 @@ def test_mm_float64_refuses_loudly():
     a = torch.randn(2, 2, dtype=torch.float64, requires_grad=True)
     with pytest.raises(NotImplementedError):
         gemsops.mm(a, a)
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_norm_third_order_raises(affine):
+    # second order through the composite vjp is right; a third would not
+    # be, so it must raise rather than return a value
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    w = (
+        torch.randn(5, dtype=torch.float64, requires_grad=True)
+        if affine
+        else None
+    )
+    y = gemsops.layer_norm(x, (5,), w)
+    (g1,) = torch.autograd.grad((y**3).sum(), x, create_graph=True)
+    (g2,) = torch.autograd.grad((g1**2).sum(), x, create_graph=True)
+    yt = torch.nn.functional.layer_norm(x, (5,), w)
+    (t1,) = torch.autograd.grad((yt**3).sum(), x, create_graph=True)
+    (t2,) = torch.autograd.grad((t1**2).sum(), x, create_graph=True)
+    torch.testing.assert_close(g2, t2, rtol=1e-9, atol=1e-9)
+    with pytest.raises(RuntimeError, match="third"):
+        torch.autograd.grad((g2**2).sum(), x)

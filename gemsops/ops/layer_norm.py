@@ -510,6 +510,8 @@ def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
             weight,
         )
         dg, dx, dw = vjp(_cotangents(cots))
+    if torch.is_grad_enabled():  # create_graph: a third order may follow
+        dg, dx, dw = _NoThirdOrder.apply(dg, dx, dw)
     return (
         dg if need[0] else None,
         dx if need[1] else None,
@@ -521,6 +523,23 @@ def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
         None,
         None,
     )
+
+
+class _NoThirdOrder(torch.autograd.Function):
+    """Second-order gradients as they are; a third order raises: the vjp
+    above is not differentiated right once more, and a silent wrong
+    value is worse than an error."""
+
+    @staticmethod
+    def forward(ctx, *ts):
+        return tuple(None if t is None else t.clone() for t in ts)
+
+    @staticmethod
+    def backward(ctx, *gs):
+        raise RuntimeError(
+            "gemsops.layer_norm: third and higher-order gradients are not "
+            "implemented (first and second order are)"
+        )
 
 
 def _composite_masked(g, x, w, eps, ctx, cots):
