@@ -79,12 +79,6 @@ is_half(gemsops_dtype d)
     return d == GEMSOPS_FLOAT16 || d == GEMSOPS_BFLOAT16;
 }
 
-static gemsops_dtype
-stats_dtype(gemsops_dtype d)
-{
-    return d == GEMSOPS_FLOAT64 ? GEMSOPS_FLOAT64 : GEMSOPS_FLOAT32;
-}
-
 /* weight / bias: shape = normalized shape, contiguous, dtype = x's or fp32
  * for half x, same device as x. */
 static int
@@ -124,12 +118,13 @@ static int
 check_stats(const struct gemsops_tensor *s, const struct gemsops_tensor *x,
             int64_t rows, const char *fn, const char *arg)
 {
-    if (s->dtype != stats_dtype(x->dtype)) {
+    if (s->dtype != gemsops_layer_norm_stats_dtype(x->dtype)) {
         PyErr_Format(PyExc_RuntimeError,
                      "%s(): argument '%s' has dtype %s; "
                      "expected %s",
                      fn, arg, gemsops_dtype_name(s->dtype),
-                     gemsops_dtype_name(stats_dtype(x->dtype)));
+                     gemsops_dtype_name(
+                         gemsops_layer_norm_stats_dtype(x->dtype)));
         return -1;
     }
     if (gemsops_tensor_numel(s) != rows) {

@@ -524,3 +524,70 @@ def test_constant_rows_with_tiny_eps_normalize_to_zero(n, dtype, device):
         mean.reshape(-1).double()[0::2].cpu(),
         torch.full((32,), float(x[0, 0]), dtype=torch.float64),
     )
+
+
+# --- rules the Python layer mirrors from C (one home each: C; these
+# tests keep the mirrors equal) ---
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.float64])
+def test_stats_dtype_mirrors_c(dtype):
+    from gemsops.ops.layer_norm import _stats_dtype
+
+    x = torch.randn(4, 8, dtype=dtype)
+    out = torch.empty_like(x)
+    for sd in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        mean, rstd = torch.empty(4, dtype=sd), torch.empty(4, dtype=sd)
+        try:
+            gemsops._C.layer_norm_fwd(
+                x, None, None, 1, 1e-5, out, mean, rstd, None
+            )
+            took = True
+        except RuntimeError:
+            took = False
+        assert took == (sd == _stats_dtype(dtype)), (dtype, sd)
+
+
+def test_rows_view_rule_mirrors_c():
+    # every layout _rows_view_ok passes, C takes in place; every one it
+    # refuses, C refuses (so the Python layer copies exactly when needed)
+    from gemsops.ops.layer_norm import _rows_view_ok
+
+    gen = torch.Generator().manual_seed(20261124)
+    seen = set()
+    for _ in range(400):
+        ndim = int(torch.randint(1, 5, (1,), generator=gen))
+        nd = int(torch.randint(1, ndim + 1, (1,), generator=gen))
+        shape = [int(v) for v in torch.randint(1, 4, (ndim,), generator=gen)]
+        base = torch.randn([s * 2 for s in shape])
+        x = base
+        for d in range(ndim):  # a random step per dim, then a permutation
+            step = int(torch.randint(1, 3, (1,), generator=gen))
+            x = x.narrow(d, 0, shape[d] * step)[
+                (slice(None),) * d + (slice(None, None, step),)
+            ]
+        if bool(torch.rand((), generator=gen) < 0.5) and ndim > 1:
+            perm = torch.randperm(ndim, generator=gen).tolist()
+            x = x.permute(perm)
+        out = torch.empty(x.shape)
+        rows = x.numel() // max(
+            1, int(torch.tensor(x.shape[ndim - nd :]).prod())
+        )
+        mean, rstd = torch.empty(rows), torch.empty(rows)
+        ok = _rows_view_ok(x, nd)
+        try:
+            gemsops._C.layer_norm_fwd(
+                x, None, None, nd, 1e-5, out, mean, rstd, None
+            )
+            took = True
+        except RuntimeError as e:
+            assert (
+                "stride" in str(e)
+                or "contiguous" in str(e)
+                or "layout" in str(e)
+                or "row" in str(e)
+            ), str(e)
+            took = False
+        assert took == ok, (tuple(x.shape), x.stride(), nd)
+        seen.add(ok)
+    assert seen == {True, False}

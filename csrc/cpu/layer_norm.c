@@ -19,12 +19,6 @@
 #include "parallel.h"
 #include "simd.h"
 
-static gemsops_dtype
-stats_dtype(gemsops_dtype d)
-{
-    return d == GEMSOPS_FLOAT64 ? GEMSOPS_FLOAT64 : GEMSOPS_FLOAT32;
-}
-
 /* weight/bias as doubles; NULL param gives `fill` everywhere */
 static double *
 load_param(const void *param, gemsops_dtype dt, int64_t n, double fill)
@@ -138,8 +132,12 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
     const size_t es = gemsops_dtype_size(p->dtype);
     if (n == 0) { /* rows of no elements: mean 0, rstd NaN, as torch */
         for (int64_t r = 0; p->mean != NULL && r < p->rows; r++) {
-            gemsops_store_f64(p->mean, stats_dtype(p->dtype), r, 0.0);
-            gemsops_store_f64(p->rstd, stats_dtype(p->dtype), r, NAN);
+            gemsops_store_f64(p->mean,
+                              gemsops_layer_norm_stats_dtype(p->dtype), r,
+                              0.0);
+            gemsops_store_f64(p->rstd,
+                              gemsops_layer_norm_stats_dtype(p->dtype), r,
+                              NAN);
         }
         return GEMSOPS_OK;
     }
@@ -161,8 +159,12 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
                     (char *)p->y + r * p->y_row_stride * es, p->dtype, n, buf,
                     w, b, p->eps, &mean, &rstd);
             if (p->mean != NULL) {
-                gemsops_store_f64(p->mean, stats_dtype(p->dtype), r, mean);
-                gemsops_store_f64(p->rstd, stats_dtype(p->dtype), r, rstd);
+                gemsops_store_f64(p->mean,
+                                  gemsops_layer_norm_stats_dtype(p->dtype), r,
+                                  mean);
+                gemsops_store_f64(p->rstd,
+                                  gemsops_layer_norm_stats_dtype(p->dtype), r,
+                                  rstd);
             }
         }
         free(buf);
@@ -240,7 +242,7 @@ gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
 {
     const int64_t n = p->cols;
     const size_t es = gemsops_dtype_size(p->dtype);
-    const gemsops_dtype sd = stats_dtype(p->dtype);
+    const gemsops_dtype sd = gemsops_layer_norm_stats_dtype(p->dtype);
     const int want_dwb = p->dweight != NULL || p->dbias != NULL;
     const int nthreads = gemsops_thread_count();
     double *w = load_param(p->weight, p->param_dtype, n, 1.0);

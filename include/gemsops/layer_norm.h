@@ -22,6 +22,15 @@
 extern "C" {
 #endif
 
+/* The statistics' dtype (mean, rstd): fp64 for fp64 input, else fp32 (the
+ * one rule; gemsops/ops/layer_norm.py's _stats_dtype mirrors it and
+ * tests/test_layer_norm.py checks that they agree). */
+static inline gemsops_dtype
+gemsops_layer_norm_stats_dtype(gemsops_dtype d)
+{
+    return d == GEMSOPS_FLOAT64 ? GEMSOPS_FLOAT64 : GEMSOPS_FLOAT32;
+}
+
 struct gemsops_layer_norm_fwd_params {
     const void *x; /* [rows, cols] input, dtype `dtype`             */
     void *y; /* [rows, cols] output, dtype `dtype`            */
