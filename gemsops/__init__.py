@@ -5,6 +5,7 @@ from . import _C, nn
 from ._global import disable, enable, use_gemsops
 from ._version import __version__ as __version__
 from .ops.layer_norm import layer_norm, layer_norm_backward, native_layer_norm
+from .ops.linear import addmm, linear
 from .ops.matmul import bmm, matmul, mm, set_schedule
 from .ops.prod import prod
 
@@ -27,6 +28,8 @@ __all__ = [
     "mm",
     "bmm",
     "matmul",
+    "addmm",
+    "linear",
     "set_schedule",
     "nn",
     "cuda_available",

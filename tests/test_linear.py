@@ -1,0 +1,106 @@
+"""gemsops.addmm, gemsops.linear and gemsops.nn.Linear against torch's,
+forward and backward, with float64 references."""
+
+import math
+
+import pytest
+import torch
+
+import gemsops
+from gemsops.testing import assert_close
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def _ref_linear(x, w, b):
+    y = x.double() @ w.double().t()
+    return y + b.double() if b is not None else y
+
+
+@pytest.mark.parametrize("shape", [(5,), (3, 5), (2, 3, 5), (0, 5)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_forward_backward(shape, bias, dtype, device):
+    torch.manual_seed(0)
+    x = torch.randn(shape, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(7, 5, dtype=dtype, device=device, requires_grad=True)
+    b = (
+        torch.randn(7, dtype=dtype, device=device, requires_grad=True)
+        if bias
+        else None
+    )
+    y = gemsops.linear(x, w, b)
+    ref = _ref_linear(x, w, b)
+    assert y.dtype == dtype and y.shape == ref.shape
+    assert_close(y, ref, dtype, chain_len=5)
+    g = torch.randn_like(y)
+    y.backward(g)
+    xd, wd = x.detach().double(), w.detach().double()
+    gd = g.double().reshape(-1, 7)
+    assert_close(x.grad, (g.double() @ wd), dtype, chain_len=7)
+    assert_close(
+        w.grad,
+        gd.t() @ xd.reshape(-1, 5),
+        dtype,
+        chain_len=max(1, gd.shape[0]),
+    )
+    if bias:
+        assert_close(b.grad, gd.sum(0), dtype, chain_len=max(1, gd.shape[0]))
+
+
+def test_nn_linear_is_a_drop_in(device):
+    torch.manual_seed(3)
+    t = torch.nn.Linear(16, 8, device=device)
+    torch.manual_seed(3)
+    g = gemsops.nn.Linear(16, 8, device=device)
+    assert isinstance(g, torch.nn.Linear)
+    assert g.state_dict().keys() == t.state_dict().keys()
+    for k in t.state_dict():  # same init from the same seed
+        assert torch.equal(g.state_dict()[k], t.state_dict()[k])
+    nb = gemsops.nn.Linear(16, 8, bias=False, device=device)
+    assert nb.bias is None
+    x = torch.randn(4, 16, device=device)
+    torch.testing.assert_close(g(x), t(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nb(x), x @ nb.weight.t(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("bias_shape", [(7,), (1, 7), (3, 7), ()])
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1), (2, 0)])
+def test_addmm_matches_torch(bias_shape, beta, alpha, device):
+    torch.manual_seed(1)
+    inp = torch.randn(bias_shape, device=device)
+    a, b = torch.randn(3, 5, device=device), torch.randn(5, 7, device=device)
+    if beta == 0:
+        inp = inp.fill_(math.nan)  # not read
+    out = gemsops.addmm(inp, a, b, beta=beta, alpha=alpha)
+    ref = torch.addmm(
+        inp.double(), a.double(), b.double(), beta=beta, alpha=alpha
+    )
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    assert_close(out, ref, torch.float32, chain_len=5)
+
+
+def test_addmm_and_linear_refuse_as_torch(device):
+    a, b = torch.randn(3, 5, device=device), torch.randn(5, 7, device=device)
+    with pytest.raises(RuntimeError):
+        gemsops.addmm(torch.randn(4, 7, device=device), a, b)
+    with pytest.raises(RuntimeError):
+        gemsops.addmm(torch.randn(7, device=device, dtype=torch.float64), a, b)
+    with pytest.raises(TypeError):
+        gemsops.addmm(1.0, a, b)
+    with pytest.raises(RuntimeError):
+        gemsops.linear(a, torch.randn(7, 4, device=device))
+    with pytest.raises(RuntimeError):
+        gemsops.linear(a, torch.randn(2, 7, 5, device=device))
+
+
+def test_linear_under_autocast_cpu():
+    x, lin = torch.randn(4, 16), torch.nn.Linear(16, 8)
+    g = gemsops.nn.Linear(16, 8)
+    g.load_state_dict(lin.state_dict())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        yt, yg = lin(x), g(x)
+    assert yg.dtype == yt.dtype == torch.bfloat16
+    assert_close(
+        yg, _ref_linear(x, lin.weight, lin.bias), torch.bfloat16, chain_len=16
+    )
