@@ -10,8 +10,8 @@
  * Unit-stride runs (the reduced dim innermost, or a dense full product)
  * multiply in `omp simd` lanes with one dtype switch per run (run_f64 /
  * run_u64): a serial chain of double multiplies, one element at a time
- * through a dtype switch and an index computation, ran at ~1/6 to 1/18
- * of torch's speed. */
+ * through a dtype switch and an index computation, ran many times slower
+ * than torch (docs/performance.md, CPU backend). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

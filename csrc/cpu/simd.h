@@ -2,10 +2,9 @@
  * function marked GEMSOPS_SIMD_CLONES is compiled three times, for the
  * baseline (SSE2), x86-64-v3 (AVX2, FMA) and x86-64-v4 (AVX-512), and the
  * loader picks the one the CPU runs (glibc ifunc). The wheel stays
- * portable; double loops run 2, 4 or 8 wide. (v4 over v3 on a 2-core
- * AVX-512 machine: LayerNorm backward bf16 4096 x 1024 2.65 -> 2.1-2.4
- * ms, fp32 2.7 -> 2.1; forward fp16 3.0 -> 2.2-2.5.) Elsewhere: one plain
- * build. */
+ * portable; double loops run 2, 4 or 8 wide. (v4 measured faster than v3
+ * on several LayerNorm cases: docs/performance.md, CPU backend.)
+ * Elsewhere: one plain build. */
 #pragma once
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && \

@@ -32,7 +32,7 @@
 // the previous tile's last steps and epilogue: short-K shapes and
 // Stream-K pieces do not start cold. A first version
 // copied with per-thread cp.async: the address arithmetic of 8 copies a
-// step made it issue-bound (1.5-1.9 IPC, 0.47-0.62x cuBLAS at 4096^3).
+// step made it issue-bound (docs/performance.md, matmul).
 #pragma once
 
 #include "matmul_mma.cuh" // tc_operands

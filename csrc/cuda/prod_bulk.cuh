@@ -28,10 +28,9 @@
 
 namespace gemsops {
 
-// 16 KB stages, eight of them: 128 KB in flight a SM (one CTA). H100,
-// same-run A/B: 32 KB x 4, 16 KB x 2, x 4, x 6 and x 12 measured the same
-// or up to 0.8% slower (2^28 fp16 187.5 us here, 189.1 at 16 KB x 2);
-// 8 KB x 4 and x 12 were 0.5-2% slower.
+// 16 KB stages, eight of them: 128 KB in flight a SM (one CTA). Larger or
+// smaller stages and fewer or more of them measured the same or slower
+// (docs/performance.md, prod).
 constexpr int kBulkChunk = 16384;
 constexpr int kBulkStages = 8;
 constexpr int kBulkThreads = kProdBlock + 32; // consumers + producer

@@ -12,12 +12,10 @@
 //     than resident CTAs, each row splits over several CTAs, each writing
 //     a partial. Splits interleave (CTA s takes every splits-th stretch of
 //     G vectors): all CTAs stream through one window of memory, which DRAM
-//     serves faster than a thousand separate streams (H100, 2^28 fp32: 91%
-//     of the copy bandwidth with contiguous pieces, 98% interleaved).
-//     On sm_90, rows that take a whole CTA (G = 256) in 16-byte vectors
-//     are streamed by the copy engine instead (prod_bulk.cuh), split and
-//     interleaved the same way in 16 KB chunks: 100% of the copy
-//     bandwidth at 2^28 fp32.
+//     serves faster than a thousand separate streams (docs/performance.md,
+//     prod). On sm_90, rows that take a whole CTA (G = 256) in 16-byte
+//     vectors are streamed by the copy engine instead (prod_bulk.cuh),
+//     split and interleaved the same way in 16 KB chunks.
 //   cols (reduced dim outer or middle, kept columns unit-stride): a CTA
 //     covers TX column vectors x 256/TX rows: a warp reads TX vectors of
 //     each of 32/TX rows (coalesced), each thread walks down its column
@@ -103,8 +101,8 @@ struct prod_combine_args {
 
 // A programmatic dependent of the first launch on sm_90: scheduled while
 // that grid finishes, it waits here until the partials are complete and
-// visible (H100, same-run A/B/A: 2^28 fp32 365.5 -> 363.6 us, 2^20 fp32
-// 11.5 -> 10.0, 4096 x 4096 dim 0 fp32 39.4 -> 37.9).
+// visible. Hiding the launch gap measured faster on small and large full
+// products and on columns (docs/performance.md, prod).
 template <typename T>
 __global__ void __launch_bounds__(kProdBlock)
     prod_combine_kernel(const prod_combine_args<T> a)
@@ -195,12 +193,10 @@ void (*cols_kernel(const fwd_plan &pl))(prod_cols_args<T>)
 
 // Rows the copy engine streams (prod_bulk.cuh): rows long enough to take a
 // whole CTA, in 16-byte vectors, of an input larger than L2, on sm_90.
-// H100, same-run A/B/A against the rows kernel: 2^28 fp32 363.6 -> 356.5
-// us, bf16 190.0 -> 187.9, fp16 190.7 -> 187.6; 1024^3 fp32 1404.4 ->
-// 1378.0; 1024 x 65536 dim 1 fp32 101.9 -> 100.3, the half types equal
-// (53-54 us). Inputs that fit in L2 keep the rows kernel: at 2^20 the bulk
-// kernel was equal in eager timing but slower in graph replays (bf16 9.2
-// -> 9.9 us, fp16 9.2 -> 9.5).
+// There it measured faster than the rows kernel on full products in every
+// float type and equal or faster on long per-dim rows. Inputs that fit in
+// L2 keep the rows kernel: there the bulk kernel was equal in eager timing
+// but slower in graph replays (docs/performance.md, prod).
 template <typename T>
 constexpr bool bulk_type()
 {
@@ -219,10 +215,9 @@ inline bool bulk_rows(const fwd_plan &pl, const device_facts &f, int64_t bytes)
 
 // The bulk kernel's split and grid: rows split over the resident CTAs (a
 // split takes at least four chunks), each CTA looping over its items.
-// Copies are evict-first where whole rows stream through many CTAs (1024 x
-// 65536 fp16 58.0 us at normal priority, 54.0 evict-first) and normal where
-// every CTA shares one window of one row (2^28 fp32 367.2 us evict-first,
-// 356.8 normal).
+// Copies are evict-first where whole rows stream through many CTAs and
+// normal where every CTA shares one window of one row: each measured faster
+// than the other priority there (docs/performance.md, prod).
 template <typename T>
 int plan_bulk(fwd_plan &pl, int dev, gemsops_status *st)
 {
@@ -278,8 +273,9 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         r.splits = 1;
         r.seg = nvec;
         if (G == kProdBlock) { // long rows: split them to fill one wave
-            // (H100: splitting 1024 rows of 65536 in two measured 7% slower
-            // than a CTA per row, so rows >= resident CTAs stay whole)
+            // (splitting long rows in two measured slower than a CTA per
+            // row, so rows >= resident CTAs stay whole; docs/performance.md,
+            // prod)
             int64_t s = resident / l.outer;
             const int64_t most = nvec / (kProdBlock * 4);
             s = s < most ? s : most;
@@ -336,8 +332,8 @@ int plan_fwd(const gemsops_prod_params *p, fwd_plan *out, gemsops_status *st)
         pl.ctas = ceil_div(lines, kProdBlock); // a CTA per 256 lines
     }
     // a CTA per work item: the hardware keeps every SM fed as CTAs finish
-    // (H100, measured together with the eight-load rows: 4096 x 4096 fp16
-    // dim 1 25.8 -> 21.3 us against a resident wave looping over the items)
+    // (measured faster than a resident wave looping over the items;
+    // docs/performance.md, prod)
     pl.grid = pl.bulk ? pl.grid : prod_grid(pl.ctas);
     *out = pl;
     return GEMSOPS_OK;

@@ -81,12 +81,10 @@ __device__ __forceinline__ O prod_store(A v)
 //
 // L2_HINT: a read-only 16-byte load that asks L2 to fetch 128 bytes from
 // DRAM on a miss (ld.global.nc.L2::128B): faster where each row is a run
-// of its own (per-dim rows; numbers at prod_rows_kernel). Not used where
-// it measured slower or mixed: the interleaved full product (2^28 fp32
-// 364 -> 380 us), columns (64 x 4096 x 64 fp32 40 -> 45 us; 1024^3 dim 1
-// bf16 706 -> 766 us). Evict-first (load_vec_last) was slower on the rows
-// (1024 x 65536 dim 1 fp16 53.7 -> 55.2 us, 2^28 fp32 363.8 -> 376.6;
-// without the 128-byte fetch, 4096 x 4096 dim 1 equal).
+// of its own (per-dim rows). Not used where it measured slower or mixed:
+// the interleaved full product, columns. Evict-first (load_vec_last) was
+// slower on the rows, or equal without the 128-byte fetch
+// (docs/performance.md, prod).
 template <typename T, int VEC, bool L2_HINT = false>
 __device__ __forceinline__ vec_t<T, VEC> prod_fetch(const T *p)
 {
@@ -218,9 +216,8 @@ constexpr int prod_min_ctas_else()
 // fp32 take four (64 registers: 16 KB in flight a CTA). Unbounded, ptxas
 // gave bf16 74-80 registers, so three CTAs a SM, and the interleaved full
 // product could not keep DRAM busy; fp32 (61-64 unbounded) also measured
-// faster bounded (H100, same-run A/B/A: 2^28 bf16 221.7 -> 192.0 us, fp32
-// 375.7 -> 364.1 us; 1024^3 bf16 820.8 -> 709.8). fp16 fits in 64 as it
-// is; the eight-load and integer kernels keep what they need. (An explicit
+// faster bounded (docs/performance.md, prod). fp16 fits in 64 as it is;
+// the eight-load and integer kernels keep what they need. (An explicit
 // minimum of 1 is not "no bound": it changed ptxas's register choices.)
 template <typename T, int U, bool L2_HINT>
 constexpr int prod_rows_min_ctas()
@@ -234,13 +231,12 @@ constexpr int prod_rows_min_ctas()
 // keeps U vectors' registers live; one vector at a time does not. The
 // batch spilled 4 bytes in the bounded bf16 kernel (and in the sm_80
 // eight-load half kernels) and held bf16's eight-load kernel at 128
-// registers; one at a time it takes 64 and is faster (65536 x 1024 dim 1
-// 52.8 -> 50.5 us). fp16's four-load kernel on sm_90 keeps the batch: one
-// at a time measured slower there (4096 x 4096 dim 1 22.0 -> 24.3 us,
-// 1024 x 65536 59.1 -> 63.4; H100, same-run A/B/A, commit 9de9309). Its
-// eight-load kernel does not: with the batch it took 80 registers (three
-// CTAs a SM) and was slower than four loads; one at a time it takes 64
-// and is the faster (see prod_rows_kernel).
+// registers; one at a time it takes 64 and is faster. fp16's four-load
+// kernel on sm_90 keeps the batch: one at a time measured slower there.
+// Its eight-load kernel does not: with the batch it took 80 registers
+// (three CTAs a SM) and was slower than four loads; one at a time it
+// takes 64 and is the faster (see prod_rows_kernel; docs/performance.md,
+// prod).
 template <typename T, bool L2_HINT>
 __device__ constexpr bool prod_rows_batch_tail()
 {
@@ -252,15 +248,15 @@ __device__ constexpr bool prod_rows_batch_tail()
 }
 
 // Rows: each thread keeps U loads of VEC elements in flight before their
-// products. The forward's per-dim rows take U = 8 with the L2 hint (H100,
-// one run, bf16: 4096 x 4096 dim 1 26.0 -> 20.7 us, 65536 x 1024 63.1 ->
-// 53.5, 1024 x 65536 64.7 -> 55.2; fp16, with the one-at-a-time tail:
-// 22.1 -> 18.8, 59.7 -> 50.6, 59.7 -> 53.4); split rows (full products)
-// and the backward keep U = 4. A split row is a grid-stride loop (interleaved),
+// products. The forward's per-dim rows take U = 8 with the L2 hint
+// (measured faster for bf16, and for fp16 with the one-at-a-time tail, on
+// short, square and long rows); split rows (full products) and the
+// backward keep U = 4. A split row is a grid-stride loop (interleaved),
 // so each lane multiplies a long serial chain: near-one products round with
 // a downward bias where a partial product crosses 1.0, and short chains
-// under a tree cross it far more often (2^27 fp32 near one, emulated: 64 KB
-// contiguous pieces a CTA -13.8%, this loop -5.6%, torch.prod ~9%).
+// under a tree cross it far more often (emulated near one, contiguous
+// pieces a CTA drift much further than this loop; docs/performance.md,
+// prod, "Precision").
 template <typename T, int VEC, bool L2_HINT = false, int U = 4>
 __global__ void __launch_bounds__(kProdBlock,
                                   prod_rows_min_ctas<T, U, L2_HINT>())
@@ -357,12 +353,10 @@ struct prod_cols_args {
 // EVICT_FIRST: the batched loads are evict-first in L2 (load_vec_last),
 // chosen by the planner for 16-byte vectors of an input that fits in L2.
 // There a normal read displaces as many bytes of what L2 held, which the
-// benchmark's flush leaves dirty (H100, same-run A/B/A, 32 MB: 4096 x 4096
-// dim 0 fp16 26.2 -> 23.0 us, bf16 26.3 -> 23.1, 64 x 4096 x 64 dim 1 fp16
-// 27.0 -> 24.3). Beyond L2 it measured slower (1 GB bf16 256 x 8192 x 256
-// dim 1 364.8 -> 387.2 us; 64 MB fp32 64 x 4096 x 64 39.0 -> 41.9), and
-// the same loads at normal priority were slower too (fp32 4096 x 4096
-// dim 0 38.6 -> 41.4): the priority is what helps, not the load path.
+// benchmark's flush leaves dirty; evict-first measured faster on inputs
+// that fit. Beyond L2 it measured slower, and the same loads at normal
+// priority were slower too: the priority is what helps, not the load path
+// (docs/performance.md, prod).
 template <typename T, int VEC, bool EVICT_FIRST = false>
 __global__ void __launch_bounds__(kProdBlock, prod_min_ctas_else<T>())
     prod_cols_kernel(const prod_cols_args<T> a)
@@ -391,9 +385,9 @@ __global__ void __launch_bounds__(kProdBlock, prod_min_ctas_else<T>())
                 a.interleaved ? a.len : min((s + 1) * a.rchunk, a.len);
             const int64_t rstep = a.interleaved ? a.splits * TY : TY;
             int64_t r = (a.interleaved ? s * TY : s * a.rchunk) + ty;
-            // loads in flight: bf16 takes eight (H100, same-run A/B/A:
-            // 1024^3 dim 1 747.6 -> 703.0 us, 4096^2 dim 0 29.6 -> 27.2);
-            // fp16 and fp32 measured 1-8% slower with eight
+            // loads in flight: bf16 takes eight, measured faster; fp16
+            // and fp32 measured slower with eight (docs/performance.md,
+            // prod)
             constexpr int CU = std::is_same_v<T, __nv_bfloat16> ? 8 : 4;
             for (; r + (CU - 1) * rstep < hi; r += CU * rstep) {
                 vec_t<T, VEC> w[CU];

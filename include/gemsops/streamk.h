@@ -75,8 +75,8 @@ struct gemsops_sk_schedule {
 
 /* One peer's partial costs its tile's owner about this many k-iterations
  * of the tile: a 4 x BM x BN-byte round trip through L2, read by the
- * owner's SM alone and added in order (measured on an H100, wgmma 128 x
- * 128: ~1.8 us a peer against ~0.3 us a k-iteration). */
+ * owner's SM alone and added in order (wgmma 128 x 128: ~1.8 us a peer
+ * against ~0.3 us a k-iteration; docs/performance.md, matmul). */
 #define GEMSOPS_SK_PEER_COST_ITERS 6
 
 GEMSOPS_SK_FN int64_t
@@ -125,9 +125,10 @@ gemsops_sk_plan(struct gemsops_sk_schedule *s, int64_t m, int64_t n, int64_t k,
     }
     if (mode == GEMSOPS_SK_AUTO) {
         /* Stream-K only for a last wave at most half full: whole waves need
-         * none, a single k-iteration cannot split, and measured on an H100
-         * (wgmma, one CTA per SM) a fuller last wave lost more to the split
-         * tiles' partials and extra pipeline fills than it idled */
+         * none, a single k-iteration cannot split, and measured (wgmma,
+         * one CTA per SM) a fuller last wave lost more to the split tiles'
+         * partials and extra pipeline fills than it idled
+         * (docs/performance.md, matmul) */
         mode = (rem == 0 || s->iters < 2 || 2 * rem > p)
                    ? GEMSOPS_SK_DATA_PARALLEL
                    : GEMSOPS_SK_HYBRID;
