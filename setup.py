@@ -21,6 +21,7 @@ Environment:
                           tools/sanitize_cpu.sh does all of it
 No torch is needed to build: tensors cross the boundary through DLPack.
 """
+
 import json
 import os
 import shutil
@@ -48,28 +49,40 @@ def find_nvcc():
 def cuda_lib_dir(nvcc):
     """The toolkit's library folder: from CUDA_HOME, from nvcc's real
     location, or from what nvcc itself reports (it may be a wrapper)."""
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
-             str(Path(nvcc).resolve().parent.parent), "/usr/local/cuda"]
+    homes = [
+        os.environ.get("CUDA_HOME"),
+        os.environ.get("CUDA_PATH"),
+        str(Path(nvcc).resolve().parent.parent),
+        "/usr/local/cuda",
+    ]
     try:
-        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull,
-                              "-o", os.devnull],
-                             capture_output=True, text=True).stderr
+        out = subprocess.run(
+            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+        ).stderr
         for line in out.splitlines():
             if "TOP=" in line:
                 homes.insert(0, line.split("TOP=", 1)[1].strip())
     except OSError:
         pass
     for home in filter(None, homes):
-        for cand in ("lib64", "lib", "targets/x86_64-linux/lib",
-                     "targets/sbsa-linux/lib"):
+        for cand in (
+            "lib64",
+            "lib",
+            "targets/x86_64-linux/lib",
+            "targets/sbsa-linux/lib",
+        ):
             if (Path(home) / cand / "libcudart_static.a").exists():
                 return str(Path(home) / cand)
     raise RuntimeError(f"libcudart_static.a not found under {homes}")
 
 
 def gencode_flags():
-    archs = [a.strip() for a in
-             os.environ.get("GEMSOPS_CUDA_ARCHS", "80;90a").split(";")]
+    archs = [
+        a.strip()
+        for a in os.environ.get("GEMSOPS_CUDA_ARCHS", "80;90a").split(";")
+    ]
     archs = [a for a in archs if a]
     flags = []
     for arch in archs:
@@ -81,14 +94,23 @@ def gencode_flags():
     return flags
 
 
-C_FLAGS = ["-O3", "-std=c11", "-Wall", "-Wextra", "-fopenmp",
-           "-fvisibility=hidden"]
+C_FLAGS = [
+    "-O3",
+    "-std=c11",
+    "-Wall",
+    "-Wextra",
+    "-fopenmp",
+    "-fvisibility=hidden",
+]
 
 
 def sanitize_flags():
     """Compile and link flags for GEMSOPS_SANITIZE; both empty when unset."""
-    names = [n.strip() for n in
-             os.environ.get("GEMSOPS_SANITIZE", "").split(",") if n.strip()]
+    names = [
+        n.strip()
+        for n in os.environ.get("GEMSOPS_SANITIZE", "").split(",")
+        if n.strip()
+    ]
     if not names:
         return [], []
     san = "-fsanitize=" + ",".join(names)
@@ -110,8 +132,14 @@ def sanitize_flags():
 SAN_COMPILE, SAN_LINK = sanitize_flags()
 # Release build: no -g/-G. GEMSOPS_LINEINFO=1 adds -lineinfo (source lines
 # for compute-sanitizer and ncu; the generated code is the same)
-NVCC_FLAGS = ["-O3", "-std=c++17", "-Xcompiler", "-fPIC,-Wall,-Wextra",
-              "-Xptxas", "-warn-spills,-warn-lmem-usage"]
+NVCC_FLAGS = [
+    "-O3",
+    "-std=c++17",
+    "-Xcompiler",
+    "-fPIC,-Wall,-Wextra",
+    "-Xptxas",
+    "-warn-spills,-warn-lmem-usage",
+]
 if os.environ.get("GEMSOPS_LINEINFO", "0") == "1":
     NVCC_FLAGS.append("-lineinfo")
 
@@ -121,9 +149,11 @@ def flavour(nvcc):
     Objects of one flavour never meet another's (one build folder each),
     and a module left by another flavour is rebuilt."""
     name = "cpu" if nvcc is None else "cuda"
-    sanitizers = [n.strip() for n in
-                  os.environ.get("GEMSOPS_SANITIZE", "").split(",")
-                  if n.strip()]
+    sanitizers = [
+        n.strip()
+        for n in os.environ.get("GEMSOPS_SANITIZE", "").split(",")
+        if n.strip()
+    ]
     return "-".join([name] + (["san"] + sanitizers if sanitizers else []))
 
 
@@ -144,17 +174,28 @@ class BuildExt(build_ext):
         nvcc = self.nvcc
         ext = self.extensions[0]
         # headers are invisible to distutils' staleness check otherwise
-        ext.depends += [str(p) for p in list((ROOT / "include").rglob("*.h")) +
-                        list((ROOT / "csrc").rglob("*.h"))]
+        ext.depends += [
+            str(p)
+            for p in list((ROOT / "include").rglob("*.h"))
+            + list((ROOT / "csrc").rglob("*.h"))
+        ]
         if nvcc is None:
-            why = ("GEMSOPS_CUDA=0" if os.environ.get("GEMSOPS_CUDA") == "0"
-                   else "nvcc not found")
-            print(f"gemsops: {why}: building the CPU-only extension",
-                  file=sys.stderr)
+            why = (
+                "GEMSOPS_CUDA=0"
+                if os.environ.get("GEMSOPS_CUDA") == "0"
+                else "nvcc not found"
+            )
+            print(
+                f"gemsops: {why}: building the CPU-only extension",
+                file=sys.stderr,
+            )
             ext.sources.append("csrc/cuda_absent.c")
         else:
-            print(f"gemsops: building CUDA kernels with {nvcc} "
-                  f"({' '.join(gencode_flags())})", file=sys.stderr)
+            print(
+                f"gemsops: building CUDA kernels with {nvcc} "
+                f"({' '.join(gencode_flags())})",
+                file=sys.stderr,
+            )
             objects = self.compile_cuda(nvcc)
             ext.extra_objects += objects
             # distutils relinks only when a listed source or dependency is
@@ -208,9 +249,12 @@ class BuildExt(build_ext):
         if isinstance(stamp, list) and stamp[1:] == self.identity(out):
             built = stamp[0]
         if built != self.flavour:
-            print(f"gemsops: the module in {out.parent} was built as "
-                  f"{built or 'an unknown flavour'}: rebuilding it as "
-                  f"{self.flavour}", file=sys.stderr)
+            print(
+                f"gemsops: the module in {out.parent} was built as "
+                f"{built or 'an unknown flavour'}: rebuilding it as "
+                f"{self.flavour}",
+                file=sys.stderr,
+            )
             self.force = True
 
     def compile_cuda(self, nvcc):
@@ -221,22 +265,40 @@ class BuildExt(build_ext):
 
         def compile_one(src):
             obj = out_dir / (src.stem + ".o")
-            deps = [src] + list((ROOT / "csrc" / "cuda").glob("*.cuh")) + \
-                list((ROOT / "include" / "gemsops").glob("*.h"))
+            deps = (
+                [src]
+                + list((ROOT / "csrc" / "cuda").glob("*.cuh"))
+                + list((ROOT / "include" / "gemsops").glob("*.h"))
+            )
             if obj.exists() and obj.stat().st_mtime > max(
-                    d.stat().st_mtime for d in deps):
+                d.stat().st_mtime for d in deps
+            ):
                 return str(obj)
-            cmd = [nvcc, "-c", str(src), "-o", str(obj), *NVCC_FLAGS,
-                   *gencode_flags(), *include]
+            cmd = [
+                nvcc,
+                "-c",
+                str(src),
+                "-o",
+                str(obj),
+                *NVCC_FLAGS,
+                *gencode_flags(),
+                *include,
+            ]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
-                raise RuntimeError(f"nvcc failed on {src.name}:\n"
-                                   f"{' '.join(cmd)}\n{res.stdout}{res.stderr}")
-            noise = [line for line in (res.stdout + res.stderr).splitlines()
-                     if line.strip()]
+                raise RuntimeError(
+                    f"nvcc failed on {src.name}:\n"
+                    f"{' '.join(cmd)}\n{res.stdout}{res.stderr}"
+                )
+            noise = [
+                line
+                for line in (res.stdout + res.stderr).splitlines()
+                if line.strip()
+            ]
             if noise:
-                print(f"nvcc {src.name}:\n" + "\n".join(noise),
-                      file=sys.stderr)
+                print(
+                    f"nvcc {src.name}:\n" + "\n".join(noise), file=sys.stderr
+                )
             return str(obj)
 
         jobs = int(os.environ.get("GEMSOPS_NVCC_THREADS", os.cpu_count() or 1))
@@ -244,18 +306,27 @@ class BuildExt(build_ext):
             return list(pool.map(compile_one, sources))
 
 
-C_SOURCES = sorted(str(p.relative_to(ROOT)) for p in
-                   list((ROOT / "csrc").glob("*.c")) +
-                   list((ROOT / "csrc" / "cpu").glob("*.c"))
-                   if p.name != "cuda_absent.c")
+C_SOURCES = sorted(
+    str(p.relative_to(ROOT))
+    for p in list((ROOT / "csrc").glob("*.c"))
+    + list((ROOT / "csrc" / "cpu").glob("*.c"))
+    if p.name != "cuda_absent.c"
+)
 
 setup(
-    ext_modules=[Extension(
-        "gemsops._C",
-        sources=C_SOURCES,
-        include_dirs=["include", "csrc"],
-        extra_compile_args=C_FLAGS + SAN_COMPILE,
-        extra_link_args=["-fopenmp"] + SAN_LINK,
-    )],
+    ext_modules=[
+        Extension(
+            "gemsops._C",
+            sources=C_SOURCES,
+            include_dirs=["include", "csrc"],
+            extra_compile_args=C_FLAGS + SAN_COMPILE,
+            extra_link_args=["-fopenmp"] + SAN_LINK,
+            # the stable ABI of Python 3.10: one module (gemsops/_C.abi3.so)
+            # and one wheel (cp310-abi3) for every later Python too
+            define_macros=[("Py_LIMITED_API", "0x030A0000")],
+            py_limited_api=True,
+        )
+    ],
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
     cmdclass={"build_ext": BuildExt},
 )

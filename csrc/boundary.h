@@ -32,6 +32,10 @@ int gemsops_optional_output(PyObject *obj, const char *fn, const char *arg,
 /* Sets the Python exception that st describes; returns NULL. */
 PyObject *gemsops_raise(const gemsops_status *st);
 
+/* The name of obj's type as a str, a new reference (NULL with an error
+ * set): the limited API this module builds against has no tp_name. */
+PyObject *gemsops_type_name(PyObject *obj);
+
 /* 1 when the extension was built with CUDA kernels. */
 int gemsops_built_with_cuda(void);
 int gemsops_cuda_device_count(int *count);

@@ -77,7 +77,7 @@ is_neg_name(void)
 static int
 refuse_lazy_negation(PyObject *obj, const char *fn, const char *arg)
 {
-    PyObject *r = PyObject_CallMethodNoArgs(obj, is_neg_name());
+    PyObject *r = PyObject_CallMethodObjArgs(obj, is_neg_name(), NULL);
     if (r == NULL) {
         return -1;
     }
@@ -263,7 +263,7 @@ from_exchange_api(const gemsops_dl_exchange_api *api, PyObject *obj,
      * storage. Its shape/strides die with it, so copy them first; `obj`
      * keeps the storage alive afterwards. */
     PyErr_Clear();
-    PyObject *det = PyObject_CallMethodNoArgs(obj, detach_name());
+    PyObject *det = PyObject_CallMethodObjArgs(obj, detach_name(), NULL);
     int rc = -1;
     if (det != NULL && Py_TYPE(det) == Py_TYPE(obj) &&
         api->dltensor_from_py_object_no_sync(det, &dl) == 0) {
@@ -303,10 +303,14 @@ import_tensor(PyObject *obj, const char *fn, const char *arg,
         }
     }
     if (!PyObject_HasAttrString(obj, "__dlpack__")) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s(): argument '%s' must be a tensor (an object with "
-                     "__dlpack__), not %.100s",
-                     fn, arg, Py_TYPE(obj)->tp_name);
+        PyObject *tn = gemsops_type_name(obj);
+        if (tn != NULL) {
+            PyErr_Format(PyExc_TypeError,
+                         "%s(): argument '%s' must be a tensor (an object "
+                         "with __dlpack__), not %U",
+                         fn, arg, tn);
+            Py_DECREF(tn);
+        }
         return -1;
     }
     if (from_capsule_protocol(obj, fn, arg, t, read_only) != 0) {

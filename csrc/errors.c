@@ -29,3 +29,9 @@ gemsops_raise(const gemsops_status *st)
     PyErr_SetString(type, st->message);
     return NULL;
 }
+
+PyObject *
+gemsops_type_name(PyObject *obj)
+{
+    return PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__name__");
+}

@@ -53,8 +53,12 @@ tensor_info(PyObject *module, PyObject *obj)
         return NULL;
     }
     for (int i = 0; i < t.ndim; i++) {
-        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(t.sizes[i]));
-        PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(t.strides[i]));
+        if (PyTuple_SetItem(shape, i, PyLong_FromLongLong(t.sizes[i])) ||
+            PyTuple_SetItem(strides, i, PyLong_FromLongLong(t.strides[i]))) {
+            Py_DECREF(shape);
+            Py_DECREF(strides);
+            return NULL;
+        }
     }
     return Py_BuildValue("(siiNNK)", gemsops_dtype_name(t.dtype),
                          t.device_type, t.device_id, shape, strides,

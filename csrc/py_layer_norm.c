@@ -242,10 +242,12 @@ parse_fwd(PyObject *const *args, int with_outputs,
     }
     double eps = PyFloat_AsDouble(args[4]);
     if (eps == -1.0 && PyErr_Occurred()) {
-        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyObject *tn;
+        if (PyErr_ExceptionMatches(PyExc_TypeError) &&
+            (tn = gemsops_type_name(args[4])) != NULL) {
             PyErr_Format(PyExc_TypeError,
-                         "%s(): argument 'eps' must be float, not %.100s", fn,
-                         Py_TYPE(args[4])->tp_name);
+                         "%s(): argument 'eps' must be float, not %U", fn, tn);
+            Py_DECREF(tn);
         }
         return -1;
     }

@@ -3,6 +3,7 @@ layers and with gemsops' (LayerNorm, matmul). Prints both loss curves and
 the time per step.
 
     python examples/train_gpt.py --steps 300 --device cpu [--compile]"""
+
 import argparse
 import math
 import time
@@ -40,8 +41,9 @@ class Block(torch.nn.Module):
     def forward(self, x):
         b, t, d = x.shape
         q, k, v = self.mm(self.ln1(x), self.qkv).split(d, -1)
-        q, k, v = (z.reshape(b, t, self.heads, -1).transpose(1, 2)
-                   for z in (q, k, v))
+        q, k, v = (
+            z.reshape(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v)
+        )
         att = self.mm(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(-1)
@@ -55,14 +57,15 @@ class GPT(torch.nn.Module):
         super().__init__()
         self.tok = torch.nn.Embedding(vocab, d)
         self.pos = torch.nn.Parameter(torch.zeros(ctx, d))
-        self.blocks = torch.nn.ModuleList(Block(d, heads, lib)
-                                          for _ in range(layers))
+        self.blocks = torch.nn.ModuleList(
+            Block(d, heads, lib) for _ in range(layers)
+        )
         LN = gemsops.nn.LayerNorm if lib == "gemsops" else torch.nn.LayerNorm
         self.ln = LN(d)
         self.mm = gemsops.matmul if lib == "gemsops" else torch.matmul
 
     def forward(self, idx):
-        x = self.tok(idx) + self.pos[:idx.shape[1]]
+        x = self.tok(idx) + self.pos[: idx.shape[1]]
         for blk in self.blocks:
             x = blk(x)
         return self.mm(self.ln(x), self.tok.weight.t())
@@ -70,8 +73,9 @@ class GPT(torch.nn.Module):
 
 def train(lib, data, vocab, args):
     torch.manual_seed(0)
-    model = GPT(vocab, args.d, args.layers, args.heads, args.ctx,
-                lib).to(args.device)
+    model = GPT(vocab, args.d, args.layers, args.heads, args.ctx, lib).to(
+        args.device
+    )
     step_fn = model
     if args.compile:
         step_fn = torch.compile(model, fullgraph=True)
@@ -80,9 +84,10 @@ def train(lib, data, vocab, args):
     losses, times = [], []
     for step in range(args.steps):
         i = torch.randint(len(data) - args.ctx - 1, (args.batch,), generator=g)
-        xb = torch.stack([data[j:j + args.ctx] for j in i]).to(args.device)
-        yb = torch.stack([data[j + 1:j + args.ctx + 1] for j in i]).to(
-            args.device)
+        xb = torch.stack([data[j : j + args.ctx] for j in i]).to(args.device)
+        yb = torch.stack([data[j + 1 : j + args.ctx + 1] for j in i]).to(
+            args.device
+        )
         t0 = time.perf_counter()
         loss = F.cross_entropy(step_fn(xb).flatten(0, 1), yb.flatten())
         opt.zero_grad(set_to_none=True)
@@ -109,16 +114,21 @@ def main():
     text = make_text(20000)
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text])
-    results = {lib: train(lib, data, len(chars), args)
-               for lib in ("torch", "gemsops")}
+    results = {
+        lib: train(lib, data, len(chars), args) for lib in ("torch", "gemsops")
+    }
     every = max(1, args.steps // 10)
     print(f"{'step':>6} {'torch loss':>11} {'gemsops loss':>13}")
     for s in list(range(0, args.steps, every)) + [args.steps - 1]:
-        print(f"{s:6d} {results['torch'][0][s]:11.4f} "
-              f"{results['gemsops'][0][s]:13.4f}")
+        print(
+            f"{s:6d} {results['torch'][0][s]:11.4f} "
+            f"{results['gemsops'][0][s]:13.4f}"
+        )
     for lib, (_, times) in results.items():
-        warm = times[len(times) // 5:] or times
-        print(f"{lib:8s} median step {sorted(warm)[len(warm) // 2] * 1e3:.2f} ms")
+        warm = times[len(times) // 5 :] or times
+        print(
+            f"{lib:8s} median step {sorted(warm)[len(warm) // 2] * 1e3:.2f} ms"
+        )
 
 
 if __name__ == "__main__":
