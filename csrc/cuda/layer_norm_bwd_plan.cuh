@@ -135,19 +135,13 @@ bool bwd_wide(int64_t cols)
            (int64_t)s16.tpr * 16 * s16.split <= (int64_t)s8.tpr * 8 * s8.split;
 }
 
-// 16-byte accesses need every base pointer and row start 16-byte aligned
-// and whole vectors per row.
 template <typename T, typename P>
 bool bwd_vector_ok(const gemsops_layer_norm_bwd_params *p)
 {
-    constexpr int V = 16 / sizeof(T);
-    constexpr uintptr_t PA = sizeof(P) * V;
-    auto al = [](const void *q, uintptr_t n) {
-        return q == nullptr || ((uintptr_t)q % n) == 0;
-    };
-    return p->cols % V == 0 && p->x_row_stride % V == 0 &&
-           p->dy_row_stride % V == 0 && p->dx_row_stride % V == 0 &&
-           al(p->x, 16) && al(p->dy, 16) && al(p->dx, 16) && al(p->weight, PA);
+    return layer_norm_vectors_fit<T, P>(p->cols,
+                                        {p->x_row_stride, p->dy_row_stride,
+                                         p->dx_row_stride},
+                                        {p->x, p->dy, p->dx}, {p->weight});
 }
 
 // Which fused-kernel instantiation runs: its elements per thread, access

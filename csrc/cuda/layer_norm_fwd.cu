@@ -442,19 +442,12 @@ int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     return GEMSOPS_OK;
 }
 
-// 16-byte accesses need every base pointer and row start 16-byte aligned
-// and whole vectors per row.
 template <typename T, typename P>
 bool vector_ok(const gemsops_layer_norm_fwd_params *p)
 {
-    constexpr int V = 16 / sizeof(T);
-    constexpr uintptr_t PA = sizeof(P) * V; // a vector of V parameters
-    auto al = [](const void *q, uintptr_t n) {
-        return q == nullptr || ((uintptr_t)q % n) == 0;
-    };
-    return p->cols % V == 0 && p->x_row_stride % V == 0 &&
-           p->y_row_stride % V == 0 && al(p->x, 16) && al(p->y, 16) &&
-           al(p->weight, PA) && al(p->bias, PA);
+    return layer_norm_vectors_fit<T, P>(p->cols,
+                                        {p->x_row_stride, p->y_row_stride},
+                                        {p->x, p->y}, {p->weight, p->bias});
 }
 
 template <typename T, typename P, int VEC>

@@ -7,6 +7,7 @@
 // never asks for a split.
 #pragma once
 
+#include <initializer_list>
 #include <stdint.h>
 
 namespace gemsops {
@@ -49,6 +50,32 @@ inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e,
 inline int layer_norm_block_threads(int tpr)
 {
     return tpr < 128 ? 128 : tpr;
+}
+
+// 16-byte accesses (V elements of T) need whole vectors per row, every
+// row start and row base 16-byte aligned, and each parameter pointer
+// aligned to a vector of V of its own type P. Both directions ask this.
+template <typename T, typename P>
+inline bool layer_norm_vectors_fit(int64_t cols,
+                                   std::initializer_list<int64_t> strides,
+                                   std::initializer_list<const void *> rows,
+                                   std::initializer_list<const void *> params)
+{
+    constexpr int V = 16 / sizeof(T);
+    auto aligned = [](const void *q, uintptr_t n) {
+        return q == nullptr || ((uintptr_t)q % n) == 0;
+    };
+    bool ok = cols % V == 0;
+    for (int64_t s : strides) {
+        ok = ok && s % V == 0;
+    }
+    for (const void *q : rows) {
+        ok = ok && aligned(q, 16);
+    }
+    for (const void *q : params) {
+        ok = ok && aligned(q, sizeof(P) * V);
+    }
+    return ok;
 }
 
 } // namespace gemsops
