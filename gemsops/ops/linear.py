@@ -34,8 +34,23 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     if alpha != 1:
         c = c * alpha
     if beta == 0:
-        return c
+        return _BetaZero.apply(c, input)
     return torch.add(c, input.to(c.dtype), alpha=beta)
+
+
+class _BetaZero(torch.autograd.Function):
+    """beta == 0: the product alone, input not read (its NaNs do not
+    spread), and input's gradient zeros, as torch's addmm gives."""
+
+    @staticmethod
+    def forward(ctx, c, input):
+        ctx.input_meta = (input.shape, input.dtype, input.device)
+        return c.view_as(c)
+
+    @staticmethod
+    def backward(ctx, g):
+        shape, dtype, device = ctx.input_meta
+        return g, torch.zeros(shape, dtype=dtype, device=device)
 
 
 def linear(input, weight, bias=None):
@@ -53,6 +68,13 @@ def linear(input, weight, bias=None):
     y = matmul(input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
         return y
-    if bias.dtype != y.dtype and torch.is_autocast_enabled(y.device.type):
+    if bias.dtype != y.dtype:
+        # one dtype, as torch's addmm path (its matmul-and-add_ paths,
+        # taken for some layouts, cast the bias: README, differences)
+        if not torch.is_autocast_enabled(y.device.type):
+            raise RuntimeError(
+                "linear(): bias and input must have the same dtype, but got "
+                f"{bias.dtype} and {y.dtype}"
+            )
         bias = bias.to(y.dtype)  # as torch's linear under autocast
     return y + bias

@@ -681,3 +681,120 @@ def case_matmul(ctx):
             spin_limit=old["spin_limit"],
             mainloop=old["mainloop"],
         )
+
+
+# ------------------------------------------------------- linear / addmm
+def _affine_close(name, ours, ref, bound, theirs, k):
+    """A product plus a bias: one rounding of the product and one of the
+    sum to the output dtype, plus 4 sqrt(k) fp32 ulps of |A||B|."""
+    fin = oracle.nonfinite_match(name, ours, theirs, ref=ref)
+    rtol = {
+        torch.float16: 1e-3,
+        torch.bfloat16: 8e-3,
+        torch.float32: 1.3e-6,
+    }.get(ours.dtype, 1e-12)
+    fi = torch.finfo(ours.dtype)
+    tol = (
+        2 * rtol * (ref.abs() + bound)
+        + 4 * math.sqrt(max(k, 1)) * 2**-24 * bound
+        + fi.tiny * fi.eps
+    )
+    err = (ours.detach().cpu().double() - ref).abs()
+    bad = (err > tol) & fin & torch.isfinite(ref)
+    if bad.any():
+        i = bad.nonzero()[0].tolist()
+        raise oracle.WrongAnswer(
+            f"{name}: {int(bad.sum())} of {ours.numel()} out of tolerance; "
+            f"first at {i}: got {ours.detach().cpu()[tuple(i)].item()!r}, "
+            f"expected {ref[tuple(i)].item()!r}"
+        )
+
+
+def case_linear(ctx):
+    fn = ctx.choice(["linear", "linear", "addmm"])
+    dtype = ctx.choice(
+        [torch.float16, torch.bfloat16, torch.float32] * 3 + [torch.float64]
+    )
+    m, k, n = ctx.shape(3, budget=ctx.choice([20000, 200000]), zero=0.04)
+    bad = ctx.choice(["", "k", "bias-dtype"]) if ctx.chance(0.1) else ""
+    if fn == "linear":
+        lead = [ctx.choice([1, 2, 3]) for _ in range(ctx.rng.randint(0, 2))]
+        sx = [k] if ctx.chance(0.15) else lead + [m, k]
+        x, _ = ctx.tensor(sx, dtype, nonfinite=0.02)
+        w, _ = ctx.tensor([n, k + (bad == "k")], dtype, nonfinite=0.02)
+        b = None
+        if ctx.chance(0.7):
+            bdt = torch.float64 if bad == "bias-dtype" else dtype
+            b, _ = ctx.tensor([n], bdt, nonfinite=0.02)
+        ops = [x, w, b]
+        kw = {}
+        ctx.note(f"linear(x, w, b) bad={bad or '-'}")
+    else:
+        inp_shape = ctx.choice([[n], [1, n], [m, n], []])
+        idt = torch.float64 if bad == "bias-dtype" else dtype
+        inp, _ = ctx.tensor(inp_shape, idt, nonfinite=0.02)
+        a, _ = ctx.tensor([m, k], dtype, nonfinite=0.02)
+        b2, _ = ctx.tensor([k + (bad == "k"), n], dtype, nonfinite=0.02)
+        ops = [inp, a, b2]
+        kw = dict(
+            beta=ctx.choice([1, 1, 0.5, 0]), alpha=ctx.choice([1, 1, 2.0])
+        )
+        ctx.note(f"addmm(input, a, b, **{kw}) bad={bad or '-'}")
+    for name, t in zip(
+        ("x", "w", "b") if fn == "linear" else ("input", "a", "b"), ops
+    ):
+        if t is not None:
+            ctx.describe(name, t)
+    tags = set()
+    if dtype not in gmm.SUPPORTED:
+        tags.add("matmul-unsupported-dtype")
+    if bad == "bias-dtype":
+        tags.add("linear-bias-dtype")
+    grad = dtype != torch.float64 and ctx.chance(0.3)
+    tfn = F.linear if fn == "linear" else torch.addmm
+    gfn = gemsops.linear if fn == "linear" else gemsops.addmm
+
+    def run(f, double=False):
+        if not grad:
+            return f(*ops, **kw), None
+        lv = _leaves(ops, torch.float64 if double else None)
+        out = f(*lv, **kw)
+        g = torch.ones_like(out)  # a sum's gradient: bounded, exact
+        want = [t for t in lv if t is not None]
+        return out, torch.autograd.grad(out, want, g, allow_unused=True)
+
+    def check(ours, theirs):
+        same_meta("out", ours[0], theirs[0])
+        ref = run(tfn, double=True)
+        absd = [None if t is None else t.detach().double().abs() for t in ops]
+        akw = {k_: abs(v) for k_, v in kw.items()}
+        bound = tfn(*absd, **akw)
+        _affine_close("out", ours[0], ref[0].detach(), bound, theirs[0], k)
+        if grad:
+            # the same gradients of |A| |B| (+ |bias|): what they sum
+            la = [None if t is None else t.requires_grad_() for t in absd]
+            out = tfn(*la, **akw)
+            gb = torch.autograd.grad(
+                out,
+                [t for t in la if t is not None],
+                torch.ones_like(out),
+                allow_unused=True,
+            )
+            for i, (o, r, t, bd) in enumerate(
+                zip(ours[1], ref[1], theirs[1], gb)
+            ):
+                if t is None:
+                    continue
+                same_meta(f"grad{i}", o, t)
+                bd = torch.zeros_like(r) if bd is None else bd
+                # a gradient sums over up to all of the output's elements
+                _affine_close(f"grad{i}", o, r, bd, t, ours[0].numel())
+
+    differential(
+        ctx,
+        lambda: run(tfn),
+        lambda: run(gfn),
+        check,
+        [t for t in ops if t is not None],
+        tags,
+    )

@@ -14,6 +14,7 @@ FAMILIES = {  # name -> (module, function, weight)
     "layer_norm": ("cases", "case_layer_norm", 5),
     "prod": ("cases", "case_prod", 4),
     "matmul": ("cases", "case_matmul", 4),
+    "linear": ("cases", "case_linear", 2),
     "c_layer_norm": ("raw", "case_c_layer_norm", 3),
     "c_prod": ("raw", "case_c_prod", 2),
     "c_matmul": ("raw", "case_c_matmul", 2),
@@ -21,7 +22,7 @@ FAMILIES = {  # name -> (module, function, weight)
 }
 ALIASES = {
     "raw": [f for f in FAMILIES if f.startswith("c_")],
-    "public": ["layer_norm", "prod", "matmul"],
+    "public": ["layer_norm", "prod", "matmul", "linear"],
 }
 
 
