@@ -1,6 +1,7 @@
 """Second-order gradients (create_graph=True): gradgradcheck in float64 on
-the CPU through the eager path and through the ops; matmul, which has no
-float64 kernel, against torch's own second-order gradients in float32."""
+the CPU and on CUDA, through the eager path and through the ops; matmul,
+which has no float64 kernel, against torch's own second-order gradients in
+float32."""
 
 import pytest
 import torch
@@ -11,22 +12,22 @@ import gemsops
 ops = torch.ops.gemsops
 
 
-def f64(*shape, zeros=()):
+def f64(*shape, zeros=(), device="cpu"):
     t = torch.randn(*shape, dtype=torch.float64)
     for idx in zeros:
         t[idx] = 0
-    return t.requires_grad_()
+    return t.to(device).requires_grad_()
 
 
 @pytest.mark.parametrize(
     "shape, ns", [((4, 7), (7,)), ((2, 3, 5), (5,)), ((2, 3, 4), (3, 4))]
 )
 @pytest.mark.parametrize("affine", ["wb", "w", "none"])
-def test_layer_norm_gradgrad(shape, ns, affine):
+def test_layer_norm_gradgrad(shape, ns, affine, device):
     torch.manual_seed(0)
-    x = f64(*shape)
-    w = f64(*ns) if affine in ("wb", "w") else None
-    b = f64(*ns) if affine == "wb" else None
+    x = f64(*shape, device=device)
+    w = f64(*ns, device=device) if affine in ("wb", "w") else None
+    b = f64(*ns, device=device) if affine == "wb" else None
     args = tuple(t for t in (x, w, b) if t is not None)
 
     def f(*a):
@@ -39,9 +40,13 @@ def test_layer_norm_gradgrad(shape, ns, affine):
     assert gradgradcheck(f, args)
 
 
-def test_layer_norm_op_gradgrad_with_grad_out_depending_on_x():
+def test_layer_norm_op_gradgrad_with_grad_out_depending_on_x(device):
     torch.manual_seed(1)
-    x, w, b = f64(3, 6), f64(6), f64(6)
+    x, w, b = (
+        f64(3, 6, device=device),
+        f64(6, device=device),
+        f64(6, device=device),
+    )
     f = lambda x, w, b: ops.layer_norm(x, [6], w, b, 1e-5)[0]  # noqa: E731
     assert gradgradcheck(f, (x, w, b))
     # grad_out a function of x too (no path counted twice), against torch
@@ -95,9 +100,9 @@ def test_layer_norm_backward_function_gradgrad():
 @pytest.mark.parametrize(
     "zeros", [(), ((0, 1),), ((0, 1), (2, 2)), ((0, 1), (0, 2))]
 )
-def test_prod_gradgrad(dim, zeros):
+def test_prod_gradgrad(dim, zeros, device):
     torch.manual_seed(3)
-    x = f64(3, 4, zeros=zeros)
+    x = f64(3, 4, zeros=zeros, device=device)
     f = (
         (lambda x: gemsops.prod(x))
         if dim is None
@@ -107,8 +112,8 @@ def test_prod_gradgrad(dim, zeros):
     assert gradgradcheck(f, (x,))
 
 
-def test_prod_op_gradgrad():
-    x = f64(2, 3, 4, zeros=((0, 1, 2),))
+def test_prod_op_gradgrad(device):
+    x = f64(2, 3, 4, zeros=((0, 1, 2),), device=device)
     assert gradgradcheck(lambda x: ops.prod(x, 1), (x,))
     assert gradgradcheck(lambda x: ops.prod(x, None), (x,))
 
@@ -128,13 +133,13 @@ def _second_order(fn, a, b):
         ((5,), (2, 5, 3)),
     ],
 )
-def test_matmul_second_order_matches_torch(sa, sb):
+def test_matmul_second_order_matches_torch(sa, sb, device):
     """gemsops has no float64 matmul: compare with torch's second order
     gradients in float32 instead (and gradgradcheck with float32 steps;
     a bilinear map's finite differences are exact up to rounding)."""
     torch.manual_seed(4)
-    a = torch.randn(*sa, requires_grad=True)
-    b = torch.randn(*sb, requires_grad=True)
+    a = torch.randn(*sa, device=device, requires_grad=True)
+    b = torch.randn(*sb, device=device, requires_grad=True)
     got = _second_order(gemsops.matmul, a, b)
     want = _second_order(torch.matmul, a, b)
     for g, w in zip(got, want):
@@ -160,12 +165,14 @@ def test_mm_float64_refuses_loudly():
 
 
 @pytest.mark.parametrize("affine", [False, True])
-def test_layer_norm_third_order_raises(affine):
+def test_layer_norm_third_order_raises(affine, device):
     # second order through the composite vjp is right; a third would not
     # be, so it must raise rather than return a value
-    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(
+        3, 5, dtype=torch.float64, device=device, requires_grad=True
+    )
     w = (
-        torch.randn(5, dtype=torch.float64, requires_grad=True)
+        torch.randn(5, dtype=torch.float64, device=device, requires_grad=True)
         if affine
         else None
     )

@@ -11,6 +11,16 @@ from gemsops import _workspace
 ops = torch.ops.gemsops
 
 
+def _on(device, args):
+    """args with every tensor moved to device (requires_grad kept)."""
+    return tuple(
+        a.detach().to(device).requires_grad_(a.requires_grad)
+        if isinstance(a, torch.Tensor)
+        else a
+        for a in args
+    )
+
+
 def _ln_samples():
     torch.manual_seed(0)
     x = torch.randn(5, 8)
@@ -32,20 +42,23 @@ def _ln_samples():
 @pytest.mark.parametrize(
     "args", list(_ln_samples()), ids=lambda a: "x".join(map(str, a[0].shape))
 )
-def test_opcheck_layer_norm(args):
-    torch.library.opcheck(ops.layer_norm.default, args)
+def test_opcheck_layer_norm(args, device):
+    torch.library.opcheck(ops.layer_norm.default, _on(device, args))
 
 
 @pytest.mark.parametrize(
     "mask", [[True, True, True], [True, False, False], [False, True, True]]
 )
-def test_opcheck_layer_norm_backward(mask):
+def test_opcheck_layer_norm_backward(mask, device):
     torch.manual_seed(1)
-    x, w, b, g = (
-        torch.randn(6, 10),
-        torch.randn(10),
-        torch.randn(10),
-        torch.randn(6, 10),
+    x, w, b, g = _on(
+        device,
+        (
+            torch.randn(6, 10),
+            torch.randn(10),
+            torch.randn(10),
+            torch.randn(6, 10),
+        ),
     )
     _, mean, rstd = ops.layer_norm(x, [10], w, b, 1e-5)
     torch.library.opcheck(
@@ -79,23 +92,25 @@ def test_opcheck_layer_norm_backward(mask):
         (torch.randn(3, 4).bfloat16(), 0),
     ],
 )
-def test_opcheck_prod(x, dim):
+def test_opcheck_prod(x, dim, device):
+    (x,) = _on(device, (x,))
     torch.library.opcheck(ops.prod.default, (x, dim))
     if x.is_floating_point():
-        g = torch.randn(ops.prod(x, dim).shape, dtype=x.dtype)
+        g = torch.randn(ops.prod(x, dim).shape, dtype=x.dtype, device=device)
         torch.library.opcheck(ops.prod_backward.default, (x.detach(), dim, g))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_opcheck_mm_bmm(dtype):
+def test_opcheck_mm_bmm(dtype, device):
     torch.manual_seed(2)
-    a = torch.randn(5, 7, dtype=dtype, requires_grad=True)
-    b = torch.randn(7, 3, dtype=dtype, requires_grad=True)
+    kw = dict(dtype=dtype, device=device)
+    a = torch.randn(5, 7, **kw, requires_grad=True)
+    b = torch.randn(7, 3, **kw, requires_grad=True)
     torch.library.opcheck(ops.mm.default, (a, b))
     torch.library.opcheck(ops.mm.default, (a.detach().t(), a.detach()))
     torch.library.opcheck(
         ops.bmm.default,
-        (torch.randn(2, 5, 7, dtype=dtype), torch.randn(2, 7, 3, dtype=dtype)),
+        (torch.randn(2, 5, 7, **kw), torch.randn(2, 7, 3, **kw)),
     )
 
 
@@ -162,23 +177,23 @@ BACKENDS = [
 ]
 
 
-def test_no_graph_breaks():
+def test_no_graph_breaks(device):
     torch._dynamo.reset()
-    model, x = Block(), torch.randn(2, 5, 16)
+    model, x = Block().to(device), torch.randn(2, 5, 16, device=device)
     breaks, graphs = _graph_breaks(model, x)
     assert breaks == 0 and graphs == 1
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dynamic", [False, True])
-def test_compile_fullgraph_matches_eager(backend, dynamic):
+def test_compile_fullgraph_matches_eager(backend, dynamic, device):
     torch.manual_seed(3)
-    model = Block()
+    model = Block().to(device)
     torch._dynamo.reset()
     compiled = torch.compile(
         model, fullgraph=True, backend=backend, dynamic=dynamic
     )
-    x = torch.randn(2, 5, 16)
+    x = torch.randn(2, 5, 16, device=device)
     want = _run(model, x)
     got = _run(compiled, x)
     _close(got[0], want[0])
@@ -186,7 +201,7 @@ def test_compile_fullgraph_matches_eager(backend, dynamic):
     for g, w in zip(got[2], want[2]):
         _close(g, w)
     if dynamic:  # a second shape, no recompile needed for it to be right
-        x = torch.randn(3, 9, 16)
+        x = torch.randn(3, 9, 16, device=device)
         want, got = _run(model, x), _run(compiled, x)
         _close(got[0], want[0])
 
@@ -219,10 +234,10 @@ def test_compiled_ops_are_in_the_graph():
     assert "gemsops.prod" in text
 
 
-def test_export():
+def test_export(device):
     torch.manual_seed(4)
-    model = Block()
-    x = torch.randn(2, 5, 16)
+    model = Block().to(device)
+    x = torch.randn(2, 5, 16, device=device)
     ep = torch.export.export(model, (x,))
     targets = {str(n.target) for n in ep.graph.nodes}
     for name in (
@@ -301,3 +316,30 @@ def test_cuda_graph_capture_and_compile():
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     _close(compiled(x), want)
+
+
+@pytest.mark.cuda
+def test_cuda_reduce_overhead_training_step_matches_eager():
+    """mode="reduce-overhead": the compiled forward and backward replay as
+    CUDA graphs (the ops' workspaces taken under capture); four SGD steps
+    track the eager model's losses and weights."""
+    import copy
+
+    torch.manual_seed(6)
+    eager = Block().cuda()
+    model = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (eager, model)]
+    for _ in range(4):
+        x = torch.randn(2, 5, 16, device="cuda")
+        losses = []
+        for fn, opt in ((eager, opts[0]), (compiled, opts[1])):
+            opt.zero_grad(set_to_none=True)
+            loss = fn(x)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+        _close(losses[1], losses[0])
+        for p, q in zip(model.parameters(), eager.parameters()):
+            _close(p.detach(), q.detach())

@@ -279,6 +279,33 @@ def test_layouts(shape, dim, view, dtype, device):
     assert_close_or_torch(out, x, dim, dtype, n)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_product_of_an_expanded_tensor_stays_in_range(dtype, device):
+    """A full product of [rows, k] with stride (1, 0): each value repeats k
+    times. The product is finite, but the powers v**k of the large values
+    multiplied together overflow fp32: the product may not group the
+    repeats of one value before it meets the others."""
+    rows, k = 127, 1024
+    big = 1 + torch.rand(rows // 2, dtype=torch.float64) * 0.03
+    small = 1 / (1 + torch.rand(rows - rows // 2, dtype=torch.float64) * 0.03)
+    v = torch.cat([big, small]).to(dtype)
+    if v.double().prod() < 1:  # a total of about 1 + 1e-2, not its inverse
+        v[-1] = 1 / v[-1]
+    x = v.to(device)[:, None].expand(rows, k)
+    assert x.stride() == (1, 0)
+    ref = v.double().prod() ** k
+    assert math.isfinite(ref.item())
+    assert ref.item() < 1e30  # far from fp32's overflow
+    out = gemsops.prod(x)
+    assert torch.isfinite(out).item(), out
+    # worst case: the fp32 roundings of a line's product, all raised to the
+    # power k, then the output's own rounding
+    bound = 1.1 * (rows + 1) * k * 2.0**-24 + (
+        0 if dtype == torch.float32 else 2.0**-8
+    )
+    assert rel_error(out, ref) < bound
+
+
 def assert_close_or_torch(out, x, dim, dtype, n):
     """The elementwise bound, or else (millions of fp32 roundings of values
     this close to 1 drift together: torch.prod on CUDA drifts too, 0.30%

@@ -152,8 +152,38 @@ struct lines {
     int64_t count, len, step;
     int kept_ndim;
     int64_t kept_sizes[GEMSOPS_MAX_DIMS], kept_strides[GEMSOPS_MAX_DIMS];
-    int full; /* 1: the single line walks x in row-major order */
+    int full; /* 1: the single line walks x's dims kept_* (all of them) */
 };
+
+/* The sort key of a dim in a full product's walk: outermost first. An
+ * expanded dim (stride 0) goes outermost: the walk must not multiply the
+ * repeats of one value together before it meets the others (their powers
+ * overflow long before the product does); the rest by |stride|,
+ * descending, so that the walk reads memory in order. */
+static int64_t
+walk_key(int64_t stride)
+{
+    return stride == 0 ? INT64_MAX : (stride < 0 ? -stride : stride);
+}
+
+/* The full product's walk, reordered by walk_key (a stable insertion
+ * sort). The backward keeps the row-major walk: its gradient is written
+ * in that order. */
+static void
+walk_in_memory_order(struct lines *l)
+{
+    for (int a = 1; a < l->kept_ndim; a++) {
+        for (int b = a; b > 0 && walk_key(l->kept_strides[b - 1]) <
+                                     walk_key(l->kept_strides[b]);
+             b--) {
+            const int64_t size = l->kept_sizes[b], stride = l->kept_strides[b];
+            l->kept_sizes[b] = l->kept_sizes[b - 1];
+            l->kept_strides[b] = l->kept_strides[b - 1];
+            l->kept_sizes[b - 1] = size;
+            l->kept_strides[b - 1] = stride;
+        }
+    }
+}
 
 static struct lines
 lines_of(const struct gemsops_tensor *x, int dim)
@@ -164,6 +194,11 @@ lines_of(const struct gemsops_tensor *x, int dim)
         l.count = 1;
         l.len = gemsops_tensor_numel(x);
         l.full = 1;
+        l.kept_ndim = x->ndim; /* row-major; see walk_in_memory_order */
+        for (int d = 0; d < x->ndim; d++) {
+            l.kept_sizes[d] = x->sizes[d];
+            l.kept_strides[d] = x->strides[d];
+        }
         return l;
     }
     l.len = x->sizes[dim];
@@ -187,7 +222,7 @@ element(const struct lines *l, const struct gemsops_tensor *x, int64_t o,
         int64_t r)
 {
     if (l->full) {
-        return offset_of(r, x->sizes, x->strides, x->ndim);
+        return offset_of(r, l->kept_sizes, l->kept_strides, l->kept_ndim);
     }
     return offset_of(o, l->kept_sizes, l->kept_strides, l->kept_ndim) +
            r * l->step;
@@ -197,7 +232,10 @@ int
 gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st)
 {
     const struct gemsops_tensor *x = &p->x;
-    const struct lines l = lines_of(x, p->dim);
+    struct lines l = lines_of(x, p->dim);
+    if (l.full) {
+        walk_in_memory_order(&l);
+    }
     const int integral = is_integral(x->dtype);
     /* dense: element k of the full product sits at offset k */
     const int dense = l.full && gemsops_tensor_is_contiguous(x);

@@ -12,8 +12,8 @@
 // interleaved rows kernel does. One producer thread (warp 8, lane 0) walks
 // the CTA's chunks and issues one bulk copy per chunk into the next free
 // stage; 256 consumer threads wait for the stage, multiply it (thread t
-// takes the stage's 16-byte vectors t, t + 256, ...), and each warp frees
-// the stage with an arrive. A consumer lane's chain runs over every chunk
+// takes the stage's 16-byte vectors t, t + 256, ...), and each frees the
+// stage with an arrive. A consumer lane's chain runs over every chunk
 // of its item: long chains, as the interleaved loop's (prod_rows_kernel
 // says why that matters for products near one).
 //
@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
     if (threadIdx.x == 0) {
         for (int st = 0; st < kBulkStages; st++) {
             mbar_init(full0 + 8 * st, 1); // the producer's arrive
-            mbar_init(empty0 + 8 * st, kProdBlock / 32); // one per warp
+            mbar_init(empty0 + 8 * st, kProdBlock); // every consumer
         }
         mbar_init_fence();
     }
@@ -143,10 +143,12 @@ __global__ void __launch_bounds__(kBulkThreads, 1)
                     prod_mul_raw(acc, st[v]);
                 }
             }
-            __syncwarp();
-            if (threadIdx.x % 32 == 0) {
-                mbar_arrive(empty0 + 8 * ring.stage);
-            }
+            // every consumer arrives for its own reads of the stage, so the
+            // barrier itself orders each read before the next copy into it
+            // (one arrive per warp after __syncwarp is an ordering that
+            // compute-sanitizer's racecheck does not follow: it reported
+            // a hazard)
+            mbar_arrive(empty0 + 8 * ring.stage);
             ring.next();
         }
         // the item's product: lanes, the warp, then the eight warps (a

@@ -10,8 +10,8 @@
 //
 // A full product of a dense tensor (any permutation of a contiguous block)
 // is one row over the storage: the product does not care about order. A
-// full product of a non-dense tensor multiplies its lines along the last
-// dim into a workspace, then multiplies those.
+// full product of a non-dense tensor multiplies its lines along its
+// smallest nonzero stride into a workspace, then multiplies those.
 #pragma once
 
 #include "common.cuh"
@@ -79,6 +79,25 @@ inline bool prod_is_dense(const gemsops_tensor *x)
     return true;
 }
 
+// The lines of a non-dense full product run along the dim of smallest
+// nonzero stride (memory order, as torch walks it), never along an
+// expanded dim: a line of one repeated factor is that factor to the power
+// of the line's length, and multiplying such powers together overflows
+// fp32 long before the product itself does.
+inline int prod_line_dim(const gemsops_tensor *x)
+{
+    int best = x->ndim - 1;
+    int64_t best_stride = INT64_MAX;
+    for (int d = 0; d < x->ndim; d++) {
+        const int64_t s = x->strides[d] < 0 ? -x->strides[d] : x->strides[d];
+        if (x->sizes[d] > 1 && s != 0 && s < best_stride) {
+            best = d;
+            best_stride = s;
+        }
+    }
+    return best;
+}
+
 inline prod_layout prod_layout_of(const gemsops_tensor *x, int dim)
 {
     prod_layout l{};
@@ -91,8 +110,8 @@ inline prod_layout prod_layout_of(const gemsops_tensor *x, int dim)
         l.step = 1;
         return l;
     }
-    if (dim < 0) { // not dense: lines along the last dim, then combine
-        dim = x->ndim - 1;
+    if (dim < 0) { // not dense: lines, then combine
+        dim = prod_line_dim(x);
         l.full_lines = true;
     }
     l.len = x->sizes[dim];
