@@ -1,73 +1,115 @@
-"""Host cost of one eager call (wall clock, µs) on a tiny problem, where the
-kernel is negligible: gemsops vs torch. Usage: python benchmark/host_cost.py"""
+"""Host cost of one eager call (wall clock, µs) on tiny problems, where the
+kernel is negligible: gemsops' public function (the lean eager path), the
+same op through torch's dispatcher (`torch.ops.gemsops`, the path compiled
+code and modes take) and torch's own op, in one process.
 
+For each op: a forward on tensors that need no grad, a forward whose input
+requires grad (autograd records it), and the backward of that forward
+through `torch.autograd.grad`.
+
+usage: python benchmark/host_cost.py [--device cuda|cpu] [--calls N]"""
+
+import argparse
 import time
 
 import torch
 
 import gemsops
 
+ops = torch.ops.gemsops
 
-def per_call_us(fn, n=20000):
-    for _ in range(200):
+
+def per_call_us(fn, sync, n):
+    for _ in range(max(50, n // 100)):
         fn()
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(n):
         fn()
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def cases(device, dtype):
+    """(op, {provider: callable(*tensors)}, tensors): tensors the calls
+    take; the ones that require grad are what the backward asks for."""
+    kw = dict(device=device, dtype=dtype)
+    x, w, b = (
+        torch.randn(64, 1024, **kw),
+        torch.randn(1024, **kw),
+        torch.randn(1024, **kw),
+    )
+    yield (
+        "layer_norm 64x1024",
+        {
+            "torch": lambda x, w, b: torch.nn.functional.layer_norm(
+                x, (1024,), w, b
+            ),
+            "gemsops": lambda x, w, b: gemsops.layer_norm(x, (1024,), w, b),
+            "gemsops op": lambda x, w, b: ops.layer_norm(
+                x, [1024], w, b, 1e-5
+            )[0],
+        },
+        (x, w, b),
+    )
+    p = torch.rand(64, 256, **kw) + 0.5
+    yield (
+        "prod dim=1 64x256",
+        {
+            "torch": lambda x: torch.prod(x, 1),
+            "gemsops": lambda x: gemsops.prod(x, 1),
+            "gemsops op": lambda x: ops.prod(x, 1),
+        },
+        (p,),
+    )
+    a, m = torch.randn(64, 64, **kw), torch.randn(64, 64, **kw)
+    yield (
+        "mm 64x64x64",
+        {
+            "torch": torch.mm,
+            "gemsops": gemsops.mm,
+            "gemsops op": ops.mm,
+        },
+        (a, m),
+    )
+
+
 def main():
-    x = torch.randn(64, 1024, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(1024, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(1024, dtype=torch.bfloat16, device="cuda")
-    rows = [
-        (
-            "torch.nn.functional.layer_norm",
-            lambda: torch.nn.functional.layer_norm(x, (1024,), w, b),
-        ),
-        ("gemsops.layer_norm", lambda: gemsops.layer_norm(x, (1024,), w, b)),
-    ]
-    xg = x.clone().requires_grad_()
-    rows += [
-        (
-            "torch layer_norm (input requires grad)",
-            lambda: torch.nn.functional.layer_norm(xg, (1024,), w, b),
-        ),
-        (
-            "gemsops layer_norm (input requires grad)",
-            lambda: gemsops.layer_norm(xg, (1024,), w, b),
-        ),
-        (
-            "_C.tensor_info(x) (DLPack import)",
-            lambda: gemsops._C.tensor_info(x),
-        ),
-        (
-            "_C.tensor_info(xg) (requires grad)",
-            lambda: gemsops._C.tensor_info(xg),
-        ),
-    ]
-    wg = w.clone().requires_grad_()
-    bg = b.clone().requires_grad_()
-    g = torch.randn_like(x)
-    for name, fn in (
-        ("torch", torch.nn.functional.layer_norm),
-        ("gemsops", gemsops.layer_norm),
-    ):
-        out = fn(xg, (1024,), wg, bg)
-        rows.append(
-            (
-                f"{name} backward (autograd.grad)",
-                lambda out=out: torch.autograd.grad(
-                    out, (xg, wg, bg), g, retain_graph=True
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu"
+    )
+    cli.add_argument("--calls", type=int, default=5000)
+    args = cli.parse_args()
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    print(
+        f"host cost per call (µs), {dtype}, {name}, torch {torch.__version__}"
+    )
+    print(
+        f"{'op':20s} {'provider':11s} {'forward':>8s} {'fwd+grad':>9s}"
+        f" {'backward':>9s}"
+    )
+    for op, providers, tensors in cases(dev, dtype):
+        grads = tuple(t.clone().requires_grad_() for t in tensors)
+        for provider, fn in providers.items():
+            plain = per_call_us(lambda: fn(*tensors), sync, args.calls)
+            tracked = per_call_us(lambda: fn(*grads), sync, args.calls)
+            out = fn(*grads)
+            g = torch.randn_like(out)
+            back = per_call_us(
+                lambda out=out, g=g: torch.autograd.grad(
+                    out, grads, g, retain_graph=True
                 ),
+                sync,
+                args.calls,
             )
-        )
-    print(f"host cost per call, 64x1024 bf16, {torch.cuda.get_device_name()}")
-    for name, fn in rows:
-        print(f"{name:45s} {per_call_us(fn):7.2f} us")
+            print(
+                f"{op:20s} {provider:11s} {plain:8.2f} {tracked:9.2f}"
+                f" {back:9.2f}"
+            )
 
 
 if __name__ == "__main__":

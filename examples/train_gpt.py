@@ -2,7 +2,11 @@
 layers and with gemsops' (LayerNorm, matmul). Prints both loss curves and
 the time per step.
 
-    python examples/train_gpt.py --steps 300 --device cpu [--compile]"""
+    python examples/train_gpt.py --steps 300 --device cpu [--compile]
+
+--compile trains torch.compile(model, fullgraph=True) in place of the
+eager model; --compile both trains the four (torch and gemsops, eager and
+compiled) in one run."""
 
 import argparse
 import math
@@ -71,13 +75,14 @@ class GPT(torch.nn.Module):
         return self.mm(self.ln(x), self.tok.weight.t())
 
 
-def train(lib, data, vocab, args):
+def train(lib, compiled, data, vocab, args):
     torch.manual_seed(0)
     model = GPT(vocab, args.d, args.layers, args.heads, args.ctx, lib).to(
         args.device
     )
     step_fn = model
-    if args.compile:
+    if compiled:
+        torch._dynamo.reset()
         step_fn = torch.compile(model, fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(1)
@@ -104,7 +109,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--compile", action="store_true")
+    p.add_argument(
+        "--compile", nargs="?", const="on", default="off",
+        choices=["off", "on", "both"],
+    )
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=4)
@@ -114,20 +122,21 @@ def main():
     text = make_text(20000)
     chars = sorted(set(text))
     data = torch.tensor([chars.index(c) for c in text])
-    results = {
-        lib: train(lib, data, len(chars), args) for lib in ("torch", "gemsops")
-    }
+    modes = {"off": [False], "on": [True], "both": [False, True]}
+    results = {}
+    for compiled in modes[args.compile]:
+        for lib in ("torch", "gemsops"):
+            name = f"{lib} {'compiled' if compiled else 'eager'}"
+            results[name] = train(lib, compiled, data, len(chars), args)
     every = max(1, args.steps // 10)
-    print(f"{'step':>6} {'torch loss':>11} {'gemsops loss':>13}")
+    print(f"{'step':>6} " + " ".join(f"{n:>16}" for n in results))
     for s in list(range(0, args.steps, every)) + [args.steps - 1]:
-        print(
-            f"{s:6d} {results['torch'][0][s]:11.4f} "
-            f"{results['gemsops'][0][s]:13.4f}"
-        )
-    for lib, (_, times) in results.items():
+        print(f"{s:6d} " + " ".join(f"{r[0][s]:16.4f}" for r in results.values()))
+    for name, (_, times) in results.items():
         warm = times[len(times) // 5 :] or times
         print(
-            f"{lib:8s} median step {sorted(warm)[len(warm) // 2] * 1e3:.2f} ms"
+            f"{name:17s} median step "
+            f"{sorted(warm)[len(warm) // 2] * 1e3:.2f} ms"
         )
 
 
