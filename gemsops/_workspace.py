@@ -13,11 +13,15 @@ Two kinds of buffer:
 Under CUDA-graph capture nothing is kept: a captured launch never runs at
 capture time, so a buffer it "left zero" is not zero. Captured launches get
 fresh buffers that the launch itself prepares (a memset node in the graph,
-replayed with it), and they are not recorded here.
+replayed with it), and they are not recorded here. The same holds while
+torch.compile's CUDA graph trees (mode="reduce-overhead") warm a graph up:
+those runs allocate from the graph's private pool, where a buffer kept
+past the call is a leak the trees refuse.
 
 Plans C computes (workspace bytes for a shape) are cached in a bounded LRU,
 so a program that sees ever new shapes does not grow memory here."""
 
+import sys
 from collections import OrderedDict
 
 import torch
@@ -40,12 +44,24 @@ class _Slot:
         self.epoch = 0
 
 
-def capturing(device):
-    """True while the current CUDA stream of `device` is being captured
-    into a CUDA graph (False on the CPU)."""
+def in_graph_pool(device):
+    """True while what `device`'s current CUDA stream allocates goes to a
+    CUDA graph's private memory pool: a capture, or a CUDA graph trees
+    warm-up, which runs on the tree manager's own stream (False on the
+    CPU)."""
     if device.type != "cuda":
         return False
-    return torch.cuda.is_current_stream_capturing()
+    if torch.cuda.is_current_stream_capturing():
+        return True
+    trees = sys.modules.get("torch._inductor.cudagraph_trees")
+    if trees is None:  # never imported: no tree exists
+        return False
+    index = device.index if device.index is not None else 0
+    manager = trees.get_manager(index, create_if_none_exists=False)
+    return (
+        manager is not None
+        and torch.cuda.current_stream(index) == manager.stream
+    )
 
 
 def scratch(nbytes, device, zero=False):

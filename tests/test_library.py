@@ -274,7 +274,7 @@ def test_workspace_helper_is_bounded_and_capture_aware():
     for i in range(_workspace._MAX_PLANS + 50):
         assert _workspace.planned(("t", i), lambda n: n * 2, i) == 2 * i
     assert len(_workspace._plans) == _workspace._MAX_PLANS
-    assert not _workspace.capturing(torch.device("cpu"))
+    assert not _workspace.in_graph_pool(torch.device("cpu"))
     assert _workspace.scratch(0, torch.device("cpu")) is None
     assert _workspace.scratch(5, torch.device("cpu"), zero=True).sum() == 0
     _workspace.clear()

@@ -214,7 +214,7 @@ def _backward(
         _C.layer_norm_bwd(*args, None)
         return dx, dw, db
     device = x.get_device()
-    if _workspace.capturing(x.device):
+    if _workspace.in_graph_pool(x.device):
         # a captured launch gets its own workspace and zeroes it itself
         nbytes = _C.layer_norm_bwd_workspace(
             x, weight, nd, deterministic, want_dx, want_dw, want_db

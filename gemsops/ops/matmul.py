@@ -92,7 +92,7 @@ def _stream_buffers(device, need):
     handle). Under CUDA-graph capture: fresh flags at epoch 1 that the
     launch zeroes (C has never seen them), nothing kept."""
     nbytes, count, stream = need
-    if _workspace.capturing(torch.device("cuda", device)):
+    if _workspace.in_graph_pool(torch.device("cuda", device)):
         dev = torch.device("cuda", device)
         return (
             torch.empty(max(count, 1), dtype=torch.int32, device=dev),
