@@ -6,7 +6,7 @@ the time per step.
 
 --compile trains torch.compile(model, fullgraph=True) in place of the
 eager model; --compile both trains the four (torch and gemsops, eager and
-compiled) in one run."""
+compiled) in one run. --amp trains under bf16 autocast."""
 
 import argparse
 import math
@@ -94,7 +94,10 @@ def train(lib, compiled, data, vocab, args):
             args.device
         )
         t0 = time.perf_counter()
-        loss = F.cross_entropy(step_fn(xb).flatten(0, 1), yb.flatten())
+        with torch.autocast(
+            torch.device(args.device).type, torch.bfloat16, enabled=args.amp
+        ):
+            loss = F.cross_entropy(step_fn(xb).flatten(0, 1), yb.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -112,6 +115,9 @@ def main():
     p.add_argument(
         "--compile", nargs="?", const="on", default="off",
         choices=["off", "on", "both"],
+    )
+    p.add_argument(
+        "--amp", action="store_true", help="bf16 autocast (mixed precision)"
     )
     p.add_argument("--d", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)

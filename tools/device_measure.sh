@@ -10,7 +10,10 @@ OUT=${OUT:-/tmp/gemsops_out}
 mkdir -p "$OUT"
 timeout "${HOST_LIMIT:-120}" python3 benchmark/host_cost.py \
     | tee "$OUT/host_cost.txt"
-# shellcheck disable=SC2086
-timeout "${GPT_LIMIT:-240}" python3 examples/train_gpt.py --device cuda \
-    --compile both ${GPT_ARGS:---steps 200 --d 512 --layers 4 --heads 8 --ctx 256 --batch 16} \
-    2>&1 | tee "$OUT/train_gpt.txt" | tail -8
+# fp32, then bf16 autocast
+GPT=${GPT_ARGS:---steps 200 --d 512 --layers 4 --heads 8 --ctx 256 --batch 16}
+for amp in "" --amp; do
+    # shellcheck disable=SC2086
+    timeout "${GPT_LIMIT:-200}" python3 examples/train_gpt.py --device cuda \
+        --compile both $GPT $amp 2>&1 | tee "$OUT/train_gpt$amp.txt" | tail -5
+done
