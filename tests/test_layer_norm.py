@@ -5,7 +5,12 @@ import pytest
 import torch
 
 import gemsops
-from gemsops.testing import assert_close, layer_norm_reference, poison_
+from gemsops.testing import (
+    assert_close,
+    layer_norm_reference,
+    poison_,
+    rel_error,
+)
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -524,6 +529,23 @@ def test_constant_rows_with_tiny_eps_normalize_to_zero(n, dtype, device):
         mean.reshape(-1).double()[0::2].cpu(),
         torch.full((32,), float(x[0, 0]), dtype=torch.float64),
     )
+
+
+@pytest.mark.parametrize("n", [20000, 65539])
+def test_long_rows_with_a_large_mean_keep_their_deviations(n, device):
+    # fp32 rows long enough for the looped kernel, mean 1000 against a
+    # spread of 1: a mean rounded at each of its merges (or once, to fp32)
+    # shifts every output by up to half an ulp of 1000, 3e-5
+    x = (1000 + torch.randn(8, n, dtype=torch.float64)).float()
+    w, b = torch.randn(n), torch.randn(n)
+    y = gemsops.layer_norm(x.to(device), (n,), w.to(device), b.to(device))
+    ref = torch.nn.functional.layer_norm(
+        x.double(), (n,), w.double(), b.double()
+    )
+    assert rel_error(y.cpu(), ref) < 1e-6
+    _, mean, _ = gemsops.native_layer_norm(x.to(device), (n,))
+    err = (mean.reshape(-1).double().cpu() - x.double().mean(1)).abs()
+    assert err.max() <= 1000 * 2.0**-24  # the true mean, rounded once
 
 
 # --- rules the Python layer mirrors from C (one home each: C; these

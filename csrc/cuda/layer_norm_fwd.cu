@@ -199,18 +199,43 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     }
 }
 
-// Chan's parallel-variance merge of (nb, mb, m2b) into (n, m, m2).
+// hi + lo += t, the rounding error of hi + t kept in lo (Knuth's TwoSum);
+// an error that is not finite (an infinite or NaN hi or t) is dropped, so
+// lo stays finite and hi carries the non-finite value alone.
 template <typename A>
-__device__ __forceinline__ void chan_merge(A &n, A &m, A &m2, A nb, A mb,
-                                           A m2b)
+__device__ __forceinline__ void two_sum_into(A &hi, A &lo, A t)
 {
-    const A nab = n + nb;
+    const A s = hi + t;
+    const A tb = s - hi;
+    const A e = (hi - (s - tb)) + (t - tb);
+    hi = s;
+    lo += isfinite(e) ? e : A(0);
+}
+
+// Chan's parallel-variance merge of (nb, mb + mbc, m2b) into
+// (n, m + mc, m2), each mean carried as a compensated pair. Rounding the
+// running mean at every merge would cost up to half an ulp of the mean
+// per merge, which is large against the deviations of a row whose mean is
+// large against its spread (x = 100 + noise: the output's error grew
+// tenfold over torch's); the pair keeps it below one ulp in all.
+template <typename A>
+__device__ __forceinline__ void chan_merge(A &n, A &m, A &mc, A &m2, A nb,
+                                           A mb, A mbc, A m2b)
+{
     if (nb == A(0)) {
         return;
     }
-    const A d = mb - m;
+    if (n == A(0)) {
+        n = nb;
+        m = mb;
+        mc = mbc;
+        m2 = m2b;
+        return;
+    }
+    const A nab = n + nb;
+    const A d = (mb - m) + (mbc - mc);
     const A f = nb / nab;
-    m += d * f;
+    two_sum_into(m, mc, d * f);
     m2 += m2b + d * d * n * f;
     n = nab;
 }
@@ -258,13 +283,13 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     constexpr int STEP = kLoopedBlock * VEC; // columns between accesses
     constexpr int CHUNK = STEP * U;
     constexpr int WARPS = kLoopedBlock / 32;
-    __shared__ A part[3][WARPS];
-    __shared__ A stats[2];
+    __shared__ A part[4][WARPS];
+    __shared__ A stats[3];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
     for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
         const T *xr = a.x + row * a.x_stride + threadIdx.x * VEC;
-        A n = 0, mean = 0, m2 = 0;
+        A n = 0, mean = 0, mean_lo = 0, m2 = 0;
         for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
             const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
             vec_t<T, VEC> xv[U];
@@ -296,12 +321,17 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                     }
                 }
             }
-            // the corrected two-pass step (see the registers kernel)
+            // the corrected two-pass step (see the registers kernel), the
+            // chunk's mean kept as the pair cm0 + sh
             const A sh = cd / cnt;
             const bool fix = isfinite(sh);
-            const A cm = fix ? cm0 + sh : cm0;
+            A cm = cm0, cm_lo = 0;
+            if (fix) {
+                two_sum_into(cm, cm_lo, sh);
+            }
             cm2 = fix ? cm2 - cd * sh : cm2;
-            chan_merge(n, mean, m2, cnt, cm, cm2 < A(0) ? A(0) : cm2);
+            chan_merge(n, mean, mean_lo, m2, cnt, cm, cm_lo,
+                       cm2 < A(0) ? A(0) : cm2);
         }
         // warp: merge down to lane 0 in a fixed order; then warp 0's thread
         // 0 merges the warps in order (deterministic)
@@ -309,25 +339,30 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
         for (int off = 16; off > 0; off /= 2) {
             const A nb = __shfl_down_sync(0xffffffffu, n, off);
             const A mb = __shfl_down_sync(0xffffffffu, mean, off);
+            const A mbc = __shfl_down_sync(0xffffffffu, mean_lo, off);
             const A m2b = __shfl_down_sync(0xffffffffu, m2, off);
-            chan_merge(n, mean, m2, nb, mb, m2b);
+            chan_merge(n, mean, mean_lo, m2, nb, mb, mbc, m2b);
         }
         if (lane == 0) {
             part[0][warp] = n;
             part[1][warp] = mean;
-            part[2][warp] = m2;
+            part[2][warp] = mean_lo;
+            part[3][warp] = m2;
         }
         __syncthreads();
         if (threadIdx.x == 0) {
-            A tn = 0, tm = 0, tm2 = 0;
+            A tn = 0, tm = 0, tmc = 0, tm2 = 0;
             for (int w = 0; w < WARPS; w++) {
-                chan_merge(tn, tm, tm2, part[0][w], part[1][w], part[2][w]);
+                chan_merge(tn, tm, tmc, tm2, part[0][w], part[1][w],
+                           part[2][w], part[3][w]);
             }
             stats[0] = tm;
-            stats[1] = A(1) / sqrt(tm2 / (A)a.cols + a.eps);
+            stats[1] = tmc;
+            stats[2] = A(1) / sqrt(tm2 / (A)a.cols + a.eps);
         }
         __syncthreads();
-        const A mu = stats[0], rstd = stats[1];
+        // x - mu is exact for x near a large mu; the low part follows
+        const A mu = stats[0], mu_lo = stats[1], rstd = stats[2];
         T *yr = a.y + row * a.y_stride + threadIdx.x * VEC;
         for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
             const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
@@ -352,7 +387,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 A out[VEC];
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    A y = (widen<A>(xv.v[v]) - mu) * rstd;
+                    A y = (widen<A>(xv.v[v]) - mu - mu_lo) * rstd;
                     if (a.w) {
                         y *= to_acc<A>(wv.v[v]);
                     }
@@ -365,7 +400,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             }
         }
         if (threadIdx.x == 0 && a.mean) {
-            a.mean[row] = mu;
+            a.mean[row] = mu + mu_lo;
             a.rstd[row] = rstd;
         }
         __syncthreads(); // part[] and stats[] are rewritten for the next row
