@@ -7,9 +7,13 @@ For each op: a forward on tensors that need no grad, a forward whose input
 requires grad (autograd records it), and the backward of that forward
 through `torch.autograd.grad`.
 
-usage: python benchmark/host_cost.py [--device cuda|cpu] [--calls N]"""
+usage: python benchmark/host_cost.py [--device cuda|cpu] [--calls N]
+       [--json PATH]   (the rows as JSON, e.g. for benchmark/results/)"""
 
 import argparse
+import datetime
+import json
+import subprocess
 import time
 
 import torch
@@ -85,6 +89,7 @@ def main():
         "--device", default="cuda" if torch.cuda.is_available() else "cpu"
     )
     cli.add_argument("--calls", type=int, default=3000)
+    cli.add_argument("--json", help="also write the rows to this file")
     args = cli.parse_args()
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -97,6 +102,7 @@ def main():
         f"{'op':20s} {'provider':11s} {'forward':>8s} {'fwd+grad':>9s}"
         f" {'backward':>9s}"
     )
+    rows = []
     for op, providers, tensors in cases(dev, dtype):
         grads = tuple(t.clone().requires_grad_() for t in tensors)
         for provider, fn in providers.items():
@@ -115,6 +121,39 @@ def main():
                 f"{op:20s} {provider:11s} {plain:8.2f} {tracked:9.2f}"
                 f" {back:9.2f}"
             )
+            rows.append(
+                dict(
+                    call=op,
+                    provider=provider,
+                    forward_us=plain,
+                    forward_grad_us=tracked,
+                    backward_us=back,
+                )
+            )
+    if args.json:
+        doc = dict(
+            kind="host_cost",
+            device=name,
+            dtype=str(dtype).removeprefix("torch."),
+            torch=torch.__version__,
+            commit=_commit(),
+            date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            rows=rows,
+        )
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+
+
+def _commit():
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -80,11 +80,46 @@ def newest(op, pass_, docs):
 
 
 def all_docs():
-    return [load(p) for p in sorted(RESULTS.glob("*.json"))]
+    """The kernel-time runs (host-cost runs are read by host_docs)."""
+    docs = [load(p) for p in sorted(RESULTS.glob("*.json"))]
+    return [d for d in docs if d.get("kind") != "host_cost"]
+
+
+def host_docs():
+    docs = [load(p) for p in sorted(RESULTS.glob("host_cost_*.json"))]
+    return [d for d in docs if d.get("kind") == "host_cost"]
+
+
+def host_summary(docs):
+    """Per op: µs a call for torch, gemsops' eager path and its dispatcher
+    op (torch.ops.gemsops), from the newest host-cost run."""
+    if not docs:
+        return []
+    doc = max(docs, key=lambda d: d["date"])
+    by = {(r["call"], r["provider"]): r for r in doc["rows"]}
+    calls = list(dict.fromkeys(r["call"] for r in doc["rows"]))
+    out = [
+        f"**Host cost** (µs a call, {doc['dtype']}; torch / gemsops / "
+        f"gemsops through the dispatcher; {gpu_name(doc)} host, "
+        f"{doc['commit']})",
+        "",
+        "| call | forward | forward, input requires grad | backward |",
+        "|---|---|---|---|",
+    ]
+    for call in calls:
+        cells = [
+            " / ".join(
+                f"{by[(call, p)][key]:.0f}"
+                for p in ("torch", "gemsops", "gemsops op")
+            )
+            for key in ("forward_us", "forward_grad_us", "backward_us")
+        ]
+        out.append(f"| {call} | " + " | ".join(cells) + " |")
+    return out
 
 
 def gpu_name(doc):
-    return doc["gpu"].removeprefix("NVIDIA ")
+    return doc.get("gpu", doc.get("device", "")).removeprefix("NVIDIA ")
 
 
 def timing(doc):
@@ -278,7 +313,8 @@ def summary(docs):
     for title in BANDWIDTH_OPS:
         out += bandwidth_summary(title, docs) + [""]
     out += matmul_summary(docs)
-    return out
+    host = host_summary(host_docs())
+    return out + ([""] + host if host else [])
 
 
 def cases(docs):
