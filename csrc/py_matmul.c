@@ -84,6 +84,8 @@ parse_problem(PyObject *const *args, const char *fn,
 {
     long long mode, two, ctas, mainloop;
     memset(p, 0, sizeof *p);
+    p->alpha = 1.0f; /* no epilogue unless matmul()'s extras ask */
+    p->beta = 1.0f;
     if (gemsops_tensor_from_object(args[0], fn, "a", a, &p->stream) ||
         check_operand(a, fn, "a") ||
         gemsops_tensor_from_object(args[1], fn, "b", b, NULL) ||
@@ -228,7 +230,9 @@ PyDoc_STRVAR(
     "so the caller can supply the stream's buffers and call again; otherwise\n"
     "it returns None. spin_limit (0: wait; else fail after that many polls)\n"
     "and error (int32 [1], needed when spin_limit > 0: set to 1 when a wait\n"
-    "gave up).");
+    "gave up). Optional trailing (bias, alpha, beta): out = alpha * a @ b +\n"
+    "beta * bias in fp32 before the rounding (bias None or broadcasting to\n"
+    "out, out's dtype).");
 
 /* (workspace, flags, epoch, spin_limit, error): spin_limit for both
  * backends, the rest checked and used on CUDA only. */
@@ -303,14 +307,76 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
     return 0;
 }
 
+/* (bias, alpha, beta): the epilogue out = alpha * a @ b + beta * bias.
+ * bias: None or a tensor of out's dtype and device that broadcasts to
+ * out's shape (its broadcast dims read with stride 0). */
+static int
+parse_epilogue(PyObject *const *args, const char *fn,
+               const struct gemsops_tensor *c, struct gemsops_matmul_params *p)
+{
+    double alpha = PyFloat_AsDouble(args[1]);
+    double beta =
+        alpha == -1.0 && PyErr_Occurred() ? 0.0 : PyFloat_AsDouble(args[2]);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    p->alpha = (float)alpha;
+    p->beta = (float)beta;
+    if (args[0] == Py_None) {
+        return 0;
+    }
+    struct gemsops_tensor t;
+    if (gemsops_tensor_from_object(args[0], fn, "bias", &t, NULL) ||
+        gemsops_check_device(&t, c, fn, "bias", "out")) {
+        return -1;
+    }
+    if (t.dtype != c->dtype) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): bias has dtype %s; expected %s (out's)", fn,
+                     gemsops_dtype_name(t.dtype),
+                     gemsops_dtype_name(c->dtype));
+        return -1;
+    }
+    /* right-aligned broadcast onto out's [batch,] m, n */
+    int64_t st[3] = {0, 0, 0};
+    int ok = t.ndim <= c->ndim;
+    for (int i = 1; ok && i <= t.ndim; i++) {
+        const int64_t ts = t.sizes[t.ndim - i], cs = c->sizes[c->ndim - i];
+        ok = ts == cs || ts == 1;
+        st[3 - i] = ts == 1 ? 0 : t.strides[t.ndim - i];
+    }
+    if (!ok) {
+        char sb[96], sc[96];
+        gemsops_format_shape(t.sizes, t.ndim, sb, sizeof sb);
+        gemsops_format_shape(c->sizes, c->ndim, sc, sizeof sc);
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): bias of shape %s does not broadcast to out's "
+                     "shape %s",
+                     fn, sb, sc);
+        return -1;
+    }
+    const struct gemsops_tensor *w[] = {c};
+    const struct gemsops_tensor *r[] = {&t};
+    const char *wn[] = {"out"};
+    const char *rn[] = {"bias"};
+    if (gemsops_check_no_overlap(w, wn, 1, r, rn, 1, fn)) {
+        return -1;
+    }
+    p->bias = t.data;
+    p->bias_bs = st[0];
+    p->bias_rs = st[1];
+    p->bias_cs = st[2];
+    return 0;
+}
+
 static PyObject *
 matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     const char *fn = "matmul";
-    if (nargs != 12) {
+    if (nargs != 12 && nargs != 15) {
         PyErr_Format(PyExc_TypeError,
-                     "matmul() takes 12 arguments (%zd "
+                     "matmul() takes 12 or 15 arguments (%zd "
                      "given)",
                      nargs);
         return NULL;
@@ -318,7 +384,8 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     struct gemsops_matmul_params p;
     struct gemsops_tensor a, b, c;
     if (parse_problem(args, fn, &p, &a, &b, &c) ||
-        parse_cuda_extras(args, fn, &a, &b, &c, &p)) {
+        parse_cuda_extras(args, fn, &a, &b, &c, &p) ||
+        (nargs == 15 && parse_epilogue(args + 12, fn, &c, &p))) {
         return NULL;
     }
     const int cuda = a.device_type == GEMSOPS_CUDA;

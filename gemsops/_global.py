@@ -138,14 +138,22 @@ def _bmm3(a, b):
 
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
-    _need(bias.dtype == a.dtype)
-    c = _mm2(a, b)
-    _need(torch.broadcast_shapes(bias.shape, c.shape) == c.shape)
-    if alpha != 1:
-        c.mul_(alpha)
-    if beta != 0:  # beta 0: bias is not read (NaNs in it do not spread)
-        c.add_(bias, alpha=beta)
-    return c
+    _mm_ok(a, b)
+    _need(
+        bias.dtype == a.dtype
+        and bias.device == a.device
+        and bias.dim() <= 2
+        and a.dim() == 2
+        and b.dim() == 2
+        and a.shape[1] == b.shape[0]
+    )
+    shape = (a.shape[0], b.shape[1])
+    _need(torch.broadcast_shapes(bias.shape, shape) == shape)
+    # the kernel's epilogue: alpha * a @ b + beta * bias before the one
+    # rounding (beta 0: bias is not read, its NaNs do not spread)
+    return _mm._mm(
+        _plain(a), _plain(b), _plain(bias) if beta != 0 else None, alpha, beta
+    )
 
 
 _IMPLS = {

@@ -104,3 +104,19 @@ def test_linear_under_autocast_cpu():
     assert_close(
         yg, _ref_linear(x, lin.weight, lin.bias), torch.bfloat16, chain_len=16
     )
+
+
+@pytest.mark.parametrize("op", ["linear", "addmm"])
+def test_half_product_past_the_max_that_the_bias_brings_back(op, device):
+    # 256 * 128 + 255.875 * 128 = 65520 rounds to fp16's inf on its own;
+    # with the bias (-80) the exact 65440 is an fp16 value: the bias must
+    # be added before the product is rounded, as torch's addmm does
+    x = torch.tensor([[256.0, 255.875]], dtype=torch.float16, device=device)
+    w = torch.full((1, 2), 128.0, dtype=torch.float16, device=device)
+    b = torch.tensor([-80.0], dtype=torch.float16, device=device)
+    if op == "linear":
+        out = gemsops.linear(x, w, b)
+    else:
+        out = gemsops.addmm(b, x, w.t())
+    assert (x.double() @ w.double().t() + b.double()).item() == 65440.0
+    assert out.item() == 65440.0

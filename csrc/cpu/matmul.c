@@ -11,7 +11,8 @@
  * owner can wait for it, so any thread count finishes.
  *
  * Tile math: A and B panels are widened to fp32 once per k-step, then a
- * BM x BN fp32 accumulator takes rank-BK updates; C is rounded once. */
+ * BM x BN fp32 accumulator takes rank-BK updates; C is rounded once, after
+ * the epilogue (alpha * acc + beta * bias) in fp32. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,9 +81,16 @@ tile_store(const struct gemsops_matmul_params *p,
     const int64_t r0 = tm * CPU_BM, c0 = tn * CPU_BN;
     for (int64_t i = 0; i < CPU_BM && r0 + i < p->m; i++) {
         for (int64_t j = 0; j < CPU_BN && c0 + j < p->n; j++) {
+            float v = p->alpha * acc[i * CPU_BN + j];
+            if (p->bias != NULL) {
+                v += p->beta *
+                     (float)gemsops_load_f64(p->bias, p->dtype,
+                                             bt * p->bias_bs +
+                                                 (r0 + i) * p->bias_rs +
+                                                 (c0 + j) * p->bias_cs);
+            }
             gemsops_store_f64(p->c, p->dtype,
-                              (bt * p->m + r0 + i) * p->n + c0 + j,
-                              acc[i * CPU_BN + j]);
+                              (bt * p->m + r0 + i) * p->n + c0 + j, v);
         }
     }
 }

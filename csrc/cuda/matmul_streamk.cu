@@ -63,6 +63,10 @@ struct driver_args {
     unsigned epoch;
     int64_t spin_limit; // 0: wait as long as it takes
     int *error;
+    bool epilogue; // alpha != 1 or a bias: C = alpha * acc + beta * bias
+    const void *bias;
+    int64_t bias_bs, bias_rs, bias_cs;
+    float alpha, beta;
 };
 
 // ---- the exact FFMA mainloop ----------------------------------------------
@@ -241,6 +245,20 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16 *d, float a, float b)
     *reinterpret_cast<__nv_bfloat162 *>(d) = __floats2bfloat162_rn(a, b);
 }
 
+// alpha * v + beta * bias at (bt, gr, gc), in fp32 before the rounding
+template <typename T>
+__device__ __forceinline__ float epilogue_at(const driver_args &p, int64_t bt,
+                                             int64_t gr, int64_t gc, float v)
+{
+    v *= p.alpha;
+    if (p.bias != nullptr) {
+        const T b = static_cast<const T *>(
+            p.bias)[bt * p.bias_bs + gr * p.bias_rs + gc * p.bias_cs];
+        v += p.beta * widen<float>(b);
+    }
+    return v;
+}
+
 template <typename T, typename L>
 __device__ void store_tile(const driver_args &p, int64_t tile,
                            const float (&acc)[L::kAcc])
@@ -257,15 +275,24 @@ __device__ void store_tile(const driver_args &p, int64_t tile,
         L::coords(e, r, c);
         const int64_t gr = tm * L::BM + r, gc = tn * L::BN + c;
         T *dst = C + gr * p.s.n + gc;
+        float v0 = acc[e], v1 = acc[e + 1];
+        if (p.epilogue) { // (in range only: the addend has no padding)
+            if (gr < p.s.m && gc < p.s.n) {
+                v0 = epilogue_at<T>(p, bt, gr, gc, v0);
+            }
+            if (gr < p.s.m && gc + 1 < p.s.n) {
+                v1 = epilogue_at<T>(p, bt, gr, gc + 1, v1);
+            }
+        }
         if (gr < p.s.m && gc + 1 < p.s.n && pairs) {
-            store_pair(dst, acc[e], acc[e + 1]);
+            store_pair(dst, v0, v1);
             continue;
         }
         if (gr < p.s.m && gc < p.s.n) {
-            dst[0] = from_acc<T>(acc[e]);
+            dst[0] = from_acc<T>(v0);
         }
         if (gr < p.s.m && gc + 1 < p.s.n) {
-            dst[1] = from_acc<T>(acc[e + 1]);
+            dst[1] = from_acc<T>(v1);
         }
     }
 }
@@ -706,8 +733,17 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     a.b_cs = p->b_cs;
     a.a_m_unit = !k.layout.a_k; // wgmma reads an M-contiguous A in place
     a.b_k_unit = k.layout.b_k;
+    a.epilogue = p->bias != nullptr || p->alpha != 1.0f;
+    a.bias = p->bias;
+    a.bias_bs = p->bias_bs;
+    a.bias_rs = p->bias_rs;
+    a.bias_cs = p->bias_cs;
+    a.alpha = p->alpha;
+    a.beta = p->beta;
+    // the staged (TMA) epilogue stores the accumulators as they are: with
+    // an epilogue, the direct stores
     a.c_chunks = gemsops_dtype_size(p->dtype) == 2 && p->n % 8 == 0 &&
-                 (uintptr_t)p->c % 16 == 0;
+                 (uintptr_t)p->c % 16 == 0 && !a.epilogue;
     a.c_pairs = p->n % 2 == 0 &&
                 (uintptr_t)p->c % (2 * gemsops_dtype_size(p->dtype)) == 0;
     a.partials = (float *)p->workspace;

@@ -1,12 +1,64 @@
 """addmm and linear (torch.addmm / torch.nn.functional.linear semantics)
-over gemsops' matmul. The bias is added by a separate torch op after the
-product (the matmul kernel has no bias epilogue yet), and its gradient is
-torch's sum over rows; the products themselves, forward and backward, run
-on gemsops' kernels on transposed views without copies."""
+over gemsops' matmul. In eager code the bias (and alpha, beta) go through
+the kernel's epilogue: alpha * A @ B + beta * bias in fp32, rounded once,
+as torch's addmm does it; the bias's gradient is the sum of the output's
+over rows. Traced code (compile, export, modes) and calls the epilogue
+cannot take run the product, then torch's add. The products, forward and
+backward, run on gemsops' kernels on transposed views without copies."""
+
+import math
 
 import torch
 
-from .matmul import matmul, mm
+from .._dispatch import eager
+from .matmul import SUPPORTED, _mm, matmul, mm
+
+
+class AddmmFunction(torch.autograd.Function):
+    """alpha * mat1 @ mat2 + beta * input through one launch (input
+    broadcast to [m, n], not read when beta == 0)."""
+
+    @staticmethod
+    def forward(ctx, input, mat1, mat2, alpha, beta):
+        ctx.save_for_backward(mat1, mat2)
+        ctx.alpha, ctx.beta = alpha, beta
+        ctx.input_shape = input.shape
+        return _mm(mat1, mat2, input if beta != 0 else None, alpha, beta)
+
+    @staticmethod
+    def backward(ctx, g):
+        mat1, mat2 = ctx.saved_tensors
+        if g.is_neg():  # C reads raw memory: give it the values
+            g = g.resolve_neg()
+        product = mm if torch.is_grad_enabled() else _mm  # create_graph
+        ga = g * ctx.alpha if ctx.alpha != 1 else g
+        need = ctx.needs_input_grad
+        d1 = product(ga, mat2.mT) if need[1] else None
+        d2 = product(mat1.mT, ga) if need[2] else None
+        di = None
+        if need[0]:
+            gb = g * ctx.beta if ctx.beta not in (0, 1) else g
+            di = gb.sum_to_size(ctx.input_shape)
+            if ctx.beta == 0:  # as torch: input's gradient is zeros
+                di = torch.zeros_like(di)
+        return di, d1, d2, None, None
+
+
+def _epilogue_ok(bias, *mats):
+    """Eager, valid tensors the fused launch takes: one supported dtype,
+    one device (the full checks stay on the other path)."""
+    ts = (bias,) + mats
+    return (
+        all(isinstance(t, torch.Tensor) for t in ts)
+        and eager(ts)
+        and mats[0].dtype in SUPPORTED
+        and all(t.dtype == mats[0].dtype for t in ts)
+        and all(t.device == mats[0].device for t in ts)
+    )
+
+
+def _plain(t):
+    return t.resolve_neg() if t.is_neg() else t
 
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
@@ -16,6 +68,17 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
         raise TypeError(
             "addmm(): argument 'input' (position 1) must be Tensor, not "
             f"{type(input).__name__}"
+        )
+    if (
+        _epilogue_ok(input, mat1, mat2)
+        and mat1.dim() == 2
+        and mat2.dim() == 2
+        and mat1.shape[1] == mat2.shape[0]
+        and input.dim() <= 2
+        and _broadcasts(input.shape, (mat1.shape[0], mat2.shape[1]))
+    ):
+        return AddmmFunction.apply(
+            _plain(input), _plain(mat1), _plain(mat2), alpha, beta
         )
     c = mm(mat1, mat2)
     if input.dtype != c.dtype and not torch.is_autocast_enabled(c.device.type):
@@ -65,6 +128,18 @@ def linear(input, weight, bias=None):
                 else type(weight).__name__
             )
         )
+    if (
+        bias is not None
+        and _epilogue_ok(bias, input, weight)
+        and weight.dim() == 2
+        and input.dim() >= 1
+        and input.shape[-1] == weight.shape[1]
+        and tuple(bias.shape) == (weight.shape[0],)
+    ):
+        rows = math.prod(input.shape[:-1])  # not -1: k may be 0
+        x2 = _plain(input).reshape(rows, input.shape[-1])
+        y = AddmmFunction.apply(_plain(bias), x2, _plain(weight).t(), 1, 1)
+        return y.reshape(tuple(input.shape[:-1]) + (weight.shape[0],))
     y = matmul(input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
         return y
@@ -78,3 +153,10 @@ def linear(input, weight, bias=None):
             )
         bias = bias.to(y.dtype)  # as torch's linear under autocast
     return y + bias
+
+
+def _broadcasts(shape, to):
+    try:
+        return torch.broadcast_shapes(shape, to) == torch.Size(to)
+    except RuntimeError:
+        return False

@@ -118,19 +118,26 @@ def _error_buffer(device):
     ).buf
 
 
-def _mm(a, b):
+def _mm(a, b, bias=None, alpha=1, beta=1):
     """[m, k] x [k, n] -> [m, n], or [B, m, k] x [B, k, n] -> [B, m, n]: a
     new contiguous C (no autograd). One _C call; a Stream-K launch asks for
-    its stream's workspace and flags and takes a second."""
+    its stream's workspace and flags and takes a second. With a bias (any
+    tensor of C's dtype broadcasting to C) or alpha != 1, the kernel's
+    epilogue gives alpha * a @ b + beta * bias, rounded once."""
     c = torch.empty(
         a.shape[:-1] + b.shape[-1:], dtype=a.dtype, device=a.device
     )
     mode, two, ctas, loop, spin = _launch
     err = _error_buffer(a.device) if spin and a.is_cuda else None
-    need = _C.matmul(a, b, c, mode, two, ctas, loop, None, None, 0, spin, err)
+    epi = () if bias is None and alpha == 1 else (bias, alpha, beta)
+    need = _C.matmul(
+        a, b, c, mode, two, ctas, loop, None, None, 0, spin, err, *epi
+    )
     if need is not None:
         flags, epoch, ws = _stream_buffers(a.get_device(), need)
-        _C.matmul(a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err)
+        _C.matmul(
+            a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err, *epi
+        )
     if err is not None and err.item():
         err.zero_()
         raise RuntimeError(

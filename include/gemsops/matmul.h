@@ -1,4 +1,7 @@
-/* Stream-K matrix multiply: C[b] = A[b] . B[b] for every batch b.
+/* Stream-K matrix multiply: C[b] = A[b] . B[b] for every batch b, or with
+ * the epilogue C[b] = alpha * A[b] . B[b] + beta * bias[b] (addmm's:
+ * the fp32 accumulator scaled and the addend added before the one
+ * rounding, as cuBLAS does it).
  *
  * A is [batch, m, k], B [batch, k, n], C [batch, m, n] (contiguous rows,
  * written whole); A and B take any strides (a zero batch stride broadcasts)
@@ -52,6 +55,11 @@ struct gemsops_matmul_params {
     int64_t spin_limit; /* >0: a wait longer than this many polls     */
     /* fails (debug) instead of hanging           */
     int *error; /* CUDA: set to 1 when spin_limit tripped     */
+    const void *bias; /* NULL, or the addend, dtype `dtype`          */
+    int64_t bias_bs, bias_rs, bias_cs; /* its strides over [batch, m, n]: 0
+                                 broadcasts (a bias vector: 0, 0, 1)      */
+    float alpha, beta; /* the epilogue's scales (alpha also without   */
+    /* a bias); the boundary sets 1, 1 by default */
     int device_id;
     void *stream;
 };
