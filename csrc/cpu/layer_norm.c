@@ -105,13 +105,14 @@ load_sum(const void *x, gemsops_dtype dt, int64_t n, double *buf)
 
 /* One row of x into y; returns its statistics in *mean_out, *rstd_out.
  * Three passes over a double buffer of the row: widen and sum, the
- * squared deviations, normalize and round into y. */
+ * squared deviations (from 0 for RMSNorm), normalize and round into y. */
 GEMSOPS_SIMD_CLONES static void
 fwd_row(const void *x, void *y, gemsops_dtype dt, int64_t n, double *buf,
-        const double *w, const double *b, double eps, double *mean_out,
-        double *rstd_out)
+        const double *w, const double *b, double eps, int rms,
+        double *mean_out, double *rstd_out)
 {
-    const double mean = load_sum(x, dt, n, buf) / (double)n;
+    const double sum = load_sum(x, dt, n, buf);
+    const double mean = rms ? 0.0 : sum / (double)n;
     double m2 = 0;
 #pragma omp simd reduction(+ : m2)
     for (int64_t c = 0; c < n; c++) {
@@ -130,14 +131,13 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
 {
     const int64_t n = p->cols;
     const size_t es = gemsops_dtype_size(p->dtype);
+    const gemsops_dtype sd = gemsops_layer_norm_stats_dtype(p->dtype);
     if (n == 0) { /* rows of no elements: mean 0, rstd NaN, as torch */
-        for (int64_t r = 0; p->mean != NULL && r < p->rows; r++) {
-            gemsops_store_f64(p->mean,
-                              gemsops_layer_norm_stats_dtype(p->dtype), r,
-                              0.0);
-            gemsops_store_f64(p->rstd,
-                              gemsops_layer_norm_stats_dtype(p->dtype), r,
-                              NAN);
+        for (int64_t r = 0; p->rstd != NULL && r < p->rows; r++) {
+            if (p->mean != NULL) {
+                gemsops_store_f64(p->mean, sd, r, 0.0);
+            }
+            gemsops_store_f64(p->rstd, sd, r, NAN);
         }
         return GEMSOPS_OK;
     }
@@ -157,14 +157,12 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
             double mean, rstd;
             fwd_row((const char *)p->x + r * p->x_row_stride * es,
                     (char *)p->y + r * p->y_row_stride * es, p->dtype, n, buf,
-                    w, b, p->eps, &mean, &rstd);
+                    w, b, p->eps, p->rms, &mean, &rstd);
             if (p->mean != NULL) {
-                gemsops_store_f64(p->mean,
-                                  gemsops_layer_norm_stats_dtype(p->dtype), r,
-                                  mean);
-                gemsops_store_f64(p->rstd,
-                                  gemsops_layer_norm_stats_dtype(p->dtype), r,
-                                  rstd);
+                gemsops_store_f64(p->mean, sd, r, mean);
+            }
+            if (p->rstd != NULL) {
+                gemsops_store_f64(p->rstd, sd, r, rstd);
             }
         }
         free(buf);
@@ -196,11 +194,12 @@ store_param_grad(const double *part, int nthreads, int64_t n, int which,
 /* One row of the backward in two passes: (1) widen x and dy, xhat into
  * xh, dy into dyb, the row sums c1 = sum g * xhat, c2 = sum g (g = w * dy)
  * and the row's dW/dB terms into mine[0..n), mine[n..2n) (when mine); (2)
- * dx = rstd * (g - (xhat * c1 + c2) / N), rounded into dx (when dx). */
+ * dx = rstd * (g - (xhat * c1 + c2) / N), rounded into dx (when dx); for
+ * RMSNorm (mean 0) without the c2 term. */
 GEMSOPS_SIMD_CLONES static void
 bwd_row(const void *x, const void *dy, void *dx, gemsops_dtype dt, int64_t n,
         double *xh, double *dyb, const double *w, double mean, double rstd,
-        double *mine)
+        int rms, double *mine)
 {
     double c1 = 0, c2 = 0;
 #define GEMSOPS_BWD_PASS1(DT)                                                 \
@@ -232,7 +231,7 @@ bwd_row(const void *x, const void *dy, void *dx, gemsops_dtype dt, int64_t n,
         return;
     }
     c1 /= (double)n;
-    c2 /= (double)n;
+    c2 = rms ? 0.0 : c2 / (double)n;
     GEMSOPS_STORE_ROW(dx, dt, rstd * (dyb[c] * w[c] - (xh[c] * c1 + c2)))
 }
 
@@ -263,12 +262,12 @@ gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
             if (xh == NULL) {
                 continue;
             }
-            const double mean = gemsops_load_f64(p->mean, sd, r);
+            const double mean = p->rms ? 0.0 : gemsops_load_f64(p->mean, sd, r);
             const double rstd = gemsops_load_f64(p->rstd, sd, r);
             bwd_row((const char *)p->x + r * p->x_row_stride * es,
                     (const char *)p->dy + r * p->dy_row_stride * es,
                     p->dx ? (char *)p->dx + r * p->dx_row_stride * es : NULL,
-                    p->dtype, n, xh, dy, w, mean, rstd, mine);
+                    p->dtype, n, xh, dy, w, mean, rstd, p->rms, mine);
         }
         free(xh);
     }

@@ -113,6 +113,7 @@ struct bwd_args {
     int split;
     int stages; // ring depth, 1..kMaxStages (ring kernels only)
     bool deterministic;
+    bool rms; // RMSNorm: mean taken as 0 (whatever `mean` holds), no c2
 };
 
 // 16 elements a thread for the half types where a row (slab) then takes

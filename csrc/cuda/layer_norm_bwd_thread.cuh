@@ -302,6 +302,9 @@ struct bwd_thread {
         else {
             load_from_global(row, row_ok, xv, dv, mean, rstd);
         }
+        if (a.rms) {
+            mean = A(0);
+        }
         pad(row_ok, xv, dv);
         return stage;
     }
@@ -338,7 +341,7 @@ struct bwd_thread {
                                            A (&db)[ITEMS][VEC]) const
     {
         const A c1n = c1 * inv_n;
-        const A c2n = c2 * inv_n;
+        const A c2n = a.rms ? A(0) : c2 * inv_n;
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             if (!row_ok || i * STEP >= lim) {

@@ -10,6 +10,10 @@
  *   c1_r = sum_c g * xhat,   c2_r = sum_c g
  *   dW[c] = sum_r dy * xhat, dB[c] = sum_r dy
  *
+ * RMSNorm (rms = 1) is the same with no centring: mean_r = 0 (written as
+ * such), var_r = (1/N) sum_c x[r,c]^2, no bias, and c2 drops out of dx:
+ *   dx[r,c] = rstd_r * (g[r,c] - xhat[r,c] * c1_r / N)
+ *
  * Tensors are validated at the Python boundary (csrc/py_layer_norm.c);
  * backends may assume every pointer, size and stride here is consistent.
  * Rows are `row_stride` elements apart; columns are contiguous. */
@@ -47,6 +51,7 @@ struct gemsops_layer_norm_fwd_params {
     gemsops_dtype dtype; /* x and y                                   */
     gemsops_dtype param_dtype; /* weight and bias: dtype, or fp32 if half  */
     double eps;
+    int rms; /* 1: RMSNorm's statistic (see above), bias NULL    */
     int device_id; /* CUDA ordinal of every tensor                  */
     void *stream; /* cudaStream_t to launch on                     */
 };
@@ -73,6 +78,7 @@ struct gemsops_layer_norm_bwd_params {
     gemsops_dtype dtype;
     gemsops_dtype param_dtype;
     int deterministic; /* dW/dB summed in a fixed order, no atomics     */
+    int rms; /* 1: RMSNorm's backward (mean all 0, no c2 term) */
     int device_id;
     void *stream;
 };
