@@ -218,8 +218,7 @@ lines_of(const struct gemsops_tensor *x, int dim)
 
 /* Offset of element r of line o. */
 static int64_t
-element(const struct lines *l, const struct gemsops_tensor *x, int64_t o,
-        int64_t r)
+element(const struct lines *l, int64_t o, int64_t r)
 {
     if (l->full) {
         return offset_of(r, l->kept_sizes, l->kept_strides, l->kept_ndim);
@@ -263,7 +262,7 @@ gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st)
                 f = run_f64(x->data, x->dtype, lo, hi - lo);
             }
             for (int64_t r = lo; r < hi && !dense; r++) {
-                const int64_t off = element(&l, x, 0, r);
+                const int64_t off = element(&l, 0, r);
                 if (integral) {
                     u *= load_u64(x->data, x->dtype, off);
                 }
@@ -310,7 +309,7 @@ gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st)
             const int64_t o0 = k / per * inner + k % per * CPU_COLS;
             const int64_t left = inner - k % per * CPU_COLS;
             const int nb = (int)(left < CPU_COLS ? left : CPU_COLS);
-            const int64_t base = element(&l, x, o0, 0);
+            const int64_t base = element(&l, o0, 0);
             double f[CPU_COLS];
             uint64_t u[CPU_COLS];
             for (int i = 0; i < nb; i++) {
@@ -338,7 +337,7 @@ gemsops_prod_cpu(const struct gemsops_prod_params *p, gemsops_status *st)
     }
 #pragma omp parallel for schedule(static)
     for (int64_t o = 0; o < l.count; o++) {
-        const int64_t base = element(&l, x, o, 0);
+        const int64_t base = element(&l, o, 0);
         if (l.step == 1 && integral) {
             ((int64_t *)p->out)[o] =
                 (int64_t)run_u64(x->data, x->dtype, base, l.len);
@@ -393,7 +392,7 @@ gemsops_prod_bwd_cpu(const struct gemsops_prod_bwd_params *p,
             for (int64_t r = l.len - 1; r >= 0; r--) {
                 suffix[r] =
                     suffix[r + 1] *
-                    gemsops_load_f64(x->data, x->dtype, element(&l, x, o, r));
+                    gemsops_load_f64(x->data, x->dtype, element(&l, o, r));
             }
             const int64_t outer = l.full ? 0 : o / inner;
             const int64_t in = l.full ? 0 : o % inner;
@@ -404,7 +403,7 @@ gemsops_prod_bwd_cpu(const struct gemsops_prod_bwd_params *p,
                 gemsops_store_f64(p->grad_in, x->dtype, gi,
                                   g * prefix * suffix[r + 1]);
                 prefix *=
-                    gemsops_load_f64(x->data, x->dtype, element(&l, x, o, r));
+                    gemsops_load_f64(x->data, x->dtype, element(&l, o, r));
             }
         }
         free(suffix);
