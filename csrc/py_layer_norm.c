@@ -205,11 +205,11 @@ check_input(const struct gemsops_tensor *x, const char *fn, const char *arg)
 /* ---- forward ---------------------------------------------------------- */
 
 static int
-parse_fwd(PyObject *const *args, int with_outputs,
+parse_fwd(PyObject *const *args, int with_outputs, int rms,
           struct gemsops_layer_norm_fwd_params *p,
           struct gemsops_tensor *x_out)
 {
-    const char *fn = "layer_norm";
+    const char *fn = rms ? "rms_norm" : "layer_norm";
     struct gemsops_tensor x, w, b, y, mean, rstd, ws;
     int has_w, has_b, has_ws = 0, has_mean = 0, has_rstd = 0, nd;
     void *stream = NULL;
@@ -253,6 +253,7 @@ parse_fwd(PyObject *const *args, int with_outputs,
     }
     /* any value, as torch: a negative or NaN eps gives NaN rows */
     p->eps = eps;
+    p->rms = rms;
     if (gemsops_output_from_object(args[5], fn, "out", &y) ||
         check_like_x(&y, &x, nd, fn, "out", &p->y_row_stride) ||
         gemsops_optional_output(args[6], fn, "mean", &mean, &has_mean) ||
@@ -263,7 +264,7 @@ parse_fwd(PyObject *const *args, int with_outputs,
         (has_ws && gemsops_check_workspace(&ws, &x, fn))) {
         return -1;
     }
-    if (has_mean != has_rstd) {
+    if (!rms && has_mean != has_rstd) {
         PyErr_Format(PyExc_RuntimeError,
                      "%s(): mean and rstd must both be tensors or both None",
                      fn);
@@ -302,6 +303,8 @@ PyDoc_STRVAR(
     "uint8 tensor of layer_norm_fwd_workspace() bytes (0 today: no forward\n"
     "variant needs one). Runs on the current CUDA stream, or on the CPU.");
 
+static PyObject *fwd_call(PyObject *const *args, int rms);
+
 static PyObject *
 layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -313,12 +316,19 @@ layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                      nargs);
         return NULL;
     }
+    return fwd_call(args, 0);
+}
+
+/* layer_norm_fwd's body; args in its order (bias None for RMSNorm). */
+static PyObject *
+fwd_call(PyObject *const *args, int rms)
+{
     struct gemsops_layer_norm_fwd_params p;
     struct gemsops_tensor x;
-    if (parse_fwd(args, 1, &p, &x)) {
+    if (parse_fwd(args, 1, rms, &p, &x)) {
         return NULL;
     }
-    if (p.rows == 0 || (p.cols == 0 && p.mean == NULL)) {
+    if (p.rows == 0 || (p.cols == 0 && p.rstd == NULL)) {
         Py_RETURN_NONE;
     }
     gemsops_status st = {GEMSOPS_OK, ""};
@@ -355,7 +365,7 @@ layer_norm_fwd_workspace(PyObject *module, PyObject *const *args,
     }
     struct gemsops_layer_norm_fwd_params p;
     struct gemsops_tensor x;
-    if (parse_fwd(args, 0, &p, &x)) {
+    if (parse_fwd(args, 0, 0, &p, &x)) {
         return NULL;
     }
     int64_t bytes = 0;
@@ -370,11 +380,11 @@ layer_norm_fwd_workspace(PyObject *module, PyObject *const *args,
 /* ---- backward --------------------------------------------------------- */
 
 static int
-parse_bwd(PyObject *const *args, int with_outputs,
+parse_bwd(PyObject *const *args, int with_outputs, int rms,
           struct gemsops_layer_norm_bwd_params *p,
           struct gemsops_tensor *x_out)
 {
-    const char *fn = "layer_norm_backward";
+    const char *fn = rms ? "rms_norm_backward" : "layer_norm_backward";
     struct gemsops_tensor dy, x, w, mean, rstd, dx, dw, db, ws;
     int has_w, has_dx, has_dw, has_db, has_ws = 0, nd;
     void *stream = NULL;
@@ -391,6 +401,7 @@ parse_bwd(PyObject *const *args, int with_outputs,
         return -1;
     }
     p->deterministic = det;
+    p->rms = rms;
     p->x = x.data;
     p->weight = has_w ? w.data : NULL;
     p->dtype = x.dtype;
@@ -514,6 +525,8 @@ workspace_view(const struct gemsops_layer_norm_bwd_params *p)
     return t;
 }
 
+static PyObject *bwd_call(PyObject *const *args, Py_ssize_t nargs, int rms);
+
 static PyObject *
 layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -525,9 +538,17 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                      nargs);
         return NULL;
     }
+    return bwd_call(args, nargs, 0);
+}
+
+/* layer_norm_bwd's body; args in its order (for RMSNorm: rstd in mean's
+ * place, which the launch does not read, and grad_bias None). */
+static PyObject *
+bwd_call(PyObject *const *args, Py_ssize_t nargs, int rms)
+{
     struct gemsops_layer_norm_bwd_params p;
     struct gemsops_tensor x;
-    if (parse_bwd(args, 1, &p, &x)) {
+    if (parse_bwd(args, 1, rms, &p, &x)) {
         return NULL;
     }
     /* a kept workspace: for which stream (-1: none yet) */
@@ -618,7 +639,7 @@ layer_norm_bwd_workspace(PyObject *module, PyObject *const *args,
                             args[3], args[4], args[5], args[6]};
     struct gemsops_layer_norm_bwd_params p;
     struct gemsops_tensor x;
-    if (parse_bwd(shifted, 0, &p, &x)) {
+    if (parse_bwd(shifted, 0, 0, &p, &x)) {
         return NULL;
     }
     int64_t bytes = 0;
@@ -628,6 +649,82 @@ layer_norm_bwd_workspace(PyObject *module, PyObject *const *args,
         return gemsops_raise(&st);
     }
     return PyLong_FromLongLong(bytes);
+}
+
+/* ---- RMSNorm: the same entry points, the statistic without centring -- */
+
+PyDoc_STRVAR(
+    rms_norm_fwd_doc,
+    "rms_norm_fwd(input, weight, normalized_ndim, eps, out, rstd, workspace)\n"
+    "    -> None\n\n"
+    "RMSNorm of `input` over its last `normalized_ndim` dimensions into "
+    "`out`:\n"
+    "y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps) per row (into "
+    "`rstd`\n"
+    "when it is not None). Otherwise as layer_norm_fwd.");
+
+static PyObject *
+rms_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError,
+                     "rms_norm_fwd() takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *ln[9] = {args[0], args[1], Py_None, args[2], args[3],
+                       args[4], Py_None, args[5], args[6]};
+    return fwd_call(ln, 1);
+}
+
+PyDoc_STRVAR(
+    rms_norm_bwd_doc,
+    "rms_norm_bwd(grad_out, input, weight, normalized_ndim, deterministic,\n"
+    "             rstd, grad_input, grad_weight, workspace,\n"
+    "             workspace_stream=None) -> None | (int, int)\n\n"
+    "RMSNorm backward in one kernel: dx = rstd * (g - xhat * c1 / N), "
+    "g = w * dy,\n"
+    "xhat = x * rstd, c1 = sum g * xhat; dW accumulated as in "
+    "layer_norm_bwd,\n"
+    "whose workspace protocol it shares (rms_norm_bwd_workspace sizes it).");
+
+static PyObject *
+rms_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 9 && nargs != 10) {
+        PyErr_Format(PyExc_TypeError,
+                     "rms_norm_bwd() takes 9 or 10 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    PyObject *ln[12] = {args[0], args[1], args[2],
+                        args[3], args[4], args[5],
+                        args[5], args[6], args[7],
+                        Py_None, args[8], nargs == 10 ? args[9] : Py_None};
+    return bwd_call(ln, nargs + 2, 1);
+}
+
+PyDoc_STRVAR(rms_norm_bwd_workspace_doc,
+             "rms_norm_bwd_workspace(input, weight, normalized_ndim, "
+             "deterministic,\n"
+             "                       want_grad_input, want_grad_weight) -> "
+             "int\n\n"
+             "Bytes of workspace rms_norm_bwd needs (0: pass None).");
+
+static PyObject *
+rms_norm_bwd_workspace(PyObject *module, PyObject *const *args,
+                       Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError,
+                     "rms_norm_bwd_workspace() takes 6 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    PyObject *ln[7] = {args[0], args[1], args[2], args[3],
+                       args[4], args[5], Py_False};
+    return layer_norm_bwd_workspace(module, ln, 7);
 }
 
 PyMethodDef gemsops_layer_norm_methods[] = {
@@ -641,5 +738,12 @@ PyMethodDef gemsops_layer_norm_methods[] = {
     {"layer_norm_bwd_workspace",
      (PyCFunction)(void (*)(void))layer_norm_bwd_workspace, METH_FASTCALL,
      layer_norm_bwd_workspace_doc},
+    {"rms_norm_fwd", (PyCFunction)(void (*)(void))rms_norm_fwd, METH_FASTCALL,
+     rms_norm_fwd_doc},
+    {"rms_norm_bwd", (PyCFunction)(void (*)(void))rms_norm_bwd, METH_FASTCALL,
+     rms_norm_bwd_doc},
+    {"rms_norm_bwd_workspace",
+     (PyCFunction)(void (*)(void))rms_norm_bwd_workspace, METH_FASTCALL,
+     rms_norm_bwd_workspace_doc},
     {NULL, NULL, 0, NULL},
 };

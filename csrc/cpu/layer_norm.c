@@ -262,7 +262,8 @@ gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
             if (xh == NULL) {
                 continue;
             }
-            const double mean = p->rms ? 0.0 : gemsops_load_f64(p->mean, sd, r);
+            const double mean =
+                p->rms ? 0.0 : gemsops_load_f64(p->mean, sd, r);
             const double rstd = gemsops_load_f64(p->rstd, sd, r);
             bwd_row((const char *)p->x + r * p->x_row_stride * es,
                     (const char *)p->dy + r * p->dy_row_stride * es,
