@@ -2,5 +2,6 @@
 
 from .layer_norm import LayerNorm
 from .linear import Linear
+from .rms_norm import RMSNorm
 
-__all__ = ["LayerNorm", "Linear"]
+__all__ = ["LayerNorm", "Linear", "RMSNorm"]

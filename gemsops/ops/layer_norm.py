@@ -209,35 +209,48 @@ def _backward(
     dw = empty(shape, dtype=pdtype, device=x.device) if want_dw else None
     db = empty(shape, dtype=pdtype, device=x.device) if want_db else None
     args = (grad_out, x, weight, nd, deterministic, mean, rstd, dx, dw, db)
-    if x.numel() == 0 or not x.is_cuda or not (want_dx or want_dw or want_db):
+    plan = (x, weight, nd, deterministic, want_dx, want_dw, want_db)
+    launch_backward(
+        _C.layer_norm_bwd,
+        _C.layer_norm_bwd_workspace,
+        args,
+        plan,
+        want_dx or want_dw or want_db,
+    )
+    return dx, dw, db
+
+
+def launch_backward(c_bwd, c_workspace, args, plan, wanted):
+    """One backward launch through C's kept-workspace protocol (the
+    LayerNorm and RMSNorm entry points share it and the kept buffer):
+    c_bwd(*args, workspace[, stream]); c_workspace(*plan) sizes a
+    workspace of its own. x is args[1]."""
+    x = args[1]
+    if x.numel() == 0 or not x.is_cuda or not wanted:
         # C checks the arguments as for any call (and computes on the CPU)
-        _C.layer_norm_bwd(*args, None)
-        return dx, dw, db
+        c_bwd(*args, None)
+        return
     device = x.get_device()
     if _workspace.in_graph_pool(x.device):
         # a captured launch gets its own workspace and zeroes it itself
-        nbytes = _C.layer_norm_bwd_workspace(
-            x, weight, nd, deterministic, want_dx, want_dw, want_db
-        )
-        _C.layer_norm_bwd(*args, _workspace.scratch(nbytes, x.device))
-        return dx, dw, db
+        c_bwd(*args, _workspace.scratch(c_workspace(*plan), x.device))
+        return
     stream = _bwd_stream.get(device, -1)
     slot = _workspace.lookup("ln_bwd", device, stream)
     try:
-        need = _C.layer_norm_bwd(*args, slot and slot.buf, stream)
+        need = c_bwd(*args, slot and slot.buf, stream)
         if need is not None:  # first use, larger, or another stream
             nbytes, stream = need
             slot = _workspace.kept(
                 "ln_bwd", device, stream, nbytes, minimum=4096
             )
             _bwd_stream[device] = stream
-            _C.layer_norm_bwd(*args, slot.buf, stream)
+            c_bwd(*args, slot.buf, stream)
     except BaseException:
         # a failed launch may leave accumulators non-zero: start afresh
         _bwd_stream.pop(device, None)
         _workspace.forget("ln_bwd", device)
         raise
-    return dx, dw, db
 
 
 class LayerNormFunction(torch.autograd.Function):
