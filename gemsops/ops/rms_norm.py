@@ -20,7 +20,8 @@ from . import layer_norm as ln
 
 def _eps(eps, dtype):
     if eps is None:
-        return torch.finfo(dtype).eps
+        # an integer input gets no eps: C refuses its dtype next
+        return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
         raise TypeError(
             f"rms_norm(): argument 'eps' must be float or None, not "
