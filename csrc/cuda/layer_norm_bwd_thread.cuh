@@ -359,6 +359,14 @@ struct bwd_thread {
                 db[i][v] += d;
             }
             if (a.dx) {
+                if (a.dh) { // the fused add's gradient, straight from L2
+                    const V hv = load_vec<T, VEC>(a.dh + row * a.dh_stride +
+                                                  col0 + i * STEP);
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        out[v] += widen<A>(hv.v[v]);
+                    }
+                }
                 store_rounded<T, VEC>(a.dx + row * a.dx_stride + col0 +
                                           i * STEP,
                                       out);

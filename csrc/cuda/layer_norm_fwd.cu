@@ -76,7 +76,23 @@ struct fwd_args {
     int64_t rows, cols, x_stride, y_stride;
     acc_t<T> eps;
     bool rms; // RMSNorm: no centring (the mean is 0), no bias
+    const T *res; // the fused add: NULL, or x's partner (h = x + res)
+    T *h; // with res: h written, in the dtype (torch's add rounds so)
+    int64_t res_stride, h_stride;
 };
+
+// x = x + r rounded to T, as torch's add (in the accumulator type, which
+// is exact for two half values and torch's own type for fp32/fp64).
+template <typename T, int VEC>
+__device__ __forceinline__ void add_rounded(vec_t<T, VEC> &x,
+                                            const vec_t<T, VEC> &r)
+{
+    using A = acc_t<T>;
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        x.v[v] = from_acc<T>(widen<A>(x.v[v]) + widen<A>(r.v[v]));
+    }
+}
 
 // Register budget: 768 resident threads per SM (<= 85 registers), at
 // least two CTAs of 512 (64 registers), so that one CTA's barriers overlap
@@ -120,6 +136,12 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         for (int i = 0; i < ITEMS; i++) {
             if (row_ok && i * STEP < lim) {
                 xv[i] = load_vec<T, VEC>(xr + i * STEP);
+                if (a.res) { // the fused add: normalize h, write it
+                    add_rounded(xv[i],
+                                load_vec<T, VEC>(a.res + row * a.res_stride +
+                                                 col0 + i * STEP));
+                    store_vec(a.h + row * a.h_stride + col0 + i * STEP, xv[i]);
+                }
             }
             else {
 #pragma unroll
@@ -302,6 +324,13 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             for (int u = 0; u < U; u++) {
                 if (u * STEP < lim) {
                     xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
+                    if (a.res) { // h written here, formed again in pass 2
+                        const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
+                        add_rounded(xv[u],
+                                    load_vec<T, VEC>(a.res +
+                                                     row * a.res_stride + c));
+                        store_vec(a.h + row * a.h_stride + c, xv[u]);
+                    }
 #pragma unroll
                     for (int v = 0; v < VEC; v++) {
                         s += widen<A>(xv[u].v[v]);
@@ -379,8 +408,12 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 // x's last read: evict-first keeps it from displacing the
                 // rows still waiting for their pass 2 (no gain where the
                 // rows in flight exceed L2 anyway)
-                const vec_t<T, VEC> xv =
-                    load_vec_last<T, VEC>(xr + c0 + u * STEP);
+                vec_t<T, VEC> xv = load_vec_last<T, VEC>(xr + c0 + u * STEP);
+                if (a.res) { // h from its inputs, not from what pass 1
+                    // wrote (no read of this kernel's own writes)
+                    add_rounded(xv, load_vec_last<T, VEC>(
+                                        a.res + row * a.res_stride + c));
+                }
                 vec_t<P, VEC> wv, bv;
                 if (a.w) {
                     wv = load_vec<P, VEC>(a.w + c);
@@ -425,6 +458,10 @@ fwd_args<T, P> make_args(const gemsops_layer_norm_fwd_params *p)
     a.mean = static_cast<A *>(p->mean);
     a.rstd = static_cast<A *>(p->rstd);
     a.rms = p->rms != 0;
+    a.res = static_cast<const T *>(p->residual);
+    a.h = static_cast<T *>(p->h);
+    a.res_stride = p->residual_row_stride;
+    a.h_stride = p->h_row_stride;
     a.rows = p->rows;
     a.cols = p->cols;
     a.x_stride = p->x_row_stride;
@@ -488,8 +525,11 @@ template <typename T, typename P>
 bool vector_ok(const gemsops_layer_norm_fwd_params *p)
 {
     return layer_norm_vectors_fit<T, P>(p->cols,
-                                        {p->x_row_stride, p->y_row_stride},
-                                        {p->x, p->y}, {p->weight, p->bias});
+                                        {p->x_row_stride, p->y_row_stride,
+                                         p->residual_row_stride,
+                                         p->h_row_stride},
+                                        {p->x, p->y, p->residual, p->h},
+                                        {p->weight, p->bias});
 }
 
 template <typename T, typename P, int VEC>
