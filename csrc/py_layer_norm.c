@@ -798,10 +798,10 @@ PyDoc_STRVAR(
     "workspace,\n"
     "             workspace_stream=None) -> None | (int, int)\n\n"
     "The backward of add_norm_fwd: the norm's backward at h with grad_h "
-    "added\n"
-    "into grad_input (the gradient of input and of residual alike); mean "
-    "is\n"
-    "None for RMSNorm. Otherwise as layer_norm_bwd.");
+    "(or\n"
+    "None: nothing) added into grad_input (the gradient of input and of\n"
+    "residual alike); mean is None for RMSNorm. Otherwise as "
+    "layer_norm_bwd.");
 
 static PyObject *
 add_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -823,7 +823,7 @@ add_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         args[4],  args[5],  mean,
                         args[8],  args[9],  args[10],
                         args[11], args[12], nargs == 14 ? args[13] : Py_None};
-    return bwd_call(ln, nargs - 1, rms, args[1]);
+    return bwd_call(ln, nargs - 1, rms, args[1] == Py_None ? NULL : args[1]);
 }
 
 PyMethodDef gemsops_layer_norm_methods[] = {
