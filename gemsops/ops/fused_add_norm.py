@@ -196,6 +196,7 @@ def fused_add_rms_norm(
     )
     _check_residual(input, residual, fn)
     eps = rn._eps(eps, input.dtype)
+    weight = rn._weight_for(input, weight)
     if not eager((input, residual, weight)):
         return _traced(input, residual, shape, weight, None, eps, True)
     return FusedAddNormFunction.apply(

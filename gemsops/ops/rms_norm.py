@@ -30,6 +30,19 @@ def _eps(eps, dtype):
     return float(eps)
 
 
+def _weight_for(x, w):
+    """torch's rms_norm takes a weight of any float dtype (the product is
+    promoted, then cast to x's dtype); the kernels take x's dtype, or fp32
+    beside half x, where that promotion is exact. Any other weight is cast
+    there first (fp64 beside fp32 x: within an ulp of torch's)."""
+    if w is None or w.dtype == x.dtype or not w.is_floating_point():
+        return w
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    if half and w.dtype == torch.float32:
+        return w
+    return w.to(torch.float32 if half else x.dtype)
+
+
 def _forward(x, shape, weight, eps, want_rstd=True):
     """(out, rstd): rstd flat [M] (fp32, fp64 for fp64 input) or None."""
     nd = len(shape)
@@ -276,6 +289,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
         input, normalized_shape, weight, None, "rms_norm"
     )
     eps = _eps(eps, input.dtype)
+    weight = _weight_for(input, weight)
     if not eager((input, weight)):
         return _rms_norm_op(input, shape, weight, eps)[0]
     if ln._needs_grad(input, weight, None):
