@@ -258,8 +258,13 @@ def _c_ln_fwd(ctx):
         or mut in ("out-overlaps-input", "mean-overlaps-rstd")
     ):
         mut = None  # the mutation does not apply to this case
-    if mut == "mean-shape" and rows == 0 or getattr(ctx, "dropped", False):
-        mut = None
+    if (
+        mut == "mean-shape"
+        and rows == 0
+        and math.prod(np.shape(a["mean"])) == 0
+        or getattr(ctx, "dropped", False)
+    ):
+        mut = None  # a reshaped mean of no elements is still one per row
     if isinstance(xp, np.ndarray) and any(s < 0 for s in xp.strides):
         lay = "numpy-reversed"
     ctx.note(
