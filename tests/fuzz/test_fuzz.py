@@ -21,6 +21,11 @@ WORKERS = int(os.environ.get("GEMSOPS_FUZZ_WORKERS", "2"))
 KNOWN_OPEN = [
     # half-type backward error a little above torch's on rare long rows
     ("layer_norm", "out of tolerance"),
+    # linear/addmm with a half-type product within a rounding of the
+    # type's largest value that the bias brings back: the product rounds
+    # to inf before the separate bias add (torch adds in fp32); closed by
+    # a bias epilogue in the matmul kernel
+    ("linear", "+inf positions differ"),
 ]
 
 
