@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from .. import _C, _workspace
+from .. import _C
 from .._dispatch import eager
 from . import layer_norm as ln
 from . import rms_norm as rn
@@ -29,17 +29,7 @@ def _forward(x, res, shape, weight, bias, eps, rms):
     sd = ln._stats_dtype(x.dtype)
     mean = None if rms else torch.empty(rows, dtype=sd, device=x.device)
     rstd = torch.empty(rows, dtype=sd, device=x.device)
-    ws = None
-    if x.is_cuda and x.numel():
-        nbytes = _workspace.planned(
-            ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
-            _C.layer_norm_fwd_workspace,
-            x,
-            weight,
-            bias,
-            nd,
-        )
-        ws = _workspace.scratch(nbytes, x.device, zero=True)
+    ws = ln.fwd_scratch(x, weight, bias, nd)
     _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd, ws)
     return y, h, mean, rstd
 
@@ -121,15 +111,7 @@ def _backward(
     gy = ln._rows(ln._plain(gy), nd)
     if gh is not None:
         gh = ln._rows(ln._plain(gh), nd)
-    pdtype = weight.dtype if weight is not None else h.dtype
-    empty = torch.zeros if h.numel() == 0 else torch.empty
-    dx = (
-        torch.empty_like(h, memory_format=torch.contiguous_format)
-        if want_dx
-        else None
-    )
-    dw = empty(shape, dtype=pdtype, device=h.device) if want_dw else None
-    db = empty(shape, dtype=pdtype, device=h.device) if want_db else None
+    dx, dw, db = ln.grad_outputs(h, shape, weight, want_dx, want_dw, want_db)
 
     def c_bwd(*args):  # launch_backward's calling convention
         return _C.add_norm_bwd(args[0], gh, *args[1:5], rms, *args[5:])

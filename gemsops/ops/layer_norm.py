@@ -140,19 +140,26 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
             mean.zero_()
             rstd.fill_(float("nan"))
         return out, mean, rstd
-    ws = None
-    if x.is_cuda:
-        nbytes = _workspace.planned(
-            ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
-            _C.layer_norm_fwd_workspace,
-            x,
-            weight,
-            bias,
-            nd,
-        )
-        ws = _workspace.scratch(nbytes, x.device, zero=True)
+    ws = fwd_scratch(x, weight, bias, nd)
     _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, ws)
     return out, mean, rstd
+
+
+def fwd_scratch(x, weight, bias, nd):
+    """The forward launch's zeroed scratch (None on the CPU, for no
+    elements, or when the plan needs none): the norm kernels' one plan,
+    whatever the statistic or the fused add."""
+    if not x.is_cuda or not x.numel():
+        return None
+    nbytes = _workspace.planned(
+        ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
+        _C.layer_norm_fwd_workspace,
+        x,
+        weight,
+        bias,
+        nd,
+    )
+    return _workspace.scratch(nbytes, x.device, zero=True)
 
 
 def _backward(
@@ -201,13 +208,7 @@ def _backward(
         deterministic = torch.are_deterministic_algorithms_enabled()
     x = _rows(x, nd)
     grad_out = _rows(_plain(grad_out), nd)
-    pdtype = weight.dtype if weight is not None else x.dtype
-    # dW/dB over no rows are zeros, which a CUDA launch would not write
-    empty = torch.zeros if x.numel() == 0 else torch.empty
-    contiguous = torch.contiguous_format
-    dx = torch.empty_like(x, memory_format=contiguous) if want_dx else None
-    dw = empty(shape, dtype=pdtype, device=x.device) if want_dw else None
-    db = empty(shape, dtype=pdtype, device=x.device) if want_db else None
+    dx, dw, db = grad_outputs(x, shape, weight, want_dx, want_dw, want_db)
     args = (grad_out, x, weight, nd, deterministic, mean, rstd, dx, dw, db)
     plan = (x, weight, nd, deterministic, want_dx, want_dw, want_db)
     launch_backward(
@@ -217,6 +218,19 @@ def _backward(
         plan,
         want_dx or want_dw or want_db,
     )
+    return dx, dw, db
+
+
+def grad_outputs(x, shape, weight, want_dx, want_dw, want_db=False):
+    """(dx, dW, dB) as the norm backwards fill them (None where not
+    wanted): dx contiguous in x's dtype, dW/dB in the weight's."""
+    pdtype = weight.dtype if weight is not None else x.dtype
+    # dW/dB over no rows are zeros, which a CUDA launch would not write
+    empty = torch.zeros if x.numel() == 0 else torch.empty
+    contiguous = torch.contiguous_format
+    dx = torch.empty_like(x, memory_format=contiguous) if want_dx else None
+    dw = empty(shape, dtype=pdtype, device=x.device) if want_dw else None
+    db = empty(shape, dtype=pdtype, device=x.device) if want_db else None
     return dx, dw, db
 
 

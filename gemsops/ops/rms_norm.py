@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import _C, _workspace
+from .. import _C
 from .._dispatch import eager
 from . import layer_norm as ln
 
@@ -54,17 +54,7 @@ def _forward(x, shape, weight, eps, want_rstd=True):
         rstd = torch.empty(
             rows, dtype=ln._stats_dtype(x.dtype), device=x.device
         )
-    ws = None
-    if x.is_cuda and x.numel():
-        nbytes = _workspace.planned(
-            ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
-            _C.layer_norm_fwd_workspace,
-            x,
-            weight,
-            None,
-            nd,
-        )
-        ws = _workspace.scratch(nbytes, x.device, zero=True)
+    ws = ln.fwd_scratch(x, weight, None, nd)
     _C.rms_norm_fwd(x, weight, nd, eps, out, rstd, ws)
     return out, rstd
 
@@ -75,14 +65,7 @@ def _backward(grad_out, x, shape, weight, rstd, want_dx, want_dw, det=None):
         det = torch.are_deterministic_algorithms_enabled()
     x = ln._rows(x, nd)
     grad_out = ln._rows(ln._plain(grad_out), nd)
-    pdtype = weight.dtype if weight is not None else x.dtype
-    empty = torch.zeros if x.numel() == 0 else torch.empty
-    dx = (
-        torch.empty_like(x, memory_format=torch.contiguous_format)
-        if want_dx
-        else None
-    )
-    dw = empty(shape, dtype=pdtype, device=x.device) if want_dw else None
+    dx, dw, _ = ln.grad_outputs(x, shape, weight, want_dx, want_dw)
     args = (grad_out, x, weight, nd, det, rstd, dx, dw)
     plan = (x, weight, nd, det, want_dx, want_dw)
     ln.launch_backward(
