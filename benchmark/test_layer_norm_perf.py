@@ -28,7 +28,13 @@ SHAPES = [
     (200000, 64),
     (1024, 1000),
 ]
-if os.environ.get("GEMSOPS_BENCH_QUICK"):
+if os.environ.get("GEMSOPS_BENCH_SWEEP"):  # transformer widths, many rows
+    SHAPES = [
+        (m, n)
+        for m in (4096, 16384, 65536)
+        for n in (512, 768, 1024, 1536, 2048, 2560, 3072, 4096, 5120, 8192)
+    ]
+elif os.environ.get("GEMSOPS_BENCH_QUICK"):
     SHAPES = [
         (16384, 4096),
         (8192, 8192),

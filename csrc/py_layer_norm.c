@@ -204,13 +204,16 @@ check_input(const struct gemsops_tensor *x, const char *fn, const char *arg)
 
 /* ---- forward ---------------------------------------------------------- */
 
+/* fused: NULL, or {residual, h} of the fused add (h = x + residual). */
 static int
-parse_fwd(PyObject *const *args, int with_outputs,
-          struct gemsops_layer_norm_fwd_params *p,
+parse_fwd(PyObject *const *args, int with_outputs, int rms,
+          PyObject *const *fused, struct gemsops_layer_norm_fwd_params *p,
           struct gemsops_tensor *x_out)
 {
-    const char *fn = "layer_norm";
-    struct gemsops_tensor x, w, b, y, mean, rstd, ws;
+    const char *fn =
+        fused ? (rms ? "fused_add_rms_norm" : "fused_add_layer_norm")
+              : (rms ? "rms_norm" : "layer_norm");
+    struct gemsops_tensor x, w, b, y, mean, rstd, ws, res, h;
     int has_w, has_b, has_ws = 0, has_mean = 0, has_rstd = 0, nd;
     void *stream = NULL;
     memset(p, 0, sizeof *p);
@@ -221,6 +224,10 @@ parse_fwd(PyObject *const *args, int with_outputs,
         (has_w && check_param(&w, &x, nd, fn, "weight")) ||
         (has_b && check_param(&b, &x, nd, fn, "bias")) ||
         row_view(&x, nd, fn, "input", &p->rows, &p->cols, &p->x_row_stride)) {
+        return -1;
+    }
+    if (rms && has_b) {
+        PyErr_Format(PyExc_RuntimeError, "%s(): RMSNorm takes no bias", fn);
         return -1;
     }
     if (has_w && has_b && w.dtype != b.dtype) {
@@ -253,6 +260,7 @@ parse_fwd(PyObject *const *args, int with_outputs,
     }
     /* any value, as torch: a negative or NaN eps gives NaN rows */
     p->eps = eps;
+    p->rms = rms;
     if (gemsops_output_from_object(args[5], fn, "out", &y) ||
         check_like_x(&y, &x, nd, fn, "out", &p->y_row_stride) ||
         gemsops_optional_output(args[6], fn, "mean", &mean, &has_mean) ||
@@ -263,21 +271,32 @@ parse_fwd(PyObject *const *args, int with_outputs,
         (has_ws && gemsops_check_workspace(&ws, &x, fn))) {
         return -1;
     }
-    if (has_mean != has_rstd) {
+    if (!rms && has_mean != has_rstd) {
         PyErr_Format(PyExc_RuntimeError,
                      "%s(): mean and rstd must both be tensors or both None",
                      fn);
         return -1;
     }
-    const struct gemsops_tensor *written[] = {&y, has_mean ? &mean : NULL,
-                                              has_rstd ? &rstd : NULL};
-    const char *wnames[] = {"out", "mean", "rstd"};
-    const struct gemsops_tensor *read[] = {&x, has_w ? &w : NULL,
-                                           has_b ? &b : NULL, NULL, NULL};
-    const char *rnames[] = {"input", "weight", "bias", "mean", "rstd"};
-    if (gemsops_check_no_overlap(written, wnames, 3, read, rnames, 5, fn)) {
+    if (fused &&
+        (gemsops_tensor_from_object(fused[0], fn, "residual", &res, NULL) ||
+         check_like_x(&res, &x, nd, fn, "residual", &p->residual_row_stride) ||
+         gemsops_output_from_object(fused[1], fn, "h", &h) ||
+         check_like_x(&h, &x, nd, fn, "h", &p->h_row_stride))) {
         return -1;
     }
+    const struct gemsops_tensor *written[] = {&y, has_mean ? &mean : NULL,
+                                              has_rstd ? &rstd : NULL,
+                                              fused ? &h : NULL};
+    const char *wnames[] = {"out", "mean", "rstd", "h"};
+    const struct gemsops_tensor *read[] = {&x, has_w ? &w : NULL,
+                                           has_b ? &b : NULL,
+                                           fused ? &res : NULL};
+    const char *rnames[] = {"input", "weight", "bias", "residual"};
+    if (gemsops_check_no_overlap(written, wnames, 4, read, rnames, 4, fn)) {
+        return -1;
+    }
+    p->residual = fused ? res.data : NULL;
+    p->h = fused ? h.data : NULL;
     p->y = y.data;
     p->mean = has_mean ? mean.data : NULL;
     p->rstd = has_rstd ? rstd.data : NULL;
@@ -302,6 +321,9 @@ PyDoc_STRVAR(
     "uint8 tensor of layer_norm_fwd_workspace() bytes (0 today: no forward\n"
     "variant needs one). Runs on the current CUDA stream, or on the CPU.");
 
+static PyObject *fwd_call(PyObject *const *args, int rms,
+                          PyObject *const *fused);
+
 static PyObject *
 layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -313,12 +335,19 @@ layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                      nargs);
         return NULL;
     }
+    return fwd_call(args, 0, NULL);
+}
+
+/* layer_norm_fwd's body; args in its order (bias None for RMSNorm). */
+static PyObject *
+fwd_call(PyObject *const *args, int rms, PyObject *const *fused)
+{
     struct gemsops_layer_norm_fwd_params p;
     struct gemsops_tensor x;
-    if (parse_fwd(args, 1, &p, &x)) {
+    if (parse_fwd(args, 1, rms, fused, &p, &x)) {
         return NULL;
     }
-    if (p.rows == 0 || (p.cols == 0 && p.mean == NULL)) {
+    if (p.rows == 0 || (p.cols == 0 && p.rstd == NULL)) {
         Py_RETURN_NONE;
     }
     gemsops_status st = {GEMSOPS_OK, ""};
@@ -355,7 +384,7 @@ layer_norm_fwd_workspace(PyObject *module, PyObject *const *args,
     }
     struct gemsops_layer_norm_fwd_params p;
     struct gemsops_tensor x;
-    if (parse_fwd(args, 0, &p, &x)) {
+    if (parse_fwd(args, 0, 0, NULL, &p, &x)) {
         return NULL;
     }
     int64_t bytes = 0;
@@ -369,13 +398,14 @@ layer_norm_fwd_workspace(PyObject *module, PyObject *const *args,
 
 /* ---- backward --------------------------------------------------------- */
 
+/* dh_obj: NULL, or the fused add's dh (added into dx). */
 static int
-parse_bwd(PyObject *const *args, int with_outputs,
+parse_bwd(PyObject *const *args, int with_outputs, int rms, PyObject *dh_obj,
           struct gemsops_layer_norm_bwd_params *p,
           struct gemsops_tensor *x_out)
 {
-    const char *fn = "layer_norm_backward";
-    struct gemsops_tensor dy, x, w, mean, rstd, dx, dw, db, ws;
+    const char *fn = rms ? "rms_norm_backward" : "layer_norm_backward";
+    struct gemsops_tensor dy, x, w, mean, rstd, dx, dw, db, ws, dh;
     int has_w, has_dx, has_dw, has_db, has_ws = 0, nd;
     void *stream = NULL;
     memset(p, 0, sizeof *p);
@@ -391,6 +421,7 @@ parse_bwd(PyObject *const *args, int with_outputs,
         return -1;
     }
     p->deterministic = det;
+    p->rms = rms;
     p->x = x.data;
     p->weight = has_w ? w.data : NULL;
     p->dtype = x.dtype;
@@ -452,17 +483,28 @@ parse_bwd(PyObject *const *args, int with_outputs,
                      fn, gemsops_dtype_name(p->param_dtype));
         return -1;
     }
+    if (dh_obj &&
+        (gemsops_tensor_from_object(dh_obj, fn, "grad_h", &dh, NULL) ||
+         check_like_x(&dh, &x, nd, fn, "grad_h", &p->dh_row_stride))) {
+        return -1;
+    }
     const struct gemsops_tensor *written[] = {has_dx ? &dx : NULL,
                                               has_dw ? &dw : NULL,
                                               has_db ? &db : NULL};
     const char *wnames[] = {"grad_input", "grad_weight", "grad_bias"};
-    const struct gemsops_tensor *read[] = {&dy,   &x,    has_w ? &w : NULL,
-                                           &mean, &rstd, has_ws ? &ws : NULL};
-    const char *rnames[] = {"grad_out", "input", "weight",
-                            "mean",     "rstd",  "workspace"};
-    if (gemsops_check_no_overlap(written, wnames, 3, read, rnames, 6, fn)) {
+    const struct gemsops_tensor *read[] = {&dy,
+                                           &x,
+                                           has_w ? &w : NULL,
+                                           &mean,
+                                           &rstd,
+                                           has_ws ? &ws : NULL,
+                                           dh_obj ? &dh : NULL};
+    const char *rnames[] = {"grad_out", "input",     "weight", "mean",
+                            "rstd",     "workspace", "grad_h"};
+    if (gemsops_check_no_overlap(written, wnames, 3, read, rnames, 7, fn)) {
         return -1;
     }
+    p->dh = dh_obj ? dh.data : NULL;
     p->dy = dy.data;
     p->mean = mean.data;
     p->rstd = rstd.data;
@@ -514,6 +556,9 @@ workspace_view(const struct gemsops_layer_norm_bwd_params *p)
     return t;
 }
 
+static PyObject *bwd_call(PyObject *const *args, Py_ssize_t nargs, int rms,
+                          PyObject *dh);
+
 static PyObject *
 layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -525,9 +570,17 @@ layer_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                      nargs);
         return NULL;
     }
+    return bwd_call(args, nargs, 0, NULL);
+}
+
+/* layer_norm_bwd's body; args in its order (for RMSNorm: rstd in mean's
+ * place, which the launch does not read, and grad_bias None). */
+static PyObject *
+bwd_call(PyObject *const *args, Py_ssize_t nargs, int rms, PyObject *dh)
+{
     struct gemsops_layer_norm_bwd_params p;
     struct gemsops_tensor x;
-    if (parse_bwd(args, 1, &p, &x)) {
+    if (parse_bwd(args, 1, rms, dh, &p, &x)) {
         return NULL;
     }
     /* a kept workspace: for which stream (-1: none yet) */
@@ -618,7 +671,7 @@ layer_norm_bwd_workspace(PyObject *module, PyObject *const *args,
                             args[3], args[4], args[5], args[6]};
     struct gemsops_layer_norm_bwd_params p;
     struct gemsops_tensor x;
-    if (parse_bwd(shifted, 0, &p, &x)) {
+    if (parse_bwd(shifted, 0, 0, NULL, &p, &x)) {
         return NULL;
     }
     int64_t bytes = 0;
@@ -628,6 +681,149 @@ layer_norm_bwd_workspace(PyObject *module, PyObject *const *args,
         return gemsops_raise(&st);
     }
     return PyLong_FromLongLong(bytes);
+}
+
+/* ---- RMSNorm: the same entry points, the statistic without centring -- */
+
+PyDoc_STRVAR(
+    rms_norm_fwd_doc,
+    "rms_norm_fwd(input, weight, normalized_ndim, eps, out, rstd, workspace)\n"
+    "    -> None\n\n"
+    "RMSNorm of `input` over its last `normalized_ndim` dimensions into "
+    "`out`:\n"
+    "y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps) per row (into "
+    "`rstd`\n"
+    "when it is not None). Otherwise as layer_norm_fwd.");
+
+static PyObject *
+rms_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError,
+                     "rms_norm_fwd() takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *ln[9] = {args[0], args[1], Py_None, args[2], args[3],
+                       args[4], Py_None, args[5], args[6]};
+    return fwd_call(ln, 1, NULL);
+}
+
+PyDoc_STRVAR(
+    rms_norm_bwd_doc,
+    "rms_norm_bwd(grad_out, input, weight, normalized_ndim, deterministic,\n"
+    "             rstd, grad_input, grad_weight, workspace,\n"
+    "             workspace_stream=None) -> None | (int, int)\n\n"
+    "RMSNorm backward in one kernel: dx = rstd * (g - xhat * c1 / N), "
+    "g = w * dy,\n"
+    "xhat = x * rstd, c1 = sum g * xhat; dW accumulated as in "
+    "layer_norm_bwd,\n"
+    "whose workspace protocol it shares (rms_norm_bwd_workspace sizes it).");
+
+static PyObject *
+rms_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 9 && nargs != 10) {
+        PyErr_Format(PyExc_TypeError,
+                     "rms_norm_bwd() takes 9 or 10 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    PyObject *ln[12] = {args[0], args[1], args[2],
+                        args[3], args[4], args[5],
+                        args[5], args[6], args[7],
+                        Py_None, args[8], nargs == 10 ? args[9] : Py_None};
+    return bwd_call(ln, nargs + 2, 1, NULL);
+}
+
+PyDoc_STRVAR(rms_norm_bwd_workspace_doc,
+             "rms_norm_bwd_workspace(input, weight, normalized_ndim, "
+             "deterministic,\n"
+             "                       want_grad_input, want_grad_weight) -> "
+             "int\n\n"
+             "Bytes of workspace rms_norm_bwd needs (0: pass None).");
+
+static PyObject *
+rms_norm_bwd_workspace(PyObject *module, PyObject *const *args,
+                       Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError,
+                     "rms_norm_bwd_workspace() takes 6 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    PyObject *ln[7] = {args[0], args[1], args[2], args[3],
+                       args[4], args[5], Py_False};
+    return layer_norm_bwd_workspace(module, ln, 7);
+}
+
+/* ---- the fused residual add: h = x + residual, then the norm of h ----- */
+
+PyDoc_STRVAR(
+    add_norm_fwd_doc,
+    "add_norm_fwd(input, residual, weight, bias, normalized_ndim, eps, rms,\n"
+    "             out, h, mean, rstd, workspace) -> None\n\n"
+    "h = input + residual (rounded to the input's dtype, into `h`), then "
+    "LayerNorm\n"
+    "(rms False) or RMSNorm (rms True, bias None, mean None) of h into "
+    "`out`,\n"
+    "reading input and residual once. Otherwise as layer_norm_fwd.");
+
+static PyObject *
+add_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 12) {
+        PyErr_Format(PyExc_TypeError,
+                     "add_norm_fwd() takes 12 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    const int rms = PyObject_IsTrue(args[6]);
+    if (rms < 0) {
+        return NULL;
+    }
+    PyObject *ln[9] = {args[0], args[2], args[3],  args[4], args[5],
+                       args[7], args[9], args[10], args[11]};
+    PyObject *fused[2] = {args[1], args[8]};
+    return fwd_call(ln, rms, fused);
+}
+
+PyDoc_STRVAR(
+    add_norm_bwd_doc,
+    "add_norm_bwd(grad_out, grad_h, h, weight, normalized_ndim, "
+    "deterministic,\n"
+    "             rms, mean, rstd, grad_input, grad_weight, grad_bias, "
+    "workspace,\n"
+    "             workspace_stream=None) -> None | (int, int)\n\n"
+    "The backward of add_norm_fwd: the norm's backward at h with grad_h "
+    "(or\n"
+    "None: nothing) added into grad_input (the gradient of input and of\n"
+    "residual alike); mean is None for RMSNorm. Otherwise as "
+    "layer_norm_bwd.");
+
+static PyObject *
+add_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs != 13 && nargs != 14) {
+        PyErr_Format(PyExc_TypeError,
+                     "add_norm_bwd() takes 13 or 14 arguments (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    const int rms = PyObject_IsTrue(args[6]);
+    if (rms < 0) {
+        return NULL;
+    }
+    /* RMSNorm reads no mean: rstd stands in its place */
+    PyObject *mean = rms && args[7] == Py_None ? args[8] : args[7];
+    PyObject *ln[12] = {args[0],  args[2],  args[3],
+                        args[4],  args[5],  mean,
+                        args[8],  args[9],  args[10],
+                        args[11], args[12], nargs == 14 ? args[13] : Py_None};
+    return bwd_call(ln, nargs - 1, rms, args[1] == Py_None ? NULL : args[1]);
 }
 
 PyMethodDef gemsops_layer_norm_methods[] = {
@@ -641,5 +837,16 @@ PyMethodDef gemsops_layer_norm_methods[] = {
     {"layer_norm_bwd_workspace",
      (PyCFunction)(void (*)(void))layer_norm_bwd_workspace, METH_FASTCALL,
      layer_norm_bwd_workspace_doc},
+    {"rms_norm_fwd", (PyCFunction)(void (*)(void))rms_norm_fwd, METH_FASTCALL,
+     rms_norm_fwd_doc},
+    {"rms_norm_bwd", (PyCFunction)(void (*)(void))rms_norm_bwd, METH_FASTCALL,
+     rms_norm_bwd_doc},
+    {"add_norm_fwd", (PyCFunction)(void (*)(void))add_norm_fwd, METH_FASTCALL,
+     add_norm_fwd_doc},
+    {"add_norm_bwd", (PyCFunction)(void (*)(void))add_norm_bwd, METH_FASTCALL,
+     add_norm_bwd_doc},
+    {"rms_norm_bwd_workspace",
+     (PyCFunction)(void (*)(void))rms_norm_bwd_workspace, METH_FASTCALL,
+     rms_norm_bwd_workspace_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -101,6 +101,9 @@ SUBSET=(
     # slabs per row collected in two rounds through the lagged ring
     "$LN::test_backward_long_rows_with_zero_partials[cuda-dtype0]"
     "$LN::test_cuda_split_rows_many_slabs[shape0-dtype0]"
+    # RMSNorm and the fused add: registers and looped rows, both ways
+    "tests/test_rms_norm.py::test_backward[cuda-dtype2-shape7-1]"
+    "tests/test_fused_add_norm.py::test_backward_with_both_outputs_used[cuda-dtype1-shape6-1-rms]"
     # prod forward, fp32, every layout: prod_rows_kernel (several rows per
     # warp; one row split over CTAs + prod_combine_kernel), full products,
     # prod_cols_kernel (split down the column, middle dim, unaligned),
@@ -145,7 +148,8 @@ SUBSET=(
 # test_double_backward, test_global_mode) reach the same kernels through
 # torch.compile and the dispatcher, and Inductor's compiles under memcheck
 # outlast any limit here.
-KERNEL_TESTS=(tests/test_prod.py tests/test_layer_norm.py tests/test_matmul.py
+KERNEL_TESTS=(tests/test_prod.py tests/test_layer_norm.py tests/test_rms_norm.py
+              tests/test_fused_add_norm.py tests/test_matmul.py
               tests/test_linear.py tests/test_errors.py tests/test_boundary.py
               tests/test_edge_layouts.py tests/test_semantics.py
               tests/test_dlpack.py tests/test_streamk_schedule.py -m cuda

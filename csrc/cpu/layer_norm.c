@@ -103,15 +103,35 @@ load_sum(const void *x, gemsops_dtype dt, int64_t n, double *buf)
     return sum;
 }
 
-/* One row of x into y; returns its statistics in *mean_out, *rstd_out.
- * Three passes over a double buffer of the row: widen and sum, the
- * squared deviations, normalize and round into y. */
-GEMSOPS_SIMD_CLONES static void
-fwd_row(const void *x, void *y, gemsops_dtype dt, int64_t n, double *buf,
-        const double *w, const double *b, double eps, double *mean_out,
-        double *rstd_out)
+/* h = x + residual rounded to the dtype, as torch's add: into h and, as
+ * doubles, into buf; returns its sum. The double sum of two values of a
+ * float type is exact, so one rounding (through float for the half types)
+ * gives torch's value. */
+static double
+add_residual(const void *x, const void *res, void *h, gemsops_dtype dt,
+             int64_t n, double *buf, double *tmp)
 {
-    const double mean = load_sum(x, dt, n, buf) / (double)n;
+    load_sum(x, dt, n, buf);
+    load_sum(res, dt, n, tmp);
+    for (int64_t c = 0; c < n; c++) {
+        tmp[c] += buf[c];
+    }
+    gemsops_store_row(tmp, dt, n, h);
+    return load_sum(h, dt, n, buf); /* the rounded values back */
+}
+
+/* One row of x (or of x + residual, into h) into y; returns its
+ * statistics in *mean_out, *rstd_out. Three passes over a double buffer
+ * of the row: widen and sum, the squared deviations (from 0 for RMSNorm),
+ * normalize and round into y. buf holds 2n doubles. */
+GEMSOPS_SIMD_CLONES static void
+fwd_row(const void *x, const void *res, void *h, void *y, gemsops_dtype dt,
+        int64_t n, double *buf, const double *w, const double *b, double eps,
+        int rms, double *mean_out, double *rstd_out)
+{
+    const double sum = res ? add_residual(x, res, h, dt, n, buf, buf + n)
+                           : load_sum(x, dt, n, buf);
+    const double mean = rms ? 0.0 : sum / (double)n;
     double m2 = 0;
 #pragma omp simd reduction(+ : m2)
     for (int64_t c = 0; c < n; c++) {
@@ -130,14 +150,13 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
 {
     const int64_t n = p->cols;
     const size_t es = gemsops_dtype_size(p->dtype);
+    const gemsops_dtype sd = gemsops_layer_norm_stats_dtype(p->dtype);
     if (n == 0) { /* rows of no elements: mean 0, rstd NaN, as torch */
-        for (int64_t r = 0; p->mean != NULL && r < p->rows; r++) {
-            gemsops_store_f64(p->mean,
-                              gemsops_layer_norm_stats_dtype(p->dtype), r,
-                              0.0);
-            gemsops_store_f64(p->rstd,
-                              gemsops_layer_norm_stats_dtype(p->dtype), r,
-                              NAN);
+        for (int64_t r = 0; p->rstd != NULL && r < p->rows; r++) {
+            if (p->mean != NULL) {
+                gemsops_store_f64(p->mean, sd, r, 0.0);
+            }
+            gemsops_store_f64(p->rstd, sd, r, NAN);
         }
         return GEMSOPS_OK;
     }
@@ -147,7 +166,7 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
 
 #pragma omp parallel reduction(| : failed)
     {
-        double *buf = failed ? NULL : malloc(n * sizeof *buf);
+        double *buf = failed ? NULL : malloc(2 * n * sizeof *buf);
         failed |= buf == NULL;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < p->rows; r++) {
@@ -155,16 +174,19 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
                 continue;
             }
             double mean, rstd;
-            fwd_row((const char *)p->x + r * p->x_row_stride * es,
+            const char *res = p->residual ? (const char *)p->residual +
+                                                r * p->residual_row_stride * es
+                                          : NULL;
+            char *h =
+                p->residual ? (char *)p->h + r * p->h_row_stride * es : NULL;
+            fwd_row((const char *)p->x + r * p->x_row_stride * es, res, h,
                     (char *)p->y + r * p->y_row_stride * es, p->dtype, n, buf,
-                    w, b, p->eps, &mean, &rstd);
+                    w, b, p->eps, p->rms, &mean, &rstd);
             if (p->mean != NULL) {
-                gemsops_store_f64(p->mean,
-                                  gemsops_layer_norm_stats_dtype(p->dtype), r,
-                                  mean);
-                gemsops_store_f64(p->rstd,
-                                  gemsops_layer_norm_stats_dtype(p->dtype), r,
-                                  rstd);
+                gemsops_store_f64(p->mean, sd, r, mean);
+            }
+            if (p->rstd != NULL) {
+                gemsops_store_f64(p->rstd, sd, r, rstd);
             }
         }
         free(buf);
@@ -196,11 +218,13 @@ store_param_grad(const double *part, int nthreads, int64_t n, int which,
 /* One row of the backward in two passes: (1) widen x and dy, xhat into
  * xh, dy into dyb, the row sums c1 = sum g * xhat, c2 = sum g (g = w * dy)
  * and the row's dW/dB terms into mine[0..n), mine[n..2n) (when mine); (2)
- * dx = rstd * (g - (xhat * c1 + c2) / N), rounded into dx (when dx). */
+ * dx = rstd * (g - (xhat * c1 + c2) / N), rounded into dx (when dx); for
+ * RMSNorm (mean 0) without the c2 term; plus dh (widened into dhb, n
+ * zeros when there is none). */
 GEMSOPS_SIMD_CLONES static void
-bwd_row(const void *x, const void *dy, void *dx, gemsops_dtype dt, int64_t n,
-        double *xh, double *dyb, const double *w, double mean, double rstd,
-        double *mine)
+bwd_row(const void *x, const void *dy, const void *dh, void *dx,
+        gemsops_dtype dt, int64_t n, double *xh, double *dyb, double *dhb,
+        const double *w, double mean, double rstd, int rms, double *mine)
 {
     double c1 = 0, c2 = 0;
 #define GEMSOPS_BWD_PASS1(DT)                                                 \
@@ -232,8 +256,12 @@ bwd_row(const void *x, const void *dy, void *dx, gemsops_dtype dt, int64_t n,
         return;
     }
     c1 /= (double)n;
-    c2 /= (double)n;
-    GEMSOPS_STORE_ROW(dx, dt, rstd * (dyb[c] * w[c] - (xh[c] * c1 + c2)))
+    c2 = rms ? 0.0 : c2 / (double)n;
+    if (dh != NULL) {
+        load_sum(dh, dt, n, dhb);
+    }
+    GEMSOPS_STORE_ROW(dx, dt,
+                      rstd * (dyb[c] * w[c] - (xh[c] * c1 + c2)) + dhb[c])
 }
 
 int
@@ -253,9 +281,10 @@ gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
 
 #pragma omp parallel num_threads(nthreads) reduction(| : failed)
     {
-        double *xh = failed ? NULL : malloc(2 * (n ? n : 1) * sizeof *xh);
+        double *xh = failed ? NULL : calloc(3 * (n ? n : 1), sizeof *xh);
         failed |= xh == NULL;
         double *dy = xh ? xh + n : NULL;
+        double *dhb = xh ? xh + 2 * n : NULL; /* zeros without dh */
         double *mine =
             part ? part + (size_t)gemsops_thread_index() * 2 * n : NULL;
 #pragma omp for schedule(static)
@@ -263,12 +292,15 @@ gemsops_layer_norm_bwd_cpu(const struct gemsops_layer_norm_bwd_params *p,
             if (xh == NULL) {
                 continue;
             }
-            const double mean = gemsops_load_f64(p->mean, sd, r);
+            const double mean =
+                p->rms ? 0.0 : gemsops_load_f64(p->mean, sd, r);
             const double rstd = gemsops_load_f64(p->rstd, sd, r);
             bwd_row((const char *)p->x + r * p->x_row_stride * es,
                     (const char *)p->dy + r * p->dy_row_stride * es,
+                    p->dh ? (const char *)p->dh + r * p->dh_row_stride * es
+                          : NULL,
                     p->dx ? (char *)p->dx + r * p->dx_row_stride * es : NULL,
-                    p->dtype, n, xh, dy, w, mean, rstd, mine);
+                    p->dtype, n, xh, dy, dhb, w, mean, rstd, p->rms, mine);
         }
         free(xh);
     }

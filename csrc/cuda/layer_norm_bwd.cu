@@ -163,6 +163,9 @@ int launch_for(const gemsops_layer_norm_bwd_params *p, const bwd_plan &pl,
     a.w = static_cast<const P *>(p->weight);
     a.mean = static_cast<const A *>(p->mean);
     a.rstd = static_cast<const A *>(p->rstd);
+    a.rms = p->rms != 0;
+    a.dh = static_cast<const T *>(p->dh);
+    a.dh_stride = p->dh_row_stride;
     a.dx = static_cast<T *>(p->dx);
     a.dw = static_cast<P *>(p->dweight);
     a.db = static_cast<P *>(p->dbias);

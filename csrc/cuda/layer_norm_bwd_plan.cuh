@@ -113,6 +113,9 @@ struct bwd_args {
     int split;
     int stages; // ring depth, 1..kMaxStages (ring kernels only)
     bool deterministic;
+    bool rms; // RMSNorm: mean taken as 0 (whatever `mean` holds), no c2
+    const T *dh; // the fused add: NULL, or a gradient added into dx
+    int64_t dh_stride;
 };
 
 // 16 elements a thread for the half types where a row (slab) then takes
@@ -140,8 +143,9 @@ bool bwd_vector_ok(const gemsops_layer_norm_bwd_params *p)
 {
     return layer_norm_vectors_fit<T, P>(p->cols,
                                         {p->x_row_stride, p->dy_row_stride,
-                                         p->dx_row_stride},
-                                        {p->x, p->dy, p->dx}, {p->weight});
+                                         p->dx_row_stride, p->dh_row_stride},
+                                        {p->x, p->dy, p->dx, p->dh},
+                                        {p->weight});
 }
 
 // Which fused-kernel instantiation runs: its elements per thread, access

@@ -302,6 +302,9 @@ struct bwd_thread {
         else {
             load_from_global(row, row_ok, xv, dv, mean, rstd);
         }
+        if (a.rms) {
+            mean = A(0);
+        }
         pad(row_ok, xv, dv);
         return stage;
     }
@@ -338,7 +341,7 @@ struct bwd_thread {
                                            A (&db)[ITEMS][VEC]) const
     {
         const A c1n = c1 * inv_n;
-        const A c2n = c2 * inv_n;
+        const A c2n = a.rms ? A(0) : c2 * inv_n;
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             if (!row_ok || i * STEP >= lim) {
@@ -356,6 +359,14 @@ struct bwd_thread {
                 db[i][v] += d;
             }
             if (a.dx) {
+                if (a.dh) { // the fused add's gradient, straight from L2
+                    const V hv = load_vec<T, VEC>(a.dh + row * a.dh_stride +
+                                                  col0 + i * STEP);
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        out[v] += widen<A>(hv.v[v]);
+                    }
+                }
                 store_rounded<T, VEC>(a.dx + row * a.dx_stride + col0 +
                                           i * STEP,
                                       out);

@@ -1,4 +1,5 @@
-// LayerNorm forward: y = (x - mean) * rstd * w + b, per row of N elements.
+// LayerNorm forward: y = (x - mean) * rstd * w + b, per row of N elements;
+// RMSNorm (a.rms) the same with mean = 0 and no bias.
 //
 // Two kernels, chosen by N:
 //
@@ -74,7 +75,24 @@ struct fwd_args {
     acc_t<T> *rstd;
     int64_t rows, cols, x_stride, y_stride;
     acc_t<T> eps;
+    bool rms; // RMSNorm: no centring (the mean is 0), no bias
+    const T *res; // the fused add: NULL, or x's partner (h = x + res)
+    T *h; // with res: h written, in the dtype (torch's add rounds so)
+    int64_t res_stride, h_stride;
 };
+
+// x = x + r rounded to T, as torch's add (in the accumulator type, which
+// is exact for two half values and torch's own type for fp32/fp64).
+template <typename T, int VEC>
+__device__ __forceinline__ void add_rounded(vec_t<T, VEC> &x,
+                                            const vec_t<T, VEC> &r)
+{
+    using A = acc_t<T>;
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        x.v[v] = from_acc<T>(widen<A>(x.v[v]) + widen<A>(r.v[v]));
+    }
+}
 
 // Register budget: 768 resident threads per SM (<= 85 registers), at
 // least two CTAs of 512 (64 registers), so that one CTA's barriers overlap
@@ -118,6 +136,12 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         for (int i = 0; i < ITEMS; i++) {
             if (row_ok && i * STEP < lim) {
                 xv[i] = load_vec<T, VEC>(xr + i * STEP);
+                if (a.res) { // the fused add: normalize h, write it
+                    add_rounded(xv[i],
+                                load_vec<T, VEC>(a.res + row * a.res_stride +
+                                                 col0 + i * STEP));
+                    store_vec(a.h + row * a.h_stride + col0 + i * STEP, xv[i]);
+                }
             }
             else {
 #pragma unroll
@@ -127,14 +151,16 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             }
         }
         A s[1] = {0};
+        if (!a.rms) { // RMSNorm: deviations from 0, no first pass
 #pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
+            for (int i = 0; i < ITEMS; i++) {
 #pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                s[0] += widen<A>(xv[i].v[v]);
+                for (int v = 0; v < VEC; v++) {
+                    s[0] += widen<A>(xv[i].v[v]);
+                }
             }
+            row_sum<TPR, 1>(s, red, parity);
         }
-        row_sum<TPR, 1>(s, red, parity);
         // two-pass: deviations from the first mean, not E[x^2] - mean^2;
         // dev[0] sums their squares, dev[1] the deviations themselves
         const A mean0 = s[0] / (A)slab_cols;
@@ -154,7 +180,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         // as the deviations' mean (a row holding inf or NaN, or
         // overflowing, keeps the plain two-pass values, as before)
         const A shift = dev[1] / (A)a.cols;
-        const bool fix = isfinite(shift);
+        const bool fix = !a.rms && isfinite(shift);
         const A mean = fix ? mean0 + shift : mean0;
         A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
         m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
@@ -190,11 +216,11 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
             store_rounded<T, VEC>(a.y + row * a.y_stride + col0 + i * STEP,
                                   out);
         }
-        if (lane == 0 && a.mean) {
-            if (row_ok) {
+        if (lane == 0 && row_ok && a.rstd) {
+            if (a.mean) {
                 a.mean[row] = mean;
-                a.rstd[row] = rstd;
             }
+            a.rstd[row] = rstd;
         }
     }
 }
@@ -298,6 +324,13 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             for (int u = 0; u < U; u++) {
                 if (u * STEP < lim) {
                     xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
+                    if (a.res) { // h written here, formed again in pass 2
+                        const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
+                        add_rounded(xv[u],
+                                    load_vec<T, VEC>(a.res +
+                                                     row * a.res_stride + c));
+                        store_vec(a.h + row * a.h_stride + c, xv[u]);
+                    }
 #pragma unroll
                     for (int v = 0; v < VEC; v++) {
                         s += widen<A>(xv[u].v[v]);
@@ -308,7 +341,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             if (cnt == A(0)) {
                 continue;
             }
-            const A cm0 = s / cnt;
+            const A cm0 = a.rms ? A(0) : s / cnt;
             A cm2 = 0, cd = 0;
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -324,7 +357,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             // the corrected two-pass step (see the registers kernel), the
             // chunk's mean kept as the pair cm0 + sh
             const A sh = cd / cnt;
-            const bool fix = isfinite(sh);
+            const bool fix = !a.rms && isfinite(sh);
             A cm = cm0, cm_lo = 0;
             if (fix) {
                 two_sum_into(cm, cm_lo, sh);
@@ -375,8 +408,12 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 // x's last read: evict-first keeps it from displacing the
                 // rows still waiting for their pass 2 (no gain where the
                 // rows in flight exceed L2 anyway)
-                const vec_t<T, VEC> xv =
-                    load_vec_last<T, VEC>(xr + c0 + u * STEP);
+                vec_t<T, VEC> xv = load_vec_last<T, VEC>(xr + c0 + u * STEP);
+                if (a.res) { // h from its inputs, not from what pass 1
+                    // wrote (no read of this kernel's own writes)
+                    add_rounded(xv, load_vec_last<T, VEC>(
+                                        a.res + row * a.res_stride + c));
+                }
                 vec_t<P, VEC> wv, bv;
                 if (a.w) {
                     wv = load_vec<P, VEC>(a.w + c);
@@ -399,8 +436,10 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 store_rounded<T, VEC>(yr + c0 + u * STEP, out);
             }
         }
-        if (threadIdx.x == 0 && a.mean) {
-            a.mean[row] = mu + mu_lo;
+        if (threadIdx.x == 0 && a.rstd) {
+            if (a.mean) {
+                a.mean[row] = mu + mu_lo;
+            }
             a.rstd[row] = rstd;
         }
         __syncthreads(); // part[] and stats[] are rewritten for the next row
@@ -418,6 +457,11 @@ fwd_args<T, P> make_args(const gemsops_layer_norm_fwd_params *p)
     a.b = static_cast<const P *>(p->bias);
     a.mean = static_cast<A *>(p->mean);
     a.rstd = static_cast<A *>(p->rstd);
+    a.rms = p->rms != 0;
+    a.res = static_cast<const T *>(p->residual);
+    a.h = static_cast<T *>(p->h);
+    a.res_stride = p->residual_row_stride;
+    a.h_stride = p->h_row_stride;
     a.rows = p->rows;
     a.cols = p->cols;
     a.x_stride = p->x_row_stride;
@@ -481,8 +525,11 @@ template <typename T, typename P>
 bool vector_ok(const gemsops_layer_norm_fwd_params *p)
 {
     return layer_norm_vectors_fit<T, P>(p->cols,
-                                        {p->x_row_stride, p->y_row_stride},
-                                        {p->x, p->y}, {p->weight, p->bias});
+                                        {p->x_row_stride, p->y_row_stride,
+                                         p->residual_row_stride,
+                                         p->h_row_stride},
+                                        {p->x, p->y, p->residual, p->h},
+                                        {p->weight, p->bias});
 }
 
 template <typename T, typename P, int VEC>
@@ -558,14 +605,16 @@ extern "C" int gemsops_layer_norm_fwd_cuda(
     if (p->cols == 0) {
         // rows of no elements: mean 0 and rstd NaN (all-ones bytes), as
         // torch reports them; there is no output element to write
-        if (p->rows == 0 || p->mean == nullptr) {
+        if (p->rows == 0 || p->rstd == nullptr) {
             return GEMSOPS_OK;
         }
         gemsops::device_guard guard;
         GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
         const size_t bytes = p->rows * (p->dtype == GEMSOPS_FLOAT64 ? 8 : 4);
         cudaStream_t stream = (cudaStream_t)p->stream;
-        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->mean, 0, bytes, stream));
+        if (p->mean != nullptr) {
+            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->mean, 0, bytes, stream));
+        }
         GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->rstd, 0xff, bytes, stream));
         return GEMSOPS_OK;
     }

@@ -140,19 +140,26 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
             mean.zero_()
             rstd.fill_(float("nan"))
         return out, mean, rstd
-    ws = None
-    if x.is_cuda:
-        nbytes = _workspace.planned(
-            ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
-            _C.layer_norm_fwd_workspace,
-            x,
-            weight,
-            bias,
-            nd,
-        )
-        ws = _workspace.scratch(nbytes, x.device, zero=True)
+    ws = fwd_scratch(x, weight, bias, nd)
     _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, ws)
     return out, mean, rstd
+
+
+def fwd_scratch(x, weight, bias, nd):
+    """The forward launch's zeroed scratch (None on the CPU, for no
+    elements, or when the plan needs none): the norm kernels' one plan,
+    whatever the statistic or the fused add."""
+    if not x.is_cuda or not x.numel():
+        return None
+    nbytes = _workspace.planned(
+        ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
+        _C.layer_norm_fwd_workspace,
+        x,
+        weight,
+        bias,
+        nd,
+    )
+    return _workspace.scratch(nbytes, x.device, zero=True)
 
 
 def _backward(
@@ -201,6 +208,22 @@ def _backward(
         deterministic = torch.are_deterministic_algorithms_enabled()
     x = _rows(x, nd)
     grad_out = _rows(_plain(grad_out), nd)
+    dx, dw, db = grad_outputs(x, shape, weight, want_dx, want_dw, want_db)
+    args = (grad_out, x, weight, nd, deterministic, mean, rstd, dx, dw, db)
+    plan = (x, weight, nd, deterministic, want_dx, want_dw, want_db)
+    launch_backward(
+        _C.layer_norm_bwd,
+        _C.layer_norm_bwd_workspace,
+        args,
+        plan,
+        want_dx or want_dw or want_db,
+    )
+    return dx, dw, db
+
+
+def grad_outputs(x, shape, weight, want_dx, want_dw, want_db=False):
+    """(dx, dW, dB) as the norm backwards fill them (None where not
+    wanted): dx contiguous in x's dtype, dW/dB in the weight's."""
     pdtype = weight.dtype if weight is not None else x.dtype
     # dW/dB over no rows are zeros, which a CUDA launch would not write
     empty = torch.zeros if x.numel() == 0 else torch.empty
@@ -208,36 +231,40 @@ def _backward(
     dx = torch.empty_like(x, memory_format=contiguous) if want_dx else None
     dw = empty(shape, dtype=pdtype, device=x.device) if want_dw else None
     db = empty(shape, dtype=pdtype, device=x.device) if want_db else None
-    args = (grad_out, x, weight, nd, deterministic, mean, rstd, dx, dw, db)
-    if x.numel() == 0 or not x.is_cuda or not (want_dx or want_dw or want_db):
+    return dx, dw, db
+
+
+def launch_backward(c_bwd, c_workspace, args, plan, wanted):
+    """One backward launch through C's kept-workspace protocol (the
+    LayerNorm and RMSNorm entry points share it and the kept buffer):
+    c_bwd(*args, workspace[, stream]); c_workspace(*plan) sizes a
+    workspace of its own. x is args[1]."""
+    x = args[1]
+    if x.numel() == 0 or not x.is_cuda or not wanted:
         # C checks the arguments as for any call (and computes on the CPU)
-        _C.layer_norm_bwd(*args, None)
-        return dx, dw, db
+        c_bwd(*args, None)
+        return
     device = x.get_device()
     if _workspace.in_graph_pool(x.device):
         # a captured launch gets its own workspace and zeroes it itself
-        nbytes = _C.layer_norm_bwd_workspace(
-            x, weight, nd, deterministic, want_dx, want_dw, want_db
-        )
-        _C.layer_norm_bwd(*args, _workspace.scratch(nbytes, x.device))
-        return dx, dw, db
+        c_bwd(*args, _workspace.scratch(c_workspace(*plan), x.device))
+        return
     stream = _bwd_stream.get(device, -1)
     slot = _workspace.lookup("ln_bwd", device, stream)
     try:
-        need = _C.layer_norm_bwd(*args, slot and slot.buf, stream)
+        need = c_bwd(*args, slot and slot.buf, stream)
         if need is not None:  # first use, larger, or another stream
             nbytes, stream = need
             slot = _workspace.kept(
                 "ln_bwd", device, stream, nbytes, minimum=4096
             )
             _bwd_stream[device] = stream
-            _C.layer_norm_bwd(*args, slot.buf, stream)
+            c_bwd(*args, slot.buf, stream)
     except BaseException:
         # a failed launch may leave accumulators non-zero: start afresh
         _bwd_stream.pop(device, None)
         _workspace.forget("ln_bwd", device)
         raise
-    return dx, dw, db
 
 
 class LayerNormFunction(torch.autograd.Function):

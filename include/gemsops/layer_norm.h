@@ -10,6 +10,15 @@
  *   c1_r = sum_c g * xhat,   c2_r = sum_c g
  *   dW[c] = sum_r dy * xhat, dB[c] = sum_r dy
  *
+ * RMSNorm (rms = 1) is the same with no centring: mean_r = 0 (written as
+ * such), var_r = (1/N) sum_c x[r,c]^2, no bias, and c2 drops out of dx:
+ *   dx[r,c] = rstd_r * (g[r,c] - xhat[r,c] * c1_r / N)
+ *
+ * With a residual, the forward first forms h = x + residual (rounded to
+ * the dtype, written to `h`) and normalizes h; the backward then reads h
+ * as its input and adds the gradient dh reaching h from elsewhere into
+ * dx (which is also the residual's gradient).
+ *
  * Tensors are validated at the Python boundary (csrc/py_layer_norm.c);
  * backends may assume every pointer, size and stride here is consistent.
  * Rows are `row_stride` elements apart; columns are contiguous. */
@@ -44,9 +53,13 @@ struct gemsops_layer_norm_fwd_params {
     int64_t cols; /* N: product of the normalized dimensions       */
     int64_t x_row_stride; /* elements between rows of x                    */
     int64_t y_row_stride; /* elements between rows of y                    */
+    const void *residual; /* [rows, cols] `dtype`, or NULL: no fused add  */
+    void *h; /* [rows, cols] x + residual; with residual only    */
+    int64_t residual_row_stride, h_row_stride;
     gemsops_dtype dtype; /* x and y                                   */
     gemsops_dtype param_dtype; /* weight and bias: dtype, or fp32 if half  */
     double eps;
+    int rms; /* 1: RMSNorm's statistic (see above), bias NULL    */
     int device_id; /* CUDA ordinal of every tensor                  */
     void *stream; /* cudaStream_t to launch on                     */
 };
@@ -70,9 +83,12 @@ struct gemsops_layer_norm_bwd_params {
                              memset first. 0: the launch zeroes them       */
     int64_t rows, cols;
     int64_t dy_row_stride, x_row_stride, dx_row_stride;
+    const void *dh; /* [rows, cols] added into dx, or NULL           */
+    int64_t dh_row_stride;
     gemsops_dtype dtype;
     gemsops_dtype param_dtype;
     int deterministic; /* dW/dB summed in a fixed order, no atomics     */
+    int rms; /* 1: RMSNorm's backward (mean all 0, no c2 term) */
     int device_id;
     void *stream;
 };

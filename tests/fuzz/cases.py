@@ -412,6 +412,142 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
     differential(ctx, theirs, ours, check, inputs, tags)
 
 
+# ------------------------------------------- RMSNorm and the fused adds
+def case_norms(ctx):
+    """gemsops.rms_norm, fused_add_layer_norm and fused_add_rms_norm
+    against torch's expression (the add, then the norm), forward and
+    gradients."""
+    dtype = ctx.choice(FLOATS)
+    if ctx.chance(0.04):
+        dtype = ctx.choice([torch.int64, torch.int32])
+    ndim = ctx.rng.randint(1, 3)
+    nd = ctx.rng.randint(1, ndim)
+    shape = ctx.shape(ndim, budget=ctx.choice([4000, 30000, 300000]))
+    x, _ = ctx.tensor(shape, dtype)
+    pshape = shape[ndim - nd :]
+    pdtype = dtype
+    if dtype in HALF and ctx.chance(0.3):
+        pdtype = torch.float32
+    op = ctx.choice(["rms", "rms", "add_ln", "add_rms"])
+    w = b = None
+    if pdtype.is_floating_point and ctx.chance(0.8):
+        w, _ = ctx.tensor(pshape, pdtype, nonfinite=0.01)
+    if op == "add_ln" and pdtype.is_floating_point and ctx.chance(0.7):
+        b, _ = ctx.tensor(pshape, pdtype, nonfinite=0.01)
+    res = None
+    if op != "rms":
+        res, _ = ctx.tensor(shape, dtype)
+    # (eps < 0, NaN: the layer_norm family's; an ill-posed row is not this
+    # family's subject)
+    eps = ctx.choice([1e-6, 1e-5, 1e-3] + ([None] if op != "add_ln" else []))
+    grad = ctx.chance(0.5) and dtype.is_floating_point
+    ctx.note(f"norms op={op} eps={eps!r} grad={grad} pshape={pshape}")
+    for name, t in (
+        ("input", x),
+        ("residual", res),
+        ("weight", w),
+        ("bias", b),
+    ):
+        ctx.describe(name, t)
+    inputs = [t for t in (x, res, w, b) if t is not None]
+    tags = {"ln-mixed"} if pdtype != dtype and dtype in HALF else set()
+    teps = eps
+    if eps is None and dtype.is_floating_point:
+        teps = torch.finfo(dtype).eps
+    gs = []
+    if grad:
+        for i in range(1 if op == "rms" else 2):
+            g, _ = ctx.tensor(shape, dtype, nonfinite=0.01)
+            ctx.describe(f"grad_out{i}", g)
+            gs.append(g)
+            inputs.append(g)
+
+    def torch_fn(x, res, w, b):
+        if op == "rms":
+            return (F.rms_norm(x, pshape, w, eps),)
+        h = x + res
+        if op == "add_rms":
+            return F.rms_norm(h, pshape, w, eps), h
+        return F.layer_norm(h, pshape, w, b, eps), h
+
+    def gems_fn(x, res, w, b):
+        if op == "rms":
+            return (gemsops.rms_norm(x, pshape, w, eps),)
+        if op == "add_rms":
+            return gemsops.fused_add_rms_norm(x, res, pshape, w, eps)
+        return gemsops.fused_add_layer_norm(x, res, pshape, w, b, eps)
+
+    def run(fn):
+        lv = _leaves((x, res, w, b))
+        out = list(fn(*lv))
+        return out, (_grads(out, lv, gs) if grad else None)
+
+    def check(ours, theirs):
+        # the float64 reference at torch's h (the sum rounded to the
+        # dtype, as both compute it), not at the exact sum
+        h = x if op == "rms" else theirs[0][1].detach()
+        hl = _leaves((h, w, b), torch.float64)
+        if op == "add_ln":
+            y = F.layer_norm(hl[0], pshape, hl[1], hl[2], teps)
+        else:
+            y = F.rms_norm(hl[0], pshape, hl[1], teps)
+        rows = math.prod(shape[: ndim - nd])
+        refs = [y] + ([hl[0]] if op != "rms" else [])
+        for i, (o, r, t) in enumerate(zip(ours[0], refs, theirs[0])):
+            same_meta(f"out{i}", o, t)
+            close(f"out{i}", o, r.detach(), t, dtype, torch_slack=2.0)
+        if not grad:
+            return
+        dh, dw, db = _grads([y], hl, [gs[0].double()])
+        if op != "rms" and dh is not None:
+            dh = dh + gs[1].double()
+        dims = tuple(range(ndim - nd, ndim))
+        hd = h.detach().double()
+        if op == "add_ln":
+            m = hd.mean(dims)
+            r = torch.rsqrt(
+                (hd - m.reshape(m.shape + (1,) * nd)).square().mean(dims)
+                + teps
+            )
+        else:
+            m = torch.zeros(hd.shape[: ndim - nd], dtype=torch.float64)
+            r = torch.rsqrt(hd.square().mean(dims) + teps)
+        bound = oracle.ln_dx_bound(gs[0], h, w, m, r, nd, dtype)
+        f64_atol = (
+            oracle.f64_ln_terms(gs[0], h, w, m, r, rows)
+            if dtype == torch.float64
+            else None
+        )
+        refs = [dh, dh if op != "rms" else None, dw, db]
+        for name, o, rr, t in zip(
+            ("dx", "dres", "dw", "db"), ours[1], refs, theirs[1]
+        ):
+            if t is None or rr is None:
+                continue
+            same_meta(name, o, t)
+            close(
+                name,
+                o,
+                rr,
+                t,
+                t.dtype,
+                torch_slack=2.0,
+                reduce_len=rows if name in ("dw", "db") else 1,
+                bound=bound if name in ("dx", "dres") else None,
+                f64_atol=f64_atol if name != "db" else None,
+                loose=w is not None and not bool(torch.isfinite(w).all()),
+            )
+
+    differential(
+        ctx,
+        lambda: run(torch_fn),
+        lambda: run(gems_fn),
+        check,
+        inputs,
+        tags,
+    )
+
+
 # --------------------------------------------------------------------- prod
 def _dim_arg(ctx, ndim):
     n = max(ndim, 1)

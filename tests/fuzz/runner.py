@@ -12,6 +12,7 @@ import traceback
 
 FAMILIES = {  # name -> (module, function, weight)
     "layer_norm": ("cases", "case_layer_norm", 5),
+    "norms": ("cases", "case_norms", 3),
     "prod": ("cases", "case_prod", 4),
     "matmul": ("cases", "case_matmul", 4),
     "linear": ("cases", "case_linear", 2),
@@ -22,7 +23,7 @@ FAMILIES = {  # name -> (module, function, weight)
 }
 ALIASES = {
     "raw": [f for f in FAMILIES if f.startswith("c_")],
-    "public": ["layer_norm", "prod", "matmul", "linear"],
+    "public": ["layer_norm", "norms", "prod", "matmul", "linear"],
 }
 
 

@@ -1,0 +1,174 @@
+"""RMSNorm and the residual add fused into LayerNorm / RMSNorm: gemsops vs
+torch's plain expression, torch.compile of that expression (the strongest
+peer on norms) and, when they import, FlagGems and Liger.
+
+Bytes counted (the fewest the op must move): RMSNorm forward reads x and
+writes y, backward reads x and dy and writes dx; the fused add's forward
+reads x and residual and writes y and h (4 * M * N elements), its
+backward reads h and dy and writes dx (the gradient of x and residual
+alike; h's own gradient is not used here). Weights and statistics are
+O(N + M) and left out."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gemsops
+
+from .performance_utils import Benchmark
+from .test_layer_norm_perf import FLOAT_DTYPES, SHAPES
+
+EPS = 1e-6
+
+
+def rms_torch(x, s, w):
+    return F.rms_norm(x, s, w, EPS)
+
+
+def rms_gems(x, s, w):
+    return gemsops.rms_norm(x, s, w, EPS)
+
+
+def add_ln_torch(x, r, s, w, b):
+    h = x + r
+    return F.layer_norm(h, s, w, b, EPS), h
+
+
+def add_ln_gems(x, r, s, w, b):
+    return gemsops.fused_add_layer_norm(x, r, s, w, b, EPS)
+
+
+def add_rms_torch(x, r, s, w):
+    h = x + r
+    return F.rms_norm(h, s, w, EPS), h
+
+
+def add_rms_gems(x, r, s, w):
+    return gemsops.fused_add_rms_norm(x, r, s, w, EPS)
+
+
+def first(fn):
+    """fn's y alone (the backward benchmark differentiates one output)."""
+    return lambda *a: fn(*a)[0]
+
+
+def compiled(fn):
+    if os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
+        return {}
+    try:
+        return {"compiled": torch.compile(fn)}
+    except Exception as e:
+        print(f"torch.compile not timed: {type(e).__name__}: {e}")
+        return {}
+
+
+def rms_peers():
+    found = compiled(rms_torch)
+    if os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
+        return found
+    try:
+        import flag_gems
+
+        found["flaggems"] = (rms_torch, flag_gems.use_gems)
+    except Exception as e:
+        print(f"FlagGems not timed: {type(e).__name__}: {e}")
+    try:
+        from liger_kernel.transformers.functional import liger_rms_norm
+
+        found["liger"] = lambda x, s, w: liger_rms_norm(x, w, EPS)
+    except Exception as e:
+        print(f"Liger not timed: {type(e).__name__}: {e}")
+    return found
+
+
+def args(dtype, shape, residual=False, bias=False, requires_grad=False):
+    m, n = shape
+    kw = dict(dtype=dtype, device="cuda", requires_grad=requires_grad)
+    x = torch.randn(m, n, **kw)
+    out = [x]
+    if residual:
+        out.append(torch.randn(m, n, **kw))
+    out += [(n,), torch.randn(n, **kw)]
+    if bias:
+        out.append(torch.randn(n, **kw))
+    return tuple(out)
+
+
+def nbytes(passes):
+    return lambda dtype, shape: passes * shape[0] * shape[1] * dtype.itemsize
+
+
+@pytest.mark.layer_norm
+def test_perf_rms_norm_forward():
+    Benchmark(
+        "rms_norm",
+        rms_torch,
+        rms_gems,
+        args,
+        FLOAT_DTYPES,
+        SHAPES,
+        bytes_func=nbytes(2),
+        peers=rms_peers(),
+        result_file="rms_norm_fwd",
+    ).run()
+
+
+@pytest.mark.layer_norm
+def test_perf_rms_norm_backward():
+    Benchmark(
+        "rms_norm_backward",
+        rms_torch,
+        rms_gems,
+        lambda d, s: args(d, s, requires_grad=True),
+        FLOAT_DTYPES,
+        SHAPES,
+        bytes_func=nbytes(3),
+        is_backward=True,
+        peers=rms_peers(),
+        result_file="rms_norm_bwd",
+    ).run()
+
+
+@pytest.mark.layer_norm
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_perf_fused_add_forward(kind):
+    torch_fn, gems_fn = (
+        (add_ln_torch, add_ln_gems)
+        if kind == "layer_norm"
+        else (add_rms_torch, add_rms_gems)
+    )
+    Benchmark(
+        f"fused_add_{kind}",
+        torch_fn,
+        gems_fn,
+        lambda d, s: args(d, s, True, kind == "layer_norm"),
+        FLOAT_DTYPES,
+        SHAPES,
+        bytes_func=nbytes(4),
+        peers=compiled(torch_fn),
+        result_file=f"fused_add_{kind}_fwd",
+    ).run()
+
+
+@pytest.mark.layer_norm
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_perf_fused_add_backward(kind):
+    torch_fn, gems_fn = (
+        (add_ln_torch, add_ln_gems)
+        if kind == "layer_norm"
+        else (add_rms_torch, add_rms_gems)
+    )
+    Benchmark(
+        f"fused_add_{kind}_backward",
+        first(torch_fn),
+        first(gems_fn),
+        lambda d, s: args(d, s, True, kind == "layer_norm", True),
+        FLOAT_DTYPES,
+        SHAPES,
+        bytes_func=nbytes(3),
+        is_backward=True,
+        peers=compiled(first(torch_fn)),
+        result_file=f"fused_add_{kind}_bwd",
+    ).run()

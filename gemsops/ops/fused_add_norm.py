@@ -1,0 +1,186 @@
+"""The residual add fused into the norm, as every transformer block has it:
+
+    h = x + residual          (in x's dtype, as torch's add)
+    y = layer_norm(h) or rms_norm(h)
+
+returns (y, h). The forward reads x and residual once and writes y and h
+once; the backward is the norm's one fused kernel at h, which adds dh
+(h's gradient from elsewhere) into dx: dx = dresidual = dh + the norm's
+dx. Traced code (compile, export, modes) runs the same math as torch's
+add and the gemsops norm op, which the compiler may fuse itself."""
+
+import math
+
+import torch
+
+from .. import _C
+from .._dispatch import eager
+from . import layer_norm as ln
+from . import rms_norm as rn
+
+
+def _forward(x, res, shape, weight, bias, eps, rms):
+    """(y, h, mean, rstd); mean None for RMSNorm; flat statistics."""
+    nd = len(shape)
+    x, res = ln._rows(x, nd), ln._rows(ln._plain(res), nd)
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    h = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rows = math.prod(x.shape[: x.dim() - nd])
+    sd = ln._stats_dtype(x.dtype)
+    mean = None if rms else torch.empty(rows, dtype=sd, device=x.device)
+    rstd = torch.empty(rows, dtype=sd, device=x.device)
+    ws = ln.fwd_scratch(x, weight, bias, nd)
+    _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd, ws)
+    return y, h, mean, rstd
+
+
+class FusedAddNormFunction(torch.autograd.Function):
+    """The eager path. Under create_graph the backward is the norm's
+    differentiable backward op at h plus dh; h is this node's own output,
+    so second-order terms reach x and residual through it."""
+
+    @staticmethod
+    def forward(ctx, x, res, shape, weight, bias, eps, rms):
+        y, h, mean, rstd = _forward(x, res, shape, weight, bias, eps, rms)
+        if not any(ctx.needs_input_grad):
+            return y, h
+        ctx.shape, ctx.eps, ctx.rms = shape, eps, rms
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(h, weight, mean, rstd, bias)
+        ctx.set_materialize_grads(False)
+        return y, h
+
+    @staticmethod
+    def backward(ctx, gy, gh):
+        h, weight, mean, rstd, bias = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        want_dx = need[0] or need[1]
+        want_dw = need[3] and weight is not None
+        want_db = need[4] and ctx.has_bias
+        if gy is None:
+            gy = torch.zeros_like(h)
+        if torch.is_grad_enabled():  # create_graph: differentiable ops
+            if ctx.rms:
+                dx, dw = rn._backward_op(
+                    gy, h, ctx.shape, rstd, weight, (True, want_dw), ctx.eps
+                )
+                db = None
+            else:
+                dx, dw, db = ln._backward_op(
+                    gy,
+                    h,
+                    ctx.shape,
+                    mean,
+                    rstd,
+                    weight,
+                    (True, want_dw, want_db),
+                    bias=bias,
+                )
+            if gh is not None:
+                dx = dx + gh
+        else:
+            dx, dw, db = _backward(
+                gy,
+                gh,
+                h,
+                ctx.shape,
+                weight,
+                mean,
+                rstd,
+                ctx.rms,
+                want_dx,
+                want_dw,
+                want_db,
+            )
+        return (
+            dx if need[0] else None,
+            dx if need[1] else None,
+            None,
+            dw,
+            db,
+            None,
+            None,
+        )
+
+
+def _backward(
+    gy, gh, h, shape, weight, mean, rstd, rms, want_dx, want_dw, want_db
+):
+    nd = len(shape)
+    det = torch.are_deterministic_algorithms_enabled()
+    gy = ln._rows(ln._plain(gy), nd)
+    if gh is not None:
+        gh = ln._rows(ln._plain(gh), nd)
+    dx, dw, db = ln.grad_outputs(h, shape, weight, want_dx, want_dw, want_db)
+
+    def c_bwd(*args):  # launch_backward's calling convention
+        return _C.add_norm_bwd(args[0], gh, *args[1:5], rms, *args[5:])
+
+    args = (gy, h, weight, nd, det, mean, rstd, dx, dw, db)
+    plan = (h, weight, nd, det, want_dx, want_dw, want_db)
+    ln.launch_backward(
+        c_bwd,
+        _C.layer_norm_bwd_workspace,
+        args,
+        plan,
+        want_dx or want_dw or want_db,
+    )
+    return dx, dw, db
+
+
+def _traced(x, residual, shape, weight, bias, eps, rms):
+    h = x + residual
+    if rms:
+        return rn._rms_norm_op(h, shape, weight, eps)[0], h
+    return ln._layer_norm_op(h, shape, weight, bias, eps)[0], h
+
+
+def _check_residual(x, residual, fn):
+    if not isinstance(residual, torch.Tensor):
+        raise ln._not_tensor(TypeError, fn, "residual", residual)
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise RuntimeError(
+            f"{fn}(): residual ({tuple(residual.shape)}, {residual.dtype}) "
+            f"must have input's shape and dtype ({tuple(x.shape)}, "
+            f"{x.dtype})"
+        )
+    if residual.device != x.device:
+        raise RuntimeError(
+            f"{fn}(): residual is on {residual.device}, input on {x.device}"
+        )
+
+
+def fused_add_layer_norm(
+    input, residual, normalized_shape, weight=None, bias=None, eps=1e-5
+):
+    """(layer_norm(h), h) with h = input + residual, in one pass each way.
+    weight/bias as gemsops.layer_norm's (fp32 beside half input too)."""
+    fn = "fused_add_layer_norm"
+    input, shape, weight, bias = ln._prepare(
+        input, normalized_shape, weight, bias, fn
+    )
+    _check_residual(input, residual, fn)
+    if not eager((input, residual, weight, bias)):
+        return _traced(input, residual, shape, weight, bias, eps, False)
+    return FusedAddNormFunction.apply(
+        input, residual, shape, weight, bias, eps, False
+    )
+
+
+def fused_add_rms_norm(
+    input, residual, normalized_shape, weight=None, eps=None
+):
+    """(rms_norm(h), h) with h = input + residual, in one pass each way;
+    eps=None is torch's default, torch.finfo(input.dtype).eps."""
+    fn = "fused_add_rms_norm"
+    input, shape, weight, _ = ln._prepare(
+        input, normalized_shape, weight, None, fn
+    )
+    _check_residual(input, residual, fn)
+    eps = rn._eps(eps, input.dtype)
+    weight = rn._weight_for(input, weight)
+    if not eager((input, residual, weight)):
+        return _traced(input, residual, shape, weight, None, eps, True)
+    return FusedAddNormFunction.apply(
+        input, residual, shape, weight, None, eps, True
+    )

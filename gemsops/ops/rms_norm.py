@@ -1,0 +1,280 @@
+"""RMSNorm: torch.nn.functional.rms_norm's semantics over the LayerNorm
+kernels run with the RMS statistic (gemsops._C.rms_norm_*):
+
+    y = x * rstd * weight,   rstd = 1 / sqrt(mean(x^2) + eps) per row
+
+eps=None is torch's default, torch.finfo(input.dtype).eps. The backward
+is the LayerNorm's one fused kernel without its centring term: dx and an
+atomic dW in one launch, sharing the LayerNorm backward's kept workspace.
+"""
+
+import math
+from typing import Optional, Sequence
+
+import torch
+
+from .. import _C
+from .._dispatch import eager
+from . import layer_norm as ln
+
+
+def _eps(eps, dtype):
+    if eps is None:
+        # an integer input gets no eps: C refuses its dtype next
+        return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
+        raise TypeError(
+            f"rms_norm(): argument 'eps' must be float or None, not "
+            f"{type(eps).__name__}"
+        )
+    return float(eps)
+
+
+def _weight_for(x, w):
+    """torch's rms_norm takes a weight of any float dtype (the product is
+    promoted, then cast to x's dtype); the kernels take x's dtype, or fp32
+    beside half x, where that promotion is exact. Any other weight is cast
+    there first (fp64 beside fp32 x: within an ulp of torch's)."""
+    if w is None or w.dtype == x.dtype or not w.is_floating_point():
+        return w
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    if half and w.dtype == torch.float32:
+        return w
+    return w.to(torch.float32 if half else x.dtype)
+
+
+def _forward(x, shape, weight, eps, want_rstd=True):
+    """(out, rstd): rstd flat [M] (fp32, fp64 for fp64 input) or None."""
+    nd = len(shape)
+    x = ln._rows(x, nd)
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rstd = None
+    if want_rstd:
+        rows = math.prod(x.shape[: x.dim() - nd])
+        rstd = torch.empty(
+            rows, dtype=ln._stats_dtype(x.dtype), device=x.device
+        )
+    ws = ln.fwd_scratch(x, weight, None, nd)
+    _C.rms_norm_fwd(x, weight, nd, eps, out, rstd, ws)
+    return out, rstd
+
+
+def _backward(grad_out, x, shape, weight, rstd, want_dx, want_dw, det=None):
+    nd = len(shape)
+    if det is None:
+        det = torch.are_deterministic_algorithms_enabled()
+    x = ln._rows(x, nd)
+    grad_out = ln._rows(ln._plain(grad_out), nd)
+    dx, dw, _ = ln.grad_outputs(x, shape, weight, want_dx, want_dw)
+    args = (grad_out, x, weight, nd, det, rstd, dx, dw)
+    plan = (x, weight, nd, det, want_dx, want_dw)
+    ln.launch_backward(
+        _C.rms_norm_bwd,
+        _C.rms_norm_bwd_workspace,
+        args,
+        plan,
+        want_dx or want_dw,
+    )
+    return dx, dw
+
+
+class RMSNormFunction(torch.autograd.Function):
+    """The eager path; under create_graph the backward is the
+    gemsops::rms_norm_backward op, whose own autograd gives second order
+    gradients."""
+
+    @staticmethod
+    def forward(ctx, x, shape, weight, eps):
+        out, rstd = _forward(x, shape, weight, eps)
+        ctx.shape, ctx.eps = shape, eps
+        ctx.save_for_backward(x, weight, rstd)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, weight, rstd = ctx.saved_tensors
+        want_dx, _, want_dw, _ = ctx.needs_input_grad
+        mask = (want_dx, want_dw and weight is not None)
+        if torch.is_grad_enabled():  # create_graph: differentiable op
+            dx, dw = _backward_op(
+                grad_out, x, ctx.shape, rstd, weight, mask, ctx.eps
+            )
+        else:
+            dx, dw = _backward(grad_out, x, ctx.shape, weight, rstd, *mask)
+        return dx, None, dw, None
+
+
+# ---- torch.library ops ---------------------------------------------------
+
+
+@torch.library.custom_op(
+    "gemsops::rms_norm", mutates_args=(), device_types=("cpu", "cuda")
+)
+def _rms_norm_op(
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: Optional[torch.Tensor],
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, rstd), rstd of shape input.shape[:-k] + (1,) * k in fp32
+    (fp64 for fp64 input)."""
+    shape = tuple(normalized_shape)
+    out, rstd = _forward(ln._plain(input), shape, ln._param(weight), eps)
+    return out, rstd.view(ln._stat_shape(input, len(shape)))
+
+
+@_rms_norm_op.register_fake
+def _(input, normalized_shape, weight, eps):
+    st = ln._stat_shape(input, len(normalized_shape))
+    return (
+        torch.empty_like(input, memory_format=torch.contiguous_format),
+        input.new_empty(st, dtype=ln._stats_dtype(input.dtype)),
+    )
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    input, shape, weight, eps = inputs
+    ctx.shape, ctx.eps = tuple(shape), eps
+    ctx.save_for_backward(input, weight, output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _rms_norm_grad(ctx, grad_out, _grstd):
+    x, weight, rstd = ctx.saved_tensors
+    want_dx, _, want_dw, _ = ctx.needs_input_grad
+    mask = (want_dx, want_dw and weight is not None)
+    dx, dw = _backward_op(grad_out, x, ctx.shape, rstd, weight, mask, ctx.eps)
+    return dx, None, dw, None
+
+
+_rms_norm_op.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+def _backward_op(grad_out, x, shape, rstd, weight, mask, eps):
+    dx, dw = torch.ops.gemsops.rms_norm_backward(
+        grad_out, x, shape, rstd, weight, list(mask), eps
+    )
+    return ln._none_unless(mask, dx, dw)
+
+
+@torch.library.custom_op(
+    "gemsops::rms_norm_backward",
+    mutates_args=(),
+    device_types=("cpu", "cuda"),
+)
+def _rms_norm_backward_op(
+    grad_out: torch.Tensor,
+    input: torch.Tensor,
+    normalized_shape: Sequence[int],
+    rstd: torch.Tensor,
+    weight: Optional[torch.Tensor],
+    output_mask: Sequence[bool],
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_input, grad_weight); an output output_mask leaves out has 0
+    elements. eps is the forward's: only the second order uses it."""
+    weight = ln._param(weight)
+    dx, dw = _backward(
+        grad_out,
+        ln._plain(input),
+        tuple(normalized_shape),
+        weight,
+        ln._plain(rstd).reshape(-1),
+        *map(bool, output_mask),
+    )
+    pdtype = weight.dtype if weight is not None else input.dtype
+    return (
+        dx if dx is not None else ln._unwanted(input, input.dtype),
+        dw if dw is not None else ln._unwanted(input, pdtype),
+    )
+
+
+@_rms_norm_backward_op.register_fake
+def _(grad_out, input, normalized_shape, rstd, weight, output_mask, eps):
+    pdtype = weight.dtype if weight is not None else input.dtype
+    return (
+        torch.empty_like(input, memory_format=torch.contiguous_format)
+        if output_mask[0]
+        else ln._unwanted(input, input.dtype),
+        input.new_empty(tuple(normalized_shape), dtype=pdtype)
+        if output_mask[1]
+        else ln._unwanted(input, pdtype),
+    )
+
+
+def _backward_composite(g, x, weight, eps, shape):
+    """(dx, dw) of rms_norm at x in differentiable torch ops, rstd
+    recomputed from x so that its dependence on x is differentiated."""
+    nd = len(shape)
+    cols = tuple(range(x.dim() - nd, x.dim()))
+    rows = tuple(range(x.dim() - nd))
+    cd = ln._stats_dtype(x.dtype)
+    xf, gf = x.to(cd), g.to(cd)
+    r = torch.rsqrt((xf * xf).mean(cols, keepdim=True) + eps)
+    xhat = xf * r
+    gw = gf * weight.to(cd) if weight is not None else gf
+    dx = r * (gw - xhat * (gw * xhat).mean(cols, keepdim=True))
+    pdtype = weight.dtype if weight is not None else x.dtype
+    return dx.to(x.dtype), (gf * xhat).sum(rows).to(pdtype)
+
+
+def _rms_norm_backward_setup(ctx, inputs, output):
+    grad_out, x, shape, _, weight, mask, eps = inputs
+    ctx.shape, ctx.eps = tuple(shape), eps
+    ctx.mask = tuple(map(bool, mask))
+    ctx.save_for_backward(grad_out, x, weight)
+
+
+def _rms_norm_backward_grad(ctx, gdx, gdw):
+    """Second order: the vector-Jacobian product of the composite above
+    with respect to grad_out, input and weight."""
+    g, x, weight = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    cots = tuple(
+        c if m and c is not None and c.numel() else None
+        for c, m in zip((gdx, gdw), ctx.mask)
+    )
+
+    def composite(g, x, w=None):
+        outs = _backward_composite(g, x, w, ctx.eps, ctx.shape)
+        return tuple(o for o, c in zip(outs, cots) if c is not None)
+
+    primals = (g, x) if weight is None else (g, x, weight)
+    _, vjp = torch.func.vjp(composite, *primals)
+    grads = vjp(tuple(c for c in cots if c is not None))
+    dg, dx = grads[0], grads[1]
+    dw = grads[2] if weight is not None else None
+    if torch.is_grad_enabled():  # create_graph: a third order may follow
+        dg, dx, dw = ln._NoThirdOrder.apply(dg, dx, dw)
+    return (
+        dg if need[0] else None,
+        dx if need[1] else None,
+        None,
+        None,
+        dw if need[4] else None,
+        None,
+        None,
+    )
+
+
+_rms_norm_backward_op.register_autograd(
+    _rms_norm_backward_grad, setup_context=_rms_norm_backward_setup
+)
+
+
+# ---- public --------------------------------------------------------------
+
+
+def rms_norm(input, normalized_shape, weight=None, eps=None):
+    """Drop-in for torch.nn.functional.rms_norm. weight may be fp32 with
+    fp16/bf16 input (mixed precision); the output has input's dtype."""
+    input, shape, weight, _ = ln._prepare(
+        input, normalized_shape, weight, None, "rms_norm"
+    )
+    eps = _eps(eps, input.dtype)
+    weight = _weight_for(input, weight)
+    if not eager((input, weight)):
+        return _rms_norm_op(input, shape, weight, eps)[0]
+    if ln._needs_grad(input, weight, None):
+        return RMSNormFunction.apply(input, shape, weight, eps)
+    return _forward(input, shape, weight, eps, want_rstd=False)[0]

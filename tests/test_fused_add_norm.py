@@ -1,0 +1,200 @@
+"""The residual add fused into LayerNorm and RMSNorm: h = x + residual
+exactly as torch's add, y against float64 references, gradients of x,
+residual and the parameters with both outputs used downstream, on the CPU
+and on CUDA (tests taking `device`)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.autograd import gradcheck, gradgradcheck
+
+import gemsops
+from gemsops.testing import assert_close
+
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+KINDS = ["layer", "rms"]
+
+# the LayerNorm suite's kernel paths: registers (several widths), looped
+# (fp16 past 16384, bf16 past 32768, fp32 past 16384), odd widths
+SHAPES = [
+    ((200, 36), 1),
+    ((8, 128, 768), 1),
+    ((2, 3, 4, 5), 2),
+    ((37, 1), 1),
+    ((6, 12288), 1),
+    ((5, 20001), 1),
+    ((3, 40000), 1),
+    ((4, 65536), 1),
+]
+
+
+def run(kind, x, res, shape, w, b, eps=1e-5):
+    if kind == "rms":
+        return gemsops.fused_add_rms_norm(x, res, shape, w, eps)
+    return gemsops.fused_add_layer_norm(x, res, shape, w, b, eps)
+
+
+def reference(kind, h, shape, w, b, eps=1e-5):
+    """float64 norm of h."""
+    hd = h.double()
+    wd = None if w is None else w.double()
+    if kind == "rms":
+        return F.rms_norm(hd, shape, wd, eps)
+    return F.layer_norm(hd, shape, wd, None if b is None else b.double(), eps)
+
+
+def make(kind, shape, nd, dtype, device, requires_grad=False):
+    x = torch.randn(shape, dtype=dtype, device=device)
+    res = torch.randn(shape, dtype=dtype, device=device) * 3 + 1
+    pshape = shape[len(shape) - nd :]
+    w = torch.randn(pshape, dtype=dtype, device=device)
+    b = (
+        None
+        if kind == "rms"
+        else torch.randn(pshape, dtype=dtype, device=device)
+    )
+    for t in (x, res, w, b):
+        if t is not None:
+            t.requires_grad_(requires_grad)
+    return x, res, pshape, w, b
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape,nd", SHAPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward(kind, shape, nd, dtype, device):
+    x, res, pshape, w, b = make(kind, shape, nd, dtype, device)
+    y, h = run(kind, x, res, pshape, w, b)
+    assert torch.equal(h, x + res)  # torch's add, bit for bit
+    assert y.dtype == dtype and h.dtype == dtype
+    assert_close(y, reference(kind, x + res, pshape, w, b), dtype)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape,nd", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_with_both_outputs_used(kind, shape, nd, dtype, device):
+    x, res, pshape, w, b = make(kind, shape, nd, dtype, device, True)
+    gy = torch.randn(shape, dtype=dtype, device=device)
+    gh = torch.randn(shape, dtype=dtype, device=device)
+    y, h = run(kind, x, res, pshape, w, b)
+    torch.autograd.backward((y, h), (gy, gh))
+    # float64 reference at the same h (the rounded sum)
+    hd = (x + res).detach().double().requires_grad_()
+    wd = w.detach().double().requires_grad_()
+    bd = None if b is None else b.detach().double().requires_grad_()
+    reference(kind, hd, pshape, wd, bd).backward(gy.double())
+    want_dx = hd.grad + gh.double()
+    rows = x.numel() // w.numel()
+    assert_close(x.grad, want_dx, dtype, name="dx")
+    assert torch.equal(x.grad, res.grad)
+    assert_close(w.grad, wd.grad, dtype, name="dw", reduce_len=rows)
+    if b is not None:
+        assert_close(b.grad, bd.grad, dtype, name="db", reduce_len=rows)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_y_used(kind, device):
+    x, res, pshape, w, b = make(kind, (64, 96), 1, torch.float32, device, True)
+    y, _ = run(kind, x, res, pshape, w, b)
+    y.square().sum().backward()
+    xt, rt = x.detach().clone().requires_grad_(), res.detach().clone()
+    rt.requires_grad_()
+    wt = w.detach().clone().requires_grad_()
+    bt = None if b is None else b.detach().clone().requires_grad_()
+    ht = xt + rt
+    yt = (
+        F.rms_norm(ht, pshape, wt, 1e-5)
+        if kind == "rms"
+        else F.layer_norm(ht, pshape, wt, bt, 1e-5)
+    )
+    yt.square().sum().backward()
+    for ours, theirs in ((x, xt), (res, rt), (w, wt)):
+        torch.testing.assert_close(
+            ours.grad, theirs.grad, rtol=1e-4, atol=1e-4
+        )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradcheck_and_second_order(kind, device):
+    torch.manual_seed(5)
+    kw = dict(dtype=torch.float64, device=device, requires_grad=True)
+    x, res, w, b = (
+        torch.randn(3, 7, **kw),
+        torch.randn(3, 7, **kw),
+        torch.randn(7, **kw),
+        torch.randn(7, **kw),
+    )
+    if kind == "rms":
+
+        def f(x, res, w):
+            return gemsops.fused_add_rms_norm(x, res, (7,), w, 1e-3)
+
+        args = (x, res, w)
+    else:
+
+        def f(x, res, w, b):
+            return gemsops.fused_add_layer_norm(x, res, (7,), w, b, 1e-3)
+
+        args = (x, res, w, b)
+    assert gradcheck(f, args)
+    assert gradgradcheck(f, args)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_modules_drop_in(kind, device):
+    base = torch.nn.RMSNorm if kind == "rms" else torch.nn.LayerNorm
+    ours_cls = (
+        gemsops.nn.FusedAddRMSNorm
+        if kind == "rms"
+        else gemsops.nn.FusedAddLayerNorm
+    )
+    theirs = base(48, eps=1e-5, device=device)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_()
+    ours = ours_cls(48, eps=1e-5, device=device)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(4, 48, device=device)
+    res = torch.randn(4, 48, device=device)
+    y, h = ours(x, res)
+    torch.testing.assert_close(h, x + res)
+    torch.testing.assert_close(y, theirs(x + res), rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_matches_eager():
+    torch._dynamo.reset()
+    x, res = torch.randn(4, 32), torch.randn(4, 32)
+    w = torch.randn(32)
+    f = torch.compile(
+        lambda x, r: gemsops.fused_add_rms_norm(x, r, (32,), w),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    for a, b in zip(f(x, res), gemsops.fused_add_rms_norm(x, res, (32,), w)):
+        torch.testing.assert_close(a, b)
+
+
+def test_errors():
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="residual"):
+        gemsops.fused_add_layer_norm(x, torch.randn(4, 9), (8,))
+    with pytest.raises(RuntimeError, match="residual"):
+        gemsops.fused_add_rms_norm(x, x.double(), (8,))
+    with pytest.raises(TypeError, match="residual"):
+        gemsops.fused_add_layer_norm(x, 1.0, (8,))
+    with pytest.raises(RuntimeError, match="bias"):
+        gemsops._C.add_norm_fwd(
+            x,
+            x,
+            None,
+            torch.randn(8),
+            1,
+            1e-5,
+            True,
+            torch.empty_like(x),
+            torch.empty_like(x),
+            None,
+            torch.empty(4),
+            None,
+        )

@@ -1,0 +1,230 @@
+"""RMSNorm forward and fused backward against float64 references, on the
+CPU and on CUDA (tests taking `device`); the op registrations, second
+order and the nn module."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.autograd import gradcheck, gradgradcheck
+
+import gemsops
+from gemsops.testing import assert_close
+
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# (input shape, normalized dims): the LayerNorm suite's kernel paths
+SHAPES = [
+    ((200, 36), 1),
+    ((4096, 100), 1),
+    ((1, 40999), 1),
+    ((8, 128, 768), 1),
+    ((2, 3, 4, 5), 2),
+    ((37, 1), 1),
+    ((6, 12288), 1),
+    ((5, 20001), 1),
+    ((70000, 16), 1),
+    ((4, 65536), 1),
+    ((3, 65533), 1),
+]
+
+
+def reference(x, shape, w=None, eps=1e-6):
+    """float64 RMSNorm, the math spelled out."""
+    dims = tuple(range(x.dim() - len(shape), x.dim()))
+    xd = x.double()
+    y = xd * torch.rsqrt(xd.pow(2).mean(dims, keepdim=True) + eps)
+    return y * w.double() if w is not None else y
+
+
+def make(shape, nd, dtype, device, weight="same", requires_grad=False):
+    x = torch.randn(shape, dtype=dtype, device=device) * 2 + 0.5
+    pshape = shape[len(shape) - nd :]
+    w = None
+    if weight != "none":
+        wd = torch.float32 if weight == "fp32" else dtype
+        w = torch.randn(pshape, dtype=wd, device=device)
+    for t in (x, w):
+        if t is not None:
+            t.requires_grad_(requires_grad)
+    return x, pshape, w
+
+
+def torch_rms_norm(x, pshape, w, eps=1e-6):
+    if w is not None and w.dtype != x.dtype:
+        return None  # torch refuses mixed dtypes
+    return F.rms_norm(x, pshape, w, eps)
+
+
+def rows_of(x, nd):
+    return x.numel() // max(1, x.shape[x.dim() - nd :].numel())
+
+
+@pytest.mark.parametrize("shape,nd", SHAPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_forward(shape, nd, dtype, device):
+    x, pshape, w = make(shape, nd, dtype, device)
+    out = gemsops.rms_norm(x, pshape, w, 1e-6)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close(
+        out,
+        reference(x, pshape, w),
+        dtype,
+        torch_out=torch_rms_norm(x, pshape, w),
+    )
+
+
+@pytest.mark.parametrize("shape,nd", SHAPES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_backward(shape, nd, dtype, device):
+    x, pshape, w = make(shape, nd, dtype, device, requires_grad=True)
+    g = torch.randn(shape, dtype=dtype, device=device)
+    gemsops.rms_norm(x, pshape, w, 1e-6).backward(g)
+    leaves = [t.detach().double().requires_grad_() for t in (x, w)]
+    reference(leaves[0], pshape, leaves[1]).backward(g.double())
+    tl = [t.detach().clone().requires_grad_() for t in (x, w)]
+    F.rms_norm(tl[0], pshape, tl[1], 1e-6).backward(g)
+    rows = rows_of(x, nd)
+    for name, t, leaf, theirs in zip(("dx", "dw"), (x, w), leaves, tl):
+        assert t.grad is not None and t.grad.dtype == dtype, name
+        assert_close(
+            t.grad,
+            leaf.grad,
+            dtype,
+            torch_out=theirs.grad,
+            name=name,
+            reduce_len=rows if name == "dw" else 1,
+        )
+
+
+@pytest.mark.parametrize("weight", ["none", "same", "fp32"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_variants(weight, dtype, device):
+    if weight == "fp32" and dtype != torch.bfloat16:
+        pytest.skip("fp32 weights are the mixed-precision case")
+    x, pshape, w = make((513, 768), 1, dtype, device, weight, True)
+    g = torch.randn_like(x)
+    out = gemsops.rms_norm(x, pshape, w, 1e-6)
+    assert out.dtype == dtype
+    assert_close(out, reference(x, pshape, w), dtype)
+    out.backward(g)
+    leaves = [
+        None if t is None else t.detach().double().requires_grad_()
+        for t in (x, w)
+    ]
+    reference(leaves[0], pshape, leaves[1]).backward(g.double())
+    assert_close(x.grad, leaves[0].grad, dtype, name="dx")
+    if w is not None:
+        assert w.grad.dtype == w.dtype
+        assert_close(
+            w.grad, leaves[1].grad, w.dtype, name="dw", reduce_len=513
+        )
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.float64])
+def test_default_eps_is_torchs(dtype, device):
+    x = torch.randn(16, 64, dtype=dtype, device=device) * 1e-3
+    out = gemsops.rms_norm(x, (64,))
+    eps = torch.finfo(dtype).eps
+    assert_close(out, reference(x, (64,), eps=eps), dtype)
+    m = gemsops.nn.RMSNorm(64, device=device, dtype=dtype)
+    assert m.eps is None
+    assert_close(m(x), reference(x, (64,), m.weight, eps=eps), dtype)
+
+
+def test_gradcheck_and_second_order(device):
+    torch.manual_seed(2)
+    kw = dict(dtype=torch.float64, device=device, requires_grad=True)
+    x, w = torch.randn(3, 4, 6, **kw), torch.randn(4, 6, **kw)
+
+    def f(x, w):
+        return gemsops.rms_norm(x, (4, 6), w, 1e-3)
+
+    assert gradcheck(f, (x, w))
+    assert gradgradcheck(f, (x, w))
+    assert gradgradcheck(lambda x: gemsops.rms_norm(x, (6,), None, 1e-3), (x,))
+    op = torch.ops.gemsops.rms_norm
+    assert gradgradcheck(lambda x, w: op(x, [4, 6], w, 1e-3)[0], (x, w))
+    (g1,) = torch.autograd.grad((f(x, w) ** 3).sum(), x, create_graph=True)
+    (g2,) = torch.autograd.grad((g1**2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="third"):
+        torch.autograd.grad((g2**2).sum(), x)
+
+
+def test_module_drops_in(device):
+    torch.manual_seed(3)
+    theirs = torch.nn.RMSNorm((4, 32), eps=1e-5, device=device)
+    ours = gemsops.nn.RMSNorm((4, 32), eps=1e-5, device=device)
+    assert isinstance(ours, torch.nn.RMSNorm)
+    with torch.no_grad():
+        theirs.weight.normal_()
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(5, 4, 32, device=device)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=1e-5, atol=1e-5)
+    plain = gemsops.nn.RMSNorm(32, elementwise_affine=False, device=device)
+    assert plain.weight is None
+    assert_close(
+        plain(x), reference(x, (32,), eps=torch.finfo().eps), torch.float32
+    )
+
+
+def test_deterministic_dw_repeats(device):
+    x, pshape, w = make((4096, 256), 1, torch.float32, device, "same", True)
+    g = torch.randn_like(x)
+    grads = []
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(2):
+            w.grad = None
+            gemsops.rms_norm(x, pshape, w).backward(g)
+            grads.append(w.grad.clone())
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torch.equal(grads[0], grads[1])
+
+
+def test_empty(device):
+    x = torch.randn(0, 8, device=device, requires_grad=True)
+    w = torch.randn(8, device=device, requires_grad=True)
+    out = gemsops.rms_norm(x, (8,), w)
+    assert out.shape == (0, 8)
+    out.sum().backward()
+    assert torch.equal(w.grad, torch.zeros_like(w))
+
+
+def test_opcheck_and_compile(device):
+    torch.manual_seed(4)
+    x = torch.randn(6, 10, device=device, requires_grad=True)
+    w = torch.randn(10, device=device, requires_grad=True)
+    torch.library.opcheck(
+        torch.ops.gemsops.rms_norm.default, (x, [10], w, 1e-5)
+    )
+    torch.library.opcheck(
+        torch.ops.gemsops.rms_norm.default,
+        (x.detach().bfloat16(), [10], None, 1e-5),
+    )
+    torch._dynamo.reset()
+    f = torch.compile(
+        lambda x, w: gemsops.rms_norm(x, (10,), w).square().sum(),
+        fullgraph=True,
+        backend="aot_eager",
+    )
+    got = torch.autograd.grad(f(x, w), (x, w))
+    want = torch.autograd.grad(
+        F.rms_norm(x, (10,), w, torch.finfo().eps).square().sum(), (x, w)
+    )
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_errors():
+    x = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        gemsops.rms_norm(x, (7,))
+    with pytest.raises(TypeError, match="eps"):
+        gemsops.rms_norm(x, (8,), None, "1e-5")
+    with pytest.raises(TypeError, match="input"):
+        gemsops.rms_norm(x.numpy(), (8,))
+    with pytest.raises(RuntimeError, match="weight"):
+        gemsops.rms_norm(x, (8,), torch.randn(7))
+    with pytest.raises(NotImplementedError):
+        gemsops.rms_norm(x.long(), (8,))
