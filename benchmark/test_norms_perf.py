@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import gemsops
 
 from .performance_utils import Benchmark
-from .test_layer_norm_perf import FLOAT_DTYPES, SHAPES
+from .test_layer_norm_perf import FLOAT_DTYPES, SHAPES, compiled
 
 EPS = 1e-6
 
@@ -52,16 +52,6 @@ def add_rms_gems(x, r, s, w):
 def first(fn):
     """fn's y alone (the backward benchmark differentiates one output)."""
     return lambda *a: fn(*a)[0]
-
-
-def compiled(fn):
-    if os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
-        return {}
-    try:
-        return {"compiled": torch.compile(fn)}
-    except Exception as e:
-        print(f"torch.compile not timed: {type(e).__name__}: {e}")
-        return {}
 
 
 def rms_peers():
