@@ -56,6 +56,9 @@ int gemsops_kept_lookup(PyObject *obj, const struct gemsops_tensor *t,
 int gemsops_kept_store(PyObject *obj, const struct gemsops_tensor *t,
                        void *stream, unsigned long long tag);
 void gemsops_kept_forget(const struct gemsops_tensor *t, void *stream);
+/* A launch outside the protocol wrote t's bytes (a workspace passed with no
+ * stream to keep it for): no record that overlaps them vouches any more. */
+void gemsops_kept_overwritten(const struct gemsops_tensor *t);
 
 extern PyMethodDef gemsops_layer_norm_methods[];
 extern PyMethodDef gemsops_prod_methods[];

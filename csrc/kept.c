@@ -150,3 +150,20 @@ gemsops_kept_forget(const struct gemsops_tensor *t, void *stream)
         Py_DECREF(old);
     }
 }
+
+void
+gemsops_kept_overwritten(const struct gemsops_tensor *t)
+{
+    const char *lo = (const char *)t->data;
+    const char *hi = lo + bytes_of(t);
+    for (int i = 0; i < KEPT_SLOTS; i++) {
+        struct kept_record *r = &records[i];
+        const char *rlo = (const char *)r->data;
+        if (r->obj != NULL && r->device_type == t->device_type &&
+            r->device_id == t->device_id && rlo < hi && lo < rlo + r->bytes) {
+            PyObject *old = r->obj;
+            r->obj = NULL;
+            Py_DECREF(old);
+        }
+    }
+}

@@ -634,6 +634,10 @@ bwd_call(PyObject *const *args, Py_ssize_t nargs, int rms, PyObject *dh)
                 return NULL;
             }
         }
+        else if (p.workspace != NULL) {
+            /* a scratch launch leaves its exchange slots dirty */
+            gemsops_kept_overwritten(&ws);
+        }
     }
     else {
         Py_BEGIN_ALLOW_THREADS rc = gemsops_layer_norm_bwd_cpu(&p, &st);
@@ -823,7 +827,8 @@ add_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         args[4],  args[5],  mean,
                         args[8],  args[9],  args[10],
                         args[11], args[12], nargs == 14 ? args[13] : Py_None};
-    return bwd_call(ln, nargs - 1, rms, args[1] == Py_None ? NULL : args[1]);
+    /* bwd_call counts layer_norm_bwd's arguments: 11, or 12 with a stream */
+    return bwd_call(ln, nargs - 2, rms, args[1] == Py_None ? NULL : args[1]);
 }
 
 PyMethodDef gemsops_layer_norm_methods[] = {

@@ -222,6 +222,37 @@ def test_cuda_kept_workspace_with_garbage_is_prepared_by_the_launch():
             torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-4)
 
 
+def _check_bwd(x, w, g, mean, rstd, dx, dw, db):
+    cols = x.shape[1]
+    ref = torch.ops.aten.native_layer_norm_backward(
+        g.double(),
+        x.double(),
+        [cols],
+        mean.double()[:, None],
+        rstd.double()[:, None],
+        w.double(),
+        w.double(),
+        [True, True, True],
+    )
+    for o, e in zip((dx, dw, db), ref):
+        torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_cuda_kept_workspace_used_as_scratch_is_no_longer_vouched_for():
+    """A launch given the kept buffer with no stream (a scratch launch)
+    leaves the split rows' exchange slots dirty; the next kept launch must
+    not take them for zeros (a fuzz case: wrong dB after such a call)."""
+    stream = torch.cuda.current_stream().cuda_stream
+    rows, cols = 2, 65536  # rows split across CTAs: the exchange is used
+    need, _, _ = _bwd_call("cuda", rows, cols, None, (-1,))
+    ws = torch.empty(need[0], dtype=torch.uint8, device="cuda")
+    for stream_arg in ((stream,), (), (stream,), (stream,)):
+        r, inputs, grads = _bwd_call("cuda", rows, cols, ws, stream_arg)
+        assert r is None
+        _check_bwd(*inputs, *grads)
+
+
 @pytest.mark.cuda
 def test_cuda_streamk_flags_holding_the_epoch_are_reset():
     """Flags full of the epoch value would let an owner read its peers'

@@ -84,13 +84,21 @@ def test_backward(shape, nd, dtype, device):
     tl = [t.detach().clone().requires_grad_() for t in (x, w)]
     F.rms_norm(tl[0], pshape, tl[1], 1e-6).backward(g)
     rows = rows_of(x, nd)
+    # Over one element dx = g w eps / (x^2 + eps)^1.5 is the difference of
+    # two terms of size |g w| rstd that agree to eps / x^2: any float32
+    # evaluation keeps about an ulp of those terms, and which of two such
+    # evaluations lands nearer the reference is chance (in a float32
+    # simulation of both orders over 300 seeds, ours lost to torch's by
+    # more than the slack on a quarter of them). The elementwise
+    # tolerance still holds there; torch's error is the bar elsewhere.
+    one = x.shape[x.dim() - nd :].numel() == 1
     for name, t, leaf, theirs in zip(("dx", "dw"), (x, w), leaves, tl):
         assert t.grad is not None and t.grad.dtype == dtype, name
         assert_close(
             t.grad,
             leaf.grad,
             dtype,
-            torch_out=theirs.grad,
+            torch_out=None if one and name == "dx" else theirs.grad,
             name=name,
             reduce_len=rows if name == "dw" else 1,
         )
