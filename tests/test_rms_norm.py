@@ -139,6 +139,21 @@ def test_default_eps_is_torchs(dtype, device):
     assert_close(m(x), reference(x, (64,), m.weight, eps=eps), dtype)
 
 
+@pytest.mark.parametrize("cols", [16, 40999])  # registers, looped
+def test_non_finite_rows_as_torch(cols, device):
+    """Which outputs are NaN follows torch on the same device: on CUDA a
+    row holding inf is NaN throughout (torch's kernel), on the CPU only
+    inf * 0 is (torch's composite); a NaN spreads over its row on both."""
+    x = torch.randn(3, cols, dtype=torch.float16, device=device)
+    x[0, 5] = float("inf")
+    x[1, 7] = float("nan")
+    w = torch.randn(cols, dtype=torch.float16, device=device)
+    ours = gemsops.rms_norm(x, (cols,), w, 1e-3)
+    theirs = F.rms_norm(x, (cols,), w, 1e-3)
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    assert torch.isfinite(ours[2]).all()
+
+
 def test_gradcheck_and_second_order(device):
     torch.manual_seed(2)
     kw = dict(dtype=torch.float64, device=device, requires_grad=True)
