@@ -102,18 +102,6 @@ constexpr int fwd_min_ctas(int block)
     return block >= 1024 ? 1 : block >= 512 ? 2 : 768 / block;
 }
 
-// 1 / sqrt(m2 / N + eps). An RMSNorm row holding inf has an infinite mean
-// square; torch's CUDA kernel returns NaN for every element of such a row
-// (not 0 for its finite ones, as the plain formula gives), and so do we.
-template <typename A>
-__device__ __forceinline__ A row_rstd(A m2, int64_t cols, A eps, bool rms)
-{
-    if (rms && isinf(m2)) {
-        return A(NAN);
-    }
-    return A(1) / sqrt(m2 / (A)cols + eps);
-}
-
 template <typename T, typename P, int TPR, int VEC>
 __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                                   fwd_min_ctas(TPR < 128 ? 128 : TPR))
@@ -196,7 +184,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
         const A mean = fix ? mean0 + shift : mean0;
         A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
         m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
-        const A rstd = row_rstd(m2, a.cols, A(a.eps), a.rms);
+        const A rstd = A(1) / sqrt(m2 / (A)a.cols + a.eps);
 
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
@@ -403,7 +391,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             }
             stats[0] = tm;
             stats[1] = tmc;
-            stats[2] = row_rstd(tm2, a.cols, A(a.eps), a.rms);
+            stats[2] = A(1) / sqrt(tm2 / (A)a.cols + a.eps);
         }
         __syncthreads();
         // x - mu is exact for x near a large mu; the low part follows

@@ -171,7 +171,7 @@ def fused_add_rms_norm(
     input, residual, normalized_shape, weight=None, eps=None
 ):
     """(rms_norm(h), h) with h = input + residual, in one pass each way;
-    eps=None is torch's default, torch.finfo(input.dtype).eps."""
+    eps=None is torch's default, as gemsops.rms_norm's."""
     fn = "fused_add_rms_norm"
     input, shape, weight, _ = ln._prepare(
         input, normalized_shape, weight, None, fn

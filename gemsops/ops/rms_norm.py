@@ -3,7 +3,9 @@ kernels run with the RMS statistic (gemsops._C.rms_norm_*):
 
     y = x * rstd * weight,   rstd = 1 / sqrt(mean(x^2) + eps) per row
 
-eps=None is torch's default, torch.finfo(input.dtype).eps. The backward
+eps=None is torch's default: the machine epsilon of the type the math
+runs in (torch.finfo(torch.float32).eps for fp16 and bf16 input, which
+torch computes in float32; the input's own otherwise). The backward
 is the LayerNorm's one fused kernel without its centring term: dx and an
 atomic dW in one launch, sharing the LayerNorm backward's kept workspace.
 """
@@ -21,7 +23,10 @@ from . import layer_norm as ln
 def _eps(eps, dtype):
     if eps is None:
         # an integer input gets no eps: C refuses its dtype next
-        return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+        if not dtype.is_floating_point:
+            return 0.0
+        half = dtype in (torch.float16, torch.bfloat16)
+        return torch.finfo(torch.float32 if half else dtype).eps
     if not isinstance(eps, (int, float)) or isinstance(eps, bool):
         raise TypeError(
             f"rms_norm(): argument 'eps' must be float or None, not "

@@ -424,7 +424,8 @@ def nonfinite_match(name, ours, theirs, loose=False, ref=None, skip=None):
         fo, ft = f(o), f(t)
         diff = fo != ft
         if ref is not None:  # torch's own overflow: ours agrees with ref
-            diff &= fo != f(ref.detach().cpu())
+            # (rounded to the output's dtype, where it may overflow)
+            diff &= fo != f(ref.detach().cpu().to(o.dtype))
         if skip is not None:
             diff &= ~skip
         if diff.any():
@@ -445,12 +446,16 @@ def nonfinite_match(name, ours, theirs, loose=False, ref=None, skip=None):
 F64_REL = 1e-9
 
 
-def ln_dx_bound(g, x, w, mean, rstd, nd, dtype):
+def ln_dx_bound(g, x, w, mean, rstd, nd, dtype, stored=False):
     """Elementwise bound on a LayerNorm dx's rounding error, from the
     size of the terms it cancels: dx = rstd (w dy - mean(w dy) - xhat
     mean(w dy xhat)); each term carries a few ulps of the accumulation
     type (fp32 for halves), the sums sqrt(N) of them, and the output one
-    rounding to its dtype. None when the statistics have no rows."""
+    rounding to its dtype. stored: the backward reads statistics its own
+    forward rounded to their dtype (fp32 for all but fp64), so xhat is off
+    by ulps of mean * rstd as well (a row of mean 100 and spread 1 loses
+    ~7 bits; which of two roundings lands nearer is chance). None when
+    the statistics have no rows."""
     if (
         not g.numel()
         or not rstd.numel()
@@ -479,7 +484,44 @@ def ln_dx_bound(g, x, w, mean, rstd, nd, dtype):
         + wdy.abs().mean(dims, keepdim=True)
     )
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    return (16 * torch.finfo(acc).eps * math.sqrt(n) * terms).cpu()
+    out = 16 * torch.finfo(acc).eps * math.sqrt(n) * terms
+    if stored:
+        dxh = _stats_rounding(m, r, xh, acc)
+        out = out + 2 * r.abs() * (
+            dxh * (wdy * xh).abs().mean(dims, keepdim=True)
+            + xh.abs() * (wdy.abs() * dxh).mean(dims, keepdim=True)
+        )
+    return out.cpu()
+
+
+def _stats_rounding(m, r, xh, acc):
+    """|error| of xhat = (x - mean) * rstd from mean and rstd stored
+    rounded to acc: half an ulp of mean, times rstd, and of rstd."""
+    return torch.finfo(acc).eps * (m.abs() * r.abs() + xh.abs())
+
+
+def ln_dw_bound(g, x, mean, rstd, nd, dtype):
+    """Bound on a LayerNorm dW's error (dW = sum over rows of dy xhat) when
+    each side's backward reads the statistics its own forward stored: the
+    storage rounding of each row's xhat (ln_dx_bound's stored term), plus
+    sqrt(rows) ulps of the accumulation type on the sum of |dy xhat|.
+    None for shapes whose call is refused."""
+    if not g.numel() or g.shape != x.shape or x.is_complex():
+        return None
+    n = math.prod(x.shape[x.dim() - nd :])
+    if not n or mean.numel() * n != x.numel() or rstd.numel() != mean.numel():
+        return None
+    sh = tuple(x.shape[: x.dim() - nd]) + (1,) * nd
+    xd, gd = x.detach().cpu().double(), g.detach().cpu().double()
+    m = mean.detach().cpu().double().reshape(sh)
+    r = rstd.detach().cpu().double().reshape(sh)
+    xh = (xd - m) * r
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    lead = tuple(range(x.dim() - nd))
+    rows = max(1, mean.numel())
+    err = 2 * gd.abs() * _stats_rounding(m, r, xh, acc)
+    err = err + 16 * torch.finfo(acc).eps * math.sqrt(rows) * (gd * xh).abs()
+    return err.sum(lead) if lead else err  # sum(()) would sum every dim
 
 
 def close(
