@@ -49,8 +49,13 @@ def compiled(fn):
     norms (Inductor fuses and tunes the reduction per shape)."""
     if os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
         return {}
+    # one static graph per shape (as a model of fixed shapes gets), and
+    # room for every shape of the run: past the recompile limit dynamo
+    # would run the rest eager
+    torch._dynamo.config.cache_size_limit = 1024
+    torch._dynamo.config.accumulated_cache_size_limit = 4096
     try:
-        return {"compiled": torch.compile(fn)}
+        return {"compiled": torch.compile(fn, dynamic=False)}
     except Exception as e:
         print(f"torch.compile not timed: {type(e).__name__}: {e}")
         return {}
