@@ -158,6 +158,18 @@ def test_backward_affine_variants(affine, dtype, device):
         )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_one_element_rows_give_exactly_zero_dx(dtype, device):
+    # dx = rstd (w dy - mean(w dy)) over one element, rstd = 1 / sqrt(eps):
+    # w dy must be the same rounded product in both places (an FMA that
+    # kept one exact left its rounding error times 316 in dx)
+    x = torch.randn(37, 1, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(1, dtype=dtype, device=device, requires_grad=True)
+    g = torch.randn(37, 1, dtype=dtype, device=device)
+    gemsops.layer_norm(x, (1,), w).backward(g)
+    assert torch.equal(x.grad, torch.zeros_like(x))
+
+
 @pytest.mark.parametrize(
     "wants",
     [

@@ -46,6 +46,20 @@ __device__ __forceinline__ void ring_wait(int pending)
 // locals, passed to what adds to them. HELD (the loops' template argument)
 // is how many rows a loop keeps in the ring after their step: the ring
 // prefetches that many rows less.
+// w * dy rounded once, never contracted into a neighbouring add: c2 sums
+// the rounded products and dx subtracts their mean from each, so an FMA
+// that kept one product exact would leave its rounding error behind (N = 1:
+// dx = rstd * (g - g) must be 0, and rstd is up to 1 / sqrt(eps)).
+__device__ __forceinline__ float mul_rn(float a, float b)
+{
+    return __fmul_rn(a, b);
+}
+
+__device__ __forceinline__ double mul_rn(double a, double b)
+{
+    return __dmul_rn(a, b);
+}
+
 template <typename T, typename P, int TPR, int VEC, int E>
 struct bwd_thread {
     using A = acc_t<T>;
@@ -322,7 +336,7 @@ struct bwd_thread {
                 // not x * rstd - mean * rstd: that cancels when x ~ mean
                 // and rstd is large (N = 1: xhat must be 0)
                 const A xh = (widen<A>(xv[i].v[v]) - mean) * rstd;
-                const A g = widen<A>(dv[i].v[v]) * widen<A>(wv.v[v]);
+                const A g = mul_rn(widen<A>(dv[i].v[v]), widen<A>(wv.v[v]));
                 c[0] += g * xh;
                 c[1] += g;
             }
@@ -353,7 +367,7 @@ struct bwd_thread {
             for (int v = 0; v < VEC; v++) {
                 const A xh = (widen<A>(xv[i].v[v]) - mean) * rstd;
                 const A d = widen<A>(dv[i].v[v]);
-                const A g = d * widen<A>(wv.v[v]);
+                const A g = mul_rn(d, widen<A>(wv.v[v]));
                 out[v] = rstd * (g - (xh * c1n + c2n));
                 dw[i][v] += d * xh;
                 db[i][v] += d;

@@ -500,11 +500,12 @@ def _stats_rounding(m, r, xh, acc):
     return torch.finfo(acc).eps * (m.abs() * r.abs() + xh.abs())
 
 
-def ln_dw_bound(g, x, mean, rstd, nd, dtype):
+def ln_dw_bound(g, x, mean, rstd, nd, dtype, stored=True):
     """Bound on a LayerNorm dW's error (dW = sum over rows of dy xhat) when
-    each side's backward reads the statistics its own forward stored: the
-    storage rounding of each row's xhat (ln_dx_bound's stored term), plus
-    sqrt(rows) ulps of the accumulation type on the sum of |dy xhat|.
+    each side's backward reads the statistics its own forward stored
+    (stored): the storage rounding of each row's xhat (ln_dx_bound's
+    stored term); always sqrt(rows) ulps of the accumulation type on the
+    sum of |dy xhat|.
     None for shapes whose call is refused."""
     if not g.numel() or g.shape != x.shape or x.is_complex():
         return None
@@ -519,7 +520,7 @@ def ln_dw_bound(g, x, mean, rstd, nd, dtype):
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     lead = tuple(range(x.dim() - nd))
     rows = max(1, mean.numel())
-    err = 2 * gd.abs() * _stats_rounding(m, r, xh, acc)
+    err = 2 * gd.abs() * _stats_rounding(m, r, xh, acc) if stored else 0
     err = err + 16 * torch.finfo(acc).eps * math.sqrt(rows) * (gd * xh).abs()
     return err.sum(lead) if lead else err  # sum(()) would sum every dim
 

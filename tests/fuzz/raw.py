@@ -513,8 +513,14 @@ def _c_ln_bwd(ctx):
                 o.dtype,
                 reduce_len=rows if name != "grad_input" else 1,
                 f64_atol=oracle.f64_ln_terms(g, x, w, mean, rstd, rows),
-                bound=oracle.ln_dx_bound(g, x, w, mean, rstd, nd, dtype)
-                if name == "grad_input" and rows
+                bound=(
+                    oracle.ln_dx_bound(g, x, w, mean, rstd, nd, dtype)
+                    if name == "grad_input"
+                    else oracle.ln_dw_bound(g, x, mean, rstd, nd, dtype, False)
+                    if name == "grad_weight"
+                    else None
+                )
+                if rows
                 else None,
             )
 
