@@ -177,51 +177,6 @@ def test_backward_over_no_rows_gives_zero_weight_grads(device):
     assert torch.equal(db.cpu(), torch.zeros(37))
 
 
-@pytest.mark.cuda
-def test_cuda_kept_workspace_with_garbage_is_prepared_by_the_launch():
-    """A caller passing its own (non-zero) workspace under the kept
-    protocol gets right dW/dB: C vouches only for buffers it prepared."""
-    stream = torch.cuda.current_stream().cuda_stream
-    rows, cols = 300, 4096
-    need, _, _ = _bwd_call("cuda", rows, cols, None, (-1,))
-    nbytes = need[0]
-    for _trial in range(3):
-        ws = torch.randint(1, 255, (nbytes,), dtype=torch.uint8, device="cuda")
-        r, (x, w, g, mean, rstd), (dx, dw, db) = _bwd_call(
-            "cuda", rows, cols, ws, (stream,)
-        )
-        assert r is None
-        ref = torch.ops.aten.native_layer_norm_backward(
-            g.double(),
-            x.double(),
-            [cols],
-            mean.double()[:, None],
-            rstd.double()[:, None],
-            w.double(),
-            w.double(),
-            [True, True, True],
-        )
-        for o, e in zip((dx, dw, db), ref):
-            torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-4)
-        # the same object written through torch is no longer vouched for
-        ws.fill_(7)
-        r, (x, w, g, mean, rstd), (dx, dw, db) = _bwd_call(
-            "cuda", rows, cols, ws, (stream,)
-        )
-        ref = torch.ops.aten.native_layer_norm_backward(
-            g.double(),
-            x.double(),
-            [cols],
-            mean.double()[:, None],
-            rstd.double()[:, None],
-            w.double(),
-            w.double(),
-            [True, True, True],
-        )
-        for o, e in zip((dx, dw, db), ref):
-            torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-4)
-
-
 def _check_bwd(x, w, g, mean, rstd, dx, dw, db):
     cols = x.shape[1]
     ref = torch.ops.aten.native_layer_norm_backward(
@@ -236,6 +191,29 @@ def _check_bwd(x, w, g, mean, rstd, dx, dw, db):
     )
     for o, e in zip((dx, dw, db), ref):
         torch.testing.assert_close(o.double(), e, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.cuda
+def test_cuda_kept_workspace_with_garbage_is_prepared_by_the_launch():
+    """A caller passing its own (non-zero) workspace under the kept
+    protocol gets right dW/dB: C vouches only for buffers it prepared."""
+    stream = torch.cuda.current_stream().cuda_stream
+    rows, cols = 300, 4096
+    need, _, _ = _bwd_call("cuda", rows, cols, None, (-1,))
+    nbytes = need[0]
+    for _trial in range(3):
+        ws = torch.randint(1, 255, (nbytes,), dtype=torch.uint8, device="cuda")
+        r, (x, w, g, mean, rstd), (dx, dw, db) = _bwd_call(
+            "cuda", rows, cols, ws, (stream,)
+        )
+        assert r is None
+        _check_bwd(x, w, g, mean, rstd, dx, dw, db)
+        # the same object written through torch is no longer vouched for
+        ws.fill_(7)
+        r, (x, w, g, mean, rstd), (dx, dw, db) = _bwd_call(
+            "cuda", rows, cols, ws, (stream,)
+        )
+        _check_bwd(x, w, g, mean, rstd, dx, dw, db)
 
 
 @pytest.mark.cuda
