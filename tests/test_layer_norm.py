@@ -158,6 +158,19 @@ def test_backward_affine_variants(affine, dtype, device):
         )
 
 
+@pytest.mark.parametrize("cols", [257, 40999])  # CUDA: registers, looped
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_constant_rows_normalize_to_exactly_the_bias(cols, dtype, device):
+    # sum / N need not give back the row's value (float64 input has no
+    # wider type to sum in); the corrected two-pass mean does, so x - mean
+    # is 0 and not ulps times rstd = 1 / sqrt(eps)
+    x = torch.full((3, cols), -1.631487286892048, dtype=dtype, device=device)
+    w = torch.randn(cols, dtype=dtype, device=device)
+    b = torch.randn(cols, dtype=dtype, device=device)
+    y = gemsops.layer_norm(x, (cols,), w, b, 1e-6)
+    assert torch.equal(y, b.expand_as(y))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_one_element_rows_give_exactly_zero_dx(dtype, device):
     # dx = rstd (w dy - mean(w dy)) over one element, rstd = 1 / sqrt(eps):

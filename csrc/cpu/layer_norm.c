@@ -131,13 +131,23 @@ fwd_row(const void *x, const void *res, void *h, void *y, gemsops_dtype dt,
 {
     const double sum = res ? add_residual(x, res, h, dt, n, buf, buf + n)
                            : load_sum(x, dt, n, buf);
-    const double mean = rms ? 0.0 : sum / (double)n;
-    double m2 = 0;
-#pragma omp simd reduction(+ : m2)
+    const double mean0 = rms ? 0.0 : sum / (double)n;
+    double m2 = 0, dsum = 0;
+#pragma omp simd reduction(+ : m2, dsum)
     for (int64_t c = 0; c < n; c++) {
-        const double d = buf[c] - mean;
+        const double d = buf[c] - mean0;
         m2 += d * d;
+        dsum += d;
     }
+    /* the corrected two-pass step, as on CUDA: mean0's rounding comes back
+     * as the deviations' mean. Doubles are no wider than float64 input,
+     * whose constant row would otherwise normalize to ulps times rstd, not
+     * 0 (a row holding inf or NaN keeps the plain values) */
+    const double shift = dsum / (double)n;
+    const int fix = !rms && isfinite(shift);
+    const double mean = fix ? mean0 + shift : mean0;
+    m2 = fix ? m2 - dsum * shift : m2;
+    m2 = m2 < 0 ? 0 : m2; /* NaN stays NaN */
     const double rstd = 1.0 / sqrt(m2 / (double)n + eps);
     GEMSOPS_STORE_ROW(y, dt, (buf[c] - mean) * rstd * w[c] + b[c])
     *mean_out = mean;
