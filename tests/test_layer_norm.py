@@ -289,6 +289,28 @@ def test_strided_and_offset_inputs(layout, dtype, device):
     assert_close(w.grad, wd.grad, dtype, name="dw", reduce_len=x.shape[0])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_backward_of_empty_rows_with_an_fp32_bias_alone(dtype, device):
+    # dB in the bias' dtype is summed apart from the kernel (no weight to
+    # give it its dtype); rows of no elements must not break that sum
+    x = torch.randn(5, 3, 7, 0, dtype=dtype, device=device)
+    g = torch.randn_like(x)
+    mean, rstd = (
+        torch.zeros(5, 3, 1, 1, device=device),
+        torch.ones(5, 3, 1, 1, device=device),
+    )
+    b = torch.zeros(7, 0, device=device)
+    mask = [True, False, True]
+    ours = gemsops.layer_norm_backward(g, x, (7, 0), mean, rstd, None, b, mask)
+    theirs = torch.ops.aten.native_layer_norm_backward(
+        g.float(), x.float(), (7, 0), mean, rstd, None, b, mask
+    )
+    assert ours[1] is None
+    assert ours[0].shape == x.shape and ours[0].dtype == dtype
+    assert ours[2].shape == b.shape and ours[2].dtype == b.dtype
+    assert theirs[2].shape == ours[2].shape
+
+
 def test_empty_input(device):
     x = torch.randn(0, 64, device=device, requires_grad=True)
     w = torch.randn(64, device=device, requires_grad=True)

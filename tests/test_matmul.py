@@ -250,6 +250,21 @@ def test_batched_and_broadcast(device):
     assert_mm_close(gemsops.bmm(x, y), x, y, torch.float32)
 
 
+def test_gradient_of_a_broadcast_matrix_is_one_sum(device):
+    # b of batch dims all 1 is one matrix: its gradient sums a^T g over
+    # every batch in one product, as torch's folding does. Per-batch fp16
+    # products (76800, -76800, 1280) would each round first: inf - inf
+    a = torch.ones(3, 32, 32, dtype=torch.float16, device=device)
+    a[0] *= 60
+    a[1] *= -60
+    b = torch.randn(1, 32, 16, dtype=torch.float16, device=device)
+    b.requires_grad_()
+    g = torch.full((3, 32, 16), 40.0, dtype=torch.float16, device=device)
+    (db,) = torch.autograd.grad(gemsops.matmul(a, b), [b], g)
+    assert db.shape == b.shape
+    assert torch.equal(db, torch.full_like(db, 1280.0))
+
+
 def test_vector_cases(device):
     v, w = rand(40, device=device), rand(40, device=device)
     m = rand(40, 17, device=device)

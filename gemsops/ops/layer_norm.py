@@ -185,12 +185,14 @@ def _backward(
         # no weight and a bias of its own dtype (fp32 beside half input):
         # dB, the rows' sum of dy, comes out in the bias' dtype as torch's
         # does; the kernel writes its dW/dB in the weight's dtype only
+        # (summed over the leading dims, not a reshape to (-1, N): N may
+        # be 0, and sum(()) would sum every dim)
+        lead = tuple(range(grad_out.dim() - nd))
         db = (
-            grad_out.reshape(-1, math.prod(shape))
-            .sum(0, dtype=torch.float32)
-            .reshape(shape)
-            .to(bias.dtype)
-        )
+            grad_out.sum(lead, dtype=torch.float32)
+            if lead
+            else grad_out.float()
+        ).to(bias.dtype)
         dx, dw, _ = _backward(
             grad_out,
             x,

@@ -339,12 +339,14 @@ def matmul(input, other):
             f"{list(input.shape)} and {list(other.shape)})"
         ) from None
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if b.dim() == 2:
-        # torch's folding: the batch joins m and one mm runs; b's gradient
-        # is then one product over all batch * m rows, not a sum of
-        # per-batch products each rounded to the dtype (fp16 overflow)
+    if all(s == 1 for s in b.shape[:-2]):
+        # torch's folding (b one matrix, its batch dims all 1): the batch
+        # joins m and one mm runs; b's gradient is then one product over
+        # all batch * m rows, not a sum of per-batch products each rounded
+        # to the dtype (fp16: inf - inf where the sum is finite)
         rows = math.prod(a.shape[:-1])  # not -1: ambiguous when k is 0
-        out = _product(a.reshape(rows, k), b).reshape(batch + (m, n))
+        b2 = b.reshape(k, n)
+        out = _product(a.reshape(rows, k), b2).reshape(batch + (m, n))
     else:
         nb = math.prod(batch)  # not -1: ambiguous when m * k or k * n is 0
         a3 = a.expand(batch + (m, k)).reshape(nb, m, k)
