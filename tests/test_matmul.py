@@ -263,6 +263,18 @@ def test_gradient_of_a_broadcast_matrix_is_one_sum(device):
     (db,) = torch.autograd.grad(gemsops.matmul(a, b), [b], g)
     assert db.shape == b.shape
     assert torch.equal(db, torch.full_like(db, 1280.0))
+    # the mirror: a one matrix, b batched; a's gradient likewise, and the
+    # output contiguous as torch's
+    a1 = torch.randn(32, 32, dtype=torch.float16, device=device)
+    a1.requires_grad_()
+    b3 = torch.ones(3, 32, 16, dtype=torch.float16, device=device)
+    b3[0] *= 120
+    b3[1] *= -120
+    g3 = torch.full((3, 32, 16), 40.0, dtype=torch.float16, device=device)
+    out = gemsops.matmul(a1, b3)
+    assert out.is_contiguous()
+    (da,) = torch.autograd.grad(out, [a1], g3)
+    assert torch.equal(da, torch.full_like(da, 16 * 40.0))
 
 
 def test_vector_cases(device):

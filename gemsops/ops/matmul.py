@@ -347,6 +347,14 @@ def matmul(input, other):
         rows = math.prod(a.shape[:-1])  # not -1: ambiguous when k is 0
         b2 = b.reshape(k, n)
         out = _product(a.reshape(rows, k), b2).reshape(batch + (m, n))
+    elif all(s == 1 for s in a.shape[:-2]):
+        # the mirror (a one matrix): out^T = b^T a^T with the batch joined
+        # to n, so a's gradient is again one product over every batch
+        nb = math.prod(batch)
+        bt = b.expand(batch + (k, n)).mT.reshape(nb * n, k)
+        out = _product(bt, a.reshape(m, k).mT)  # [nb * n, m]
+        # contiguous, as torch's result
+        out = out.reshape(batch + (n, m)).mT.contiguous()
     else:
         nb = math.prod(batch)  # not -1: ambiguous when m * k or k * n is 0
         a3 = a.expand(batch + (m, k)).reshape(nb, m, k)
