@@ -661,8 +661,11 @@ def grad_close(name, ours, ref, bound, theirs):
     """A gradient of a matmul: as mm_close, |ref| and the bound being
     those of the gradient (the bound: the same gradient of |A| |B| with
     |grad|); rounding to the dtype may happen once per broadcast batch
-    summed, so rtol applies to the bound too."""
-    fin = nonfinite_match(name, ours, theirs)
+    summed, so rtol applies to the bound too. Non-finite positions may
+    follow the reference instead of torch: torch rounds per batch where
+    gemsops folds the batch into one product (inf - inf against a finite
+    sum)."""
+    fin = nonfinite_match(name, ours, theirs, ref=ref)
     rtol = MM_RTOL.get(ours.dtype, 1e-12)
     fi = torch.finfo(ours.dtype)
     tol = rtol * (ref.abs() + bound) + 2**-20 * bound + fi.tiny * fi.eps
