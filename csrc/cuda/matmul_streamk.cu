@@ -47,7 +47,8 @@
 namespace gemsops {
 namespace {
 
-constexpr int kThreads = 256, kGroupM = 8;
+// kConsumers: the threads that run the driver (a partial's layout)
+constexpr int kConsumers = 256, kGroupM = 8;
 
 struct driver_args {
     CUtensorMap ta, tb; // wgmma: TMA maps of A and B (else unused)
@@ -69,10 +70,26 @@ struct driver_args {
     float alpha, beta;
 };
 
+// alpha * v + beta * bias at (bt, gr, gc), in fp32 before the rounding
+template <typename T>
+__device__ __forceinline__ float epilogue_at(const driver_args &p, int64_t bt,
+                                             int64_t gr, int64_t gc, float v)
+{
+    v *= p.alpha;
+    if (p.bias != nullptr) {
+        const T b = static_cast<const T *>(
+            p.bias)[bt * p.bias_bs + gr * p.bias_rs + gc * p.bias_cs];
+        v += p.beta * widen<float>(b);
+    }
+    return v;
+}
+
 // ---- the exact FFMA mainloop ----------------------------------------------
 template <typename T>
 struct ffma_mainloop {
     static constexpr int BM = 64, BN = 64, BK = 16, kAcc = 16, kMinCtas = 1;
+    static constexpr int kThreads = kConsumers;
+    static constexpr bool kWarpSpecialized = false;
     struct smem_t {
         float a[BK][BM + 4];
         float b[BK][BN + 4];
@@ -85,6 +102,12 @@ struct ffma_mainloop {
     {
     }
     static __device__ void drain(ring_t &, smem_t &)
+    {
+    }
+    static __device__ void produce(const driver_args &, int64_t, smem_t &)
+    {
+    }
+    static __device__ void consume()
     {
     }
     template <typename>
@@ -162,7 +185,8 @@ struct ffma_mainloop {
 template <typename M, int MIN_CTAS>
 struct tc_mainloop {
     static constexpr int BM = M::BM, BN = M::BN, kAcc = M::kAcc;
-    static constexpr int kMinCtas = MIN_CTAS;
+    static constexpr int kMinCtas = MIN_CTAS, kThreads = M::kThreads;
+    static constexpr bool kWarpSpecialized = M::kWarpSpecialized;
     using smem_t = typename M::smem_t;
     static constexpr int kSmemBytes = sizeof(smem_t);
 
@@ -194,6 +218,21 @@ struct tc_mainloop {
         M::drain(ring, sm);
     }
 
+    // warp-specialized mainloops: the producer role, the consumers' entry
+    static __device__ void produce(const driver_args &p, int64_t cta,
+                                   smem_t &sm)
+    {
+        if constexpr (kWarpSpecialized) {
+            M::produce(p.s, operands(p), cta, sm);
+        }
+    }
+    static __device__ void consume()
+    {
+        if constexpr (kWarpSpecialized) {
+            M::consume();
+        }
+    }
+
     // true: the tile went out through the mainloop's staged epilogue
     template <typename T>
     static __device__ bool store(const driver_args &p, int64_t tile,
@@ -203,8 +242,22 @@ struct tc_mainloop {
             if (p.c_chunks) {
                 int64_t bt, tm, tn;
                 gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
-                M::store_staged((T *)p.c + bt * p.s.m * p.s.n, p.s.m, p.s.n,
-                                tm * BM, tn * BN, acc, sm);
+                T *C = (T *)p.c + bt * p.s.m * p.s.n;
+                if (p.epilogue) {
+                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
+                                    sm, [&](int64_t r, int64_t c, float v) {
+                                        return r < p.s.m && c < p.s.n
+                                                   ? epilogue_at<T>(p, bt, r,
+                                                                    c, v)
+                                                   : v;
+                                    });
+                }
+                else {
+                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
+                                    sm, [](int64_t, int64_t, float v) {
+                                        return v;
+                                    });
+                }
                 return true;
             }
         }
@@ -243,20 +296,6 @@ __device__ __forceinline__ void store_pair(__half *d, float a, float b)
 __device__ __forceinline__ void store_pair(__nv_bfloat16 *d, float a, float b)
 {
     *reinterpret_cast<__nv_bfloat162 *>(d) = __floats2bfloat162_rn(a, b);
-}
-
-// alpha * v + beta * bias at (bt, gr, gc), in fp32 before the rounding
-template <typename T>
-__device__ __forceinline__ float epilogue_at(const driver_args &p, int64_t bt,
-                                             int64_t gr, int64_t gc, float v)
-{
-    v *= p.alpha;
-    if (p.bias != nullptr) {
-        const T b = static_cast<const T *>(
-            p.bias)[bt * p.bias_bs + gr * p.bias_rs + gc * p.bias_cs];
-        v += p.beta * widen<float>(b);
-    }
-    return v;
 }
 
 template <typename T, typename L>
@@ -303,18 +342,38 @@ __device__ __forceinline__ void release_store(unsigned *f, unsigned v)
                  : "memory");
 }
 
-template <typename T, typename L>
-__global__ void __launch_bounds__(kThreads, L::kMinCtas)
-    matmul_streamk_kernel(const __grid_constant__ driver_args p)
+// The driver's barriers: the consumer threads alone when a producer
+// warpgroup runs beside them.
+template <typename L>
+__device__ __forceinline__ void driver_sync()
 {
-    extern __shared__ __align__(128) unsigned char dynamic_smem[];
-    typename L::smem_t &sm =
-        *reinterpret_cast<typename L::smem_t *>(dynamic_smem);
+    if constexpr (L::kWarpSpecialized) {
+        consumers_sync();
+    }
+    else {
+        __syncthreads();
+    }
+}
+template <typename L>
+__device__ __forceinline__ bool driver_sync_or(bool v)
+{
+    if constexpr (L::kWarpSpecialized) {
+        return consumers_sync_or(v);
+    }
+    else {
+        return __syncthreads_or(v) != 0;
+    }
+}
+
+// The consumers' walk of CTA c: mainloop, fix-up, epilogue.
+template <typename T, typename L>
+__device__ __forceinline__ void drive(const driver_args &p,
+                                      typename L::ring_t &ring,
+                                      typename L::smem_t &sm)
+{
     float acc[L::kAcc];
     const int64_t c = blockIdx.x;
     constexpr int kTile = L::BM * L::BN;
-    typename L::ring_t ring;
-    L::begin(p, c, ring, sm); // a TMA mainloop starts loading here
     // the order of gemsops_sk_walk (a TMA producer walks it ahead of this
     // loop): Stream-K pieces, then data-parallel tiles (apart: the mma.sync
     // kernel spills when one loop holds both)
@@ -328,10 +387,10 @@ __global__ void __launch_bounds__(kThreads, L::kMinCtas)
             float *slot = p.partials + c * kTile;
 #pragma unroll
             for (int e = 0; e < L::kAcc; e++) {
-                slot[e * kThreads + threadIdx.x] = acc[e];
+                slot[e * kConsumers + threadIdx.x] = acc[e];
             }
             __threadfence();
-            __syncthreads();
+            driver_sync<L>();
             if (threadIdx.x == 0) {
                 release_store(p.flags + c, p.epoch);
             }
@@ -350,14 +409,14 @@ __global__ void __launch_bounds__(kThreads, L::kMinCtas)
                     }
                 }
             }
-            if (__syncthreads_or(gave_up)) {
+            if (driver_sync_or<L>(gave_up)) {
                 L::drain(ring, sm); // no load may land after the CTA exits
                 return; // the host raises: error = 1
             }
             const float *slot = p.partials + q * kTile;
 #pragma unroll
             for (int e = 0; e < L::kAcc; e++) {
-                acc[e] += __ldcg(slot + e * kThreads + threadIdx.x);
+                acc[e] += __ldcg(slot + e * kConsumers + threadIdx.x);
             }
         }
         if (!L::template store<T>(p, tile, acc, sm)) {
@@ -369,6 +428,30 @@ __global__ void __launch_bounds__(kThreads, L::kMinCtas)
         if (!L::template store<T>(p, t, acc, sm)) {
             store_tile<T, L>(p, t, acc);
         }
+    }
+}
+
+template <typename T, typename L>
+__global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
+    matmul_streamk_kernel(const __grid_constant__ driver_args p)
+{
+    extern __shared__ __align__(128) unsigned char dynamic_smem[];
+    typename L::smem_t &sm =
+        *reinterpret_cast<typename L::smem_t *>(dynamic_smem);
+    typename L::ring_t ring;
+    L::begin(p, blockIdx.x, ring, sm); // a TMA mainloop starts loading here
+    if constexpr (L::kWarpSpecialized) {
+        // one branch a role: setmaxnreg applies only so
+        if (threadIdx.x >= kConsumers) {
+            L::produce(p, blockIdx.x, sm);
+        }
+        else {
+            L::consume();
+            drive<T, L>(p, ring, sm);
+        }
+    }
+    else {
+        drive<T, L>(p, ring, sm);
     }
 }
 
@@ -400,7 +483,7 @@ tc_layout layout_of(const gemsops_matmul_params *p)
 struct kernel_choice {
     CUtensorMap ta, tb; // wgmma only
     const void *fn;
-    int bm, bn, bk, smem;
+    int bm, bn, bk, smem, threads;
     gemsops_mainloop mainloop;
     tc_layout layout;
     void (*launch)(unsigned grid, int smem, cudaStream_t s,
@@ -411,7 +494,7 @@ template <typename T, typename L>
 void launch_kernel(unsigned grid, int smem, cudaStream_t s,
                    const driver_args &a)
 {
-    matmul_streamk_kernel<T, L><<<grid, kThreads, smem, s>>>(a);
+    matmul_streamk_kernel<T, L><<<grid, L::kThreads, smem, s>>>(a);
 }
 
 template <typename T, typename L>
@@ -423,6 +506,7 @@ kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
     k.bn = L::BN;
     k.bk = bk;
     k.smem = L::kSmemBytes;
+    k.threads = L::kThreads;
     k.mainloop = m;
     k.layout = l;
     k.launch = launch_kernel<T, L>;
@@ -667,7 +751,7 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
         return st->code;
     }
     int resident = 1;
-    if (resident_ctas(k->fn, p->device_id, kThreads, k->smem, &resident, st) !=
+    if (resident_ctas(k->fn, p->device_id, k->threads, k->smem, &resident, st) !=
         GEMSOPS_OK) {
         return st->code;
     }

@@ -1,12 +1,20 @@
 // The Hopper mainloop of the Stream-K matmul (fp16/bf16, sm_90a): warpgroup
 // MMA (wgmma.mma_async) on operands the tensor memory accelerator (TMA)
-// brings into shared memory.
+// brings into shared memory, warp-specialized.
 //
-// Tile: BM = 128 rows x BN (128 or 256) columns x BK = 64 per k-step; 256
-// threads = 2 warpgroups, warpgroup g computes rows 64g..64g+63 with
-// BN / 128 wgmma.m64n128k16 per 16 k (fp32 accumulators, BN / 2 registers
-// per thread). A k-step is 2 * 128 * BN * 64 FLOP: ~512 tensor-core cycles
-// of one SM at BN = 128, while the copies of the next S - 2 steps fly.
+// Roles: 384 threads = 3 warpgroups. Warpgroups 0 and 1 consume: they run
+// the driver (the mainloop, the Stream-K fix-up, the epilogue) and grow to
+// kConsumerRegs registers (setmaxnreg). Warpgroup 2 produces and shrinks
+// to kProducerRegs: one of its threads walks the CTA's pieces
+// (gemsops_sk_walk, the consumers' order) and issues every load. No
+// consumer instruction goes to copies, and inside the mainloop the
+// consumers never meet at a CTA barrier: each waits for its step alone.
+//
+// Tile: BM = 128 rows x BN (128 or 256) columns x BK = 64 per k-step;
+// consumer g computes rows 64g..64g+63 with one wgmma.m64nBNk16 per 16 k
+// (fp32 accumulators, BN / 2 registers per thread). A k-step is
+// 2 * 128 * BN * 64 FLOP: ~512 tensor-core cycles of one SM at BN = 128,
+// ~1024 at BN = 256, while the copies of the next steps fly.
 //
 // Shared memory: an S-stage ring of [A | B] stages, each operand in the
 // 128-byte-swizzle canonical layout wgmma reads and TMA writes (16-byte
@@ -21,18 +29,15 @@
 //     (imm-trans = 1). So every layout torch hands us is read in place,
 //     the backward's A^T included. TMA zero-fills past M, N and K.
 //
-// Ordering, per k-step i of the CTA (counted across its pieces: the ring
-// and its barriers live for the whole kernel): barrier (every warpgroup
-// has waited for its step i - 2 wgmma), thread 0 refills that slot with
-// step i + S - 2, which may belong to the CTA's next piece (one expect-tx
-// arrive and 2-5 bulk tensor copies on the slot's mbarrier); every thread
-// waits on step i's mbarrier phase, issues step i's wgmma, commits, and
-// waits until only that group is in flight (accumulators chain across
-// in-flight groups; wgmma orders them). So a tile's first loads overlap
-// the previous tile's last steps and epilogue: short-K shapes and
-// Stream-K pieces do not start cold. A first version
-// copied with per-thread cp.async: the address arithmetic of 8 copies a
-// step made it issue-bound (docs/performance.md, matmul).
+// Ordering: two mbarriers a slot. full[s] completes when the producer's
+// expect-tx arrive and the slot's 2-5 bulk tensor copies have landed;
+// empty[s] when each of the 8 consumer warps has seen the wgmma reading
+// the slot retire. A consumer keeps one wgmma group in flight: it issues
+// step i, waits for step i - 1 and releases that slot. The ring and its
+// phases live for the CTA's whole walk, so a tile's first loads overlap
+// the previous tile's last steps and its epilogue: short-K shapes and
+// Stream-K pieces do not start cold. Earlier designs (per-thread cp.async;
+// thread 0 loading between CTA barriers): docs/performance.md, matmul.
 #pragma once
 
 #include "matmul_mma.cuh" // tc_operands
@@ -78,92 +83,150 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst,
                  : "memory");
 }
 
+// Registers of this warpgroup from here on (the kernel starts with a cap:
+// __launch_bounds__(384, 1)); the roles' counts sum to at most 64K.
+template <int R>
+__device__ __forceinline__ void regs_shrink()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R>
+__device__ __forceinline__ void regs_grow()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+__device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
+{
+    unsigned done;
+    asm volatile("{\n.reg .pred p;\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+    return done != 0;
+}
+
+#define GEMSOPS_OPS_0_63                                                \
+    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,"    \
+    "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,"      \
+    "%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"      \
+    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+#define GEMSOPS_OPS_64_127                                              \
+    "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,"      \
+    "%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,"      \
+    "%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,"       \
+    "%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,"      \
+    "%119,%120,%121,%122,%123,%124,%125,%126,%127"
 #define GEMSOPS_ACC8(i)                                         \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
         "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
-#define GEMSOPS_WGMMA_M64N128K16(TYPE)                                        \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                 \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE \
-                 " {"                                                         \
-                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16," \
-                 "%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,"   \
-                 "%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,"   \
-                 "%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,"   \
-                 "%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, %67, %68;\n}\n"    \
-                 : GEMSOPS_ACC8(0), GEMSOPS_ACC8(8), GEMSOPS_ACC8(16),        \
-                   GEMSOPS_ACC8(24), GEMSOPS_ACC8(32), GEMSOPS_ACC8(40),      \
-                   GEMSOPS_ACC8(48), GEMSOPS_ACC8(56)                         \
+#define GEMSOPS_ACC64(i)                                                  \
+    GEMSOPS_ACC8(i), GEMSOPS_ACC8(i + 8), GEMSOPS_ACC8(i + 16),           \
+        GEMSOPS_ACC8(i + 24), GEMSOPS_ACC8(i + 32), GEMSOPS_ACC8(i + 40), \
+        GEMSOPS_ACC8(i + 48), GEMSOPS_ACC8(i + 56)
+#define GEMSOPS_WGMMA_N128(TYPE)                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"             \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE      \
+                 "." TYPE " {" GEMSOPS_OPS_0_63                           \
+                 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                   \
+                 : GEMSOPS_ACC64(0)                                       \
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+#define GEMSOPS_WGMMA_N256(TYPE)                                          \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"            \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE      \
+                 "." TYPE " {" GEMSOPS_OPS_0_63 "," GEMSOPS_OPS_64_127    \
+                 "}, %128, %129, p, 1, 1, %131, %132;\n}\n"               \
+                 : GEMSOPS_ACC64(0), GEMSOPS_ACC64(64)                    \
                  : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 
-// d (64 x 128 per warpgroup, fp32) += A (64 x 16) * B (16 x 128); TA / TB:
-// the operand is MN-major in shared memory.
-template <typename T, int TA, int TB>
-__device__ __forceinline__ void wgmma_m64n128k16(float *d, uint64_t da,
-                                                 uint64_t db)
+// d (64 x N per warpgroup, fp32) += A (64 x 16) * B (16 x N); TA / TB: the
+// operand is MN-major in shared memory.
+template <typename T, int N, int TA, int TB>
+__device__ __forceinline__ void wgmma_m64k16(float *d, uint64_t da,
+                                             uint64_t db)
 {
-    if constexpr (std::is_same_v<T, __half>) {
-        GEMSOPS_WGMMA_M64N128K16("f16");
+    constexpr bool f16 = std::is_same_v<T, __half>;
+    if constexpr (N == 128 && f16) {
+        GEMSOPS_WGMMA_N128("f16");
+    }
+    else if constexpr (N == 128) {
+        GEMSOPS_WGMMA_N128("bf16");
+    }
+    else if constexpr (f16) {
+        GEMSOPS_WGMMA_N256("f16");
     }
     else {
-        GEMSOPS_WGMMA_M64N128K16("bf16");
+        GEMSOPS_WGMMA_N256("bf16");
     }
 }
-#undef GEMSOPS_WGMMA_M64N128K16
+#undef GEMSOPS_WGMMA_N256
+#undef GEMSOPS_WGMMA_N128
+#undef GEMSOPS_ACC64
 #undef GEMSOPS_ACC8
+#undef GEMSOPS_OPS_64_127
+#undef GEMSOPS_OPS_0_63
 #endif
 
+// The consumers' own barrier (named barrier 1): the producer warpgroup
+// never joins it.
+__device__ __forceinline__ void consumers_sync()
+{
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+}
+__device__ __forceinline__ bool consumers_sync_or(bool v)
+{
+    unsigned r;
+    asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\n"
+                 "bar.red.or.pred q, 1, 256, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+                 : "=r"(r)
+                 : "r"((unsigned)v)
+                 : "memory");
+    return r != 0;
+}
+
 // AM: A is M-contiguous (else K-contiguous); BNM: B is N-contiguous (else
-// K-contiguous). One kernel per layout: the four in one body cost 248
-// registers at BN = 128 and spilled at BN = 256 (one: 162 and 246).
+// K-contiguous). One kernel per layout: one body for the four costs
+// registers (it spilled at BN = 256).
 template <typename T, int BN_, int STAGES, bool AM, bool BNM>
 struct wgmma_mainloop {
     static_assert(BN_ == 128 || BN_ == 256, "BN: 128 or 256");
-    static_assert(STAGES >= 3, "the ring refills the slot of step i - 2");
     static constexpr int BM = 128, BN = BN_, BK = 64, kStages = STAGES;
-    static constexpr bool kTma = true;
-    static constexpr int kThreads = 256, kAcc = BN / 2;
+    static constexpr bool kTma = true, kWarpSpecialized = true;
+    static constexpr int kConsumers = 256, kThreads = 384, kAcc = BN / 2;
+    // 128 x 40 + 256 x 232 <= 65536; the producer's walk fits in 40
+    static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
     static constexpr int kABytes = BM * BK * 2,
                          kStageBytes = (BM + BN) * BK * 2;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
-    // the ring, its mbarriers, and slack to align the ring to 1024 bytes
-    static constexpr int kRingBytes =
-        kStages * kStageBytes + kStages * 8 + 1024;
-    // Thread 0's side of the ring (it alone touches this): its own walk of
-    // the CTA's pieces, kStages - 2 k-steps ahead of the consumers, across
-    // pieces: the next piece's first steps load during this one's epilogue.
-    struct producer_t {
-        gemsops_sk_walk walk;
-        int64_t k, k1; // the piece being loaded: next k-step, its end
-        int r0, c0, za, zb; // its tile's origin and TMA batch coordinates
-        int write; // the ring slot of the next load
-    };
-    // Epilogue staging, one slice per warp (outside the ring: the next
-    // tile's loads land there meanwhile): 16 rows x 64 columns of packed
-    // pairs, rows padded to 36 words so the pair writes hit 32 banks.
+    // the ring and slack to align it to 1024 bytes (the swizzle's period)
+    static constexpr int kRingBytes = kStages * kStageBytes + 1024;
+    // Epilogue staging, one slice per consumer warp (outside the ring: the
+    // next tile's loads land there meanwhile): 16 rows x 64 columns of
+    // packed pairs, rows padded to 36 words so the pair writes hit 32 banks.
     static constexpr int kStageRow = 36;
     struct smem_t {
-        producer_t prod;
-        alignas(16) uint32_t stage[kThreads / 32][16 * kStageRow];
+        uint64_t full[kStages], empty[kStages]; // mbarriers
+        int abort; // the consumers gave up (debug wait): stop loading
+        alignas(16) uint32_t stage[kConsumers / 32][16 * kStageRow];
         unsigned char raw[kRingBytes];
     };
-    struct ring_t { // the consumers' cursor: slot of the next step, parity
+    struct ring_t { // a consumer's cursor: slot of the next step, parity
         int read;
         unsigned phase;
     };
 
     static __device__ __forceinline__ unsigned ring_base(smem_t &sm)
     {
-        // the 128-byte swizzle repeats every 1024 bytes: align the ring
         return (smem_addr(sm.raw) + 1023u) & ~1023u;
     }
 
-    // Thread 0: the k-step `step` of the tile at (r0, c0) into ring slot
-    // `stage` (its mbarrier `bar`).
-    static __device__ __forceinline__ void produce(const tc_operands &o,
-                                                   unsigned stage,
-                                                   unsigned bar, int r0,
-                                                   int c0, int za, int zb,
-                                                   int64_t step)
+    // The k-step `step` of the tile at (r0, c0) into ring slot `stage`,
+    // counted on the mbarrier `bar`.
+    static __device__ __forceinline__ void load(const tc_operands &o,
+                                                unsigned stage, unsigned bar,
+                                                int r0, int c0, int za, int zb,
+                                                int64_t step)
     {
 #ifdef GEMSOPS_HAS_WGMMA
         const int kb = (int)(step * BK);
@@ -191,95 +254,115 @@ struct wgmma_mainloop {
 #endif
     }
 
-    // Thread 0: the next k-step of its walk, if the CTA has one left.
-    static __device__ void issue(const gemsops_sk_schedule &s,
-                                 const tc_operands &o, smem_t &sm)
-    {
-        producer_t &q = sm.prod;
-        while (q.k == q.k1) {
-            int64_t tile, k0, k1, bt, tm, tn;
-            if (!gemsops_sk_walk_next(&s, &q.walk, &tile, &k0, &k1)) {
-                return;
-            }
-            gemsops_sk_tile_coords(&s, tile, &bt, &tm, &tn);
-            q.r0 = (int)(tm * BM);
-            q.c0 = (int)(tn * BN);
-            q.za = o.a_bs == 0 ? 0 : (int)bt;
-            q.zb = o.b_bs == 0 ? 0 : (int)bt;
-            q.k = k0;
-            q.k1 = k1;
-        }
-        const unsigned base = ring_base(sm);
-        produce(o, base + q.write * kStageBytes,
-                base + kStages * kStageBytes + q.write * 8, q.r0, q.c0, q.za,
-                q.zb, q.k);
-        q.k++;
-        q.write = q.write + 1 == kStages ? 0 : q.write + 1;
-    }
-
-    // Once per CTA: barriers, then the first kStages - 2 loads.
-    static __device__ void begin(const gemsops_sk_schedule &s,
-                                 const tc_operands &o, int64_t cta,
-                                 ring_t &ring, smem_t &sm)
+    // Every thread, once: the barriers, then the roles may start.
+    static __device__ void begin(const gemsops_sk_schedule &,
+                                 const tc_operands &, int64_t, ring_t &ring,
+                                 smem_t &sm)
     {
 #ifdef GEMSOPS_HAS_WGMMA
         if (threadIdx.x == 0) {
-            const unsigned bars = ring_base(sm) + kStages * kStageBytes;
-#pragma unroll
             for (int st = 0; st < kStages; st++) {
-                mbar_init(bars + st * 8, 1);
+                mbar_init(smem_addr(&sm.full[st]), 1);
+                mbar_init(smem_addr(&sm.empty[st]), kConsumers / 32);
             }
+            sm.abort = 0;
             mbar_init_fence();
-            producer_t &q = sm.prod;
-            gemsops_sk_walk_start(&s, cta, &q.walk);
-            q.k = q.k1 = 0;
-            q.write = 0;
-            for (int st = 0; st < kStages - 2; st++) {
-                issue(s, o, sm);
-            }
         }
+        __syncthreads();
 #else
-        (void)s, (void)o, (void)cta, (void)sm;
+        (void)sm;
 #endif
         ring.read = 0;
         ring.phase = 0;
     }
 
-    // An early exit (debug: a Stream-K wait gave up): thread 0 waits for
-    // the loads still in flight (slots read .. write - 1, fewer than
-    // kStages) so none lands in shared memory the CTA no longer owns.
-    static __device__ void drain(ring_t &ring, smem_t &sm)
+    // The producer warpgroup: one thread loads every k-step of the CTA's
+    // walk as its slot frees, then waits until the last loads have landed
+    // (none may land after the CTA exits). Stops loading when the
+    // consumers abort.
+    static __device__ void produce(const gemsops_sk_schedule &s,
+                                   const tc_operands &o, int64_t cta,
+                                   smem_t &sm)
     {
 #ifdef GEMSOPS_HAS_WGMMA
-        if (threadIdx.x == 0) {
-            const unsigned bars = ring_base(sm) + kStages * kStageBytes;
-            for (int left = (sm.prod.write - ring.read + kStages) % kStages;
-                 left > 0; left--) {
-                mbar_wait(bars + ring.read * 8, ring.phase);
-                if (++ring.read == kStages) {
-                    ring.read = 0;
-                    ring.phase ^= 1;
+        regs_shrink<kProducerRegs>();
+        if (threadIdx.x != kConsumers) {
+            return;
+        }
+        const unsigned base = ring_base(sm);
+        gemsops_sk_walk walk;
+        gemsops_sk_walk_start(&s, cta, &walk);
+        int slot = 0;
+        unsigned phase = 0;
+        int64_t loads = 0;
+        int64_t tile, k0, k1;
+        bool aborted = false;
+        while (!aborted && gemsops_sk_walk_next(&s, &walk, &tile, &k0, &k1)) {
+            int64_t bt, tm, tn;
+            gemsops_sk_tile_coords(&s, tile, &bt, &tm, &tn);
+            const int za = o.a_bs == 0 ? 0 : (int)bt;
+            const int zb = o.b_bs == 0 ? 0 : (int)bt;
+            for (int64_t k = k0; k < k1; k++) {
+                // a fresh barrier's preceding phase (parity 1) counts as
+                // complete: the first pass over the ring does not wait
+                const unsigned empty = smem_addr(&sm.empty[slot]);
+                while (!mbar_try_wait(empty, phase ^ 1)) {
+                    if (*(volatile int *)&sm.abort) {
+                        aborted = true;
+                        break;
+                    }
+                }
+                if (aborted) {
+                    break;
+                }
+                load(o, base + slot * kStageBytes, smem_addr(&sm.full[slot]),
+                     (int)(tm * BM), (int)(tn * BN), za, zb, k);
+                loads++;
+                if (++slot == kStages) {
+                    slot = 0;
+                    phase ^= 1;
                 }
             }
         }
+        // slot st last held load j (the largest j < loads with j % S = st),
+        // whose full phase has parity (j / S) % 2
+        for (int st = 0; st < kStages && st < loads; st++) {
+            const int64_t j = (loads - 1 - st) / kStages * kStages + st;
+            mbar_wait(smem_addr(&sm.full[st]), (unsigned)(j / kStages) & 1);
+        }
 #else
-        (void)ring, (void)sm;
+        (void)s, (void)o, (void)cta, (void)sm;
 #endif
     }
 
-    // The piece's k-steps (loaded by thread 0's walk, which names the
-    // same pieces in the same order) into acc.
-    static __device__ void mac(const gemsops_sk_schedule &s,
-                               const tc_operands &o, ring_t &ring,
-                               int64_t tile, int64_t k0, int64_t k1,
-                               float (&acc)[kAcc], smem_t &sm)
+    // The consumers, once: registers for the accumulators.
+    static __device__ __forceinline__ void consume()
     {
 #ifdef GEMSOPS_HAS_WGMMA
-        (void)tile;
+        regs_grow<kConsumerRegs>();
+#endif
+    }
+
+    // An early exit (debug: a Stream-K wait gave up): the producer stops
+    // loading and waits for the loads in flight.
+    static __device__ void drain(ring_t &, smem_t &sm)
+    {
+        if (threadIdx.x == 0) {
+            *(volatile int *)&sm.abort = 1;
+        }
+    }
+
+    // The piece's k-steps (loaded by the producer's walk, which names the
+    // same pieces in the same order) into acc.
+    static __device__ void mac(const gemsops_sk_schedule &,
+                               const tc_operands &, ring_t &ring, int64_t,
+                               int64_t k0, int64_t k1, float (&acc)[kAcc],
+                               smem_t &sm)
+    {
+#ifdef GEMSOPS_HAS_WGMMA
         const unsigned base = ring_base(sm);
-        const unsigned bars = base + kStages * kStageBytes; // 8 B each
         const int64_t steps = k1 - k0;
-        const bool producer = threadIdx.x == 0;
+        const bool arrives = threadIdx.x % 32 == 0; // once a warp
 #pragma unroll
         for (int e = 0; e < kAcc; e++) {
             acc[e] = 0.f;
@@ -289,39 +372,37 @@ struct wgmma_mainloop {
             wgmma_desc(base + g * kAtom, AM ? kAtom : 16, 1024);
         const uint64_t db0 =
             wgmma_desc(base + kABytes, BNM ? kAtom : 16, 1024);
+        int prev = 0;
         for (int64_t i = 0; i < steps; i++) {
-            // (barrier init, for the first step) the wgmma of the step two
-            // back are done everywhere: thread 0 may refill that slot
-            __syncthreads();
-            if (producer) {
-                issue(s, o, sm);
-            }
-            mbar_wait(bars + ring.read * 8, ring.phase);
+            mbar_wait(smem_addr(&sm.full[ring.read]), ring.phase);
             // descriptors advance in 16-byte units: +k-step slot, +16 k
-            // (2 lines of 8 MN-major, 32 bytes K-major), +128 columns of B
+            // (2 lines of 8 MN-major, 32 bytes K-major)
             const uint64_t slot = (unsigned)(ring.read * kStageBytes) >> 4;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) {
+                const int step = AM ? kk * 128 : kk * 2;
+                const int bstep = BNM ? kk * 128 : kk * 2;
+                wgmma_m64k16<T, BN, AM, BNM>(acc, da0 + slot + step,
+                                             db0 + slot + bstep);
+            }
+            wgmma_commit();
+            wgmma_wait<1>(); // step i - 1 has read its slot: release it
+            if (i > 0 && arrives) {
+                mbar_arrive(smem_addr(&sm.empty[prev]));
+            }
+            prev = ring.read;
             if (++ring.read == kStages) {
                 ring.read = 0;
                 ring.phase ^= 1;
             }
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) {
-                const uint64_t da = da0 + slot + (AM ? kk * 128 : kk * 2);
-#pragma unroll
-                for (int h = 0; h < BN / 128; h++) {
-                    const uint64_t db =
-                        db0 + slot + h * 1024 + (BNM ? kk * 128 : kk * 2);
-                    wgmma_m64n128k16<T, AM, BNM>(acc + h * 64, da, db);
-                }
-            }
-            wgmma_commit();
-            wgmma_wait<1>();
         }
         wgmma_wait<0>();
+        if (steps > 0 && arrives) {
+            mbar_arrive(smem_addr(&sm.empty[prev]));
+        }
 #else
-        (void)s, (void)o, (void)ring, (void)tile, (void)k0, (void)k1,
-            (void)acc, (void)sm;
+        (void)ring, (void)k0, (void)k1, (void)acc, (void)sm;
         __trap(); // the planner picks this mainloop only for sm_90a code
 #endif
     }
@@ -339,13 +420,15 @@ struct wgmma_mainloop {
     }
 
     // The tile at (r0, c0) of C (row stride n, 16-byte aligned rows: n %
-    // 8 == 0) from acc, through the warp's staging slice: each warp holds
-    // 16 rows; per 64 columns its lanes write their pairs (rows of 4 lanes
-    // x 2 values), then copy 16-byte chunks out, 8 lanes a 128-byte row
-    // piece. 8 full-sector stores a lane instead of 32-64 half-sector ones.
+    // 8 == 0) from epi(row, col, acc), through the warp's staging slice:
+    // each warp holds 16 rows; per 64 columns its lanes write their pairs
+    // (rows of 4 lanes x 2 values), then copy 16-byte chunks out, 8 lanes a
+    // 128-byte row piece. 8 full-sector stores a lane instead of 32-64
+    // half-sector ones.
+    template <typename E>
     static __device__ void store_staged(T *C, int64_t m, int64_t n, int64_t r0,
                                         int64_t c0, const float (&acc)[kAcc],
-                                        smem_t &sm)
+                                        smem_t &sm, E epi)
     {
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
         uint32_t *st = sm.stage[warp];
@@ -354,11 +437,14 @@ struct wgmma_mainloop {
         for (int cc = 0; cc < BN / 64; cc++) {
 #pragma unroll
             for (int jj = 0; jj < 8; jj++) {
-                const int e = (cc / 2) * 64 + ((cc % 2) * 8 + jj) * 4;
+                const int e = (cc * 8 + jj) * 4;
+                const int64_t gc = c0 + cc * 64 + jj * 8 + (lane % 4) * 2;
 #pragma unroll
                 for (int h = 0; h < 2; h++) { // rows lane / 4 and + 8
+                    const int64_t gr = rows + lane / 4 + 8 * h;
                     st[(lane / 4 + 8 * h) * kStageRow + jj * 4 + lane % 4] =
-                        pack(acc[e + 2 * h], acc[e + 2 * h + 1]);
+                        pack(epi(gr, gc, acc[e + 2 * h]),
+                             epi(gr, gc + 1, acc[e + 2 * h + 1]));
                 }
             }
             __syncwarp();
@@ -392,9 +478,9 @@ struct wgmma_mainloop {
     static __device__ __forceinline__ void coords(int e, int &r, int &c)
     {
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int h = e / 64, j = (e % 64) / 4, q = e % 4;
+        const int j = e / 4, q = e % 4;
         r = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4 + (q / 2) * 8;
-        c = h * 128 + j * 8 + (lane % 4) * 2 + q % 2;
+        c = j * 8 + (lane % 4) * 2 + q % 2;
     }
 };
 
