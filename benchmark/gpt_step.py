@@ -1,0 +1,127 @@
+"""A GPT-style training step (bf16) with torch.nn.Linear, then the same
+model with gemsops.nn.Linear in its place, timed in one run.
+
+    python benchmark/gpt_step.py [--tokens 8x1024 --d 768 --layers 4]
+
+The block: LayerNorm, a fused qkv Linear, causal scaled-dot-product
+attention (torch's), the output projection, LayerNorm, a 4d MLP with GELU;
+residual adds. A step is zero_grad, forward, a mean-square loss, backward
+and an SGD update. Only the Linear layers differ between the two models
+(same weights: the gemsops model is a copy whose Linear modules are
+gemsops.nn.Linear, a subclass). Rounds alternate the two models; the
+figure is the median step time of each, and torch's over gemsops' (above
+1: gemsops' step is faster). --json FILE appends the result."""
+
+import argparse
+import copy
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import gemsops
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = torch.nn.LayerNorm(d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.ln2 = torch.nn.LayerNorm(d)
+        self.fc1 = torch.nn.Linear(d, 4 * d)
+        self.fc2 = torch.nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, -1)
+        q, k, v = (
+            z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v)
+        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def with_gemsops_linear(model):
+    m = copy.deepcopy(model)
+    for mod in m.modules():
+        if type(mod) is torch.nn.Linear:
+            mod.__class__ = gemsops.nn.Linear
+    return m
+
+
+def step_time(model, x, opt, steps):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).float().square().mean()
+        loss.backward()
+        opt.step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / steps
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="8x1024", help="batch x sequence")
+    ap.add_argument("--d", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=0, help="0: d / 64")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=10, help="per round")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    b, t = (int(v) for v in a.tokens.split("x"))
+    heads = a.heads or a.d // 64
+    torch.manual_seed(0)
+    dev = "cuda"
+    ref = torch.nn.Sequential(*(Block(a.d, heads) for _ in range(a.layers)))
+    ref = ref.to(dev, torch.bfloat16)
+    ours = with_gemsops_linear(ref)
+    x = torch.randn(b, t, a.d, device=dev, dtype=torch.bfloat16)
+    models = {"torch": ref, "gemsops": ours}
+    opts = {
+        k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in models.items()
+    }
+    with torch.no_grad():  # the two agree before timing
+        y0, y1 = ref(x).float(), ours(x).float()
+        err = ((y0 - y1).norm() / y0.norm()).item()
+    for k, m in models.items():
+        step_time(m, x, opts[k], 3)  # warm-up: plans, workspaces, autotune
+    times = {k: [] for k in models}
+    for _ in range(a.rounds):
+        for k, m in models.items():
+            times[k].append(step_time(m, x, opts[k], a.steps))
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = med["torch"] / med["gemsops"]
+    name = torch.cuda.get_device_name()
+    print(
+        f"GPT step, bf16, {b}x{t} tokens, d={a.d}, {a.layers} layers, "
+        f"{heads} heads on {name}: torch {med['torch'] * 1e3:.3f} ms, "
+        f"gemsops.nn.Linear {med['gemsops'] * 1e3:.3f} ms, "
+        f"ratio {ratio:.3f} (relative output difference {err:.1e})"
+    )
+    if a.json:
+        rec = {
+            "tokens": [b, t],
+            "d": a.d,
+            "layers": a.layers,
+            "heads": heads,
+            "gpu": name,
+            "torch": torch.__version__,
+            "torch_ms": med["torch"] * 1e3,
+            "gemsops_ms": med["gemsops"] * 1e3,
+            "ratio": ratio,
+            "rel_diff": err,
+        }
+        with open(a.json, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+if __name__ == "__main__":
+    main()

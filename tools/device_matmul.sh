@@ -1,0 +1,62 @@
+#!/bin/bash
+# The matmul's device call: build for Hopper, what ptxas and the SASS say
+# of the wgmma kernels, the matmul tests, then timings: a probe of named
+# shapes, the GPT-style step (benchmark/gpt_step.py) and the corpus
+# (benchmark/test_blas_perf.py). Logs and result JSONs land in $OUT.
+# usage: bash tools/device_matmul.sh
+#   TESTS=0 / PROBE=0 / GPT=0 / BENCH=0 skip a stage; PROBE_SHAPES: the
+#   probe's shapes (tools/mm_probe.py); GEMSOPS_BENCH_CORPUS: corpus size
+set -o pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gemsops_out}
+mkdir -p "$OUT"
+nvidia-smi -L | tee "$OUT/gpu.txt"
+python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu.txt"
+t0=$(date +%s)
+GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a} NVCC_APPEND_FLAGS="-Xptxas -v" \
+    python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 \
+    || { tail -50 "$OUT/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+python3 -m tools.ptxas_report < "$OUT/build.log" | grep -i "streamk" \
+    > "$OUT/ptxas_matmul.txt"
+grep -c . "$OUT/ptxas_matmul.txt"
+grep -iE "C7508|serializ" "$OUT/build.log" | sort | uniq -c | head -5
+so=$(ls gemsops/_C*.so | head -1)
+cuobjdump -sass "$so" > /tmp/all.sass 2>/dev/null
+python3 - "$OUT" <<'PY'
+import re, sys
+text = open("/tmp/all.sass").read()
+for block in re.split(r"\n\s+Function : ", text)[1:]:
+    name = block.split("\n", 1)[0]
+    if "wgmma_mainloop" in name:
+        n = len(re.findall(r"\bHGMMA\.", block))
+        print(f"HGMMA {n:3d} in {name[:140]}")
+PY
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+if [ "${TESTS:-1}" = 1 ]; then
+    t0=$(date +%s)
+    timeout "${TEST_LIMIT:-300}" python3 -m pytest tests -m cuda -q \
+        --ignore=tests/fuzz -p no:cacheprovider ${TEST_ARGS:-} \
+        > "$OUT/pytest_cuda.log" 2>&1
+    echo "pytest -m cuda: exit $? in $(( $(date +%s) - t0 )) s"
+    grep -E "^FAILED|^ERROR" "$OUT/pytest_cuda.log" | head -20
+    tail -2 "$OUT/pytest_cuda.log"
+fi
+if [ "${PROBE:-1}" = 1 ]; then
+    # shellcheck disable=SC2086
+    timeout 200 python3 tools/mm_probe.py ${PROBE_SHAPES:-} 2>&1 | tee "$OUT/probe.txt"
+fi
+if [ "${GPT:-1}" = 1 ]; then
+    timeout 150 python3 benchmark/gpt_step.py --tokens 8x1024 --d 768 \
+        --json "$OUT/gpt_step.jsonl" 2>&1 | tail -2
+    timeout 150 python3 benchmark/gpt_step.py --tokens 4x1024 --d 2048 \
+        --json "$OUT/gpt_step.jsonl" 2>&1 | tail -2
+fi
+if [ "${BENCH:-1}" = 1 ]; then
+    touch /tmp/bench_start
+    (cd benchmark && GEMSOPS_BENCH_SCHEDULES=auto timeout "${BENCH_LIMIT:-400}" \
+        python3 -m pytest test_blas_perf.py -q -s -p no:cacheprovider 2>&1) \
+        > "$OUT/bench.log"
+    grep -A8 "geomean speedup" "$OUT/bench.log"
+    find benchmark/results -name 'mm_*.json' -newer /tmp/bench_start -exec cp {} "$OUT/" \;
+fi

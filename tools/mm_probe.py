@@ -1,0 +1,70 @@
+"""Time gemsops.matmul against torch.matmul (cuBLAS) on a few shapes, each
+by the benchmark's do_bench (L2 flushed), one line a shape: the mainloop
+the planner picks, both times, TFLOP/s and torch's time over ours.
+
+usage: python tools/mm_probe.py [M,N,K[:dtype[:layout]] ...]
+  layout: nn (default), nt (B given as [N, K] transposed), tn (A as
+  [K, M] transposed); dtype: bfloat16 (default), float16, float32
+  e.g. python tools/mm_probe.py 8192,8192,8192 3072,3072,3072:float16
+With no shapes: a list covering large squares, wave-quantized and small
+ones, and K not a multiple of 8."""
+
+import sys
+
+import torch
+
+import gemsops
+from benchmark.performance_utils import do_bench
+
+DEFAULT = [
+    "8192,8192,8192",
+    "4096,4096,4096",
+    "3072,3072,3072",
+    "1536,1792,6016",
+    "1536,3584,6016",
+    "2048,2048,2048",
+    "1024,1024,1024",
+    "512,1024,4096",
+    "8192,768,768",
+    "8192,2304,768",
+    "8192,768,3072",
+    "495,5333,71",
+]
+
+
+def operands(case):
+    dims, dt, layout = (case.split(":") + ["bfloat16", "nn"])[:3]
+    m, n, k = (int(v) for v in dims.split(","))
+    dtype = getattr(torch, dt)
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    if layout[0] == "t":
+        a = torch.randn(k, m, device="cuda", dtype=dtype).t()
+    if layout[1] == "t":
+        b = torch.randn(n, k, device="cuda", dtype=dtype).t()
+    return (m, n, k, dt, layout), a, b
+
+
+def main(cases):
+    for case in cases or DEFAULT:
+        (m, n, k, dt, layout), a, b = operands(case)
+        ref = torch.matmul(a.double(), b.double())
+        got = gemsops.matmul(a, b).double()
+        err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+        t_ours = do_bench(lambda: gemsops.matmul(a, b))
+        t_torch = do_bench(lambda: torch.matmul(a, b))
+        c = torch.empty(1, m, n, device="cuda", dtype=a.dtype)
+        plan = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, 0)
+        plan = f"{plan.get('mainloop')} {plan.get('tiles')} tiles"
+        tf = 2 * m * n * k / 1e9
+        print(
+            f"{m}x{n}x{k} {dt} {layout}: gemsops {t_ours * 1e3:8.1f} us "
+            f"({tf / t_ours:6.1f} TFLOP/s), torch {t_torch * 1e3:8.1f} us "
+            f"({tf / t_torch:6.1f}), torch/gemsops {t_torch / t_ours:.3f}, "
+            f"rel err {err:.1e} {plan}",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
