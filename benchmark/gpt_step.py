@@ -75,6 +75,9 @@ def main():
     ap.add_argument("--steps", type=int, default=10, help="per round")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json", default="")
+    ap.add_argument(
+        "--profile", action="store_true", help="kernel table of one step each"
+    )
     a = ap.parse_args()
     b, t = (int(v) for v in a.tokens.split("x"))
     heads = a.heads or a.d // 64
@@ -97,6 +100,20 @@ def main():
     for _ in range(a.rounds):
         for k, m in models.items():
             times[k].append(step_time(m, x, opts[k], a.steps))
+    if a.profile:
+        for k, m in models.items():
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA]
+            ) as prof:
+                step_time(m, x, opts[k], 1)
+            print(f"--- {k}")
+            print(
+                prof.key_averages().table(
+                    sort_by="cuda_time_total",
+                    row_limit=14,
+                    max_name_column_width=70,
+                )
+            )
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["torch"] / med["gemsops"]
     name = torch.cuda.get_device_name()

@@ -48,9 +48,9 @@ if [ "${PROBE:-1}" = 1 ]; then
 fi
 if [ "${GPT:-1}" = 1 ]; then
     timeout 150 python3 benchmark/gpt_step.py --tokens 8x1024 --d 768 \
-        --json "$OUT/gpt_step.jsonl" 2>&1 | tail -2
+        --json "$OUT/gpt_step.jsonl" ${GPT_ARGS:-} 2>&1 | tail -${GPT_TAIL:-2}
     timeout 150 python3 benchmark/gpt_step.py --tokens 4x1024 --d 2048 \
-        --json "$OUT/gpt_step.jsonl" 2>&1 | tail -2
+        --json "$OUT/gpt_step.jsonl" ${GPT_ARGS:-} 2>&1 | tail -${GPT_TAIL:-2}
 fi
 if [ "${BENCH:-1}" = 1 ]; then
     touch /tmp/bench_start
