@@ -111,7 +111,7 @@ def main():
                 prof.key_averages().table(
                     sort_by="cuda_time_total",
                     row_limit=14,
-                    max_name_column_width=70,
+                    max_name_column_width=230,
                 )
             )
     med = {k: statistics.median(v) for k, v in times.items()}

@@ -64,6 +64,29 @@ def test_nn_linear_is_a_drop_in(device):
     torch.testing.assert_close(nb(x), x @ nb.weight.t(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_weight_gradient_comes_in_the_weights_layout(bias, device):
+    """The product's gradient for weight.t() is made as (g^T x)^T, so the
+    weight's .grad has the weight's strides (no copy by AccumulateGrad)
+    and the values of the float64 reference."""
+    torch.manual_seed(5)
+    lin = gemsops.nn.Linear(24, 40, bias=bias, device=device)
+    arrived = []  # the gradient as the backward made it, before AccumulateGrad
+    lin.weight.register_hook(lambda t: arrived.append(t.stride()))
+    x = torch.randn(3, 7, 24, device=device, requires_grad=True)
+    g = torch.randn(3, 7, 40, device=device)
+    lin(x).backward(g)
+    assert arrived == [lin.weight.stride()]
+    gd, xd = g.double().reshape(-1, 40), x.detach().double().reshape(-1, 24)
+    assert_close(lin.weight.grad, gd.t() @ xd, torch.float32, chain_len=21)
+    assert_close(
+        x.grad,
+        g.double() @ lin.weight.detach().double(),
+        torch.float32,
+        chain_len=40,
+    )
+
+
 @pytest.mark.parametrize("bias_shape", [(7,), (1, 7), (3, 7), ()])
 @pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1), (2, 0)])
 def test_addmm_matches_torch(bias_shape, beta, alpha, device):

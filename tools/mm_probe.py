@@ -2,9 +2,10 @@
 by the benchmark's do_bench (L2 flushed), one line a shape: the mainloop
 the planner picks, both times, TFLOP/s and torch's time over ours.
 
-usage: python tools/mm_probe.py [M,N,K[:dtype[:layout]] ...]
+usage: python tools/mm_probe.py [M,N,K[:dtype[:layout[:bias]]] ...]
   layout: nn (default), nt (B given as [N, K] transposed), tn (A as
-  [K, M] transposed); dtype: bfloat16 (default), float16, float32
+  [K, M] transposed); dtype: bfloat16 (default), float16, float32;
+  bias: addmm with an [N] bias (gemsops.addmm against torch.addmm)
   e.g. python tools/mm_probe.py 8192,8192,8192 3072,3072,3072:float16
 With no shapes: a list covering large squares, wave-quantized and small
 ones, and K not a multiple of 8."""
@@ -33,7 +34,7 @@ DEFAULT = [
 
 
 def operands(case):
-    dims, dt, layout = (case.split(":") + ["bfloat16", "nn"])[:3]
+    dims, dt, layout, bias = (case.split(":") + ["bfloat16", "nn", ""])[:4]
     m, n, k = (int(v) for v in dims.split(","))
     dtype = getattr(torch, dt)
     a = torch.randn(m, k, device="cuda", dtype=dtype)
@@ -42,17 +43,27 @@ def operands(case):
         a = torch.randn(k, m, device="cuda", dtype=dtype).t()
     if layout[1] == "t":
         b = torch.randn(n, k, device="cuda", dtype=dtype).t()
-    return (m, n, k, dt, layout), a, b
+    c = torch.randn(n, device="cuda", dtype=dtype) if bias else None
+    return (m, n, k, dt, layout + (" +bias" if bias else "")), a, b, c
 
 
 def main(cases):
     for case in cases or DEFAULT:
-        (m, n, k, dt, layout), a, b = operands(case)
-        ref = torch.matmul(a.double(), b.double())
-        got = gemsops.matmul(a, b).double()
+        (m, n, k, dt, layout), a, b, c = operands(case)
+        if c is None:
+            ours, theirs = gemsops.matmul, torch.matmul
+        else:
+            ours = lambda a, b: gemsops.addmm(c, a, b)  # noqa: E731
+            theirs = lambda a, b: torch.addmm(c, a, b)  # noqa: E731
+        ref = (
+            theirs(a.double(), b.double())
+            if c is None
+            else (torch.addmm(c.double(), a.double(), b.double()))
+        )
+        got = ours(a, b).double()
         err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-        t_ours = do_bench(lambda: gemsops.matmul(a, b))
-        t_torch = do_bench(lambda: torch.matmul(a, b))
+        t_ours = do_bench(lambda: ours(a, b))
+        t_torch = do_bench(lambda: theirs(a, b))
         c = torch.empty(1, m, n, device="cuda", dtype=a.dtype)
         plan = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, 0)
         plan = f"{plan.get('mainloop')} {plan.get('tiles')} tiles"

@@ -11,7 +11,7 @@ import math
 import torch
 
 from .._dispatch import eager
-from .matmul import SUPPORTED, _mm, matmul, mm
+from .matmul import SUPPORTED, _mm, matmul, mm, product_grads
 
 
 class AddmmFunction(torch.autograd.Function):
@@ -33,8 +33,7 @@ class AddmmFunction(torch.autograd.Function):
         product = mm if torch.is_grad_enabled() else _mm  # create_graph
         ga = g * ctx.alpha if ctx.alpha != 1 else g
         need = ctx.needs_input_grad
-        d1 = product(ga, mat2.mT) if need[1] else None
-        d2 = product(mat1.mT, ga) if need[2] else None
+        d1, d2 = product_grads(product, mat1, mat2, ga, need[1:])
         di = None
         if need[0]:
             gb = g * ctx.beta if ctx.beta not in (0, 1) else g

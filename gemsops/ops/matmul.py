@@ -163,16 +163,29 @@ class MatmulFunction(torch.autograd.Function):
         return _grads(ctx, a, b, grad, not torch.is_grad_enabled())
 
 
+def transposed(t):
+    """t is the transpose of a contiguous tensor (a weight's .t(), say)."""
+    return t.dim() >= 2 and not t.is_contiguous() and t.mT.is_contiguous()
+
+
+def product_grads(mm, a, b, grad, need):
+    """The gradients of a @ b given grad, each made in its operand's layout:
+    a transposed operand's as (other^T @ grad^T)^T, so that its
+    AccumulateGrad keeps the tensor instead of copying it to the
+    parameter's strides (torch's mm backward does the same)."""
+    da = db = None
+    if need[0]:
+        da = mm(b, grad.mT).mT if transposed(a) else mm(grad, b.mT)
+    if need[1]:
+        db = mm(grad.mT, a).mT if transposed(b) else mm(a.mT, grad)
+    return da, db
+
+
 def _grads(ctx, a, b, grad, direct):
     if grad.is_neg():  # C reads raw memory: give it the values
         grad = grad.resolve_neg()
     mm = _mm if direct else _OPS[a.dim()]
-    da = db = None
-    if ctx.needs_input_grad[0]:
-        da = mm(grad, b.mT)
-    if ctx.needs_input_grad[1]:
-        db = mm(a.mT, grad)
-    return da, db
+    return product_grads(mm, a, b, grad, ctx.needs_input_grad)
 
 
 # ---- torch.library ops ---------------------------------------------------
