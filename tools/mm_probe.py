@@ -34,7 +34,8 @@ DEFAULT = [
 
 
 def operands(case):
-    dims, dt, layout, bias = (case.split(":") + ["bfloat16", "nn", ""])[:4]
+    fields = case.split(":")
+    dims, dt, layout, bias = fields + ["bfloat16", "nn", ""][len(fields) - 1 :]
     m, n, k = (int(v) for v in dims.split(","))
     dtype = getattr(torch, dt)
     a = torch.randn(m, k, device="cuda", dtype=dtype)

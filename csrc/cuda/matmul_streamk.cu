@@ -77,8 +77,10 @@ __device__ __forceinline__ float epilogue_at(const driver_args &p, int64_t bt,
 {
     v *= p.alpha;
     if (p.bias != nullptr) {
-        const T b = static_cast<const T *>(
-            p.bias)[bt * p.bias_bs + gr * p.bias_rs + gc * p.bias_cs];
+        // read-only (ld.global.nc): the compiler may then move these loads
+        // ahead of the tile's stores instead of waiting out each one
+        const T b = __ldg(static_cast<const T *>(p.bias) + bt * p.bias_bs +
+                          gr * p.bias_rs + gc * p.bias_cs);
         v += p.beta * widen<float>(b);
     }
     return v;

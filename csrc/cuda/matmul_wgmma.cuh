@@ -435,16 +435,25 @@ struct wgmma_mainloop {
         const int64_t rows = r0 + (warp / 4) * 64 + (warp % 4) * 16;
 #pragma unroll
         for (int cc = 0; cc < BN / 64; cc++) {
+            // the 32 values first (an epilogue's loads all in flight
+            // together), then the stores
+            float v[8][4];
 #pragma unroll
             for (int jj = 0; jj < 8; jj++) {
                 const int e = (cc * 8 + jj) * 4;
                 const int64_t gc = c0 + cc * 64 + jj * 8 + (lane % 4) * 2;
 #pragma unroll
-                for (int h = 0; h < 2; h++) { // rows lane / 4 and + 8
-                    const int64_t gr = rows + lane / 4 + 8 * h;
+                for (int q = 0; q < 4; q++) { // rows lane / 4 and + 8
+                    v[jj][q] = epi(rows + lane / 4 + 8 * (q / 2), gc + q % 2,
+                                   acc[e + q]);
+                }
+            }
+#pragma unroll
+            for (int jj = 0; jj < 8; jj++) {
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
                     st[(lane / 4 + 8 * h) * kStageRow + jj * 4 + lane % 4] =
-                        pack(epi(gr, gc, acc[e + 2 * h]),
-                             epi(gr, gc + 1, acc[e + 2 * h + 1]));
+                        pack(v[jj][2 * h], v[jj][2 * h + 1]);
                 }
             }
             __syncwarp();
