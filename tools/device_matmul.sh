@@ -4,8 +4,9 @@
 # shapes, the GPT-style step (benchmark/gpt_step.py) and the corpus
 # (benchmark/test_blas_perf.py). Logs and result JSONs land in $OUT.
 # usage: bash tools/device_matmul.sh
-#   TESTS=0 / PROBE=0 / GPT=0 / BENCH=0 skip a stage; PROBE_SHAPES: the
-#   probe's shapes (tools/mm_probe.py); GEMSOPS_BENCH_CORPUS: corpus size
+#   BUILD=0 (a warm machine's build kept) / TESTS=0 / PROBE=0 / GPT=0 /
+#   BENCH=0 skip a stage; PROBE_SHAPES: the probe's shapes
+#   (tools/mm_probe.py); GEMSOPS_BENCH_CORPUS: the corpus's size
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gemsops_out}
@@ -13,9 +14,11 @@ mkdir -p "$OUT"
 nvidia-smi -L | tee "$OUT/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__)" | tee -a "$OUT/gpu.txt"
 t0=$(date +%s)
-GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a} NVCC_APPEND_FLAGS="-Xptxas -v" \
-    python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 \
-    || { tail -50 "$OUT/build.log"; exit 1; }
+if [ "${BUILD:-1}" = 1 ]; then
+    GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a} NVCC_APPEND_FLAGS="-Xptxas -v" \
+        python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1 \
+        || { tail -50 "$OUT/build.log"; exit 1; }
+fi
 echo "build: $(( $(date +%s) - t0 )) s"
 python3 -m tools.ptxas_report < "$OUT/build.log" | grep -i "streamk" \
     > "$OUT/ptxas_matmul.txt"

@@ -70,21 +70,37 @@ struct driver_args {
     float alpha, beta;
 };
 
-// alpha * v + beta * bias at (bt, gr, gc), in fp32 before the rounding
+// C = alpha * acc + beta * bias in fp32 before the rounding. The launch's
+// parameters are read once a tile into this value (the tile's stores then
+// cannot make the compiler read them again, element by element).
 template <typename T>
-__device__ __forceinline__ float epilogue_at(const driver_args &p, int64_t bt,
-                                             int64_t gr, int64_t gc, float v)
-{
-    v *= p.alpha;
-    if (p.bias != nullptr) {
-        // read-only (ld.global.nc): the compiler may then move these loads
-        // ahead of the tile's stores instead of waiting out each one
-        const T b = __ldg(static_cast<const T *>(p.bias) + bt * p.bias_bs +
-                          gr * p.bias_rs + gc * p.bias_cs);
-        v += p.beta * widen<float>(b);
+struct epilogue_op {
+    const T *bias; // at the tile's batch; nullptr: alpha alone
+    int64_t rs, cs, m, n;
+    float alpha, beta;
+
+    __device__ __forceinline__ epilogue_op(const driver_args &p, int64_t bt)
+        : bias(p.bias == nullptr
+                   ? nullptr
+                   : static_cast<const T *>(p.bias) + bt * p.bias_bs),
+          rs(p.bias_rs), cs(p.bias_cs), m(p.s.m), n(p.s.n), alpha(p.alpha),
+          beta(p.beta)
+    {
     }
-    return v;
-}
+    // (r, c) outside C: v as it is (the addend has no padding)
+    __device__ __forceinline__ float operator()(int64_t r, int64_t c,
+                                                float v) const
+    {
+        if (r >= m || c >= n) {
+            return v;
+        }
+        v *= alpha;
+        if (bias != nullptr) { // read-only path: nothing the tile stores
+            v += beta * widen<float>(__ldg(bias + r * rs + c * cs));
+        }
+        return v;
+    }
+};
 
 // ---- the exact FFMA mainloop ----------------------------------------------
 template <typename T>
@@ -247,12 +263,7 @@ struct tc_mainloop {
                 T *C = (T *)p.c + bt * p.s.m * p.s.n;
                 if (p.epilogue) {
                     M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
-                                    sm, [&](int64_t r, int64_t c, float v) {
-                                        return r < p.s.m && c < p.s.n
-                                                   ? epilogue_at<T>(p, bt, r,
-                                                                    c, v)
-                                                   : v;
-                                    });
+                                    sm, epilogue_op<T>(p, bt));
                 }
                 else {
                     M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
@@ -309,7 +320,8 @@ __device__ void store_tile(const driver_args &p, int64_t tile,
     T *C = (T *)p.c + bt * p.s.m * p.s.n;
     // every mainloop's accumulators e, e + 1 (e even) are neighbours in a
     // row at an even column: one paired store when C's rows allow it
-    const bool pairs = p.c_pairs;
+    const bool pairs = p.c_pairs, epilogue = p.epilogue;
+    const epilogue_op<T> epi(p, bt);
 #pragma unroll
     for (int e = 0; e < L::kAcc; e += 2) {
         int r, c;
@@ -317,13 +329,9 @@ __device__ void store_tile(const driver_args &p, int64_t tile,
         const int64_t gr = tm * L::BM + r, gc = tn * L::BN + c;
         T *dst = C + gr * p.s.n + gc;
         float v0 = acc[e], v1 = acc[e + 1];
-        if (p.epilogue) { // (in range only: the addend has no padding)
-            if (gr < p.s.m && gc < p.s.n) {
-                v0 = epilogue_at<T>(p, bt, gr, gc, v0);
-            }
-            if (gr < p.s.m && gc + 1 < p.s.n) {
-                v1 = epilogue_at<T>(p, bt, gr, gc + 1, v1);
-            }
+        if (epilogue) {
+            v0 = epi(gr, gc, v0);
+            v1 = epi(gr, gc + 1, v1);
         }
         if (gr < p.s.m && gc + 1 < p.s.n && pairs) {
             store_pair(dst, v0, v1);
