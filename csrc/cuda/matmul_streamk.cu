@@ -71,8 +71,12 @@ struct driver_args {
 };
 
 // C = alpha * acc + beta * bias in fp32 before the rounding. The launch's
-// parameters are read once a tile into this value (the tile's stores then
-// cannot make the compiler read them again, element by element).
+// parameters are read once a tile into this value. Per pair of columns
+// (c, c + 1) of row r: the two addends (0 outside C: nothing is loaded
+// there, and the store drops those values). A bias broadcast over the rows
+// (nn.Linear's) gives the same addends to every row: one lookup serves the
+// thread's two rows. The unrolled epilogue runs once a tile as straight
+// code, so its length is kept down.
 template <typename T>
 struct epilogue_op {
     const T *bias; // at the tile's batch; nullptr: alpha alone
@@ -87,18 +91,46 @@ struct epilogue_op {
           beta(p.beta)
     {
     }
-    // (r, c) outside C: v as it is (the addend has no padding)
-    __device__ __forceinline__ float operator()(int64_t r, int64_t c,
-                                                float v) const
+    __device__ __forceinline__ bool same_rows() const
     {
-        if (r >= m || c >= n) {
-            return v;
+        return rs == 0 || bias == nullptr;
+    }
+    // v (an accumulator) with the addend a of its place
+    __device__ __forceinline__ float apply(float v, float a) const
+    {
+        return bias == nullptr ? v * alpha : v * alpha + a;
+    }
+    __device__ __forceinline__ void addends(int64_t r, int64_t c, float &a0,
+                                            float &a1) const
+    {
+        a0 = a1 = 0.f;
+        if (bias == nullptr || r >= m) {
+            return;
         }
-        v *= alpha;
-        if (bias != nullptr) { // read-only path: nothing the tile stores
-            v += beta * widen<float>(__ldg(bias + r * rs + c * cs));
+        const T *b = bias + r * rs + c * cs;
+        if (c < n) {
+            a0 = beta * widen<float>(__ldg(b));
         }
+        if (c + 1 < n) {
+            a1 = beta * widen<float>(__ldg(b + cs));
+        }
+    }
+};
+
+// The accumulators as they are.
+struct no_epilogue {
+    __device__ __forceinline__ bool same_rows() const
+    {
+        return true;
+    }
+    __device__ __forceinline__ float apply(float v, float) const
+    {
         return v;
+    }
+    __device__ __forceinline__ void addends(int64_t, int64_t, float &a0,
+                                            float &a1) const
+    {
+        a0 = a1 = 0.f;
     }
 };
 
@@ -267,9 +299,7 @@ struct tc_mainloop {
                 }
                 else {
                     M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
-                                    sm, [](int64_t, int64_t, float v) {
-                                        return v;
-                                    });
+                                    sm, no_epilogue());
                 }
                 return true;
             }
@@ -330,8 +360,10 @@ __device__ void store_tile(const driver_args &p, int64_t tile,
         T *dst = C + gr * p.s.n + gc;
         float v0 = acc[e], v1 = acc[e + 1];
         if (epilogue) {
-            v0 = epi(gr, gc, v0);
-            v1 = epi(gr, gc + 1, v1);
+            float a0, a1;
+            epi.addends(gr, gc, a0, a1);
+            v0 = epi.apply(v0, a0);
+            v1 = epi.apply(v1, a1);
         }
         if (gr < p.s.m && gc + 1 < p.s.n && pairs) {
             store_pair(dst, v0, v1);

@@ -420,7 +420,8 @@ struct wgmma_mainloop {
     }
 
     // The tile at (r0, c0) of C (row stride n, 16-byte aligned rows: n %
-    // 8 == 0) from epi(row, col, acc), through the warp's staging slice:
+    // 8 == 0) from epi.apply(acc, epi.addends(row, col)), through the
+    // warp's staging slice:
     // each warp holds 16 rows; per 64 columns its lanes write their pairs
     // (rows of 4 lanes x 2 values), then copy 16-byte chunks out, 8 lanes a
     // 128-byte row piece. 8 full-sector stores a lane instead of 32-64
@@ -442,10 +443,19 @@ struct wgmma_mainloop {
             for (int jj = 0; jj < 8; jj++) {
                 const int e = (cc * 8 + jj) * 4;
                 const int64_t gc = c0 + cc * 64 + jj * 8 + (lane % 4) * 2;
+                const int64_t gr = rows + lane / 4; // and gr + 8
+                float a[4];
+                epi.addends(gr, gc, a[0], a[1]);
+                if (epi.same_rows()) {
+                    a[2] = a[0];
+                    a[3] = a[1];
+                }
+                else {
+                    epi.addends(gr + 8, gc, a[2], a[3]);
+                }
 #pragma unroll
-                for (int q = 0; q < 4; q++) { // rows lane / 4 and + 8
-                    v[jj][q] = epi(rows + lane / 4 + 8 * (q / 2), gc + q % 2,
-                                   acc[e + q]);
+                for (int q = 0; q < 4; q++) {
+                    v[jj][q] = epi.apply(acc[e + q], a[q]);
                 }
             }
 #pragma unroll
