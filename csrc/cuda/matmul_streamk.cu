@@ -117,6 +117,31 @@ struct epilogue_op {
     }
 };
 
+// A bias broadcast over the rows (nn.Linear's), beta * bias staged for the
+// tile in shared memory (row[j]: column c0 + j; 0 past C's edge).
+struct row_bias_op {
+    const float *row;
+    int64_t c0;
+    float alpha;
+
+    __device__ __forceinline__ bool same_rows() const
+    {
+        return true;
+    }
+    __device__ __forceinline__ float apply(float v, float a) const
+    {
+        return v * alpha + a;
+    }
+    // c - c0 is even: the pair is one 8-byte read
+    __device__ __forceinline__ void addends(int64_t, int64_t c, float &a0,
+                                            float &a1) const
+    {
+        const float2 a = *reinterpret_cast<const float2 *>(row + (c - c0));
+        a0 = a.x;
+        a1 = a.y;
+    }
+};
+
 // The accumulators as they are.
 struct no_epilogue {
     __device__ __forceinline__ bool same_rows() const
@@ -293,7 +318,15 @@ struct tc_mainloop {
                 int64_t bt, tm, tn;
                 gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
                 T *C = (T *)p.c + bt * p.s.m * p.s.n;
-                if (p.epilogue) {
+                if (p.epilogue && p.bias != nullptr && p.bias_rs == 0) {
+                    M::stage_bias_row(static_cast<const T *>(p.bias) +
+                                          bt * p.bias_bs,
+                                      p.bias_cs, tn * BN, p.s.n, p.beta, sm);
+                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
+                                    sm,
+                                    row_bias_op{sm.bias_row, tn * BN, p.alpha});
+                }
+                else if (p.epilogue) {
                     M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
                                     sm, epilogue_op<T>(p, bt));
                 }

@@ -209,6 +209,7 @@ struct wgmma_mainloop {
         uint64_t full[kStages], empty[kStages]; // mbarriers
         int abort; // the consumers gave up (debug wait): stop loading
         alignas(16) uint32_t stage[kConsumers / 32][16 * kStageRow];
+        alignas(16) float bias_row[BN]; // beta * a row bias, the tile's
         unsigned char raw[kRingBytes];
     };
     struct ring_t { // a consumer's cursor: slot of the next step, parity
@@ -491,6 +492,23 @@ struct wgmma_mainloop {
             }
             __syncwarp(); // the slice is rewritten by the next 64 columns
         }
+    }
+
+    // The consumers: beta * bias[c0 + j] (0 past n) into sm.bias_row for
+    // a tile's epilogue. Looked up from shared memory there: the consumers'
+    // registers, nearly all accumulators, leave room for few loads in
+    // flight, and each global load waited out alone cost the epilogue more
+    // than the tile's main loop.
+    static __device__ void stage_bias_row(const T *bias, int64_t cs,
+                                          int64_t c0, int64_t n, float beta,
+                                          smem_t &sm)
+    {
+        consumers_sync(); // the previous tile's epilogue has read the row
+        for (int j = threadIdx.x; j < BN; j += kConsumers) {
+            sm.bias_row[j] =
+                c0 + j < n ? beta * widen<float>(bias[(c0 + j) * cs]) : 0.f;
+        }
+        consumers_sync();
     }
 
     // acc element e of this thread -> (row, col) in the tile
