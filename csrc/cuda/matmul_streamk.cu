@@ -87,7 +87,11 @@ struct epilogue_op {
         : bias(p.bias == nullptr
                    ? nullptr
                    : static_cast<const T *>(p.bias) + bt * p.bias_bs),
-          rs(p.bias_rs), cs(p.bias_cs), m(p.s.m), n(p.s.n), alpha(p.alpha),
+          rs(p.bias_rs),
+          cs(p.bias_cs),
+          m(p.s.m),
+          n(p.s.n),
+          alpha(p.alpha),
           beta(p.beta)
     {
     }
@@ -322,17 +326,17 @@ struct tc_mainloop {
                     M::stage_bias_row(static_cast<const T *>(p.bias) +
                                           bt * p.bias_bs,
                                       p.bias_cs, tn * BN, p.s.n, p.beta, sm);
-                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
-                                    sm,
-                                    row_bias_op{sm.bias_row, tn * BN, p.alpha});
+                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
+                                    row_bias_op{sm.bias_row, tn * BN,
+                                                p.alpha});
                 }
                 else if (p.epilogue) {
-                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
-                                    sm, epilogue_op<T>(p, bt));
+                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
+                                    epilogue_op<T>(p, bt));
                 }
                 else {
-                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc,
-                                    sm, no_epilogue());
+                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
+                                    no_epilogue());
                 }
                 return true;
             }
@@ -826,8 +830,8 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
         return st->code;
     }
     int resident = 1;
-    if (resident_ctas(k->fn, p->device_id, k->threads, k->smem, &resident, st) !=
-        GEMSOPS_OK) {
+    if (resident_ctas(k->fn, p->device_id, k->threads, k->smem, &resident,
+                      st) != GEMSOPS_OK) {
         return st->code;
     }
     int64_t ctas = resident;

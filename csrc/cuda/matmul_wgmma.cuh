@@ -107,16 +107,16 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
     return done != 0;
 }
 
-#define GEMSOPS_OPS_0_63                                                \
-    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,"    \
-    "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,"      \
-    "%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"      \
+#define GEMSOPS_OPS_0_63                                             \
+    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17," \
+    "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,"   \
+    "%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"   \
     "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-#define GEMSOPS_OPS_64_127                                              \
-    "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,"      \
-    "%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,"      \
-    "%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,"       \
-    "%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,"      \
+#define GEMSOPS_OPS_64_127                                         \
+    "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78," \
+    "%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93," \
+    "%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,"  \
+    "%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118," \
     "%119,%120,%121,%122,%123,%124,%125,%126,%127"
 #define GEMSOPS_ACC8(i)                                         \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
@@ -125,19 +125,18 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
     GEMSOPS_ACC8(i), GEMSOPS_ACC8(i + 8), GEMSOPS_ACC8(i + 16),           \
         GEMSOPS_ACC8(i + 24), GEMSOPS_ACC8(i + 32), GEMSOPS_ACC8(i + 40), \
         GEMSOPS_ACC8(i + 48), GEMSOPS_ACC8(i + 56)
-#define GEMSOPS_WGMMA_N128(TYPE)                                          \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"             \
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE      \
-                 "." TYPE " {" GEMSOPS_OPS_0_63                           \
-                 "}, %64, %65, p, 1, 1, %67, %68;\n}\n"                   \
-                 : GEMSOPS_ACC64(0)                                       \
+#define GEMSOPS_WGMMA_N128(TYPE)                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                 \
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE \
+                 " {" GEMSOPS_OPS_0_63 "}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
+                 : GEMSOPS_ACC64(0)                                           \
                  : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
-#define GEMSOPS_WGMMA_N256(TYPE)                                          \
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"            \
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE      \
-                 "." TYPE " {" GEMSOPS_OPS_0_63 "," GEMSOPS_OPS_64_127    \
-                 "}, %128, %129, p, 1, 1, %131, %132;\n}\n"               \
-                 : GEMSOPS_ACC64(0), GEMSOPS_ACC64(64)                    \
+#define GEMSOPS_WGMMA_N256(TYPE)                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                \
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE \
+                 " {" GEMSOPS_OPS_0_63 "," GEMSOPS_OPS_64_127                 \
+                 "}, %128, %129, p, 1, 1, %131, %132;\n}\n"                   \
+                 : GEMSOPS_ACC64(0), GEMSOPS_ACC64(64)                        \
                  : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 
 // d (64 x N per warpgroup, fp32) += A (64 x 16) * B (16 x N); TA / TB: the
