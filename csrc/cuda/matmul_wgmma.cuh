@@ -494,10 +494,9 @@ struct wgmma_mainloop {
     }
 
     // The consumers: beta * bias[c0 + j] (0 past n) into sm.bias_row for
-    // a tile's epilogue. Looked up from shared memory there: the consumers'
-    // registers, nearly all accumulators, leave room for few loads in
-    // flight, and each global load waited out alone cost the epilogue more
-    // than the tile's main loop.
+    // a tile's epilogue, which then reads it from shared memory: one global
+    // load per column a tile, where each thread would otherwise load its
+    // columns for each of its row groups.
     static __device__ void stage_bias_row(const T *bias, int64_t cs,
                                           int64_t c0, int64_t n, float beta,
                                           smem_t &sm)
