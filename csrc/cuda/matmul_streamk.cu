@@ -183,12 +183,6 @@ struct ffma_mainloop {
     static __device__ void drain(ring_t &, smem_t &)
     {
     }
-    static __device__ void produce(const driver_args &, int64_t, smem_t &)
-    {
-    }
-    static __device__ void consume()
-    {
-    }
     template <typename>
     static __device__ bool store(const driver_args &, int64_t,
                                  const float (&)[kAcc], smem_t &)
