@@ -1,6 +1,8 @@
 """Time gemsops.matmul against torch.matmul (cuBLAS) on a few shapes, each
 by the benchmark's do_bench (L2 flushed), one line a shape: the mainloop
-the planner picks, both times, TFLOP/s and torch's time over ours.
+the planner picks, both times, TFLOP/s and torch's time over ours; then
+the GPU time of the kernels alone (torch.profiler, L2 flushed, the flush's
+own kernel left out), which host time cannot inflate.
 
 usage: python tools/mm_probe.py [M,N,K[:dtype[:layout[:bias]]] ...]
   layout: nn (default), nt (B given as [N, K] transposed), tn (A as
@@ -48,6 +50,27 @@ def operands(case):
     return (m, n, k, dt, layout + (" +bias" if bias else "")), a, b, c
 
 
+def kernel_us(fn, reps=20):
+    """Mean GPU time (us) of the kernels one fn() launches, L2 flushed by
+    a zero_() before each call as do_bench does; the flush not counted."""
+    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    cuda = torch.profiler.ProfilerActivity.CUDA
+    with torch.profiler.profile(activities=[cuda]) as prof:
+        for _ in range(reps):
+            cache.zero_()
+            fn()
+        torch.cuda.synchronize()
+    total = 0.0
+    for e in prof.key_averages():
+        if "FillFunctor" in e.key:
+            continue
+        total += getattr(e, "self_device_time_total", 0.0)
+    return total / reps
+
+
 def main(cases):
     for case in cases or DEFAULT:
         (m, n, k, dt, layout), a, b, c = operands(case)
@@ -65,6 +88,8 @@ def main(cases):
         err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
         t_ours = do_bench(lambda: ours(a, b))
         t_torch = do_bench(lambda: theirs(a, b))
+        k_ours = kernel_us(lambda: ours(a, b))
+        k_torch = kernel_us(lambda: theirs(a, b))
         c = torch.empty(1, m, n, device="cuda", dtype=a.dtype)
         plan = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, 0)
         plan = f"{plan.get('mainloop')} {plan.get('tiles')} tiles"
@@ -73,7 +98,9 @@ def main(cases):
             f"{m}x{n}x{k} {dt} {layout}: gemsops {t_ours * 1e3:8.1f} us "
             f"({tf / t_ours:6.1f} TFLOP/s), torch {t_torch * 1e3:8.1f} us "
             f"({tf / t_torch:6.1f}), torch/gemsops {t_torch / t_ours:.3f}, "
-            f"rel err {err:.1e} {plan}",
+            f"rel err {err:.1e} {plan}; kernels alone: gemsops "
+            f"{k_ours:.1f} us, torch {k_torch:.1f} us, torch/gemsops "
+            f"{k_torch / k_ours:.3f}",
             flush=True,
         )
 

@@ -897,10 +897,9 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     a.bias_cs = p->bias_cs;
     a.alpha = p->alpha;
     a.beta = p->beta;
-    // the staged (TMA) epilogue stores the accumulators as they are: with
-    // an epilogue, the direct stores
+    // 16-byte rows of C: the staged epilogue (with or without a bias)
     a.c_chunks = gemsops_dtype_size(p->dtype) == 2 && p->n % 8 == 0 &&
-                 (uintptr_t)p->c % 16 == 0 && !a.epilogue;
+                 (uintptr_t)p->c % 16 == 0;
     a.c_pairs = p->n % 2 == 0 &&
                 (uintptr_t)p->c % (2 * gemsops_dtype_size(p->dtype)) == 0;
     a.partials = (float *)p->workspace;
