@@ -1,9 +1,10 @@
 """Measurements for the matmul planner's cost model: each shape of a grid
-timed with every wgmma tile width forced (GEMSOPS' 'wgmma-256' and
-'wgmma-128' mainloops, the 'auto' schedule), one JSON line per (shape,
-tile): the schedule the planner made (matmul_plan's dict) and the kernel's
-median time by the benchmark's do_bench (L2 flushed; gemsops.matmul's host
-path is shorter than the flush, so the window holds the kernel alone).
+timed with every wgmma tile width forced ('wgmma-256', 'wgmma-128') under
+the forced hybrid and data-parallel schedules, one JSON line per distinct
+(shape, width, schedule): the schedule the planner made (matmul_plan's
+dict) and the kernel's median time by the benchmark's do_bench (L2
+flushed; gemsops.matmul's host path is shorter than the flush, so the
+window holds the kernel alone).
 
 usage: python tools/mm_calibrate.py [--dtype bfloat16] [--out FILE]
 The fit of these lines is tools/mm_cost_fit.py; its constants are the ones
@@ -19,11 +20,13 @@ import torch
 import gemsops
 from benchmark.performance_utils import do_bench
 from gemsops.ops.matmul import MAINLOOPS
+from gemsops.ops.matmul import SCHEDULES as SCHEDS
 
 MS = (256, 512, 1024, 1536, 2048, 3072, 4096, 8192)
 NS = (768, 1024, 1792, 2304, 3072, 4096, 6144)
 KS = (256, 768, 2048, 6016)
 LOOPS = ("wgmma-256", "wgmma-128")
+SCHEDULES = ("hybrid", "data-parallel")
 
 
 def main():
@@ -37,10 +40,15 @@ def main():
         a = torch.randn(m, k, device="cuda", dtype=dtype)
         b = torch.randn(k, n, device="cuda", dtype=dtype)
         c = torch.empty(1, m, n, device="cuda", dtype=dtype)
-        for loop in LOOPS:
-            gemsops.set_schedule(mainloop=loop)
-            code = MAINLOOPS[loop]
-            plan = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, code)
+        seen = []
+        for loop, schedule in itertools.product(LOOPS, SCHEDULES):
+            plan = gemsops._C.matmul_plan(
+                a[None], b[None], c, SCHEDS[schedule], 0, 0, MAINLOOPS[loop]
+            )
+            if plan in seen:  # a full last wave: hybrid is data-parallel
+                continue
+            seen.append(plan)
+            gemsops.set_schedule(schedule, mainloop=loop)
             ms = do_bench(lambda: gemsops.matmul(a, b), rep_ms=40)
             row = dict(m=m, n=n, k=k, dtype=args.dtype, us=ms * 1e3, **plan)
             print(json.dumps(row), file=sink, flush=True)

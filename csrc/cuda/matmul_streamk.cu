@@ -41,6 +41,7 @@
 
 #include "common.cuh"
 #include "gemsops/matmul.h"
+#include "matmul_cost.cuh"
 #include "matmul_mma.cuh"
 #include "matmul_wgmma.cuh"
 
@@ -558,6 +559,7 @@ struct kernel_choice {
     const void *fn;
     int bm, bn, bk, smem, threads;
     gemsops_mainloop mainloop;
+    gemsops_sk_mode sk_mode; // the schedule: p->mode, or the cost model's
     tc_layout layout;
     void (*launch)(unsigned grid, int smem, cudaStream_t s,
                    const driver_args &a);
@@ -702,25 +704,31 @@ void tma_operands(const gemsops_matmul_params *p, const tc_layout &l, int bn,
 }
 
 // The mainloop for these operands on this device: the most capable one the
-// request allows (see gemsops_mainloop).
+// request allows (see gemsops_mainloop); for wgmma, the tile width and
+// schedule the cost model (matmul_cost.cuh) prefers, unless forced.
 gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
-                               const device_facts &f, const tc_layout &l)
+                               const device_facts &f, const tc_layout &l,
+                               gemsops_sk_mode *mode)
 {
     gemsops_mainloop want = p->mainloop;
+    *mode = p->mode;
 #ifdef GEMSOPS_HAVE_SM90A
     const bool sm90a = f.cc_major == 9 && f.cc_minor == 0;
 #else
     const bool sm90a = false;
 #endif
-    if (want == GEMSOPS_MAINLOOP_AUTO) {
-        // 128 x 256 tiles when they still fill a wave of SMs
-        const int64_t wide =
-            p->batch * ((p->m + 127) / 128) * ((p->n + 255) / 256);
-        want = wide >= f.sm_count ? GEMSOPS_MAINLOOP_WGMMA_256
-                                  : GEMSOPS_MAINLOOP_WGMMA_128;
+    const bool wgmma_asked =
+        want == GEMSOPS_MAINLOOP_AUTO || want >= GEMSOPS_MAINLOOP_WGMMA_128;
+    if (wgmma_asked && sm90a && (l.a_k || l.a_m) && (l.b_k || l.b_n)) {
+        int64_t ctas = f.sm_count; // a wgmma CTA fills an SM
+        if (p->ctas_override > 0 && p->ctas_override < ctas) {
+            ctas = p->ctas_override;
+        }
+        const wgmma_plan w = wgmma_cheapest(p, want, ctas, kGroupM);
+        *mode = w.mode;
+        return w.width;
     }
-    if (want >= GEMSOPS_MAINLOOP_WGMMA_128 &&
-        !(sm90a && (l.a_k || l.a_m) && (l.b_k || l.b_n))) {
+    if (wgmma_asked) {
         want = GEMSOPS_MAINLOOP_MMA;
     }
     if (want == GEMSOPS_MAINLOOP_MMA &&
@@ -783,7 +791,8 @@ int choose(const gemsops_matmul_params *p, kernel_choice *k,
         return st->code;
     }
     const tc_layout l = layout_of(p);
-    gemsops_mainloop m = pick_mainloop(p, f, l);
+    gemsops_sk_mode mode;
+    gemsops_mainloop m = pick_mainloop(p, f, l, &mode);
     tma_operand oa, ob;
     tma_operands(p, l, m == GEMSOPS_MAINLOOP_WGMMA_256 ? 256 : 128, &oa, &ob);
     if (m >= GEMSOPS_MAINLOOP_WGMMA_128 &&
@@ -791,7 +800,7 @@ int choose(const gemsops_matmul_params *p, kernel_choice *k,
          !tma_describes(ob))) {
         gemsops_matmul_params lower = *p;
         lower.mainloop = GEMSOPS_MAINLOOP_MMA;
-        m = pick_mainloop(&lower, f, l);
+        m = pick_mainloop(&lower, f, l, &mode);
     }
     CUtensorMap ta, tb;
     if (m >= GEMSOPS_MAINLOOP_WGMMA_128) {
@@ -804,12 +813,13 @@ int choose(const gemsops_matmul_params *p, kernel_choice *k,
         if (ra || rb) {
             gemsops_matmul_params lower = *p;
             lower.mainloop = GEMSOPS_MAINLOOP_MMA;
-            m = pick_mainloop(&lower, f, l);
+            m = pick_mainloop(&lower, f, l, &mode);
         }
     }
     if (choose_dtype(p->dtype, m, l, k, st) != GEMSOPS_OK) {
         return st->code;
     }
+    k->sk_mode = mode;
     if (m >= GEMSOPS_MAINLOOP_WGMMA_128) {
         k->ta = ta;
         k->tb = tb;
@@ -833,7 +843,7 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
         ctas = p->ctas_override; // never more than fit at once
     }
     gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, k->bm, k->bn, k->bk,
-                    kGroupM, ctas, p->mode, p->two_tiles);
+                    kGroupM, ctas, k->sk_mode, p->two_tiles);
     return GEMSOPS_OK;
 }
 

@@ -1,0 +1,100 @@
+// The matmul planner's cost model: which wgmma tile width (128 x 256 or
+// 128 x 128, BK = 64) a problem runs, and whether its last partial wave
+// is split Stream-K or run as whole tiles, from the time each is predicted
+// to take.
+//
+// For one width and its schedule (gemsops_sk_plan), in microseconds:
+//
+//   t = iter_us  * the busiest CTA's k-iterations
+//     + tile_us  * the busiest CTA's tiles
+//     + sk_us_per_mb * the Stream-K tiles' operand megabytes
+//     + launch_us
+//
+// The busiest CTA is CTA 0: its Stream-K share, ceil(sk_tiles * iters /
+// sk_ctas) iterations over at most ceil(sk_tiles / sk_ctas) + 1 pieces,
+// then ceil(dp_tiles / ctas) whole tiles. A tile costs its epilogue and a
+// pipeline fill besides its iterations. The Stream-K term is traffic: the
+// CTAs sharing split tiles run at staggered k, so their A and B loads do
+// not meet in L2 as a data-parallel wave's do, and once the operands
+// outgrow L2 each split tile's (BM + BN) x K panel comes from DRAM.
+//
+// The constants are a least-squares fit (tools/mm_cost_fit.py) to kernel
+// times of both widths on a shape grid (tools/mm_calibrate.py: M 256-8192,
+// N 768-6144, K 256-6016, bf16) on an H100 SXM; the timings are
+// benchmark/results/mm_calibration_NVIDIA_H100_80GB_HBM3.jsonl and the fit's
+// quality is in docs/performance.md. They are per SM, so the SM count
+// carries them to other Hopper parts.
+#pragma once
+
+#include <stdint.h>
+
+#include "gemsops/matmul.h"
+#include "gemsops/streamk.h"
+
+namespace gemsops {
+
+struct wgmma_tile_cost {
+    int bn;
+    double iter_us; // one 128 x BN x 64 k-iteration on one SM
+    double tile_us; // a tile's epilogue and pipeline fill
+};
+
+constexpr wgmma_tile_cost kWgmmaWide = {256, 0.735, 2.59};
+constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.443, 1.25};
+constexpr double kStreamKUsPerMb = 0.123, kLaunchUs = 0.65;
+
+inline double wgmma_predicted_us(const gemsops_matmul_params *p,
+                                 int64_t ctas, int group_m,
+                                 const wgmma_tile_cost &c, gemsops_sk_mode mode)
+{
+    gemsops_sk_schedule s;
+    gemsops_sk_plan(&s, p->m, p->n, p->k, p->batch, 128, c.bn, 64, group_m,
+                    ctas, mode, p->two_tiles);
+    const int64_t waves = gemsops_sk_cdiv(s.dp_tiles, s.ctas);
+    int64_t share = 0, pieces = 0;
+    if (s.sk_tiles > 0) {
+        share = gemsops_sk_cdiv(s.sk_tiles * s.iters, s.sk_ctas);
+        pieces = gemsops_sk_cdiv(s.sk_tiles, s.sk_ctas) + 1;
+    }
+    const double sk_mb =
+        (double)s.sk_tiles * s.iters * (128 + c.bn) * 64 * 2 / 1e6;
+    return c.iter_us * (double)(waves * s.iters + share) +
+           c.tile_us * (double)(waves + pieces) + kStreamKUsPerMb * sk_mb +
+           kLaunchUs;
+}
+
+struct wgmma_plan {
+    gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256 or _128
+    gemsops_sk_mode mode;
+};
+
+// The width (when `width` is GEMSOPS_MAINLOOP_AUTO) and, under the auto
+// schedule, whether the planner's Stream-K split or whole data-parallel
+// waves: whichever the model predicts fastest.
+inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
+                                 gemsops_mainloop width, int64_t ctas,
+                                 int group_m)
+{
+    const wgmma_tile_cost *costs[2] = {&kWgmmaWide, &kWgmmaNarrow};
+    const gemsops_sk_mode modes[2] = {p->mode, GEMSOPS_SK_DATA_PARALLEL};
+    const int n_modes = p->mode == GEMSOPS_SK_AUTO ? 2 : 1;
+    wgmma_plan best = {width, p->mode};
+    double best_us = -1.0;
+    for (const wgmma_tile_cost *c : costs) {
+        const gemsops_mainloop w = c->bn == 256 ? GEMSOPS_MAINLOOP_WGMMA_256
+                                                : GEMSOPS_MAINLOOP_WGMMA_128;
+        if (width != GEMSOPS_MAINLOOP_AUTO && w != width) {
+            continue;
+        }
+        for (int i = 0; i < n_modes; i++) {
+            const double us = wgmma_predicted_us(p, ctas, group_m, *c, modes[i]);
+            if (best_us < 0 || us < best_us) {
+                best_us = us;
+                best = {w, modes[i]};
+            }
+        }
+    }
+    return best;
+}
+
+} // namespace gemsops

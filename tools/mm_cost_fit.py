@@ -1,0 +1,94 @@
+"""Fits the matmul planner's cost model (csrc/cuda/matmul_cost.h) to the
+lines tools/mm_calibrate.py wrote, and says how well the model's tile
+choice does against the best measured one on those shapes.
+
+usage: python tools/mm_cost_fit.py FILE.jsonl
+
+The model, for a wgmma launch of 128 x BN tiles and its Stream-K schedule
+(the counts come from the schedule; the constants are fitted):
+
+  t = iter_us[BN] * critical iterations      (the busiest CTA's k-steps)
+    + tile_us[BN] * critical tiles           (its epilogues and fills)
+    + sk_us_per_mb * Stream-K operand MB     (the split tiles' loads, which
+                                              staggered CTAs take from DRAM)
+    + launch_us                               (the same for every tile)
+"""
+
+import json
+import math
+import sys
+
+import numpy as np
+
+BM, BK = 128, 64
+
+
+def counts(r):
+    """What the model counts for one schedule (matmul_plan's dict)."""
+    it, sk, skc = r["iters"], r["sk_tiles"], max(r["sk_ctas"], 1)
+    waves = math.ceil(r["dp_tiles"] / r["ctas"])
+    share = math.ceil(sk * it / skc) if sk else 0
+    crit_iters = waves * it + share
+    crit_tiles = waves + (math.ceil(sk / skc) + 1 if sk else 0)
+    sk_mb = sk * it * (BM + r["bn"]) * BK * 2 / 1e6
+    return crit_iters, crit_tiles, sk_mb
+
+
+def features(r):
+    ci, ct, sk_mb = counts(r)
+    wide = r["bn"] == 256
+    return [ci * wide, ct * wide, ci * (not wide), ct * (not wide), sk_mb, 1]
+
+
+NAMES = ("iter_us[256]", "tile_us[256]", "iter_us[128]", "tile_us[128]",
+         "sk_us_per_mb", "launch_us")  # fmt: skip
+
+
+def old_rule(m, n, iters, sms):
+    """The (bn, sk_tiles) the planner chose before the model: 128 x 256
+    tiles when they fill a wave, Stream-K for a last wave at most half
+    full."""
+    bn = 256 if math.ceil(m / 128) * math.ceil(n / 256) >= sms else 128
+    tiles = math.ceil(m / 128) * math.ceil(n / bn)
+    rem = tiles % sms
+    return bn, rem if 2 * rem <= sms and iters >= 2 else 0
+
+
+def main(path):
+    rows = [json.loads(line) for line in open(path)]
+    x = np.array([features(r) for r in rows])
+    y = np.array([r["us"] for r in rows])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    for name, v in zip(NAMES, coef):
+        print(f"{name:16s} {v:.4f}")
+    pred = x @ coef
+    err = np.abs(pred / y - 1)
+    print(
+        f"prediction error: median {np.median(err):.3f}, max {err.max():.3f}"
+    )
+    shapes = {}  # (m, n, k) -> {(bn, sk_tiles): (measured, predicted)}
+    for r, p in zip(rows, pred):
+        key = (r["m"], r["n"], r["k"])
+        shapes.setdefault(key, {})[r["bn"], r["sk_tiles"]] = (r["us"], p)
+    picked, rule = [], []
+    sms = max(r["ctas"] for r in rows)
+    for (m, n, k), d in sorted(shapes.items()):
+        best = min(t for t, _ in d.values())
+        choice = min(d, key=lambda c: d[c][1])
+        picked.append(d[choice][0] / best)
+        fixed = old_rule(m, n, math.ceil(k / BK), sms)
+        if fixed in d:
+            rule.append(d[fixed][0] / best)
+
+    def geo(v):
+        return math.exp(sum(map(math.log, v)) / len(v))
+
+    print(
+        f"{len(shapes)} shapes; time over the best tile's: model "
+        f"{geo(picked):.3f} (worst {max(picked):.2f}), fixed rule "
+        f"{geo(rule):.3f} (worst {max(rule):.2f})"
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
