@@ -8,8 +8,8 @@
 //   t = iter_us  * the busiest CTA's k-iterations
 //     + tile_us  * the busiest CTA's tiles
 //     + sk_us_per_mb * the Stream-K tiles' operand megabytes
-//     + launch_us
 //
+// (no constant term: the planner only compares candidates).
 // The busiest CTA is CTA 0: its Stream-K share, ceil(sk_tiles * iters /
 // sk_ctas) iterations over at most ceil(sk_tiles / sk_ctas) + 1 pieces,
 // then ceil(dp_tiles / ctas) whole tiles. A tile costs its epilogue and a
@@ -19,10 +19,12 @@
 // outgrow L2 each split tile's (BM + BN) x K panel comes from DRAM.
 //
 // The constants are a least-squares fit (tools/mm_cost_fit.py) to kernel
-// times of both widths on a shape grid (tools/mm_calibrate.py: M 256-8192,
-// N 768-6144, K 256-6016, bf16) on an H100 SXM; the timings are
-// benchmark/results/mm_calibration_NVIDIA_H100_80GB_HBM3.jsonl and the fit's
-// quality is in docs/performance.md. They are per SM, so the SM count
+// times of both widths under the Stream-K and the data-parallel schedule
+// on a shape grid (tools/mm_calibrate.py: M 256-8192, N 768-6144, K
+// 256-6016, bf16) on H100 SXMs, each plan at its least time over two
+// runs; the timings are
+// benchmark/results/mm_calibration_NVIDIA_H100_80GB_HBM3.jsonl and the
+// fit's quality is in docs/performance.md. They are per SM, so the SM count
 // carries them to other Hopper parts.
 #pragma once
 
@@ -39,9 +41,9 @@ struct wgmma_tile_cost {
     double tile_us; // a tile's epilogue and pipeline fill
 };
 
-constexpr wgmma_tile_cost kWgmmaWide = {256, 0.735, 2.59};
-constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.443, 1.25};
-constexpr double kStreamKUsPerMb = 0.123, kLaunchUs = 0.65;
+constexpr wgmma_tile_cost kWgmmaWide = {256, 0.746, 2.74};
+constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.460, 1.03};
+constexpr double kStreamKUsPerMb = 0.065;
 
 inline double wgmma_predicted_us(const gemsops_matmul_params *p,
                                  int64_t ctas, int group_m,
@@ -59,8 +61,7 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p,
     const double sk_mb =
         (double)s.sk_tiles * s.iters * (128 + c.bn) * 64 * 2 / 1e6;
     return c.iter_us * (double)(waves * s.iters + share) +
-           c.tile_us * (double)(waves + pieces) + kStreamKUsPerMb * sk_mb +
-           kLaunchUs;
+           c.tile_us * (double)(waves + pieces) + kStreamKUsPerMb * sk_mb;
 }
 
 struct wgmma_plan {
