@@ -28,7 +28,9 @@ SHAPES = [
     (200000, 64),
     (1024, 1000),
 ]
-if os.environ.get("GEMSOPS_BENCH_SWEEP"):  # transformer widths, many rows
+SWEEP = bool(os.environ.get("GEMSOPS_BENCH_SWEEP"))
+SUFFIX = "_sweep" if SWEEP else ""  # the sweep's results: their own file
+if SWEEP:  # transformer widths, many rows
     SHAPES = [
         (m, n)
         for m in (4096, 16384, 65536)
@@ -108,7 +110,7 @@ def test_perf_layer_norm_forward():
         SHAPES,
         bytes_func=ln_bytes(2),
         peers=peers(),
-        result_file="layer_norm_fwd",
+        result_file="layer_norm_fwd" + SUFFIX,
     ).run()
 
 
@@ -124,5 +126,5 @@ def test_perf_layer_norm_backward():
         bytes_func=ln_bytes(3),
         is_backward=True,
         peers=peers(),
-        result_file="layer_norm_bwd",
+        result_file="layer_norm_bwd" + SUFFIX,
     ).run()
