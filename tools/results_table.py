@@ -67,11 +67,13 @@ def default_flush(doc):
 
 
 def newest(op, pass_, docs):
-    """The newest default-flush run that holds rows of op/pass_."""
+    """The newest default-flush run that holds rows of op/pass_ (over the
+    benchmark's cases: sweeps, in their own files, are not summarised)."""
     found = [
         d
         for d in docs
         if default_flush(d)
+        and "_sweep" not in d["path"].name
         and d["rows"]
         and d["rows"][0]["op"] == op
         and d["rows"][0]["pass_"] == pass_
