@@ -431,6 +431,34 @@ def test_cuda_more_than_2_31_elements():
     del x, out
 
 
+# Widths whose rows take a thread group between the powers of two (64, 96,
+# 160, 192, 320, 384, 640, 768 threads at 16 or 32 elements a thread), one
+# whose last thread holds a part of its elements, one without 16-byte
+# vectors.
+GROUP_WIDTHS = [768, 1536, 2560, 3072, 5120, 6144, 10240, 12288, 20480, 24576]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("n", GROUP_WIDTHS + [2552, 2550])
+def test_cuda_forward_thread_groups(n, dtype):
+    rows = 37  # CTAs of two 64-thread rows end with one row
+    x, pshape, w, b = make((rows, n), 1, dtype, "cuda")
+    res = torch.randn_like(x)
+    out, mean, rstd = gemsops.native_layer_norm(x, pshape, w, b)
+    ref, rmean, rrstd = layer_norm_reference(x, pshape, w, b)
+    assert_close(out, ref, dtype)
+    assert_close(mean.view(-1), rmean.view(-1), torch.float32, name="mean")
+    assert_close(rstd.view(-1), rrstd.view(-1), torch.float32, name="rstd")
+    rms = gemsops.rms_norm(x, pshape, w, 1e-6)
+    xd = x.double()
+    rms_ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert_close(rms, rms_ref * w.double(), dtype, name="rms_norm")
+    y, h = gemsops.fused_add_layer_norm(x, res, pshape, w, b)
+    assert torch.equal(h, x + res)
+    assert_close(y, layer_norm_reference(h, pshape, w, b)[0], dtype, name="y")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 7, 64, 1000, 4097, 65536, 262144, 1048576])
 def test_cuda_row_lengths_up_to_2_20(n):

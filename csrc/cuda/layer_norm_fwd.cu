@@ -96,21 +96,21 @@ __device__ __forceinline__ void add_rounded(vec_t<T, VEC> &x,
 
 // Register budget: 768 resident threads per SM (<= 85 registers), at
 // least two CTAs of 512 (64 registers), so that one CTA's barriers overlap
-// another's loads, and a lone CTA of 1024 (64 registers).
+// another's loads, and a lone CTA of 640 to 1024 (64 to 85 registers).
 constexpr int fwd_min_ctas(int block)
 {
-    return block >= 1024 ? 1 : block >= 512 ? 2 : 768 / block;
+    return block > 512 ? 1 : block == 512 ? 2 : 768 / block;
 }
 
 template <typename T, typename P, int TPR, int VEC>
-__global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
-                                  fwd_min_ctas(TPR < 128 ? 128 : TPR))
+__global__ void __launch_bounds__(layer_norm_block_threads(TPR),
+                                  fwd_min_ctas(layer_norm_block_threads(TPR)))
     layer_norm_fwd_registers(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
     constexpr int E = fwd_elems<T>();
     constexpr int ITEMS = E / VEC;
-    constexpr int BLOCK = TPR < 128 ? 128 : TPR;
+    constexpr int BLOCK = layer_norm_block_threads(TPR);
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
     constexpr int STEP = TPR * VEC; // columns between a thread's items
     __shared__ A red[2 * 32 * 2]; // row_sum of up to 2 values
@@ -532,6 +532,17 @@ bool vector_ok(const gemsops_layer_norm_fwd_params *p)
                                         {p->weight, p->bias});
 }
 
+// Groups wider than 256 threads exist only where fwd_max_tpr allows them.
+template <typename T, typename P, int TPR, int VEC>
+int run_wide(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
+{
+    if constexpr (fwd_max_tpr<T>() >= TPR) {
+        return run<T, P, TPR, VEC>(p, st);
+    }
+    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                        "layer_norm_fwd: no kernel for %d threads/row", TPR);
+}
+
 template <typename T, typename P, int VEC>
 int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, int tpr,
                  gemsops_status *st)
@@ -541,18 +552,18 @@ int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, int tpr,
     case 8: return run<T, P, 8, VEC>(p, st);
     case 16: return run<T, P, 16, VEC>(p, st);
     case 32: return run<T, P, 32, VEC>(p, st);
+    case 64: return run<T, P, 64, VEC>(p, st);
+    case 96: return run<T, P, 96, VEC>(p, st);
     case 128: return run<T, P, 128, VEC>(p, st);
+    case 160: return run<T, P, 160, VEC>(p, st);
+    case 192: return run<T, P, 192, VEC>(p, st);
     case 256: return run<T, P, 256, VEC>(p, st);
-    case 512:
-        if constexpr (fwd_max_tpr<T>() >= 512) {
-            return run<T, P, 512, VEC>(p, st);
-        }
-        [[fallthrough]];
-    case 1024:
-        if constexpr (fwd_max_tpr<T>() >= 1024) {
-            return run<T, P, 1024, VEC>(p, st);
-        }
-        [[fallthrough]];
+    case 320: return run_wide<T, P, 320, VEC>(p, st);
+    case 384: return run_wide<T, P, 384, VEC>(p, st);
+    case 512: return run_wide<T, P, 512, VEC>(p, st);
+    case 640: return run_wide<T, P, 640, VEC>(p, st);
+    case 768: return run_wide<T, P, 768, VEC>(p, st);
+    case 1024: return run_wide<T, P, 1024, VEC>(p, st);
     default:
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "layer_norm_fwd: no kernel for %d threads/row",
@@ -570,8 +581,10 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     if (p->cols > (int64_t)fwd_max_tpr<T>() * fwd_elems<T>()) {
         return vec ? run_looped<T, P, V>(p, st) : run_looped<T, P, 1>(p, st);
     }
-    const int tpr =
-        layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>()).tpr;
+    const int tpr = layer_norm_choose_shape(p->cols, fwd_elems<T>(),
+                                            fwd_max_tpr<T>(),
+                                            kLayerNormFwdTprChoices)
+                        .tpr;
     return vec ? dispatch_tpr<T, P, V>(p, tpr, st)
                : dispatch_tpr<T, P, 1>(p, tpr, st);
 }

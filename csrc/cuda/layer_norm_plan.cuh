@@ -8,23 +8,32 @@
 #pragma once
 
 #include <initializer_list>
+#include <stddef.h>
 #include <stdint.h>
 
 namespace gemsops {
 
 constexpr int kLayerNormTprChoices[] = {4, 8, 16, 32, 128, 256, 512, 1024};
+// The forward's: also whole numbers of warps between the powers of two, so
+// that a row leaves fewer threads idle (1536 half elements at 32 a thread
+// take 48 threads: 64, not 128).
+constexpr int kLayerNormFwdTprChoices[] = {4,   8,   16,  32,  64,  96,
+                                           128, 160, 192, 256, 320, 384,
+                                           512, 640, 768, 1024};
 
 struct layer_norm_shape {
     int tpr; // threads per row (slab)
     int split; // CTAs per row
 };
 
-inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e,
-                                                int max_tpr = 1024)
+template <size_t K = sizeof(kLayerNormTprChoices) / sizeof(int)>
+inline layer_norm_shape
+layer_norm_choose_shape(int64_t cols, int e, int max_tpr = 1024,
+                        const int (&choices)[K] = kLayerNormTprChoices)
 {
     layer_norm_shape s = {max_tpr, 1};
     if (cols <= max_tpr * (int64_t)e) {
-        for (int tpr : kLayerNormTprChoices) {
+        for (int tpr : choices) {
             if ((int64_t)tpr * e >= cols) {
                 s.tpr = tpr;
                 break;
@@ -46,10 +55,11 @@ inline layer_norm_shape layer_norm_choose_shape(int64_t cols, int e,
     return s;
 }
 
-// Rows narrower than 128 threads share a 128-thread CTA.
-inline int layer_norm_block_threads(int tpr)
+// Rows of 4 to 64 threads share a 128-thread CTA; wider ones (a power of
+// two or not) have a CTA each.
+__host__ __device__ constexpr int layer_norm_block_threads(int tpr)
 {
-    return tpr < 128 ? 128 : tpr;
+    return tpr < 128 && 128 % tpr == 0 ? 128 : tpr;
 }
 
 // 16-byte accesses (V elements of T) need whole vectors per row, every

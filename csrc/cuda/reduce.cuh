@@ -7,9 +7,10 @@
 namespace gemsops {
 
 // Sum over the TPR consecutive threads that share a row. TPR <= 32: xor
-// shuffles stay inside the aligned group. TPR > 32: one row per CTA, warp
-// sums meet in shared memory. `red` alternates between two slots so that a
-// following call cannot overwrite a slot another warp is still reading.
+// shuffles stay inside the aligned group. TPR > 32 (a whole number of
+// warps; a CTA holds one row, or two of 64 threads): warp sums meet in
+// shared memory. `red` alternates between two slots so that a following
+// call cannot overwrite a slot another warp is still reading.
 template <int TPR, int N, typename A>
 __device__ __forceinline__ void warp_sum(A (&v)[N])
 {
@@ -32,6 +33,7 @@ __device__ __forceinline__ void row_sum(A (&v)[N], A *red, int &parity)
         constexpr int WARPS = TPR / 32;
         A *slot = red + parity * 32 * N;
         const int warp = threadIdx.x / 32;
+        const int first = warp - warp % WARPS; // the row's first warp
         if (threadIdx.x % 32 == 0) {
 #pragma unroll
             for (int i = 0; i < N; i++) {
@@ -39,20 +41,35 @@ __device__ __forceinline__ void row_sum(A (&v)[N], A *red, int &parity)
             }
         }
         __syncthreads();
-        // Lane l reads warp (l % WARPS)'s partials and an xor butterfly
-        // over WARPS lanes sums them: one shared load per value instead of
-        // WARPS, and, addition being commutative, every lane of every warp
-        // ends with the same bits (a fixed tree order).
         const int lane = threadIdx.x % 32;
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-            v[i] = slot[(lane % WARPS) * N + i];
-        }
-#pragma unroll
-        for (int off = WARPS / 2; off > 0; off /= 2) {
+        if constexpr ((WARPS & (WARPS - 1)) == 0) {
+            // Lane l reads warp (l % WARPS)'s partials and an xor butterfly
+            // over WARPS lanes sums them: one shared load per value instead
+            // of WARPS, and, addition being commutative, every lane of
+            // every warp ends with the same bits (a fixed tree order).
 #pragma unroll
             for (int i = 0; i < N; i++) {
-                v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
+                v[i] = slot[(first + lane % WARPS) * N + i];
+            }
+#pragma unroll
+            for (int off = WARPS / 2; off > 0; off /= 2) {
+#pragma unroll
+                for (int i = 0; i < N; i++) {
+                    v[i] += __shfl_xor_sync(0xffffffffu, v[i], off);
+                }
+            }
+        }
+        else { // 3, 5, 6, ... warps: every lane sums them in warp order
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                v[i] = slot[first * N + i];
+            }
+#pragma unroll
+            for (int w = 1; w < WARPS; w++) {
+#pragma unroll
+                for (int i = 0; i < N; i++) {
+                    v[i] += slot[(first + w) * N + i];
+                }
             }
         }
         parity ^= 1;
