@@ -147,7 +147,9 @@ def test_tensor_core_path_is_taken_when_aligned(dtype):
         assert plan_of(x, y, "ffma")["mainloop"] == "ffma"
     assert plan_of(a[:, :511], b[:511])["mainloop"] == "ffma"  # k % 8
     # an M-contiguous A: wgmma reads it in place, mma.sync cannot
-    assert plan_of(at, b)["mainloop"].startswith("wgmma" if is_sm90() else "ffma")
+    assert plan_of(at, b)["mainloop"].startswith(
+        "wgmma" if is_sm90() else "ffma"
+    )
     assert plan_of(at, b, "mma")["mainloop"] == "ffma"
     if is_sm90():
         assert plan_of(a, b, "wgmma-256")["bn"] == 256

@@ -581,10 +581,10 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     if (p->cols > (int64_t)fwd_max_tpr<T>() * fwd_elems<T>()) {
         return vec ? run_looped<T, P, V>(p, st) : run_looped<T, P, 1>(p, st);
     }
-    const int tpr = layer_norm_choose_shape(p->cols, fwd_elems<T>(),
-                                            fwd_max_tpr<T>(),
-                                            kLayerNormFwdTprChoices)
-                        .tpr;
+    const int tpr =
+        layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>(),
+                                kLayerNormFwdTprChoices)
+            .tpr;
     return vec ? dispatch_tpr<T, P, V>(p, tpr, st)
                : dispatch_tpr<T, P, 1>(p, tpr, st);
 }

@@ -27,9 +27,9 @@ struct layer_norm_shape {
 };
 
 template <size_t K = sizeof(kLayerNormTprChoices) / sizeof(int)>
-inline layer_norm_shape
-layer_norm_choose_shape(int64_t cols, int e, int max_tpr = 1024,
-                        const int (&choices)[K] = kLayerNormTprChoices)
+inline layer_norm_shape layer_norm_choose_shape(
+    int64_t cols, int e, int max_tpr = 1024,
+    const int (&choices)[K] = kLayerNormTprChoices)
 {
     layer_norm_shape s = {max_tpr, 1};
     if (cols <= max_tpr * (int64_t)e) {

@@ -45,9 +45,9 @@ constexpr wgmma_tile_cost kWgmmaWide = {256, 0.746, 2.74};
 constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.460, 1.03};
 constexpr double kStreamKUsPerMb = 0.065;
 
-inline double wgmma_predicted_us(const gemsops_matmul_params *p,
-                                 int64_t ctas, int group_m,
-                                 const wgmma_tile_cost &c, gemsops_sk_mode mode)
+inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
+                                 int group_m, const wgmma_tile_cost &c,
+                                 gemsops_sk_mode mode)
 {
     gemsops_sk_schedule s;
     gemsops_sk_plan(&s, p->m, p->n, p->k, p->batch, 128, c.bn, 64, group_m,
@@ -88,7 +88,8 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             continue;
         }
         for (int i = 0; i < n_modes; i++) {
-            const double us = wgmma_predicted_us(p, ctas, group_m, *c, modes[i]);
+            const double us =
+                wgmma_predicted_us(p, ctas, group_m, *c, modes[i]);
             if (best_us < 0 || us < best_us) {
                 best_us = us;
                 best = {w, modes[i]};
