@@ -111,10 +111,12 @@ gemsops_matmul_cuda(const struct gemsops_matmul_params *p,
 int
 gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
                          struct gemsops_sk_schedule *s,
-                         gemsops_mainloop *mainloop, gemsops_status *st)
+                         gemsops_mainloop *mainloop, int *staged,
+                         gemsops_status *st)
 {
     (void)p;
     (void)s;
     (void)mainloop;
+    (void)staged;
     return GEMSOPS_NO_CUDA(st);
 }

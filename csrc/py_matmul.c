@@ -160,15 +160,16 @@ static const char *const mainloop_names[] = {"auto", "ffma", "mma",
                                              "wgmma-128", "wgmma-256"};
 
 static PyObject *
-schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop)
+schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop,
+               const char *staged)
 {
-    return Py_BuildValue("{s:s,s:L,s:L,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,s:L,"
-                         "s:L}",
-                         "mainloop", mainloop, "ctas", (long long)s->ctas,
-                         "sk_ctas", (long long)s->sk_ctas, "bm", s->bm, "bn",
-                         s->bn, "bk", s->bk, "tiles", (long long)s->tiles,
-                         "iters", (long long)s->iters, "sk_tiles",
-                         (long long)s->sk_tiles, "dp_tiles",
+    return Py_BuildValue("{s:s,s:s,s:L,s:L,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,"
+                         "s:L,s:L}",
+                         "mainloop", mainloop, "staged", staged, "ctas",
+                         (long long)s->ctas, "sk_ctas", (long long)s->sk_ctas,
+                         "bm", s->bm, "bn", s->bn, "bk", s->bk, "tiles",
+                         (long long)s->tiles, "iters", (long long)s->iters,
+                         "sk_tiles", (long long)s->sk_tiles, "dp_tiles",
                          (long long)s->dp_tiles, "tiles_m",
                          (long long)s->tiles_m, "tiles_n",
                          (long long)s->tiles_n, "group_m",
@@ -179,10 +180,11 @@ PyDoc_STRVAR(
     matmul_plan_doc,
     "matmul_plan(a, b, out, schedule, two_tiles, ctas, mainloop) -> dict\n\n"
     "The Stream-K schedule a matmul launch with these arguments uses: the\n"
-    "mainloop ('ffma', 'mma', 'wgmma-128', 'wgmma-256'; 'cpu'), ctas, tile\n"
-    "shape (bm, bn, bk), tiles, iters, sk_tiles, dp_tiles, ... The\n"
-    "workspace a CUDA launch needs is ctas * bm * bn * 4 bytes when\n"
-    "sk_tiles > 0, and ctas flags.");
+    "mainloop ('ffma', 'mma', 'wgmma-128', 'wgmma-256'; 'cpu'), staged\n"
+    "('', 'a', 'b' or 'ab': operands TMA cannot describe, copied into the\n"
+    "workspace first), ctas, tile shape (bm, bn, bk), tiles, iters,\n"
+    "sk_tiles, dp_tiles, ... The workspace a CUDA launch needs is the\n"
+    "staged copies plus ctas * bm * bn * 4 bytes when sk_tiles > 0.");
 
 static PyObject *
 matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
@@ -204,13 +206,16 @@ matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     struct gemsops_sk_schedule s;
     gemsops_status st = {GEMSOPS_OK, ""};
     gemsops_mainloop used = GEMSOPS_MAINLOOP_AUTO;
+    int staged = 0;
     const int cuda = a.device_type == GEMSOPS_CUDA;
-    const int rc = cuda ? gemsops_matmul_plan_cuda(&p, &s, &used, &st)
+    const int rc = cuda ? gemsops_matmul_plan_cuda(&p, &s, &used, &staged, &st)
                         : gemsops_matmul_plan_cpu(&p, &s, &st);
     if (rc != GEMSOPS_OK) {
         return gemsops_raise(&st);
     }
-    return schedule_tuple(&s, cuda ? mainloop_names[used] : "cpu");
+    static const char *const staged_names[] = {"", "a", "b", "ab"};
+    return schedule_tuple(&s, cuda ? mainloop_names[used] : "cpu",
+                          staged_names[staged & 3]);
 }
 
 PyDoc_STRVAR(
@@ -223,7 +228,8 @@ PyDoc_STRVAR(
     "schedule: 0 auto, 1 data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from\n"
     "the device; mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4\n"
     "wgmma-256, the most capable allowed (operands it cannot take go lower).\n"
-    "CUDA, Stream-K launches only: workspace (uint8), flags (int32, zeroed\n"
+    "CUDA, Stream-K and staging launches only: workspace (uint8), flags\n"
+    "(int32, zeroed\n"
     "once and kept per stream), epoch (this call's flag value, never reused\n"
     "with those flags). With flags None, a launch that needs them does not\n"
     "happen: the call returns (workspace bytes, flag count, stream handle)\n"
@@ -475,7 +481,7 @@ streamk_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     {
         return gemsops_raise(&st);
     }
-    return schedule_tuple(&s, NULL); /* no kernel: mainloop None */
+    return schedule_tuple(&s, NULL, ""); /* no kernel: mainloop None */
 }
 
 PyMethodDef gemsops_matmul_methods[] = {

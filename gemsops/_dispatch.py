@@ -33,6 +33,15 @@ def eager(tensors):
     )
 
 
+def eager_apply(function):
+    """function.apply (a torch.autograd.Function of the old style: no
+    setup_context) without Function.apply's Python layer, which binds
+    default arguments and unwraps functorch's dead wrappers on every call:
+    for the eager path, where eager() has ruled functorch out. The C++
+    half (graph recording, saved tensors, views) is the same."""
+    return super(torch.autograd.Function, function).apply
+
+
 def _cast(value, device_type, dtype):
     if (
         isinstance(value, torch.Tensor)

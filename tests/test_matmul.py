@@ -145,7 +145,12 @@ def test_tensor_core_path_is_taken_when_aligned(dtype):
         assert plan_of(x, y)["mainloop"].startswith(tc)
         assert plan_of(x, y, "mma")["mainloop"] == "mma"
         assert plan_of(x, y, "ffma")["mainloop"] == "ffma"
-    assert plan_of(a[:, :511], b[:511])["mainloop"] == "ffma"  # k % 8
+    # k % 8 with aligned strides: TMA fills past k with zeros, cp.async
+    # cannot
+    assert plan_of(a[:, :511], b[:511])["mainloop"].startswith(
+        "wgmma" if is_sm90() else "ffma"
+    )
+    assert plan_of(a[:, :511], b[:511])["staged"] == ""
     # an M-contiguous A: wgmma reads it in place, mma.sync cannot
     assert plan_of(at, b)["mainloop"].startswith(
         "wgmma" if is_sm90() else "ffma"
@@ -194,6 +199,86 @@ def test_tensor_core_mainloops_every_layout(
             second = gemsops.mm(a, b)
         assert_mm_close(first, a, b, dtype, name=f"{m}x{n}x{k} {used}")
         assert torch.equal(first, second)
+
+
+def odd_view(m, n, dtype):
+    """[m, n], row-major, starting 2 bytes past a 16-byte boundary."""
+    return rand(m * n + 1, dtype=dtype, device="cuda")[1:].view(m, n)
+
+
+# operands TMA cannot describe (a row stride or base off 16 bytes, no unit
+# stride), each with the operands the launch copies for TMA on sm_90a
+STAGED_CASES = {
+    "k71": (lambda d: (rand(200, 71, dtype=d), rand(71, 300, dtype=d)), "ab"),
+    "k1001": (
+        lambda d: (rand(130, 1001, dtype=d), rand(1001, 72, dtype=d)),
+        "a",
+    ),
+    "n333": (lambda d: (rand(64, 256, dtype=d), rand(256, 333, dtype=d)), "b"),
+    "bt_k71": (
+        lambda d: (rand(96, 71, dtype=d), rand(264, 71, dtype=d).t()),
+        "ab",
+    ),
+    "at_m99": (
+        lambda d: (rand(520, 99, dtype=d).t(), rand(520, 136, dtype=d)),
+        "a",
+    ),
+    "offset": (
+        lambda d: (odd_view(136, 264, d), odd_view(264, 200, d)),
+        "ab",
+    ),
+    "broadcast_row": (
+        lambda d: (
+            rand(1, 72, dtype=d).expand(130, 72),
+            rand(72, 80, dtype=d),
+        ),
+        "a",
+    ),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", sorted(STAGED_CASES))
+@pytest.mark.parametrize("sched", ["auto", "data-parallel", "stream-k"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_unaligned_operands_are_staged_for_wgmma(case, sched, dtype):
+    make, staged = STAGED_CASES[case]
+    a, b = (t.cuda() for t in make(dtype))
+    plan = plan_of(a, b)
+    if is_sm90():
+        assert plan["mainloop"].startswith("wgmma"), plan
+        assert plan["staged"] == staged, plan
+    else:
+        assert plan["staged"] == "", plan
+    with schedule(sched, ctas=5 if sched == "stream-k" else 0):
+        first = gemsops.mm(a, b)
+        second = gemsops.mm(a, b)
+    assert_mm_close(first, a, b, dtype, name=f"{case} {plan['mainloop']}")
+    assert torch.equal(first, second)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_staged_operands_batched_bias_and_backward(dtype):
+    # a batch of A staged per batch, B broadcast over it (stride 0: staged
+    # once), the epilogue's bias, and the backward's transposed views
+    a = rand(3, 40, 71, dtype=dtype, device="cuda")
+    b = rand(71, 99, dtype=dtype, device="cuda").expand(3, 71, 99)
+    out = gemsops.bmm(a, b)
+    assert_mm_close(out, a, b, dtype)
+    x = rand(5, 37, 71, dtype=dtype, device="cuda").requires_grad_()
+    w = rand(99, 71, dtype=dtype, device="cuda").requires_grad_()
+    bias = rand(99, dtype=dtype, device="cuda").requires_grad_()
+    y = gemsops.linear(x, w, bias)
+    ref = torch.nn.functional.linear(x.double(), w.double(), bias.double())
+    torch.testing.assert_close(y.double(), ref, rtol=8e-3, atol=2e-2)
+    g = rand(5, 37, 99, dtype=dtype, device="cuda")
+    y.backward(g)
+    g2 = g.reshape(-1, 99)
+    assert_mm_close(x.grad.reshape(-1, 71), g2, w.detach(), dtype, name="dx")
+    assert_mm_close(
+        w.grad, g2.t(), x.detach().reshape(-1, 71), dtype, name="dW"
+    )
 
 
 @pytest.mark.cuda

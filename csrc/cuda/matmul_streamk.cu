@@ -36,6 +36,7 @@
 // benchmark/test_blas_perf.py, or one shape: python tools/mm_probe.py 8192
 // 8192 8192; A/B a change with tools/ab.sh. Measurements:
 // docs/performance.md.
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 
@@ -43,6 +44,7 @@
 #include "gemsops/matmul.h"
 #include "matmul_cost.cuh"
 #include "matmul_mma.cuh"
+#include "matmul_stage.cuh"
 #include "matmul_wgmma.cuh"
 
 namespace gemsops {
@@ -533,6 +535,9 @@ __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
 // Tensor-core mainloops take whole aligned 16-byte chunks: every base and
 // batch stride 16-byte aligned; a K-contiguous operand needs k (and its row
 // stride) a multiple of 8, an MN-contiguous one m or n (and its k stride).
+// That is mma.sync's rule (its cp.async chunks may not cross an edge);
+// TMA fills past the edges with zeros, so for wgmma only the base and the
+// strides count (tma_layout_of).
 struct tc_layout {
     bool a_k, a_m, b_k, b_n;
 };
@@ -551,6 +556,25 @@ tc_layout layout_of(const gemsops_matmul_params *p)
     l.a_m = base && p->a_rs == 1 && p->a_cs % 8 == 0 && p->m % 8 == 0;
     l.b_k = base && p->b_rs == 1 && p->b_cs % 8 == 0 && p->k % 8 == 0;
     l.b_n = base && p->b_cs == 1 && p->b_rs % 8 == 0 && p->n % 8 == 0;
+    return l;
+}
+
+tc_layout tma_layout_of(const gemsops_matmul_params *p)
+{
+    const bool half =
+        (p->dtype == GEMSOPS_FLOAT16 || p->dtype == GEMSOPS_BFLOAT16) &&
+        p->m < INT32_MAX && p->n < INT32_MAX && p->k < INT32_MAX &&
+        p->batch < INT32_MAX; // TMA coordinates are int32
+    auto base = [p, half](const void *q, int64_t bs) {
+        return half && (uintptr_t)q % 16 == 0 &&
+               (bs % 8 == 0 || p->batch == 1);
+    };
+    const bool a = base(p->a, p->a_bs), b = base(p->b, p->b_bs);
+    tc_layout l;
+    l.a_k = a && p->a_cs == 1 && p->a_rs % 8 == 0;
+    l.a_m = a && p->a_rs == 1 && p->a_cs % 8 == 0;
+    l.b_k = b && p->b_rs == 1 && p->b_cs % 8 == 0;
+    l.b_n = b && p->b_cs == 1 && p->b_rs % 8 == 0;
     return l;
 }
 
@@ -703,23 +727,30 @@ void tma_operands(const gemsops_matmul_params *p, const tc_layout &l, int bn,
                : tma_operand{p->b, p->n, p->k, p->b_rs, p->batch, p->b_bs, 64};
 }
 
+bool wgmma_allowed(const gemsops_matmul_params *p, const device_facts &f)
+{
+#ifdef GEMSOPS_HAVE_SM90A
+    return (p->mainloop == GEMSOPS_MAINLOOP_AUTO ||
+            p->mainloop >= GEMSOPS_MAINLOOP_WGMMA_128) &&
+           f.cc_major == 9 && f.cc_minor == 0;
+#else
+    (void)p;
+    (void)f;
+    return false;
+#endif
+}
+
 // The mainloop for these operands on this device: the most capable one the
-// request allows (see gemsops_mainloop); for wgmma, the tile width and
-// schedule the cost model (matmul_cost.cuh) prefers, unless forced.
+// request allows (see gemsops_mainloop); for wgmma (operand layouts tl),
+// the tile width and schedule the cost model (matmul_cost.cuh) prefers,
+// unless forced; for mma.sync, operand layouts l.
 gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
-                               const device_facts &f, const tc_layout &l,
-                               gemsops_sk_mode *mode)
+                               const device_facts &f, const tc_layout &tl,
+                               const tc_layout &l, gemsops_sk_mode *mode)
 {
     gemsops_mainloop want = p->mainloop;
     *mode = p->mode;
-#ifdef GEMSOPS_HAVE_SM90A
-    const bool sm90a = f.cc_major == 9 && f.cc_minor == 0;
-#else
-    const bool sm90a = false;
-#endif
-    const bool wgmma_asked =
-        want == GEMSOPS_MAINLOOP_AUTO || want >= GEMSOPS_MAINLOOP_WGMMA_128;
-    if (wgmma_asked && sm90a && (l.a_k || l.a_m) && (l.b_k || l.b_n)) {
+    if (wgmma_allowed(p, f) && (tl.a_k || tl.a_m) && (tl.b_k || tl.b_n)) {
         int64_t ctas = f.sm_count; // a wgmma CTA fills an SM
         if (p->ctas_override > 0 && p->ctas_override < ctas) {
             ctas = p->ctas_override;
@@ -728,7 +759,7 @@ gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
         *mode = w.mode;
         return w.width;
     }
-    if (wgmma_asked) {
+    if (want == GEMSOPS_MAINLOOP_AUTO || want >= GEMSOPS_MAINLOOP_WGMMA_128) {
         want = GEMSOPS_MAINLOOP_MMA;
     }
     if (want == GEMSOPS_MAINLOOP_MMA &&
@@ -783,27 +814,26 @@ int choose_dtype(gemsops_dtype dtype, gemsops_mainloop m, const tc_layout &l,
     }
 }
 
-int choose(const gemsops_matmul_params *p, kernel_choice *k,
-           gemsops_status *st)
+// encode: build the tensor maps (a launch); without, the choice for these
+// layouts alone (a plan, or a launch's first call, before the workspace
+// that may hold staged operands exists).
+int choose(const gemsops_matmul_params *p, const device_facts &f, bool encode,
+           kernel_choice *k, gemsops_status *st)
 {
-    device_facts f;
-    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
-        return st->code;
-    }
-    const tc_layout l = layout_of(p);
+    const tc_layout l = layout_of(p), tl = tma_layout_of(p);
     gemsops_sk_mode mode;
-    gemsops_mainloop m = pick_mainloop(p, f, l, &mode);
+    gemsops_mainloop m = pick_mainloop(p, f, tl, l, &mode);
+    gemsops_matmul_params lower = *p;
+    lower.mainloop = GEMSOPS_MAINLOOP_MMA;
     tma_operand oa, ob;
-    tma_operands(p, l, m == GEMSOPS_MAINLOOP_WGMMA_256 ? 256 : 128, &oa, &ob);
+    tma_operands(p, tl, m == GEMSOPS_MAINLOOP_WGMMA_256 ? 256 : 128, &oa, &ob);
     if (m >= GEMSOPS_MAINLOOP_WGMMA_128 &&
         (tensor_map_encoder() == nullptr || !tma_describes(oa) ||
          !tma_describes(ob))) {
-        gemsops_matmul_params lower = *p;
-        lower.mainloop = GEMSOPS_MAINLOOP_MMA;
-        m = pick_mainloop(&lower, f, l, &mode);
+        m = pick_mainloop(&lower, f, tl, l, &mode);
     }
     CUtensorMap ta, tb;
-    if (m >= GEMSOPS_MAINLOOP_WGMMA_128) {
+    if (encode && m >= GEMSOPS_MAINLOOP_WGMMA_128) {
         bool ra = false, rb = false;
         if (encode_operand(&ta, p->dtype, oa, &ra, st) != GEMSOPS_OK ||
             (!ra &&
@@ -811,26 +841,25 @@ int choose(const gemsops_matmul_params *p, kernel_choice *k,
             return st->code;
         }
         if (ra || rb) {
-            gemsops_matmul_params lower = *p;
-            lower.mainloop = GEMSOPS_MAINLOOP_MMA;
-            m = pick_mainloop(&lower, f, l, &mode);
+            m = pick_mainloop(&lower, f, tl, l, &mode);
         }
     }
-    if (choose_dtype(p->dtype, m, l, k, st) != GEMSOPS_OK) {
+    const bool wgmma = m >= GEMSOPS_MAINLOOP_WGMMA_128;
+    if (choose_dtype(p->dtype, m, wgmma ? tl : l, k, st) != GEMSOPS_OK) {
         return st->code;
     }
     k->sk_mode = mode;
-    if (m >= GEMSOPS_MAINLOOP_WGMMA_128) {
+    if (wgmma && encode) {
         k->ta = ta;
         k->tb = tb;
     }
     return GEMSOPS_OK;
 }
 
-int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
-         kernel_choice *k, gemsops_status *st)
+int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
+         gemsops_sk_schedule *s, kernel_choice *k, gemsops_status *st)
 {
-    if (choose(p, k, st) != GEMSOPS_OK) {
+    if (choose(p, f, encode, k, st) != GEMSOPS_OK) {
         return st->code;
     }
     int resident = 1;
@@ -847,15 +876,113 @@ int plan(const gemsops_matmul_params *p, gemsops_sk_schedule *s,
     return GEMSOPS_OK;
 }
 
+// ---- staged operands (matmul_stage.cuh) -------------------------------------
+// A wgmma launch stages each operand that has no layout TMA can describe.
+struct staging {
+    staged_operand a, b;
+    bool on_a, on_b;
+
+    bool any() const
+    {
+        return on_a || on_b;
+    }
+    int64_t bytes() const
+    {
+        return (on_a ? a.bytes() : 0) + (on_b ? b.bytes() : 0);
+    }
+    // The copies at `area` (16-byte aligned), and q: p reading them.
+    void place(unsigned char *area, gemsops_matmul_params *q)
+    {
+        if (on_a) {
+            a.dst = reinterpret_cast<uint16_t *>(area);
+            area += a.bytes();
+            q->a = a.dst;
+            q->a_bs = a.staged_bs();
+            q->a_rs = a.staged_rs();
+            q->a_cs = a.staged_cs();
+        }
+        if (on_b) {
+            b.dst = reinterpret_cast<uint16_t *>(area);
+            q->b = b.dst;
+            q->b_bs = b.staged_bs();
+            q->b_rs = b.staged_rs();
+            q->b_cs = b.staged_cs();
+        }
+    }
+    int staged_mask() const
+    {
+        return (on_a ? 1 : 0) | (on_b ? 2 : 0);
+    }
+};
+
+staging plan_staging(const gemsops_matmul_params *p, const device_facts &f)
+{
+    staging sg{};
+    if (!wgmma_allowed(p, f) || p->m == 0 || p->n == 0 || p->k == 0 ||
+        (p->dtype != GEMSOPS_FLOAT16 && p->dtype != GEMSOPS_BFLOAT16) ||
+        p->m >= INT32_MAX || p->n >= INT32_MAX || p->k >= INT32_MAX ||
+        p->batch >= INT32_MAX || tensor_map_encoder() == nullptr) {
+        return sg;
+    }
+    const tc_layout tl = tma_layout_of(p);
+    tma_operand oa, ob;
+    tma_operands(p, tl, 128, &oa, &ob);
+    sg.on_a = !((tl.a_k || tl.a_m) && tma_describes(oa));
+    sg.on_b = !((tl.b_k || tl.b_n) && tma_describes(ob));
+    if (sg.on_a) {
+        sg.a = stage_plan(p->a, p->batch, p->a_bs, p->m, p->a_rs, p->k,
+                          p->a_cs, false);
+    }
+    if (sg.on_b) {
+        sg.b = stage_plan(p->b, p->batch, p->b_bs, p->k, p->b_rs, p->n,
+                          p->b_cs, true);
+    }
+    return sg;
+}
+
+int launch_staging(const staging &sg, const device_facts &f,
+                   cudaStream_t stream, gemsops_status *st)
+{
+    stage_args sa{};
+    int n = 0;
+    int64_t lines = 0;
+    for (const staged_operand *o : {&sg.a, &sg.b}) {
+        if ((o == &sg.a && sg.on_a) || (o == &sg.b && sg.on_b)) {
+            sa.op[n++] = *o;
+            lines = std::max(lines, o->batch * o->lines());
+        }
+    }
+    const unsigned grid = (unsigned)std::min<int64_t>(lines, 8 * f.sm_count);
+    matmul_stage_kernel<<<dim3(grid, (unsigned)n), 256, 0, stream>>>(sa);
+    GEMSOPS_CUDA_CHECK_LAUNCH(st, "matmul_stage_kernel");
+    return GEMSOPS_OK;
+}
+
+// Any 16-byte aligned address: where staged copies are planned before the
+// workspace exists (tensor maps are not encoded then).
+unsigned char *const kPlaceholder = reinterpret_cast<unsigned char *>(256);
+
 int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
            gemsops_status *st)
 {
     need->workspace_bytes = need->flags = 0;
     device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
+    device_facts f;
+    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    // The workspace holds the staged operands first, then the partials.
+    staging sg = plan_staging(p, f);
+    gemsops_matmul_params q = *p;
+    unsigned char *ws = static_cast<unsigned char *>(p->workspace);
+    const bool have_ws = ws != nullptr && p->flags != nullptr;
+    if (sg.any()) {
+        sg.place(have_ws ? ws : kPlaceholder, &q);
+    }
     driver_args a{};
     kernel_choice k;
-    if (plan(p, &a.s, &k, st) != GEMSOPS_OK) {
+    if (plan(&q, f, !sg.any() || have_ws, &a.s, &k, st) != GEMSOPS_OK) {
         return st->code;
     }
     // flags the boundary cannot vouch for may hold any value, this epoch
@@ -869,35 +996,43 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     if (a.s.tiles == 0) {
         return GEMSOPS_OK;
     }
-    if (a.s.sk_tiles > 0) { // only split tiles touch the workspace and flags
-        const int64_t bytes = a.s.ctas * (int64_t)k.bm * k.bn * 4;
+    const int64_t staged = sg.bytes();
+    const int64_t partials =
+        a.s.sk_tiles > 0 ? a.s.ctas * (int64_t)k.bm * k.bn * 4 : 0;
+    if (staged + partials > 0) { // only these touch the workspace and flags
+        const int64_t bytes = staged + partials;
+        const int64_t flags = a.s.sk_tiles > 0 ? a.s.ctas : 1;
         if (p->flags == nullptr) {
             need->workspace_bytes = bytes;
-            need->flags = a.s.ctas;
+            need->flags = flags;
             return GEMSOPS_OK;
         }
-        if (p->workspace_bytes < bytes || p->flag_count < a.s.ctas ||
-            p->epoch == 0) {
+        if (p->workspace_bytes < bytes || p->flag_count < flags ||
+            p->epoch == 0 || ws == nullptr) {
             return gemsops_fail(st, GEMSOPS_ERR_VALUE,
                                 "matmul(): workspace %lld bytes (needs "
                                 "%lld), %lld flags (needs %lld), epoch %u "
                                 "(needs > 0)",
                                 (long long)p->workspace_bytes,
                                 (long long)bytes, (long long)p->flag_count,
-                                (long long)a.s.ctas, p->epoch);
+                                (long long)flags, p->epoch);
         }
+    }
+    if (sg.any() &&
+        launch_staging(sg, f, (cudaStream_t)p->stream, st) != GEMSOPS_OK) {
+        return st->code;
     }
     a.ta = k.ta;
     a.tb = k.tb;
-    a.a = p->a;
-    a.b = p->b;
+    a.a = q.a;
+    a.b = q.b;
     a.c = p->c;
-    a.a_bs = p->a_bs;
-    a.a_rs = p->a_rs;
-    a.a_cs = p->a_cs;
-    a.b_bs = p->b_bs;
-    a.b_rs = p->b_rs;
-    a.b_cs = p->b_cs;
+    a.a_bs = q.a_bs;
+    a.a_rs = q.a_rs;
+    a.a_cs = q.a_cs;
+    a.b_bs = q.b_bs;
+    a.b_rs = q.b_rs;
+    a.b_cs = q.b_cs;
     a.a_m_unit = !k.layout.a_k; // wgmma reads an M-contiguous A in place
     a.b_k_unit = k.layout.b_k;
     a.epilogue = p->bias != nullptr || p->alpha != 1.0f;
@@ -912,7 +1047,8 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
                  (uintptr_t)p->c % 16 == 0;
     a.c_pairs = p->n % 2 == 0 &&
                 (uintptr_t)p->c % (2 * gemsops_dtype_size(p->dtype)) == 0;
-    a.partials = (float *)p->workspace;
+    a.partials =
+        reinterpret_cast<float *>(ws == nullptr ? nullptr : ws + staged);
     a.flags = p->flags;
     a.epoch = p->epoch;
     a.spin_limit = p->spin_limit;
@@ -928,15 +1064,25 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
 extern "C" int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
                                         struct gemsops_sk_schedule *s,
                                         gemsops_mainloop *mainloop,
-                                        gemsops_status *st)
+                                        int *staged, gemsops_status *st)
 {
     gemsops::device_guard guard;
     GEMSOPS_CUDA_CHECK(st, guard.enter(p->device_id));
+    gemsops::device_facts f;
+    if (gemsops::get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    gemsops::staging sg = gemsops::plan_staging(p, f);
+    gemsops_matmul_params q = *p;
+    if (sg.any()) {
+        sg.place(gemsops::kPlaceholder, &q);
+    }
     gemsops::kernel_choice k;
-    if (gemsops::plan(p, s, &k, st) != GEMSOPS_OK) {
+    if (gemsops::plan(&q, f, !sg.any(), s, &k, st) != GEMSOPS_OK) {
         return st->code;
     }
     *mainloop = k.mainloop;
+    *staged = sg.staged_mask();
     return GEMSOPS_OK;
 }
 

@@ -14,7 +14,7 @@ import math
 import torch
 
 from .. import _C
-from .._dispatch import eager
+from .._dispatch import eager, eager_apply
 from . import layer_norm as ln
 from . import rms_norm as rn
 
@@ -103,6 +103,9 @@ class FusedAddNormFunction(torch.autograd.Function):
         )
 
 
+_fused_add_norm_function = eager_apply(FusedAddNormFunction)
+
+
 def _backward(
     gy, gh, h, shape, weight, mean, rstd, rms, want_dx, want_dw, want_db
 ):
@@ -162,7 +165,7 @@ def fused_add_layer_norm(
     _check_residual(input, residual, fn)
     if not eager((input, residual, weight, bias)):
         return _traced(input, residual, shape, weight, bias, eps, False)
-    return FusedAddNormFunction.apply(
+    return _fused_add_norm_function(
         input, residual, shape, weight, bias, eps, False
     )
 
@@ -181,6 +184,6 @@ def fused_add_rms_norm(
     weight = rn._weight_for(input, weight)
     if not eager((input, residual, weight)):
         return _traced(input, residual, shape, weight, None, eps, True)
-    return FusedAddNormFunction.apply(
+    return _fused_add_norm_function(
         input, residual, shape, weight, None, eps, True
     )

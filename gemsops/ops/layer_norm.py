@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C, _workspace
-from .._dispatch import eager, register_autocast
+from .._dispatch import eager, eager_apply, register_autocast
 
 _compiling = torch.compiler.is_compiling
 
@@ -306,6 +306,9 @@ class LayerNormFunction(torch.autograd.Function):
                 grad_out, x, ctx.shape, weight, mean, rstd, *mask, bias=bias
             )
         return dx, None, dw, db, None, None
+
+
+_layer_norm_function = eager_apply(LayerNormFunction)
 
 
 # ---- torch.library ops ---------------------------------------------------
@@ -619,7 +622,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if not eager((input, weight, bias)):
         return _layer_norm_op(input, shape, weight, bias, eps)[0]
     if _needs_grad(input, weight, bias):
-        return LayerNormFunction.apply(input, shape, weight, bias, eps, False)
+        return _layer_norm_function(input, shape, weight, bias, eps, False)
     return _forward(input, shape, weight, bias, eps, want_stats=False)[0]
 
 
@@ -643,7 +646,7 @@ def native_layer_norm(
     if not eager((input, weight, bias)):
         return _layer_norm_op(input, shape, weight, bias, eps)
     if _needs_grad(input, weight, bias):
-        out, mean, rstd = LayerNormFunction.apply(
+        out, mean, rstd = _layer_norm_function(
             input, shape, weight, bias, eps, True
         )
     else:

@@ -10,20 +10,33 @@ import math
 
 import torch
 
-from .._dispatch import eager
+from .._dispatch import eager, eager_apply
 from .matmul import SUPPORTED, _mm, matmul, mm, product_grads
+
+
+def _rows(t):
+    """t [*, k] as [rows, k] (a view where the strides allow)."""
+    if t.dim() == 2:
+        return t
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])  # k may be 0
 
 
 class AddmmFunction(torch.autograd.Function):
     """alpha * mat1 @ mat2 + beta * input through one launch (input
-    broadcast to [m, n], not read when beta == 0)."""
+    broadcast to [m, n], not read when beta == 0). mat1 may carry batch
+    dims ([*, k], linear's input): they fold into the rows here, where
+    the views cost no autograd nodes."""
 
     @staticmethod
     def forward(ctx, input, mat1, mat2, alpha, beta):
         ctx.save_for_backward(mat1, mat2)
         ctx.alpha, ctx.beta = alpha, beta
         ctx.input_shape = input.shape
-        return _mm(mat1, mat2, input if beta != 0 else None, alpha, beta)
+        bias = input if beta != 0 else None
+        out = _mm(_rows(mat1), mat2, bias, alpha, beta)
+        if mat1.dim() == 2:
+            return out
+        return out.view(mat1.shape[:-1] + out.shape[-1:])
 
     @staticmethod
     def backward(ctx, g):
@@ -31,9 +44,11 @@ class AddmmFunction(torch.autograd.Function):
         if g.is_neg():  # C reads raw memory: give it the values
             g = g.resolve_neg()
         product = mm if torch.is_grad_enabled() else _mm  # create_graph
-        ga = g * ctx.alpha if ctx.alpha != 1 else g
+        ga = _rows(g * ctx.alpha if ctx.alpha != 1 else g)
         need = ctx.needs_input_grad
-        d1, d2 = product_grads(product, mat1, mat2, ga, need[1:])
+        d1, d2 = product_grads(product, _rows(mat1), mat2, ga, need[1:])
+        if d1 is not None and mat1.dim() != 2:
+            d1 = d1.reshape(mat1.shape)
         di = None
         if need[0]:
             gb = g * ctx.beta if ctx.beta not in (0, 1) else g
@@ -43,17 +58,37 @@ class AddmmFunction(torch.autograd.Function):
         return di, d1, d2, None, None
 
 
-def _epilogue_ok(bias, *mats):
+_addmm_function = eager_apply(AddmmFunction)
+
+
+def _epilogue_ok(bias, a, b):
     """Eager, valid tensors the fused launch takes: one supported dtype,
-    one device (the full checks stay on the other path)."""
-    ts = (bias,) + mats
+    one device (the full checks stay on the other path). Spelled out, not
+    looped: it runs on every call."""
+    Tensor = torch.Tensor
     return (
-        all(isinstance(t, torch.Tensor) for t in ts)
-        and eager(ts)
-        and mats[0].dtype in SUPPORTED
-        and all(t.dtype == mats[0].dtype for t in ts)
-        and all(t.device == mats[0].device for t in ts)
+        isinstance(bias, Tensor)
+        and isinstance(a, Tensor)
+        and isinstance(b, Tensor)
+        and eager((bias, a, b))
+        and a.dtype in SUPPORTED
+        and bias.dtype == a.dtype
+        and b.dtype == a.dtype
+        and bias.device == a.device
+        and b.device == a.device
     )
+
+
+def _addmm(bias, mat1, mat2, alpha, beta):
+    """The fused launch, through autograd only when it records."""
+    if torch.is_grad_enabled() and (
+        bias.requires_grad or mat1.requires_grad or mat2.requires_grad
+    ):
+        return _addmm_function(bias, mat1, mat2, alpha, beta)
+    out = _mm(_rows(mat1), mat2, bias if beta != 0 else None, alpha, beta)
+    if mat1.dim() == 2:
+        return out
+    return out.view(mat1.shape[:-1] + out.shape[-1:])
 
 
 def _plain(t):
@@ -76,9 +111,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
         and input.dim() <= 2
         and _broadcasts(input.shape, (mat1.shape[0], mat2.shape[1]))
     ):
-        return AddmmFunction.apply(
-            _plain(input), _plain(mat1), _plain(mat2), alpha, beta
-        )
+        return _addmm(_plain(input), _plain(mat1), _plain(mat2), alpha, beta)
     c = mm(mat1, mat2)
     if input.dtype != c.dtype and not torch.is_autocast_enabled(c.device.type):
         raise RuntimeError(
@@ -135,10 +168,7 @@ def linear(input, weight, bias=None):
         and input.shape[-1] == weight.shape[1]
         and tuple(bias.shape) == (weight.shape[0],)
     ):
-        rows = math.prod(input.shape[:-1])  # not -1: k may be 0
-        x2 = _plain(input).reshape(rows, input.shape[-1])
-        y = AddmmFunction.apply(_plain(bias), x2, _plain(weight).t(), 1, 1)
-        return y.reshape(tuple(input.shape[:-1]) + (weight.shape[0],))
+        return _addmm(_plain(bias), _plain(input), _plain(weight).t(), 1, 1)
     y = matmul(input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
         return y

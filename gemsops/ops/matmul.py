@@ -22,7 +22,7 @@ import os
 import torch
 
 from .. import _C, _workspace
-from .._dispatch import eager, register_autocast
+from .._dispatch import eager, eager_apply, register_autocast
 
 _compiling = torch.compiler.is_compiling
 
@@ -163,6 +163,9 @@ class MatmulFunction(torch.autograd.Function):
         return _grads(ctx, a, b, grad, not torch.is_grad_enabled())
 
 
+_matmul_function = eager_apply(MatmulFunction)
+
+
 def transposed(t):
     """t is the transpose of a contiguous tensor (a weight's .t(), say)."""
     return t.dim() >= 2 and not t.is_contiguous() and t.mT.is_contiguous()
@@ -289,7 +292,7 @@ def _product(a, b):
     if not eager((a, b)):
         return _OPS[a.dim()](a, b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        return MatmulFunction.apply(a, b)
+        return _matmul_function(a, b)
     return _mm(a, b)
 
 

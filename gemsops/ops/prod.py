@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from .. import _C, _workspace
-from .._dispatch import eager, register_autocast
+from .._dispatch import eager, eager_apply, register_autocast
 
 _compiling = torch.compiler.is_compiling
 
@@ -130,6 +130,9 @@ class ProdFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             return _prod_backward_op(x, ctx.dim, grad), None
         return _backward(x, ctx.dim, grad), None
+
+
+_prod_function = eager_apply(ProdFunction)
 
 
 # ---- torch.library ops ---------------------------------------------------
@@ -286,7 +289,7 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
         and input.requires_grad
         and input.is_floating_point()
     ):
-        out = ProdFunction.apply(x, d)
+        out = _prod_function(x, d)
     else:
         out = _forward(x, d)
     if cast is not None:

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C
-from .._dispatch import eager
+from .._dispatch import eager, eager_apply
 from . import layer_norm as ln
 
 
@@ -107,6 +107,9 @@ class RMSNormFunction(torch.autograd.Function):
         else:
             dx, dw = _backward(grad_out, x, ctx.shape, weight, rstd, *mask)
         return dx, None, dw, None
+
+
+_rms_norm_function = eager_apply(RMSNormFunction)
 
 
 # ---- torch.library ops ---------------------------------------------------
@@ -281,5 +284,5 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     if not eager((input, weight)):
         return _rms_norm_op(input, shape, weight, eps)[0]
     if ln._needs_grad(input, weight, None):
-        return RMSNormFunction.apply(input, shape, weight, eps)
+        return _rms_norm_function(input, shape, weight, eps)
     return _forward(input, shape, weight, eps, want_rstd=False)[0]

@@ -44,7 +44,7 @@ struct gemsops_matmul_params {
     gemsops_mainloop mainloop; /* CUDA: the most capable mainloop allowed  */
     int two_tiles; /* hybrid: one more wave joins Stream-K       */
     int64_t ctas_override; /* >0: use this many CTAs (tests), else device */
-    void *workspace; /* CUDA: fp32 partial tiles, one per CTA      */
+    void *workspace; /* CUDA: staged operands, fp32 partial tiles */
     int64_t workspace_bytes;
     unsigned *flags; /* CUDA: one per CTA, persistent; see epoch   */
     int64_t flag_count;
@@ -64,20 +64,23 @@ struct gemsops_matmul_params {
     void *stream;
 };
 
-/* What a Stream-K launch takes beyond the operands: the caller's fp32
- * workspace (bytes) and flags (count), kept per stream by the caller. */
+/* What a launch takes beyond the operands when it splits tiles (Stream-K)
+ * or stages operands: the caller's workspace (bytes) and flags (count),
+ * kept per stream by the caller. */
 struct gemsops_matmul_need {
     int64_t workspace_bytes;
     int64_t flags;
 };
 
-/* The schedule the launch will use (tile shape, grid, regions) and the
- * mainloop it runs (*mainloop). */
+/* The schedule the launch will use (tile shape, grid, regions), the
+ * mainloop it runs (*mainloop) and the operands it first copies into its
+ * workspace for TMA (*staged: 1 for A, 2 for B; csrc/cuda/matmul_stage.cuh). */
 int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
                              struct gemsops_sk_schedule *s,
-                             gemsops_mainloop *mainloop, gemsops_status *st);
+                             gemsops_mainloop *mainloop, int *staged,
+                             gemsops_status *st);
 /* Launches C = A.B. A schedule that splits tiles (Stream-K) needs a
- * workspace and flags: when p->flags is NULL it launches nothing and sets
+ * workspace and flags (so does one staging an operand): when p->flags is NULL it launches nothing and sets
  * *need (zeros otherwise), so a caller allocates them only when used. */
 /* Launches whose operands TMA was asked to describe and the driver
  * refused (CUDA_ERROR_INVALID_VALUE): they ran the mma mainloop instead. */
