@@ -1,10 +1,13 @@
 #!/bin/bash
 # The matmul's device call: build for Hopper, what ptxas and the SASS say
 # of the wgmma kernels, the matmul tests, then timings: a probe of named
-# shapes, the GPT-style step (benchmark/gpt_step.py) and the corpus
+# shapes, the GPT-style step (benchmark/gpt_step.py), the host cost of
+# one call and the corpus
 # (benchmark/test_blas_perf.py). Logs and result JSONs land in $OUT.
 # usage: bash tools/device_matmul.sh
 #   BUILD=0 (a warm machine's build kept) / TESTS=0 / PROBE=0 / GPT=0 /
+#   HOST=0 (benchmark/host_cost.py) /
+#   TEST_PATHS: the test files (default: tests) /
 #   BENCH=0 skip a stage; PROBE_SHAPES: the probe's shapes
 #   (tools/mm_probe.py); GEMSOPS_BENCH_CORPUS: the corpus's size
 set -o pipefail
@@ -38,7 +41,7 @@ PY
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 if [ "${TESTS:-1}" = 1 ]; then
     t0=$(date +%s)
-    timeout "${TEST_LIMIT:-300}" python3 -m pytest tests -m cuda -q \
+    timeout "${TEST_LIMIT:-300}" python3 -m pytest ${TEST_PATHS:-tests} -m cuda -q \
         --ignore=tests/fuzz -p no:cacheprovider ${TEST_ARGS:-} \
         > "$OUT/pytest_cuda.log" 2>&1
     echo "pytest -m cuda: exit $? in $(( $(date +%s) - t0 )) s"
@@ -54,6 +57,9 @@ if [ "${GPT:-1}" = 1 ]; then
         --json "$OUT/gpt_step.jsonl" ${GPT_ARGS:-} 2>&1 | tail -${GPT_TAIL:-2}
     timeout 150 python3 benchmark/gpt_step.py --tokens 4x1024 --d 2048 \
         --json "$OUT/gpt_step.jsonl" ${GPT_ARGS:-} 2>&1 | tail -${GPT_TAIL:-2}
+fi
+if [ "${HOST:-1}" = 1 ]; then
+    timeout 120 python3 benchmark/host_cost.py --device cuda 2>&1 | tee "$OUT/host_cost.txt"
 fi
 if [ "${BENCH:-1}" = 1 ]; then
     touch /tmp/bench_start

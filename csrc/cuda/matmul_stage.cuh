@@ -96,23 +96,50 @@ struct stage_args {
     staged_operand op[2];
 };
 
-// Block y copies operand y; blocks stride over its lines and threads over
-// a line, so consecutive threads touch consecutive elements of both the
-// source (its unit stride runs along the line) and the copy.
-__global__ void __launch_bounds__(256) matmul_stage_kernel(stage_args a)
+// A block copies chunks of kStageChunk elements of one line, each thread
+// kStageUnroll of them, all loads issued before the stores: a line of a
+// few thousand elements is many chunks on many SMs, not one block waiting
+// on one DRAM round trip after another. Consecutive threads touch
+// consecutive elements of the source (its unit stride runs along the
+// line) and of the copy. Block y copies operand y.
+constexpr int kStageThreads = 256, kStageUnroll = 4;
+constexpr int kStageChunk = kStageThreads * kStageUnroll;
+
+__global__ void __launch_bounds__(kStageThreads)
+    matmul_stage_kernel(stage_args a)
 {
     const staged_operand &o = a.op[blockIdx.y];
     const int64_t lines = o.lines(), len = o.line_len();
+    const int64_t chunks = (len + kStageChunk - 1) / kStageChunk;
     const int64_t along = o.by_rows ? o.cs : o.rs;
     const int64_t across = o.by_rows ? o.rs : o.cs;
-    for (int64_t l = blockIdx.x; l < o.batch * lines; l += gridDim.x) {
-        const int64_t b = l / lines, y = l % lines;
-        const uint16_t *src = o.src + b * o.bs + y * across;
+    for (int64_t item = blockIdx.x; item < o.batch * lines * chunks;
+         item += gridDim.x) {
+        const int64_t l = item / chunks;
+        const int64_t x0 = item % chunks * kStageChunk + threadIdx.x;
+        const uint16_t *src = o.src + l / lines * o.bs + l % lines * across;
         uint16_t *dst = o.dst + l * o.ld;
-        for (int64_t x = threadIdx.x; x < len; x += blockDim.x) {
-            dst[x] = __ldg(src + x * along);
+        uint16_t v[kStageUnroll];
+#pragma unroll
+        for (int u = 0; u < kStageUnroll; u++) {
+            const int64_t x = x0 + u * kStageThreads;
+            v[u] = x < len ? __ldg(src + x * along) : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < kStageUnroll; u++) {
+            const int64_t x = x0 + u * kStageThreads;
+            if (x < len) {
+                dst[x] = v[u];
+            }
         }
     }
+}
+
+// The launch's work items (line chunks) of one operand.
+inline int64_t stage_items(const staged_operand &o)
+{
+    return o.batch * o.lines() *
+           ((o.line_len() + kStageChunk - 1) / kStageChunk);
 }
 
 } // namespace gemsops

@@ -945,15 +945,16 @@ int launch_staging(const staging &sg, const device_facts &f,
 {
     stage_args sa{};
     int n = 0;
-    int64_t lines = 0;
+    int64_t items = 0;
     for (const staged_operand *o : {&sg.a, &sg.b}) {
         if ((o == &sg.a && sg.on_a) || (o == &sg.b && sg.on_b)) {
             sa.op[n++] = *o;
-            lines = std::max(lines, o->batch * o->lines());
+            items = std::max(items, stage_items(*o));
         }
     }
-    const unsigned grid = (unsigned)std::min<int64_t>(lines, 8 * f.sm_count);
-    matmul_stage_kernel<<<dim3(grid, (unsigned)n), 256, 0, stream>>>(sa);
+    const unsigned grid = (unsigned)std::min<int64_t>(items, 8 * f.sm_count);
+    matmul_stage_kernel<<<dim3(grid, (unsigned)n), kStageThreads, 0, stream>>>(
+        sa);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "matmul_stage_kernel");
     return GEMSOPS_OK;
 }
