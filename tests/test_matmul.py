@@ -201,26 +201,29 @@ def test_tensor_core_mainloops_every_layout(
         assert torch.equal(first, second)
 
 
+def cu(*shape, dtype):
+    """Made on the GPU: .cuda() of a strided or broadcast view would copy
+    it to a dense layout."""
+    return rand(*shape, dtype=dtype, device="cuda")
+
+
 def odd_view(m, n, dtype):
     """[m, n], row-major, starting 2 bytes past a 16-byte boundary."""
-    return rand(m * n + 1, dtype=dtype, device="cuda")[1:].view(m, n)
+    return cu(m * n + 1, dtype=dtype)[1:].view(m, n)
 
 
 # operands TMA cannot describe (a row stride or base off 16 bytes, no unit
 # stride), each with the operands the launch copies for TMA on sm_90a
 STAGED_CASES = {
-    "k71": (lambda d: (rand(200, 71, dtype=d), rand(71, 300, dtype=d)), "ab"),
-    "k1001": (
-        lambda d: (rand(130, 1001, dtype=d), rand(1001, 72, dtype=d)),
-        "a",
-    ),
-    "n333": (lambda d: (rand(64, 256, dtype=d), rand(256, 333, dtype=d)), "b"),
+    "k71": (lambda d: (cu(200, 71, dtype=d), cu(71, 300, dtype=d)), "ab"),
+    "k1001": (lambda d: (cu(130, 1001, dtype=d), cu(1001, 72, dtype=d)), "a"),
+    "n333": (lambda d: (cu(64, 256, dtype=d), cu(256, 333, dtype=d)), "b"),
     "bt_k71": (
-        lambda d: (rand(96, 71, dtype=d), rand(264, 71, dtype=d).t()),
+        lambda d: (cu(96, 71, dtype=d), cu(264, 71, dtype=d).t()),
         "ab",
     ),
     "at_m99": (
-        lambda d: (rand(520, 99, dtype=d).t(), rand(520, 136, dtype=d)),
+        lambda d: (cu(520, 99, dtype=d).t(), cu(520, 136, dtype=d)),
         "a",
     ),
     "offset": (
@@ -228,7 +231,11 @@ STAGED_CASES = {
         "ab",
     ),
     "no_unit_stride": (
-        lambda d: (rand(130, 144, dtype=d)[:, ::2], rand(72, 80, dtype=d)),
+        lambda d: (cu(130, 144, dtype=d)[:, ::2], cu(72, 80, dtype=d)),
+        "a",
+    ),
+    "broadcast_row": (
+        lambda d: (cu(1, 72, dtype=d).expand(130, 72), cu(72, 80, dtype=d)),
         "a",
     ),
 }
@@ -240,7 +247,7 @@ STAGED_CASES = {
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_unaligned_operands_are_staged_for_wgmma(case, sched, dtype):
     make, staged = STAGED_CASES[case]
-    a, b = (t.cuda() for t in make(dtype))
+    a, b = make(dtype)
     plan = plan_of(a, b)
     if is_sm90():
         assert plan["mainloop"].startswith("wgmma"), plan
