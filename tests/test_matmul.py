@@ -234,6 +234,12 @@ STAGED_CASES = {
         lambda d: (cu(130, 144, dtype=d)[:, ::2], cu(72, 80, dtype=d)),
         "a",
     ),
+    # nothing staged: aligned strides, n % 8 != 0 (C leaves the tile
+    # element by element through shared memory)
+    "n100_view": (
+        lambda d: (cu(128, 64, dtype=d), cu(64, 104, dtype=d)[:, :100]),
+        "",
+    ),
     "broadcast_row": (
         lambda d: (cu(1, 72, dtype=d).expand(130, 72), cu(72, 80, dtype=d)),
         "a",
@@ -276,6 +282,14 @@ def test_staged_operands_batched_bias_and_backward(dtype):
     y = gemsops.linear(x, w, bias)
     ref = torch.nn.functional.linear(x.double(), w.double(), bias.double())
     torch.testing.assert_close(y.double(), ref, rtol=8e-3, atol=2e-2)
+    # the epilogue's full [m, n] addend, beside C's odd row length
+    inp = cu(40, 99, dtype=dtype)
+    m1, m2 = cu(40, 64, dtype=dtype), cu(64, 99, dtype=dtype)
+    out = gemsops.addmm(inp, m1, m2, beta=0.5, alpha=2.0)
+    ref = torch.addmm(
+        inp.double(), m1.double(), m2.double(), beta=0.5, alpha=2.0
+    )
+    torch.testing.assert_close(out.double(), ref, rtol=8e-3, atol=5e-2)
     g = rand(5, 37, 99, dtype=dtype, device="cuda")
     y.backward(g)
     g2 = g.reshape(-1, 99)

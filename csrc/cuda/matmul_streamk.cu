@@ -62,6 +62,7 @@ struct driver_args {
     bool a_m_unit, b_k_unit; // tensor-core operand layouts (planner's pick)
     bool c_pairs; // C's rows take 2-element stores (n even, aligned)
     bool c_chunks; // ... and 16-byte stores (n % 8 == 0, aligned)
+    bool c_staged; // the tile leaves through shared memory (2-byte C)
     float *partials; // [ctas][BM * BN] when sk_tiles > 0
     unsigned *flags; // [ctas]
     unsigned epoch;
@@ -315,7 +316,7 @@ struct tc_mainloop {
                                  const float (&acc)[kAcc], smem_t &sm)
     {
         if constexpr (M::kTma) {
-            if (p.c_chunks) {
+            if (p.c_staged) {
                 int64_t bt, tm, tn;
                 gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
                 T *C = (T *)p.c + bt * p.s.m * p.s.n;
@@ -324,16 +325,16 @@ struct tc_mainloop {
                                           bt * p.bias_bs,
                                       p.bias_cs, tn * BN, p.s.n, p.beta, sm);
                     M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
-                                    row_bias_op{sm.bias_row, tn * BN,
-                                                p.alpha});
+                                    row_bias_op{sm.bias_row, tn * BN, p.alpha},
+                                    p.c_chunks);
                 }
                 else if (p.epilogue) {
                     M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
-                                    epilogue_op<T>(p, bt));
+                                    epilogue_op<T>(p, bt), p.c_chunks);
                 }
                 else {
                     M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
-                                    no_epilogue());
+                                    no_epilogue(), p.c_chunks);
                 }
                 return true;
             }
@@ -1046,6 +1047,7 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     // 16-byte rows of C: the staged epilogue (with or without a bias)
     a.c_chunks = gemsops_dtype_size(p->dtype) == 2 && p->n % 8 == 0 &&
                  (uintptr_t)p->c % 16 == 0;
+    a.c_staged = gemsops_dtype_size(p->dtype) == 2;
     a.c_pairs = p->n % 2 == 0 &&
                 (uintptr_t)p->c % (2 * gemsops_dtype_size(p->dtype)) == 0;
     a.partials =

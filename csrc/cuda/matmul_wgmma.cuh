@@ -419,17 +419,19 @@ struct wgmma_mainloop {
         }
     }
 
-    // The tile at (r0, c0) of C (row stride n, 16-byte aligned rows: n %
-    // 8 == 0) from epi.apply(acc, epi.addends(row, col)), through the
-    // warp's staging slice:
+    // The tile at (r0, c0) of C (row stride n) from epi.apply(acc,
+    // epi.addends(row, col)), through the warp's staging slice:
     // each warp holds 16 rows; per 64 columns its lanes write their pairs
-    // (rows of 4 lanes x 2 values), then copy 16-byte chunks out, 8 lanes a
-    // 128-byte row piece. 8 full-sector stores a lane instead of 32-64
-    // half-sector ones.
+    // (rows of 4 lanes x 2 values), then copy them out. chunks (16-byte
+    // aligned rows: n % 8 == 0): 16-byte chunks, 8 lanes a 128-byte row
+    // piece, 8 full-sector stores a lane instead of 32-64 half-sector
+    // ones; else element by element, a warp's store 32 neighbours of one
+    // row (C's direct stores from the fragments would write 8 rows a
+    // store, 4 bytes of each sector they touch).
     template <typename E>
     static __device__ void store_staged(T *C, int64_t m, int64_t n, int64_t r0,
                                         int64_t c0, const float (&acc)[kAcc],
-                                        smem_t &sm, E epi)
+                                        smem_t &sm, E epi, bool chunks)
     {
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
         uint32_t *st = sm.stage[warp];
@@ -467,6 +469,21 @@ struct wgmma_mainloop {
                 }
             }
             __syncwarp();
+            if (!chunks) {
+                const unsigned short *s16 =
+                    reinterpret_cast<const unsigned short *>(st);
+                unsigned short *d = reinterpret_cast<unsigned short *>(C);
+#pragma unroll 4
+                for (int t = 0; t < 32; t++) {
+                    const int row = t / 2, col = (t % 2) * 32 + lane;
+                    const int64_t gr = rows + row, gc = c0 + cc * 64 + col;
+                    if (gr < m && gc < n) {
+                        d[gr * n + gc] = s16[row * 2 * kStageRow + col];
+                    }
+                }
+                __syncwarp(); // the slice is rewritten by the next 64 columns
+                continue;
+            }
 #pragma unroll
             for (int t = 0; t < 4; t++) {
                 const int idx = t * 32 + lane, row = idx / 8, ch = idx % 8;
