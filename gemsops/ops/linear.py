@@ -21,6 +21,15 @@ def _rows(t):
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])  # k may be 0
 
 
+def _fused(input, mat1, mat2, alpha, beta):
+    """alpha * mat1 @ mat2 + beta * input, one launch, no autograd; mat1's
+    batch dims fold into the rows and come back on the result."""
+    out = _mm(_rows(mat1), mat2, input if beta != 0 else None, alpha, beta)
+    if mat1.dim() == 2:
+        return out
+    return out.view(mat1.shape[:-1] + out.shape[-1:])
+
+
 class AddmmFunction(torch.autograd.Function):
     """alpha * mat1 @ mat2 + beta * input through one launch (input
     broadcast to [m, n], not read when beta == 0). mat1 may carry batch
@@ -32,11 +41,7 @@ class AddmmFunction(torch.autograd.Function):
         ctx.save_for_backward(mat1, mat2)
         ctx.alpha, ctx.beta = alpha, beta
         ctx.input_shape = input.shape
-        bias = input if beta != 0 else None
-        out = _mm(_rows(mat1), mat2, bias, alpha, beta)
-        if mat1.dim() == 2:
-            return out
-        return out.view(mat1.shape[:-1] + out.shape[-1:])
+        return _fused(input, mat1, mat2, alpha, beta)
 
     @staticmethod
     def backward(ctx, g):
@@ -85,10 +90,7 @@ def _addmm(bias, mat1, mat2, alpha, beta):
         bias.requires_grad or mat1.requires_grad or mat2.requires_grad
     ):
         return _addmm_function(bias, mat1, mat2, alpha, beta)
-    out = _mm(_rows(mat1), mat2, bias if beta != 0 else None, alpha, beta)
-    if mat1.dim() == 2:
-        return out
-    return out.view(mat1.shape[:-1] + out.shape[-1:])
+    return _fused(bias, mat1, mat2, alpha, beta)
 
 
 def _plain(t):
