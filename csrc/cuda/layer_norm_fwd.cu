@@ -52,17 +52,16 @@ __host__ __device__ constexpr int fwd_elems()
     return 4 * 16 / sizeof(T);
 }
 
-// Widest thread group per row. bf16 and fp32: 1024 threads hold rows up
-// to 32768 bf16 or 16384 fp32 elements in registers, read once; that beat
-// 256/512 threads and the looped kernel. A lone 1024-thread CTA per SM
-// idles in its barriers, but the looped kernel's second pass over L2 cost
-// more. fp16 stays at 256: in registers at 512 threads it was slower than
-// looped (bf16 with the same plan was not); fp64 at 512 (its registers
-// double). Longer rows go to the looped kernel.
+// Widest thread group per row. Half types and fp32: 1024 threads hold
+// rows up to 32768 half or 16384 fp32 elements in registers, read once;
+// that beat 256/512 threads and the looped kernel. A lone 1024-thread CTA
+// per SM idles in its barriers, but the looped kernel's second pass over
+// L2 cost more. fp64 at 512 (its registers double). Longer rows go to the
+// looped kernel.
 template <typename T>
 constexpr int fwd_max_tpr()
 {
-    return sizeof(T) == 8 ? 512 : std::is_same_v<T, __half> ? 256 : 1024;
+    return sizeof(T) == 8 ? 512 : 1024;
 }
 
 template <typename T, typename P>
@@ -102,7 +101,7 @@ constexpr int fwd_min_ctas(int block)
     return block > 512 ? 1 : block == 512 ? 2 : 768 / block;
 }
 
-template <typename T, typename P, int TPR, int VEC>
+template <typename T, typename P, int TPR, int VEC, bool ADD>
 __global__ void __launch_bounds__(layer_norm_block_threads(TPR),
                                   fwd_min_ctas(layer_norm_block_threads(TPR)))
     layer_norm_fwd_registers(const fwd_args<T, P> a)
@@ -136,7 +135,7 @@ __global__ void __launch_bounds__(layer_norm_block_threads(TPR),
         for (int i = 0; i < ITEMS; i++) {
             if (row_ok && i * STEP < lim) {
                 xv[i] = load_vec<T, VEC>(xr + i * STEP);
-                if (a.res) { // the fused add: normalize h, write it
+                if constexpr (ADD) { // the fused add: normalize h, write it
                     add_rounded(xv[i],
                                 load_vec<T, VEC>(a.res + row * a.res_stride +
                                                  col0 + i * STEP));
@@ -167,12 +166,15 @@ __global__ void __launch_bounds__(layer_norm_block_threads(TPR),
         A dev[2] = {0, 0};
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
+            // an item is whole or absent: cols and every row start are
+            // multiples of VEC
+            if (i * STEP < lim) {
 #pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                const A d = widen<A>(xv[i].v[v]) - mean0;
-                const bool in = i * STEP + v < lim;
-                dev[0] += in ? d * d : A(0);
-                dev[1] += in ? d : A(0);
+                for (int v = 0; v < VEC; v++) {
+                    const A d = widen<A>(xv[i].v[v]) - mean0;
+                    dev[0] += d * d;
+                    dev[1] += d;
+                }
             }
         }
         row_sum<TPR, 2>(dev, red, parity);
@@ -204,14 +206,11 @@ __global__ void __launch_bounds__(layer_norm_block_threads(TPR),
             A out[VEC];
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
-                A y = (widen<A>(xv[i].v[v]) - mean) * rstd;
-                if (a.w) {
-                    y *= to_acc<A>(wv.v[v]);
-                }
-                if (a.b) {
-                    y += to_acc<A>(bv.v[v]);
-                }
-                out[v] = y;
+                // (x - mean) * (rstd * w) + b: one multiply and one fma
+                // after the exact difference
+                const A scale = a.w ? rstd * to_acc<A>(wv.v[v]) : rstd;
+                const A d = widen<A>(xv[i].v[v]) - mean;
+                out[v] = a.b ? fma(d, scale, to_acc<A>(bv.v[v])) : d * scale;
             }
             store_rounded<T, VEC>(a.y + row * a.y_stride + col0 + i * STEP,
                                   out);
@@ -266,37 +265,20 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &mc, A &m2, A nb,
     n = nab;
 }
 
-// Threads per row in the looped kernel: 256 for half rows up to 16384
-// elements (whole chunks, four CTAs per SM; only fp16 rows that short are
-// looped), 512 beyond and for fp32/fp64 (more bytes per chunk for very
-// long rows). At 512 threads two rows a SM are in flight (two CTAs: their
-// registers). Where those rows overflow L2 and one a SM fits, 1024 threads
-// a row: pass 2 then re-reads from L2. Where neither fits, 1024 gains
-// nothing.
-constexpr int64_t kLooped256MaxCols = 16384;
-
+// Threads per row in the looped kernel: 512 (more bytes per chunk for
+// very long rows; two rows a SM in flight, two CTAs: their registers).
+// Where those rows overflow L2 and one a SM fits, 1024 threads a row: pass
+// 2 then re-reads from L2. Where neither fits, 1024 gains nothing.
 template <typename T>
 int looped_block_for(int64_t cols, const device_facts &f)
 {
-    const int block = sizeof(T) == 2 && cols <= kLooped256MaxCols ? 256 : 512;
     const int64_t one_row_a_sm = (int64_t)f.sm_count * cols * sizeof(T);
     const bool overflows = 2 * one_row_a_sm > f.l2_bytes;
     const bool one_fits = one_row_a_sm <= f.l2_bytes;
-    return block == 512 && overflows && one_fits ? 1024 : block;
+    return overflows && one_fits ? 1024 : 512;
 }
 
-// looped_block_for picks 256 only for half rows of at most
-// kLooped256MaxCols elements, and rows are looped only past fwd_max_tpr *
-// fwd_elems: bf16 (32768) never gets a 256-thread looped kernel, fp32 and
-// fp64 never do.
-template <typename T>
-constexpr bool looped_may_take_256()
-{
-    return sizeof(T) == 2 &&
-           fwd_max_tpr<T>() * fwd_elems<T>() < kLooped256MaxCols;
-}
-
-template <typename T, typename P, int VEC, int BLOCK>
+template <typename T, typename P, int VEC, int BLOCK, bool ADD>
 __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     layer_norm_fwd_looped(const fwd_args<T, P> a)
 {
@@ -304,8 +286,10 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     using A = acc_t<T>;
     // Four 16-byte accesses a chunk for every type, 64 B in flight a
     // thread while pass 1 streams from DRAM (two for the half types were
-    // slower; six for fp32 gained nothing).
-    constexpr int U = 4;
+    // slower; six for fp32 gained nothing). The fused add loads two
+    // operands an access: two accesses keep the same bytes in flight, and
+    // four spilled.
+    constexpr int U = ADD ? 2 : 4;
     constexpr int STEP = kLoopedBlock * VEC; // columns between accesses
     constexpr int CHUNK = STEP * U;
     constexpr int WARPS = kLoopedBlock / 32;
@@ -324,7 +308,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             for (int u = 0; u < U; u++) {
                 if (u * STEP < lim) {
                     xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
-                    if (a.res) { // h written here, formed again in pass 2
+                    if constexpr (
+                        ADD) { // h written here, formed again in pass 2
                         const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
                         add_rounded(xv[u],
                                     load_vec<T, VEC>(a.res +
@@ -409,7 +394,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 // rows still waiting for their pass 2 (no gain where the
                 // rows in flight exceed L2 anyway)
                 vec_t<T, VEC> xv = load_vec_last<T, VEC>(xr + c0 + u * STEP);
-                if (a.res) { // h from its inputs, not from what pass 1
+                if constexpr (ADD) { // h from its inputs, not from what pass 1
                     // wrote (no read of this kernel's own writes)
                     add_rounded(xv, load_vec_last<T, VEC>(
                                         a.res + row * a.res_stride + c));
@@ -476,46 +461,55 @@ inline unsigned fwd_grid(int64_t row_groups)
     return (unsigned)std::min<int64_t>(row_groups, (int64_t)1 << 30);
 }
 
+// The fused add (x's partner res given) is its own kernel: it loads twice
+// the bytes a step, and its extra pointers would cost the plain one
+// registers.
 template <typename T, typename P, int TPR, int VEC>
 int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     const int64_t rows_per_cta = layer_norm_block_threads(TPR) / TPR;
-    layer_norm_fwd_registers<T, P, TPR, VEC>
-        <<<fwd_grid((p->rows + rows_per_cta - 1) / rows_per_cta),
-           layer_norm_block_threads(TPR), 0, (cudaStream_t)p->stream>>>(
-            make_args<T, P>(p));
+    const unsigned grid =
+        fwd_grid((p->rows + rows_per_cta - 1) / rows_per_cta);
+    const int block = layer_norm_block_threads(TPR);
+    cudaStream_t stream = (cudaStream_t)p->stream;
+    if (p->residual) {
+        layer_norm_fwd_registers<T, P, TPR, VEC, true>
+            <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+    }
+    else {
+        layer_norm_fwd_registers<T, P, TPR, VEC, false>
+            <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+    }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_registers");
     return GEMSOPS_OK;
+}
+
+template <typename T, typename P, int VEC, int BLOCK>
+void launch_looped(const gemsops_layer_norm_fwd_params *p)
+{
+    cudaStream_t stream = (cudaStream_t)p->stream;
+    if (p->residual) {
+        layer_norm_fwd_looped<T, P, VEC, BLOCK, true>
+            <<<fwd_grid(p->rows), BLOCK, 0, stream>>>(make_args<T, P>(p));
+    }
+    else {
+        layer_norm_fwd_looped<T, P, VEC, BLOCK, false>
+            <<<fwd_grid(p->rows), BLOCK, 0, stream>>>(make_args<T, P>(p));
+    }
 }
 
 template <typename T, typename P, int VEC>
 int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
-    cudaStream_t stream = (cudaStream_t)p->stream;
     device_facts f;
     if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
         return st->code;
     }
-    const int block = looped_block_for<T>(p->cols, f);
-    if (block == 256) {
-        // only fp16 rows are both looped and short enough for 256
-        if constexpr (looped_may_take_256<T>()) {
-            layer_norm_fwd_looped<T, P, VEC, 256>
-                <<<fwd_grid(p->rows), 256, 0, stream>>>(make_args<T, P>(p));
-        }
-        else {
-            return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                                "layer_norm_fwd: no looped kernel of 256 "
-                                "threads for this dtype");
-        }
-    }
-    else if (block == 1024) {
-        layer_norm_fwd_looped<T, P, VEC, 1024>
-            <<<fwd_grid(p->rows), 1024, 0, stream>>>(make_args<T, P>(p));
+    if (looped_block_for<T>(p->cols, f) == 1024) {
+        launch_looped<T, P, VEC, 1024>(p);
     }
     else {
-        layer_norm_fwd_looped<T, P, VEC, 512>
-            <<<fwd_grid(p->rows), 512, 0, stream>>>(make_args<T, P>(p));
+        launch_looped<T, P, VEC, 512>(p);
     }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
     return GEMSOPS_OK;
@@ -548,6 +542,8 @@ int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, int tpr,
                  gemsops_status *st)
 {
     switch (tpr) {
+    case 1: return run<T, P, 1, VEC>(p, st);
+    case 2: return run<T, P, 2, VEC>(p, st);
     case 4: return run<T, P, 4, VEC>(p, st);
     case 8: return run<T, P, 8, VEC>(p, st);
     case 16: return run<T, P, 16, VEC>(p, st);

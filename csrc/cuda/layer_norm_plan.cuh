@@ -16,10 +16,12 @@ namespace gemsops {
 constexpr int kLayerNormTprChoices[] = {4, 8, 16, 32, 128, 256, 512, 1024};
 // The forward's: also whole numbers of warps between the powers of two, so
 // that a row leaves fewer threads idle (1536 half elements at 32 a thread
-// take 48 threads: 64, not 128).
-constexpr int kLayerNormFwdTprChoices[] = {4,   8,   16,  32,  64,  96,
-                                           128, 160, 192, 256, 320, 384,
-                                           512, 640, 768, 1024};
+// take 48 threads: 64, not 128), and one or two threads for rows of at
+// most 2 * E elements (64 half elements on four threads would leave half
+// of each thread's accesses empty).
+constexpr int kLayerNormFwdTprChoices[] = {1,   2,   4,   8,   16,  32,
+                                           64,  96,  128, 160, 192, 256,
+                                           320, 384, 512, 640, 768, 1024};
 
 struct layer_norm_shape {
     int tpr; // threads per row (slab)
