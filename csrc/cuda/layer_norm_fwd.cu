@@ -93,17 +93,23 @@ __device__ __forceinline__ void add_rounded(vec_t<T, VEC> &x,
     }
 }
 
-// Register budget: 768 resident threads per SM (<= 85 registers), at
-// least two CTAs of 512 (64 registers), so that one CTA's barriers overlap
-// another's loads, and a lone CTA of 640 to 1024 (64 to 85 registers).
+// Register budget for CTAs of up to 512: 1024 resident threads per SM
+// (<= 64 registers) for 16-byte accesses of 2- and 4-byte types, so that
+// one CTA's barriers overlap another's loads (eight CTAs of 128 rather
+// than six or seven: their 64 bytes in flight a thread are what keeps DRAM
+// busy); 768 (<= 85) for fp64 and the scalar fallback, which spilled under
+// 64. A lone CTA of 640 to 1024 takes 64 to 85 registers.
+template <typename T, int VEC>
 constexpr int fwd_min_ctas(int block)
 {
-    return block > 512 ? 1 : block == 512 ? 2 : 768 / block;
+    const int resident = sizeof(T) <= 4 && VEC > 1 ? 1024 : 768;
+    return block > 512 ? 1 : block == 512 ? 2 : resident / block;
 }
 
 template <typename T, typename P, int TPR, int VEC, bool ADD>
-__global__ void __launch_bounds__(layer_norm_block_threads(TPR),
-                                  fwd_min_ctas(layer_norm_block_threads(TPR)))
+__global__ void __launch_bounds__(
+    layer_norm_block_threads(TPR),
+    fwd_min_ctas<T, VEC>(layer_norm_block_threads(TPR)))
     layer_norm_fwd_registers(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
