@@ -27,8 +27,8 @@ SHAPES = [
     ((2, 3, 4, 5), 3),
     ((37, 1), 1),
     ((3, 131072), 1),
-    # CUDA: bf16/fp32 rows in 512 or 1024 threads' registers and fp16
-    # rows in the looped kernel, aligned and odd widths
+    # CUDA: rows in 384 to 1024 threads' registers (half types; fp32
+    # in the looped kernel past 16384), aligned and odd widths
     ((6, 12288), 1),
     ((5, 20001), 1),
     ((70000, 16), 1),
