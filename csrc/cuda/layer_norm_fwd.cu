@@ -314,8 +314,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             for (int u = 0; u < U; u++) {
                 if (u * STEP < lim) {
                     xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
-                    if constexpr (
-                        ADD) { // h written here, formed again in pass 2
+                    // h written here, formed again in pass 2
+                    if constexpr (ADD) {
                         const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
                         add_rounded(xv[u],
                                     load_vec<T, VEC>(a.res +
@@ -467,9 +467,9 @@ inline unsigned fwd_grid(int64_t row_groups)
     return (unsigned)std::min<int64_t>(row_groups, (int64_t)1 << 30);
 }
 
-// The fused add (x's partner res given) is its own kernel: it loads twice
-// the bytes a step, and its extra pointers would cost the plain one
-// registers.
+// The fused add (x's partner res given) is its own instantiation of each
+// kernel: it loads twice the bytes a step, and sharing one body with a
+// run-time branch spilled the looped kernel under its register bound.
 template <typename T, typename P, int TPR, int VEC>
 int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
