@@ -131,3 +131,45 @@ def test_perf_mm_schedules():
             print(
                 f"  {d:>9} {label:>24} / data-parallel: {geomean(ratios):.3f}"
             )
+
+
+def mm_args_nt(dtype, case):
+    """nn.Linear's layout: B is a [n, k] weight's transpose (K-major)."""
+    b, m, n, k = case
+    lead = () if b == 1 else (b,)
+    return (
+        torch.randn(lead + (m, k), dtype=dtype, device="cuda"),
+        torch.randn(lead + (n, k), dtype=dtype, device="cuda").mT,
+    )
+
+
+@pytest.mark.matmul
+def test_perf_mm_tf32():
+    """fp32 with TF32 allowed for both (torch.backends.cuda.matmul
+    .allow_tf32): torch.matmul's row-major B (staged transposed by gemsops:
+    TF32 wgmma reads K-major operands) and nn.Linear's K-major one. The
+    core and test shapes and the first GEMSOPS_BENCH_TF32_CORPUS (40)
+    corpus shapes."""
+    count = int(os.environ.get("GEMSOPS_BENCH_TF32_CORPUS", 40))
+    cases = CORE + TESTS + corpus(200)[:count]
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    speed = {}
+    try:
+        for op, make in (("mm_tf32", mm_args), ("mm_tf32_nt", mm_args_nt)):
+            Benchmark(
+                op,
+                torch.matmul,
+                gemsops.matmul,
+                make,
+                [torch.float32],
+                cases,
+                flops_func=flops,
+                result_file=op,
+            ).run()
+            speed[op] = [r["speedup"] for r in _rows if r["op"] == op]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    print("\ngeomean speedup vs torch.matmul, fp32 with TF32 allowed:")
+    for op, xs in speed.items():
+        print(f"  {op:>12}: {geomean(xs):.3f} over {len(xs)} cases")

@@ -152,6 +152,10 @@ parse_problem(PyObject *const *args, const char *fn,
     p->two_tiles = (int)two;
     p->ctas_override = ctas;
     p->mainloop = (gemsops_mainloop)mainloop;
+    /* fp32 under a cap that admits wgmma runs as TF32: the Python layer
+     * caps fp32 at ffma unless torch allows TF32 */
+    p->allow_tf32 = mainloop == GEMSOPS_MAINLOOP_AUTO ||
+                    mainloop >= GEMSOPS_MAINLOOP_WGMMA_128;
     p->device_id = a->device_id;
     return 0;
 }
@@ -227,7 +231,9 @@ PyDoc_STRVAR(
     "out [B, m, n] contiguous, or the same without B; fp32 accumulation.\n"
     "schedule: 0 auto, 1 data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from\n"
     "the device; mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4\n"
-    "wgmma-256, the most capable allowed (operands it cannot take go lower).\n"
+    "wgmma-256, the most capable allowed (operands it cannot take go lower;\n"
+    "fp32 under auto or wgmma-* runs as TF32 where the GPU has wgmma, under\n"
+    "ffma or mma exactly).\n"
     "CUDA, Stream-K and staging launches only: workspace (uint8), flags\n"
     "(int32, zeroed\n"
     "once and kept per stream), epoch (this call's flag value, never reused\n"

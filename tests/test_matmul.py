@@ -423,14 +423,144 @@ def test_gradients_against_torch(dtype, device):
     torch.testing.assert_close(b.grad.double(), bd.grad, **tol)
 
 
-def test_tf32_setting_keeps_fp32_exact(device):
-    a, b = rand(64, 300, device=device), rand(300, 48, device=device)
+@contextlib.contextmanager
+def tf32(allowed):
+    """torch's switch for TF32 in its CUDA matmuls, which gemsops follows."""
     old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
     try:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        assert_mm_close(gemsops.mm(a, b), a, b, torch.float32)
+        yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def tf32_tolerance(a, b):
+    """TF32 keeps 10 of an fp32 input's 23 mantissa bits, so each product
+    is off by less than 2^-9 of |a||b| (either rounding); then the fp32
+    accumulation and the output's rounding of assert_mm_close."""
+    ref = torch.matmul(a.double(), b.double())
+    bound = torch.matmul(a.double().abs(), b.double().abs())
+    k = a.shape[-1]
+    fp32 = (
+        OUT_RTOL[torch.float32] * ref.abs() + 4 * math.sqrt(k) * 2**-24 * bound
+    )
+    return ref, fp32, fp32 + 2**-9 * bound
+
+
+def assert_tf32(out, a, b, name="out"):
+    """Within TF32's bound and, where k is long enough for the truncated
+    bits to show, outside fp32's: the tensor cores really ran TF32."""
+    ref, fp32, tol = tf32_tolerance(a, b)
+    err = (out.double() - ref).abs()
+    assert not (err > tol).any(), (
+        f"{name}: {int((err > tol).sum())} of {out.numel()} beyond TF32's "
+        f"bound; worst {err.max().item():.3g}"
+    )
+    if a.shape[-1] >= 256:
+        assert (err > fp32).any(), f"{name}: exact fp32, not TF32"
+
+
+def test_fp32_on_the_cpu_is_exact_under_tf32():
+    a, b = rand(64, 300), rand(300, 48)
+    with tf32(True):
+        assert_mm_close(gemsops.mm(a, b), a, b, torch.float32)
+
+
+# fp32 operand layouts for TF32 (K-major operands only) and what the launch
+# stages on sm_90a: an MN-contiguous operand transposed, a row of 71 fp32
+# (not 16 bytes) padded
+TF32_LAYOUTS = {
+    "nt": (lambda m, n, k: (cu(m, k, dtype=F32), cu(n, k, dtype=F32).t()), ""),
+    "nn": (lambda m, n, k: (cu(m, k, dtype=F32), cu(k, n, dtype=F32)), "b"),
+    "tn": (
+        lambda m, n, k: (cu(k, m, dtype=F32).t(), cu(n, k, dtype=F32).t()),
+        "a",
+    ),
+    "tt": (
+        lambda m, n, k: (cu(k, m, dtype=F32).t(), cu(k, n, dtype=F32)),
+        "ab",
+    ),
+}
+F32 = torch.float32
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("layout", sorted(TF32_LAYOUTS))
+@pytest.mark.parametrize("sched", ["data-parallel", "stream-k"])
+def test_fp32_runs_tf32_when_torch_allows_it(layout, sched):
+    make, staged = TF32_LAYOUTS[layout]
+    for m, n, k in TC_SHAPES + [(300, 200, 71)]:
+        a, b = make(m, n, k)
+        name = f"{layout} {m}x{n}x{k}"
+        with schedule(sched, ctas=5 if sched == "stream-k" else 0):
+            with tf32(True):
+                first = gemsops.mm(a, b)
+                second = gemsops.mm(a, b)
+            with tf32(False):
+                exact = gemsops.mm(a, b)
+        assert torch.equal(first, second), name
+        assert_mm_close(exact, a, b, F32, name=f"{name} exact")
+        if not is_sm90():  # no TF32 mainloop: exact either way
+            assert_mm_close(first, a, b, F32, name=name)
+            continue
+        plan = plan_of(a, b)  # C's auto: TF32 allowed
+        want = "ab" if k == 71 else staged  # rows of 284 bytes
+        assert plan["mainloop"].startswith("wgmma"), (name, plan)
+        assert plan["staged"] == want, (name, plan)
+        assert plan_of(a, b, "ffma")["mainloop"] == "ffma"
+        assert_tf32(first, a, b, name=name)
+
+
+@pytest.mark.cuda
+def test_tf32_follows_float32_matmul_precision():
+    a, b = cu(200, 520, dtype=F32), cu(520, 136, dtype=F32)
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("high")
+        high = gemsops.mm(a, b)
+        torch.set_float32_matmul_precision("highest")
+        highest = gemsops.mm(a, b)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert_mm_close(highest, a, b, F32, name="highest")
+    if is_sm90():
+        assert_tf32(high, a, b, name="high")
+    else:
+        assert_mm_close(high, a, b, F32, name="high")
+
+
+@pytest.mark.cuda
+def test_tf32_batches_bias_and_backward():
+    """A broadcast B staged once, the bias epilogue, and nn.Linear's
+    backward, whose dX and dW read MN-contiguous operands (staged
+    transposed)."""
+    check = (
+        assert_tf32
+        if is_sm90()
+        else (lambda o, a, b, name: assert_mm_close(o, a, b, F32, name=name))
+    )
+    a = cu(3, 40, 520, dtype=F32)
+    b = cu(520, 99, dtype=F32).expand(3, 520, 99)
+    x = cu(5, 60, 264, dtype=F32).requires_grad_()
+    w = cu(136, 264, dtype=F32).requires_grad_()
+    bias = cu(136, dtype=F32).requires_grad_()
+    g = cu(5, 60, 136, dtype=F32)
+    with tf32(True):
+        out = gemsops.bmm(a, b)
+        y = gemsops.linear(x, w, bias)
+        y.backward(g)
+    check(out, a, b, name="bmm")
+    x2 = x.detach().reshape(-1, 264)
+    check(
+        y.detach().reshape(-1, 136) - bias.detach(),
+        x2,
+        w.detach().t(),
+        name="linear",
+    )
+    g2 = g.reshape(-1, 136)
+    check(x.grad.reshape(-1, 264), g2, w.detach(), name="dx")
+    check(w.grad, g2.t(), x2, name="dW")
+    torch.testing.assert_close(bias.grad, g2.sum(0), rtol=1e-5, atol=1e-4)
 
 
 def test_bounded_spin_mode_runs(device):
@@ -504,9 +634,9 @@ def test_c_level_takes_2d_operands(device):
     a, b = rand(70, 90, device=device), rand(40, 90, device=device).t()
     out = torch.full((70, 40), float("nan"), device=device)
     assert (
-        gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0, None)
+        gemsops._C.matmul(a, b, out, 1, 0, 0, 1, None, None, 0, 0, None)
         is None
-    )  # data-parallel: no buffers
+    )  # data-parallel: no buffers; mainloop 1 (ffma): exact fp32
     assert_mm_close(out, a, b, torch.float32)
     with pytest.raises(RuntimeError, match="shapes do not chain"):
         gemsops._C.matmul(a, b, out[None], 0, 0, 0, 0, None, None, 0, 0, None)
@@ -564,7 +694,7 @@ def test_stream_k_launch_asks_for_its_stream_buffers():
     assert (a.get_device(), side.cuda_stream) in keys
     with schedule("data-parallel"):  # no split tile: launched at once
         assert (
-            gemsops._C.matmul(a, b, out, 1, 0, 0, 0, None, None, 0, 0, None)
+            gemsops._C.matmul(a, b, out, 1, 0, 0, 1, None, None, 0, 0, None)
             is None
         )
     assert_mm_close(out, a, b, torch.float32)

@@ -9,7 +9,8 @@
 #   HOST=0 (benchmark/host_cost.py) /
 #   TEST_PATHS: the test files (default: tests) /
 #   BENCH=0 skip a stage; PROBE_SHAPES: the probe's shapes
-#   (tools/mm_probe.py); GEMSOPS_BENCH_CORPUS: the corpus's size
+#   (tools/mm_probe.py); GEMSOPS_BENCH_CORPUS: the corpus's size;
+#   BENCH_ARGS: pytest's arguments for the benchmark (-k tf32: fp32 only)
 set -o pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gemsops_out}
@@ -64,8 +65,10 @@ fi
 if [ "${BENCH:-1}" = 1 ]; then
     touch /tmp/bench_start
     (cd benchmark && GEMSOPS_BENCH_SCHEDULES=auto timeout "${BENCH_LIMIT:-400}" \
-        python3 -m pytest test_blas_perf.py -q -s -p no:cacheprovider 2>&1) \
+        python3 -m pytest test_blas_perf.py -q -s -p no:cacheprovider \
+        ${BENCH_ARGS:-} 2>&1) \
         > "$OUT/bench.log"
     grep -A8 "geomean speedup" "$OUT/bench.log"
+    tail -3 "$OUT/bench.log"
     find benchmark/results -name 'mm_*.json' -newer /tmp/bench_start -exec cp {} "$OUT/" \;
 fi

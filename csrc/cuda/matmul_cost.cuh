@@ -1,5 +1,5 @@
 // The matmul planner's cost model: which wgmma tile width (128 x 256 or
-// 128 x 128, BK = 64) a problem runs, and whether its last partial wave
+// 128 x 128, BK = 128 bytes of k) a problem runs, and whether its last partial wave
 // is split Stream-K or run as whole tiles, from the time each is predicted
 // to take.
 //
@@ -37,7 +37,8 @@ namespace gemsops {
 
 struct wgmma_tile_cost {
     int bn;
-    double iter_us; // one 128 x BN x 64 k-iteration on one SM
+    double iter_us; // one 128 x BN x BK k-iteration on one SM (TF32's
+    // half-rate k8 takes a k16 half's cycles: the same)
     double tile_us; // a tile's epilogue and pipeline fill
 };
 
@@ -50,7 +51,8 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
                                  gemsops_sk_mode mode)
 {
     gemsops_sk_schedule s;
-    gemsops_sk_plan(&s, p->m, p->n, p->k, p->batch, 128, c.bn, 64, group_m,
+    const int bk = 128 / (int)gemsops_dtype_size(p->dtype);
+    gemsops_sk_plan(&s, p->m, p->n, p->k, p->batch, 128, c.bn, bk, group_m,
                     ctas, mode, p->two_tiles);
     const int64_t waves = gemsops_sk_cdiv(s.dp_tiles, s.ctas);
     int64_t share = 0, pieces = 0;
@@ -59,7 +61,7 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
         pieces = gemsops_sk_cdiv(s.sk_tiles, s.sk_ctas) + 1;
     }
     const double sk_mb =
-        (double)s.sk_tiles * s.iters * (128 + c.bn) * 64 * 2 / 1e6;
+        (double)s.sk_tiles * s.iters * (128 + c.bn) * 128 / 1e6;
     return c.iter_us * (double)(waves * s.iters + share) +
            c.tile_us * (double)(waves + pieces) + kStreamKUsPerMb * sk_mb;
 }

@@ -315,7 +315,7 @@ struct tc_mainloop {
     static __device__ bool store(const driver_args &p, int64_t tile,
                                  const float (&acc)[kAcc], smem_t &sm)
     {
-        if constexpr (M::kTma) {
+        if constexpr (M::kTma && sizeof(T) == 2) {
             if (p.c_staged) {
                 int64_t bt, tm, tn;
                 gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
@@ -538,7 +538,8 @@ __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
 // stride) a multiple of 8, an MN-contiguous one m or n (and its k stride).
 // That is mma.sync's rule (its cp.async chunks may not cross an edge);
 // TMA fills past the edges with zeros, so for wgmma only the base and the
-// strides count (tma_layout_of).
+// strides count (tma_layout_of); fp32 runs on wgmma as TF32, when allowed,
+// with K-contiguous operands only.
 struct tc_layout {
     bool a_k, a_m, b_k, b_n;
 };
@@ -560,22 +561,30 @@ tc_layout layout_of(const gemsops_matmul_params *p)
     return l;
 }
 
+// fp32 operands may take the wgmma mainloop (as TF32)
+bool tf32_allowed(const gemsops_matmul_params *p)
+{
+    return p->dtype == GEMSOPS_FLOAT32 && p->allow_tf32;
+}
+
 tc_layout tma_layout_of(const gemsops_matmul_params *p)
 {
     const bool half =
-        (p->dtype == GEMSOPS_FLOAT16 || p->dtype == GEMSOPS_BFLOAT16) &&
-        p->m < INT32_MAX && p->n < INT32_MAX && p->k < INT32_MAX &&
-        p->batch < INT32_MAX; // TMA coordinates are int32
-    auto base = [p, half](const void *q, int64_t bs) {
-        return half && (uintptr_t)q % 16 == 0 &&
-               (bs % 8 == 0 || p->batch == 1);
+        p->dtype == GEMSOPS_FLOAT16 || p->dtype == GEMSOPS_BFLOAT16;
+    const bool ok = (half || tf32_allowed(p)) && p->m < INT32_MAX &&
+                    p->n < INT32_MAX && p->k < INT32_MAX &&
+                    p->batch < INT32_MAX; // TMA coordinates are int32
+    const int64_t unit = 16 / (int64_t)gemsops_dtype_size(p->dtype);
+    auto base = [p, ok, unit](const void *q, int64_t bs) {
+        return ok && (uintptr_t)q % 16 == 0 &&
+               (bs % unit == 0 || p->batch == 1);
     };
     const bool a = base(p->a, p->a_bs), b = base(p->b, p->b_bs);
     tc_layout l;
-    l.a_k = a && p->a_cs == 1 && p->a_rs % 8 == 0;
-    l.a_m = a && p->a_rs == 1 && p->a_cs % 8 == 0;
-    l.b_k = b && p->b_rs == 1 && p->b_cs % 8 == 0;
-    l.b_n = b && p->b_cs == 1 && p->b_rs % 8 == 0;
+    l.a_k = a && p->a_cs == 1 && p->a_rs % unit == 0;
+    l.a_m = half && a && p->a_rs == 1 && p->a_cs % unit == 0;
+    l.b_k = b && p->b_rs == 1 && p->b_cs % unit == 0;
+    l.b_n = half && b && p->b_cs == 1 && p->b_rs % unit == 0;
     return l;
 }
 
@@ -643,27 +652,32 @@ encode_tiled_fn tensor_map_encoder()
     return fn;
 }
 
-// An operand seen as [z][y][x] (x contiguous, 2-byte elements). TMA can
-// describe it when the base is 16-byte aligned and the y and z strides are
-// positive multiples of 16 bytes below 2^40 (cuTensorMapEncodeTiled's
+// An operand seen as [z][y][x] (x contiguous, esize-byte elements). TMA
+// can describe it when the base is 16-byte aligned and the y and z strides
+// are positive multiples of 16 bytes below 2^40 (cuTensorMapEncodeTiled's
 // documented limits). Operands it cannot describe (odd or zero strides,
 // misaligned views) take the mma mainloop: a rule on the layout, decided
 // before any driver call, not a fallback from a failed one.
 struct tma_operand {
     const void *base;
     int64_t x, y, y_stride, batch, z_stride;
-    int box_y;
+    int box_y, esize;
     bool one() const
     {
         return z_stride == 0 || batch == 1;
     }
     int64_t y_bytes() const
     {
-        return y_stride * 2;
+        return y_stride * esize;
     }
     int64_t z_bytes() const
     {
-        return (one() ? y_stride * y : z_stride) * 2;
+        return (one() ? y_stride * y : z_stride) * esize;
+    }
+    // one box spans 128 bytes of x: a swizzle line
+    int box_x() const
+    {
+        return 128 / esize;
     }
 };
 
@@ -681,7 +695,7 @@ bool tma_describes(const tma_operand &o)
 // (gemsops._C.fallback_counts()); any other failure is an error.
 std::atomic<long long> g_tma_refusals{0};
 
-// Boxes of 64 x box_y, 128-byte swizzle, zero fill past the edges. The
+// Boxes of 128 bytes x box_y, 128-byte swizzle, zero fill past the edges. The
 // caller checked tma_describes and made the device's context current.
 // *refused: the driver refused this layout (counted, not an error).
 int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,
@@ -692,13 +706,14 @@ int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,
                                 (cuuint64_t)(o.one() ? 1 : o.batch)};
     const cuuint64_t strides[2] = {(cuuint64_t)o.y_bytes(),
                                    (cuuint64_t)o.z_bytes()};
-    const cuuint32_t box[3] = {64, (cuuint32_t)o.box_y, 1};
+    const cuuint32_t box[3] = {(cuuint32_t)o.box_x(), (cuuint32_t)o.box_y, 1};
     const cuuint32_t elem_strides[3] = {1, 1, 1};
+    const CUtensorMapDataType type =
+        dt == GEMSOPS_FLOAT16    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+        : dt == GEMSOPS_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
     const CUresult r =
-        fn(map,
-           dt == GEMSOPS_FLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-           3, (void *)o.base, dims, strides, box, elem_strides,
+        fn(map, type, 3, (void *)o.base, dims, strides, box, elem_strides,
            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
            CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -722,10 +737,15 @@ int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,
 void tma_operands(const gemsops_matmul_params *p, const tc_layout &l, int bn,
                   tma_operand *a, tma_operand *b)
 {
-    *a = l.a_k ? tma_operand{p->a, p->k, p->m, p->a_rs, p->batch, p->a_bs, 128}
-               : tma_operand{p->a, p->m, p->k, p->a_cs, p->batch, p->a_bs, 64};
-    *b = l.b_k ? tma_operand{p->b, p->k, p->n, p->b_cs, p->batch, p->b_bs, bn}
-               : tma_operand{p->b, p->n, p->k, p->b_rs, p->batch, p->b_bs, 64};
+    const int es = (int)gemsops_dtype_size(p->dtype);
+    *a = l.a_k ? tma_operand{p->a,     p->k,    p->m, p->a_rs,
+                             p->batch, p->a_bs, 128,  es}
+               : tma_operand{p->a,     p->m,    p->k, p->a_cs,
+                             p->batch, p->a_bs, 64,   es};
+    *b = l.b_k ? tma_operand{p->b,     p->k,    p->n, p->b_cs,
+                             p->batch, p->b_bs, bn,   es}
+               : tma_operand{p->b,     p->n,    p->k, p->b_rs,
+                             p->batch, p->b_bs, 64,   es};
 }
 
 bool wgmma_allowed(const gemsops_matmul_params *p, const device_facts &f)
@@ -733,6 +753,8 @@ bool wgmma_allowed(const gemsops_matmul_params *p, const device_facts &f)
 #ifdef GEMSOPS_HAVE_SM90A
     return (p->mainloop == GEMSOPS_MAINLOOP_AUTO ||
             p->mainloop >= GEMSOPS_MAINLOOP_WGMMA_128) &&
+           (p->dtype == GEMSOPS_FLOAT16 || p->dtype == GEMSOPS_BFLOAT16 ||
+            tf32_allowed(p)) &&
            f.cc_major == 9 && f.cc_minor == 0;
 #else
     (void)p;
@@ -770,31 +792,36 @@ gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
     return want;
 }
 
+// TF32 (T = float): both operands K-contiguous (pick_mainloop saw to it)
 template <typename T, int BN>
 kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l)
 {
-    if (!l.a_k) { // M-contiguous A
-        return l.b_k ? choice<T, wgmma_tc<T, BN, true, false>>(64, m, l)
-                     : choice<T, wgmma_tc<T, BN, true, true>>(64, m, l);
+    constexpr int bk = 128 / sizeof(T);
+    if constexpr (std::is_same_v<T, float>) {
+        return choice<T, wgmma_tc<T, BN, false, false>>(bk, m, l);
     }
-    return l.b_k ? choice<T, wgmma_tc<T, BN, false, false>>(64, m, l)
-                 : choice<T, wgmma_tc<T, BN, false, true>>(64, m, l);
+    else {
+        if (!l.a_k) { // M-contiguous A
+            return l.b_k ? choice<T, wgmma_tc<T, BN, true, false>>(bk, m, l)
+                         : choice<T, wgmma_tc<T, BN, true, true>>(bk, m, l);
+        }
+        return l.b_k ? choice<T, wgmma_tc<T, BN, false, false>>(bk, m, l)
+                     : choice<T, wgmma_tc<T, BN, false, true>>(bk, m, l);
+    }
 }
 
 template <typename T>
 kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l)
 {
-    if constexpr (std::is_same_v<T, float>) {
-        return choice<T, ffma_mainloop<T>>(16, GEMSOPS_MAINLOOP_FFMA, l);
-    }
-    else {
-        switch (m) {
-        case GEMSOPS_MAINLOOP_WGMMA_256: return wgmma_choice<T, 256>(m, l);
-        case GEMSOPS_MAINLOOP_WGMMA_128: return wgmma_choice<T, 128>(m, l);
-        case GEMSOPS_MAINLOOP_MMA: return choice<T, mma_tc<T>>(32, m, l);
-        default:
-            return choice<T, ffma_mainloop<T>>(16, GEMSOPS_MAINLOOP_FFMA, l);
+    switch (m) {
+    case GEMSOPS_MAINLOOP_WGMMA_256: return wgmma_choice<T, 256>(m, l);
+    case GEMSOPS_MAINLOOP_WGMMA_128: return wgmma_choice<T, 128>(m, l);
+    case GEMSOPS_MAINLOOP_MMA:
+        if constexpr (!std::is_same_v<T, float>) {
+            return choice<T, mma_tc<T>>(32, m, l);
         }
+        [[fallthrough]];
+    default: return choice<T, ffma_mainloop<T>>(16, GEMSOPS_MAINLOOP_FFMA, l);
     }
 }
 
@@ -895,7 +922,7 @@ struct staging {
     void place(unsigned char *area, gemsops_matmul_params *q)
     {
         if (on_a) {
-            a.dst = reinterpret_cast<uint16_t *>(area);
+            a.dst = area;
             area += a.bytes();
             q->a = a.dst;
             q->a_bs = a.staged_bs();
@@ -903,7 +930,7 @@ struct staging {
             q->a_cs = a.staged_cs();
         }
         if (on_b) {
-            b.dst = reinterpret_cast<uint16_t *>(area);
+            b.dst = area;
             q->b = b.dst;
             q->b_bs = b.staged_bs();
             q->b_rs = b.staged_rs();
@@ -920,7 +947,6 @@ staging plan_staging(const gemsops_matmul_params *p, const device_facts &f)
 {
     staging sg{};
     if (!wgmma_allowed(p, f) || p->m == 0 || p->n == 0 || p->k == 0 ||
-        (p->dtype != GEMSOPS_FLOAT16 && p->dtype != GEMSOPS_BFLOAT16) ||
         p->m >= INT32_MAX || p->n >= INT32_MAX || p->k >= INT32_MAX ||
         p->batch >= INT32_MAX || tensor_map_encoder() == nullptr) {
         return sg;
@@ -930,13 +956,15 @@ staging plan_staging(const gemsops_matmul_params *p, const device_facts &f)
     tma_operands(p, tl, 128, &oa, &ob);
     sg.on_a = !((tl.a_k || tl.a_m) && tma_describes(oa));
     sg.on_b = !((tl.b_k || tl.b_n) && tma_describes(ob));
+    const int es = (int)gemsops_dtype_size(p->dtype);
+    const bool k_major = tf32_allowed(p); // TF32 reads K-major only
     if (sg.on_a) {
-        sg.a = stage_plan(p->a, p->batch, p->a_bs, p->m, p->a_rs, p->k,
-                          p->a_cs, false);
+        sg.a = stage_plan(p->a, es, p->batch, p->a_bs, p->m, p->a_rs, p->k,
+                          p->a_cs, false, k_major);
     }
     if (sg.on_b) {
-        sg.b = stage_plan(p->b, p->batch, p->b_bs, p->k, p->b_rs, p->n,
-                          p->b_cs, true);
+        sg.b = stage_plan(p->b, es, p->batch, p->b_bs, p->k, p->b_rs, p->n,
+                          p->b_cs, true, k_major);
     }
     return sg;
 }
@@ -954,8 +982,15 @@ int launch_staging(const staging &sg, const device_facts &f,
         }
     }
     const unsigned grid = (unsigned)std::min<int64_t>(items, 8 * f.sm_count);
-    matmul_stage_kernel<<<dim3(grid, (unsigned)n), kStageThreads, 0, stream>>>(
-        sa);
+    const dim3 blocks(grid, (unsigned)n);
+    if (sa.op[0].esize == 4) {
+        matmul_stage_kernel<uint32_t>
+            <<<blocks, kStageThreads, 0, stream>>>(sa);
+    }
+    else {
+        matmul_stage_kernel<uint16_t>
+            <<<blocks, kStageThreads, 0, stream>>>(sa);
+    }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "matmul_stage_kernel");
     return GEMSOPS_OK;
 }

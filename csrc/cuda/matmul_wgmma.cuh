@@ -1,6 +1,8 @@
-// The Hopper mainloop of the Stream-K matmul (fp16/bf16, sm_90a): warpgroup
-// MMA (wgmma.mma_async) on operands the tensor memory accelerator (TMA)
-// brings into shared memory, warp-specialized.
+// The Hopper mainloop of the Stream-K matmul (sm_90a): warpgroup MMA
+// (wgmma.mma_async) on operands the tensor memory accelerator (TMA) brings
+// into shared memory, warp-specialized. fp16 and bf16; fp32 as TF32 (the
+// tensor cores read the top 19 bits of each fp32 element) when torch
+// allows it.
 //
 // Roles: 384 threads = 3 warpgroups. Warpgroups 0 and 1 consume: they run
 // the driver (the mainloop, the Stream-K fix-up, the epilogue) and grow to
@@ -10,24 +12,29 @@
 // consumer instruction goes to copies, and inside the mainloop the
 // consumers never meet at a CTA barrier: each waits for its step alone.
 //
-// Tile: BM = 128 rows x BN (128 or 256) columns x BK = 64 per k-step;
-// consumer g computes rows 64g..64g+63 with one wgmma.m64nBNk16 per 16 k
-// (fp32 accumulators, BN / 2 registers per thread). A k-step is
-// 2 * 128 * BN * 64 FLOP: ~512 tensor-core cycles of one SM at BN = 128,
-// ~1024 at BN = 256, while the copies of the next steps fly.
+// Tile: BM = 128 rows x BN (128 or 256) columns x BK per k-step, BK the
+// k of 128 bytes (64 half elements, 32 fp32); consumer g computes rows
+// 64g..64g+63 with one wgmma per 32 bytes of k (m64nBNk16 for halves,
+// m64nBNk8 for TF32; fp32 accumulators, BN / 2 registers per thread). A
+// half k-step is 2 * 128 * BN * 64 FLOP: ~512 tensor-core cycles of one SM
+// at BN = 128, ~1024 at BN = 256, while the copies of the next steps fly;
+// a TF32 k-step is half the FLOP at half the rate, so the same cycles on
+// the same bytes.
 //
 // Shared memory: an S-stage ring of [A | B] stages, each operand in the
 // 128-byte-swizzle canonical layout wgmma reads and TMA writes (16-byte
 // chunk c of 128-byte line L at L * 128 + ((c ^ (L % 8)) * 16), 1024-byte
 // aligned atoms of 8 lines):
-//   K-major operand (unit k stride): one line per row, 64 k = 128 bytes
-//     (one TMA box of 64 k x rows); the descriptor steps 16 k by +32
-//     bytes, 8-row groups 1024 bytes apart (SBO);
+//   K-major operand (unit k stride): one line per row, BK k = 128 bytes
+//     (one TMA box of BK k x rows); the descriptor steps one instruction's
+//     k by +32 bytes, 8-row groups 1024 bytes apart (SBO);
 //   MN-major operand (unit m or n stride): atoms of 64 columns x 64 k
 //     (one TMA box each), one line per k, atoms 8 KB apart (LBO), 8-k
 //     groups 1024 bytes apart (SBO); the instruction transposes
 //     (imm-trans = 1). So every layout torch hands us is read in place,
-//     the backward's A^T included. TMA zero-fills past M, N and K.
+//     the backward's A^T included. TMA zero-fills past M, N and K. TF32
+//     has no transposing form: fp32 operands come K-major (an MN-major
+//     one is staged transposed first, matmul_stage.cuh).
 //
 // Ordering: two mbarriers a slot. full[s] completes when the producer's
 // expect-tx arrive and the slot's 2-5 bulk tensor copies have landed;
@@ -131,6 +138,19 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
                  " {" GEMSOPS_OPS_0_63 "}, %64, %65, p, 1, 1, %67, %68;\n}\n" \
                  : GEMSOPS_ACC64(0)                                           \
                  : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+#define GEMSOPS_WGMMA_TF32_N128                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"           \
+                 "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32" \
+                 " {" GEMSOPS_OPS_0_63 "}, %64, %65, p, 1, 1;\n}\n"     \
+                 : GEMSOPS_ACC64(0)                                     \
+                 : "l"(da), "l"(db), "r"(1))
+#define GEMSOPS_WGMMA_TF32_N256                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"          \
+                 "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" \
+                 " {" GEMSOPS_OPS_0_63 "," GEMSOPS_OPS_64_127           \
+                 "}, %128, %129, p, 1, 1;\n}\n"                         \
+                 : GEMSOPS_ACC64(0), GEMSOPS_ACC64(64)                  \
+                 : "l"(da), "l"(db), "r"(1))
 #define GEMSOPS_WGMMA_N256(TYPE)                                              \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                \
                  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE \
@@ -139,14 +159,24 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
                  : GEMSOPS_ACC64(0), GEMSOPS_ACC64(64)                        \
                  : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 
-// d (64 x N per warpgroup, fp32) += A (64 x 16) * B (16 x N); TA / TB: the
-// operand is MN-major in shared memory.
+// d (64 x N per warpgroup, fp32) += A (64 x k) * B (k x N) for the k of
+// 32 bytes (16 halves, 8 fp32 read as TF32); TA / TB: the operand is
+// MN-major in shared memory (halves only).
 template <typename T, int N, int TA, int TB>
-__device__ __forceinline__ void wgmma_m64k16(float *d, uint64_t da,
-                                             uint64_t db)
+__device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
+                                                  uint64_t db)
 {
     constexpr bool f16 = std::is_same_v<T, __half>;
-    if constexpr (N == 128 && f16) {
+    if constexpr (std::is_same_v<T, float>) {
+        static_assert(TA == 0 && TB == 0, "TF32 operands are K-major");
+        if constexpr (N == 128) {
+            GEMSOPS_WGMMA_TF32_N128;
+        }
+        else {
+            GEMSOPS_WGMMA_TF32_N256;
+        }
+    }
+    else if constexpr (N == 128 && f16) {
         GEMSOPS_WGMMA_N128("f16");
     }
     else if constexpr (N == 128) {
@@ -161,6 +191,8 @@ __device__ __forceinline__ void wgmma_m64k16(float *d, uint64_t da,
 }
 #undef GEMSOPS_WGMMA_N256
 #undef GEMSOPS_WGMMA_N128
+#undef GEMSOPS_WGMMA_TF32_N256
+#undef GEMSOPS_WGMMA_TF32_N128
 #undef GEMSOPS_ACC64
 #undef GEMSOPS_ACC8
 #undef GEMSOPS_OPS_64_127
@@ -186,17 +218,20 @@ __device__ __forceinline__ bool consumers_sync_or(bool v)
 
 // AM: A is M-contiguous (else K-contiguous); BNM: B is N-contiguous (else
 // K-contiguous). One kernel per layout: one body for the four costs
-// registers (it spilled at BN = 256).
+// registers (it spilled at BN = 256). T = float: TF32, both K-contiguous.
 template <typename T, int BN_, int STAGES, bool AM, bool BNM>
 struct wgmma_mainloop {
     static_assert(BN_ == 128 || BN_ == 256, "BN: 128 or 256");
-    static constexpr int BM = 128, BN = BN_, BK = 64, kStages = STAGES;
+    static_assert(sizeof(T) == 2 || !(AM || BNM), "TF32 operands: K-major");
+    static constexpr int kElem = sizeof(T); // bytes
+    static constexpr int BM = 128, BN = BN_, BK = 128 / kElem;
+    static constexpr int kStages = STAGES;
     static constexpr bool kTma = true, kWarpSpecialized = true;
     static constexpr int kConsumers = 256, kThreads = 384, kAcc = BN / 2;
     // 128 x 40 + 256 x 232 <= 65536; the producer's walk fits in 40
     static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-    static constexpr int kABytes = BM * BK * 2,
-                         kStageBytes = (BM + BN) * BK * 2;
+    static constexpr int kABytes = BM * BK * kElem,
+                         kStageBytes = (BM + BN) * BK * kElem;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
     // the ring and slack to align it to 1024 bytes (the swizzle's period)
     static constexpr int kRingBytes = kStages * kStageBytes + 1024;
@@ -375,16 +410,16 @@ struct wgmma_mainloop {
         int prev = 0;
         for (int64_t i = 0; i < steps; i++) {
             mbar_wait(smem_addr(&sm.full[ring.read]), ring.phase);
-            // descriptors advance in 16-byte units: +k-step slot, +16 k
-            // (2 lines of 8 MN-major, 32 bytes K-major)
+            // descriptors advance in 16-byte units: +k-step slot, +one
+            // instruction's k (2 lines of 8 MN-major, 32 bytes K-major)
             const uint64_t slot = (unsigned)(ring.read * kStageBytes) >> 4;
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) {
+            for (int kk = 0; kk < 4; kk++) { // 4 x 32 bytes of k
                 const int step = AM ? kk * 128 : kk * 2;
                 const int bstep = BNM ? kk * 128 : kk * 2;
-                wgmma_m64k16<T, BN, AM, BNM>(acc, da0 + slot + step,
-                                             db0 + slot + bstep);
+                wgmma_m64k32bytes<T, BN, AM, BNM>(acc, da0 + slot + step,
+                                                  db0 + slot + bstep);
             }
             wgmma_commit();
             wgmma_wait<1>(); // step i - 1 has read its slot: release it

@@ -13,7 +13,10 @@ Schedules: 'auto' (hybrid where Stream-K can help), 'data-parallel',
 'stream-k', 'hybrid'; set_schedule() or GEMSOPS_MATMUL_SCHEDULE picks one
 for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest the GPU and
 operands allow), or a cap: 'wgmma-256', 'wgmma-128' (sm_90a), 'mma'
-(sm_80+), 'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too.
+(sm_80+), 'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32
+runs on wgmma as TF32 when torch allows TF32 for its own CUDA matmuls
+(torch.backends.cuda.matmul.allow_tf32, torch.set_float32_matmul_precision)
+and exactly otherwise.
 """
 
 import math
@@ -38,6 +41,15 @@ _config = dict(
     mainloop=os.environ.get("GEMSOPS_MATMUL_MAINLOOP", "auto"),
 )
 _launch = ()  # _C.matmul's (schedule, two_tiles, ctas, mainloop, spin_limit)
+_FFMA = MAINLOOPS["ffma"]
+
+
+def _tf32_allowed(a):
+    """fp32 products on a's device may round their inputs to TF32: torch's
+    switch for its own CUDA matmuls (torch.backends.cuda.matmul.allow_tf32,
+    set also by torch.set_float32_matmul_precision). The CPU computes fp32
+    exactly, as torch's CPU matmul does."""
+    return a.is_cuda and torch.backends.cuda.matmul.allow_tf32
 
 
 def _set_launch():
@@ -128,6 +140,8 @@ def _mm(a, b, bias=None, alpha=1, beta=1):
         a.shape[:-1] + b.shape[-1:], dtype=a.dtype, device=a.device
     )
     mode, two, ctas, loop, spin = _launch
+    if a.dtype == torch.float32 and loop != _FFMA and not _tf32_allowed(a):
+        loop = _FFMA  # exact fp32 unless torch allows TF32, as cuBLAS
     err = _error_buffer(a.device) if spin and a.is_cuda else None
     epi = () if bias is None and alpha == 1 else (bias, alpha, beta)
     need = _C.matmul(

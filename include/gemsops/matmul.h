@@ -22,7 +22,8 @@ extern "C" {
 /* Which CUDA mainloop computes a tile: AUTO picks the fastest the device
  * and the operands allow; the others cap the choice (tests and benchmarks):
  * a mainloop that cannot take the operands (alignment, layout, dtype, GPU)
- * falls back to the next one down, FFMA taking everything. */
+ * falls back to the next one down, FFMA taking everything. fp32 takes
+ * FFMA (exact) or, with allow_tf32, wgmma as TF32. */
 typedef enum gemsops_mainloop {
     GEMSOPS_MAINLOOP_AUTO = 0,
     GEMSOPS_MAINLOOP_FFMA = 1, /* exact fp32 FMA, any layout          */
@@ -38,8 +39,8 @@ struct gemsops_matmul_params {
     int64_t a_bs, a_rs, a_cs; /* A strides: batch, row (m), column (k)     */
     int64_t b_bs, b_rs, b_cs; /* B strides: batch, row (k), column (n)     */
     gemsops_dtype dtype; /* fp16, bf16 or fp32                         */
-    int allow_tf32; /* fp32 may use TF32 tensor cores (unused by  */
-    /* the exact FFMA kernels of today)           */
+    int allow_tf32; /* fp32 may run as TF32 (wgmma, sm_90a); the  */
+    /* boundary sets it from the mainloop cap     */
     gemsops_sk_mode mode; /* schedule: auto, or forced for tests        */
     gemsops_mainloop mainloop; /* CUDA: the most capable mainloop allowed  */
     int two_tiles; /* hybrid: one more wave joins Stream-K       */

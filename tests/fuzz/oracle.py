@@ -640,9 +640,10 @@ def within(name, ours, ref, tol, fin):
         )
 
 
-def mm_close(name, ours, a, b, theirs):
+def mm_close(name, ours, a, b, theirs, tf32=False):
     """matmul: one rounding of the output plus 4 sqrt(k) fp32 ulps of
-    |A||B| (tests/test_matmul.py's bound), on the finite positions."""
+    |A||B| (tests/test_matmul.py's bound), on the finite positions; tf32
+    (fp32 that may have run as TF32): plus 2^-9 of |A||B|."""
     fin = nonfinite_match(name, ours, theirs)
     ad, bd = a.detach().cpu().double(), b.detach().cpu().double()
     ref = torch.matmul(ad, bd)
@@ -654,6 +655,8 @@ def mm_close(name, ours, a, b, theirs):
     fi = torch.finfo(ours.dtype) if ours.is_floating_point() else None
     sub = fi.tiny * fi.eps if fi else 0.0
     tol = rtol * ref.abs() + 4 * math.sqrt(max(k, 1)) * 2**-24 * bound + sub
+    if tf32:
+        tol = tol + 2**-9 * bound
     within(name, ours, ref, tol, fin)
 
 
