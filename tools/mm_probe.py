@@ -6,7 +6,8 @@ own kernel left out), which host time cannot inflate.
 
 usage: python tools/mm_probe.py [M,N,K[:dtype[:layout[:bias]]] ...]
   layout: nn (default), nt (B given as [N, K] transposed), tn (A as
-  [K, M] transposed); dtype: bfloat16 (default), float16, float32;
+  [K, M] transposed); dtype: bfloat16 (default), float16, float32,
+  tf32 (float32 with TF32 allowed, for torch and gemsops alike);
   bias: addmm with an [N] bias (gemsops.addmm against torch.addmm)
   e.g. python tools/mm_probe.py 8192,8192,8192 3072,3072,3072:float16
 With no shapes: a list covering large squares, wave-quantized and small
@@ -39,7 +40,7 @@ def operands(case):
     fields = case.split(":")
     dims, dt, layout, bias = fields + ["bfloat16", "nn", ""][len(fields) - 1 :]
     m, n, k = (int(v) for v in dims.split(","))
-    dtype = getattr(torch, dt)
+    dtype = getattr(torch, "float32" if dt == "tf32" else dt)
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(k, n, device="cuda", dtype=dtype)
     if layout[0] == "t":
@@ -74,6 +75,7 @@ def kernel_us(fn, reps=20):
 def main(cases):
     for case in cases or DEFAULT:
         (m, n, k, dt, layout), a, b, c = operands(case)
+        torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
         if c is None:
             ours, theirs = gemsops.matmul, torch.matmul
         else:
@@ -91,8 +93,12 @@ def main(cases):
         k_ours = kernel_us(lambda: ours(a, b))
         k_torch = kernel_us(lambda: theirs(a, b))
         c = torch.empty(1, m, n, device="cuda", dtype=a.dtype)
-        plan = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, 0)
-        plan = f"{plan.get('mainloop')} {plan.get('tiles')} tiles"
+        loop = 1 if dt == "float32" else 0  # _C's auto is TF32 for fp32
+        plan = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, loop)
+        plan = (
+            f"{plan.get('mainloop')} {plan.get('tiles')} tiles "
+            f"{plan.get('sk_tiles')} split, staged '{plan.get('staged')}'"
+        )
         tf = 2 * m * n * k / 1e9
         print(
             f"{m}x{n}x{k} {dt} {layout}: gemsops {t_ours * 1e3:8.1f} us "

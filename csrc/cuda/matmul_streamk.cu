@@ -61,8 +61,8 @@ struct driver_args {
     int64_t a_bs, a_rs, a_cs, b_bs, b_rs, b_cs;
     bool a_m_unit, b_k_unit; // tensor-core operand layouts (planner's pick)
     bool c_pairs; // C's rows take 2-element stores (n even, aligned)
-    bool c_chunks; // ... and 16-byte stores (n % 8 == 0, aligned)
-    bool c_staged; // the tile leaves through shared memory (2-byte C)
+    bool c_chunks; // the staged epilogue (wgmma) stores C's rows in
+    // 16-byte chunks (n a multiple of 16 bytes, aligned)
     float *partials; // [ctas][BM * BN] when sk_tiles > 0
     unsigned *flags; // [ctas]
     unsigned epoch;
@@ -315,29 +315,27 @@ struct tc_mainloop {
     static __device__ bool store(const driver_args &p, int64_t tile,
                                  const float (&acc)[kAcc], smem_t &sm)
     {
-        if constexpr (M::kTma && sizeof(T) == 2) {
-            if (p.c_staged) {
-                int64_t bt, tm, tn;
-                gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
-                T *C = (T *)p.c + bt * p.s.m * p.s.n;
-                if (p.epilogue && p.bias != nullptr && p.bias_rs == 0) {
-                    M::stage_bias_row(static_cast<const T *>(p.bias) +
-                                          bt * p.bias_bs,
-                                      p.bias_cs, tn * BN, p.s.n, p.beta, sm);
-                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
-                                    row_bias_op{sm.bias_row, tn * BN, p.alpha},
-                                    p.c_chunks);
-                }
-                else if (p.epilogue) {
-                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
-                                    epilogue_op<T>(p, bt), p.c_chunks);
-                }
-                else {
-                    M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
-                                    no_epilogue(), p.c_chunks);
-                }
-                return true;
+        if constexpr (M::kTma) {
+            int64_t bt, tm, tn;
+            gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
+            T *C = (T *)p.c + bt * p.s.m * p.s.n;
+            if (p.epilogue && p.bias != nullptr && p.bias_rs == 0) {
+                M::stage_bias_row(static_cast<const T *>(p.bias) +
+                                      bt * p.bias_bs,
+                                  p.bias_cs, tn * BN, p.s.n, p.beta, sm);
+                M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
+                                row_bias_op{sm.bias_row, tn * BN, p.alpha},
+                                p.c_chunks);
             }
+            else if (p.epilogue) {
+                M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
+                                epilogue_op<T>(p, bt), p.c_chunks);
+            }
+            else {
+                M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
+                                no_epilogue(), p.c_chunks);
+            }
+            return true;
         }
         return false;
     }
@@ -1079,10 +1077,10 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     a.bias_cs = p->bias_cs;
     a.alpha = p->alpha;
     a.beta = p->beta;
-    // 16-byte rows of C: the staged epilogue (with or without a bias)
-    a.c_chunks = gemsops_dtype_size(p->dtype) == 2 && p->n % 8 == 0 &&
-                 (uintptr_t)p->c % 16 == 0;
-    a.c_staged = gemsops_dtype_size(p->dtype) == 2;
+    // 16-byte rows of C: the staged epilogue's 16-byte stores (with or
+    // without a bias)
+    const int64_t esize = (int64_t)gemsops_dtype_size(p->dtype);
+    a.c_chunks = p->n % (16 / esize) == 0 && (uintptr_t)p->c % 16 == 0;
     a.c_pairs = p->n % 2 == 0 &&
                 (uintptr_t)p->c % (2 * gemsops_dtype_size(p->dtype)) == 0;
     a.partials =

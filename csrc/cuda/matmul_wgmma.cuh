@@ -236,9 +236,12 @@ struct wgmma_mainloop {
     // the ring and slack to align it to 1024 bytes (the swizzle's period)
     static constexpr int kRingBytes = kStages * kStageBytes + 1024;
     // Epilogue staging, one slice per consumer warp (outside the ring: the
-    // next tile's loads land there meanwhile): 16 rows x 64 columns of
-    // packed pairs, rows padded to 36 words so the pair writes hit 32 banks.
-    static constexpr int kStageRow = 36;
+    // next tile's loads land there meanwhile): 16 rows x 128 bytes of C
+    // (kCols columns: 64 halves as packed pairs, or 32 fp32), rows padded
+    // so that a warp's pair writes spread over the 32 banks (36 words for
+    // packed pairs, 40 for fp32's 8-byte pairs).
+    static constexpr int kCols = 128 / kElem;
+    static constexpr int kStageRow = kElem == 2 ? 36 : 40;
     struct smem_t {
         uint64_t full[kStages], empty[kStages]; // mbarriers
         int abort; // the consumers gave up (debug wait): stop loading
@@ -442,44 +445,52 @@ struct wgmma_mainloop {
 #endif
     }
 
-    static __device__ __forceinline__ uint32_t pack(float a, float b)
+    // The pair (a, b) of columns 2 * q, 2 * q + 1 into a staged row
+    static __device__ __forceinline__ void stage_pair(uint32_t *row, int q,
+                                                      float a, float b)
     {
-        if constexpr (std::is_same_v<T, __half>) {
+        if constexpr (std::is_same_v<T, float>) {
+            *reinterpret_cast<float2 *>(row + 2 * q) = make_float2(a, b);
+        }
+        else if constexpr (std::is_same_v<T, __half>) {
             const __half2 h = __floats2half2_rn(a, b);
-            return *reinterpret_cast<const uint32_t *>(&h);
+            row[q] = *reinterpret_cast<const uint32_t *>(&h);
         }
         else {
             const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-            return *reinterpret_cast<const uint32_t *>(&h);
+            row[q] = *reinterpret_cast<const uint32_t *>(&h);
         }
     }
 
     // The tile at (r0, c0) of C (row stride n) from epi.apply(acc,
-    // epi.addends(row, col)), through the warp's staging slice:
-    // each warp holds 16 rows; per 64 columns its lanes write their pairs
-    // (rows of 4 lanes x 2 values), then copy them out. chunks (16-byte
-    // aligned rows: n % 8 == 0): 16-byte chunks, 8 lanes a 128-byte row
-    // piece, 8 full-sector stores a lane instead of 32-64 half-sector
-    // ones; else element by element, a warp's store 32 neighbours of one
-    // row (C's direct stores from the fragments would write 8 rows a
-    // store, 4 bytes of each sector they touch).
+    // epi.addends(row, col)), through the warp's staging slice: each warp
+    // holds 16 rows; per kCols columns (128 bytes) its lanes write their
+    // pairs (rows of 4 lanes x 2 values), then copy them out. chunks
+    // (16-byte aligned rows: n a multiple of 16 bytes): 16-byte chunks, 8
+    // lanes a 128-byte row piece, full-sector stores; else element by
+    // element, a warp's store 32 neighbours of one row (C's direct stores
+    // from the fragments would write 8 rows a store, 4 or 8 bytes of each
+    // sector they touch).
     template <typename E>
     static __device__ void store_staged(T *C, int64_t m, int64_t n, int64_t r0,
                                         int64_t c0, const float (&acc)[kAcc],
                                         smem_t &sm, E epi, bool chunks)
     {
+        // C's elements as raw bits (the copy-out moves them unchanged)
+        using bits_t = std::conditional_t<kElem == 2, uint16_t, uint32_t>;
+        constexpr int kChunk = 16 / kElem; // elements a 16-byte chunk
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
         uint32_t *st = sm.stage[warp];
         const int64_t rows = r0 + (warp / 4) * 64 + (warp % 4) * 16;
 #pragma unroll
-        for (int cc = 0; cc < BN / 64; cc++) {
-            // the 32 values first (an epilogue's loads all in flight
+        for (int cc = 0; cc < BN / kCols; cc++) {
+            // the values first (an epilogue's loads all in flight
             // together), then the stores
-            float v[8][4];
+            float v[kCols / 8][4];
 #pragma unroll
-            for (int jj = 0; jj < 8; jj++) {
-                const int e = (cc * 8 + jj) * 4;
-                const int64_t gc = c0 + cc * 64 + jj * 8 + (lane % 4) * 2;
+            for (int jj = 0; jj < kCols / 8; jj++) {
+                const int e = (cc * (kCols / 8) + jj) * 4;
+                const int64_t gc = c0 + cc * kCols + jj * 8 + (lane % 4) * 2;
                 const int64_t gr = rows + lane / 4; // and gr + 8
                 float a[4];
                 epi.addends(gr, gc, a[0], a[1]);
@@ -496,52 +507,53 @@ struct wgmma_mainloop {
                 }
             }
 #pragma unroll
-            for (int jj = 0; jj < 8; jj++) {
+            for (int jj = 0; jj < kCols / 8; jj++) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    st[(lane / 4 + 8 * h) * kStageRow + jj * 4 + lane % 4] =
-                        pack(v[jj][2 * h], v[jj][2 * h + 1]);
+                    stage_pair(st + (lane / 4 + 8 * h) * kStageRow,
+                               jj * 4 + lane % 4, v[jj][2 * h],
+                               v[jj][2 * h + 1]);
                 }
             }
             __syncwarp();
             if (!chunks) {
-                const unsigned short *s16 =
-                    reinterpret_cast<const unsigned short *>(st);
-                unsigned short *d = reinterpret_cast<unsigned short *>(C);
+                const bits_t *sb = reinterpret_cast<const bits_t *>(st);
+                bits_t *d = reinterpret_cast<bits_t *>(C);
+                constexpr int kRowElems = kStageRow * 4 / kElem;
 #pragma unroll 4
-                for (int t = 0; t < 32; t++) {
-                    const int row = t / 2, col = (t % 2) * 32 + lane;
-                    const int64_t gr = rows + row, gc = c0 + cc * 64 + col;
+                for (int t = 0; t < kCols / 2; t++) {
+                    const int row = t / (kCols / 32);
+                    const int col = (t % (kCols / 32)) * 32 + lane;
+                    const int64_t gr = rows + row, gc = c0 + cc * kCols + col;
                     if (gr < m && gc < n) {
-                        d[gr * n + gc] = s16[row * 2 * kStageRow + col];
+                        d[gr * n + gc] = sb[row * kRowElems + col];
                     }
                 }
-                __syncwarp(); // the slice is rewritten by the next 64 columns
+                __syncwarp(); // the slice is rewritten by the next columns
                 continue;
             }
 #pragma unroll
             for (int t = 0; t < 4; t++) {
                 const int idx = t * 32 + lane, row = idx / 8, ch = idx % 8;
-                const int64_t gr = rows + row, gc = c0 + cc * 64 + ch * 8;
+                const int64_t gr = rows + row;
+                const int64_t gc = c0 + cc * kCols + ch * kChunk;
                 const uint4 v = *reinterpret_cast<const uint4 *>(
                     st + row * kStageRow + ch * 4);
-                if (gr < m && gc + 8 <= n) {
+                if (gr < m && gc + kChunk <= n) {
                     *reinterpret_cast<uint4 *>(C + gr * n + gc) = v;
                 }
                 else if (gr < m && gc < n) { // the right edge: element-wise
-                    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-                    unsigned short *d =
-                        reinterpret_cast<unsigned short *>(C + gr * n + gc);
+                    const bits_t *w = reinterpret_cast<const bits_t *>(&v);
+                    bits_t *d = reinterpret_cast<bits_t *>(C + gr * n + gc);
 #pragma unroll
-                    for (int i = 0; i < 8; i++) {
+                    for (int i = 0; i < kChunk; i++) {
                         if (gc + i < n) {
-                            d[i] =
-                                (unsigned short)(w[i / 2] >> (16 * (i % 2)));
+                            d[i] = w[i];
                         }
                     }
                 }
             }
-            __syncwarp(); // the slice is rewritten by the next 64 columns
+            __syncwarp(); // the slice is rewritten by the next columns
         }
     }
 
