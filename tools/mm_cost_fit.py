@@ -1,4 +1,4 @@
-"""Fits the matmul planner's cost model (csrc/cuda/matmul_cost.h) to the
+"""Fits the matmul planner's cost model (csrc/cuda/matmul_cost.cuh) to the
 lines tools/mm_calibrate.py wrote, and says how well the model's tile
 choice does against the best measured one on those shapes.
 
@@ -38,14 +38,20 @@ def counts(r):
     return crit_iters, crit_tiles, sk_mb
 
 
+WIDTHS = (256, 128, 64)
+
+
 def features(r):
     ci, ct, sk_mb = counts(r)
-    wide = r["bn"] == 256
-    return [ci * wide, ct * wide, ci * (not wide), ct * (not wide), sk_mb]
+    f = []
+    for bn in WIDTHS:
+        f += [ci * (r["bn"] == bn), ct * (r["bn"] == bn)]
+    return f + [sk_mb]
 
 
-NAMES = ("iter_us[256]", "tile_us[256]", "iter_us[128]", "tile_us[128]",
-         "sk_us_per_mb")  # fmt: skip
+NAMES = tuple(
+    f"{what}_us[{bn}]" for bn in WIDTHS for what in ("iter", "tile")
+) + ("sk_us_per_mb",)
 
 
 def old_rule(m, n, iters, sms):

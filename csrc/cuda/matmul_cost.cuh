@@ -1,5 +1,5 @@
-// The matmul planner's cost model: which wgmma tile width (128 x 256 or
-// 128 x 128, BK = 128 bytes of k) a problem runs, and whether its last partial wave
+// The matmul planner's cost model: which wgmma tile width (128 x 256,
+// 128 x 128 or 128 x 64, BK = 128 bytes of k) a problem runs, and whether its last partial wave
 // is split Stream-K or run as whole tiles, from the time each is predicted
 // to take.
 //
@@ -19,10 +19,10 @@
 // outgrow L2 each split tile's (BM + BN) x K panel comes from DRAM.
 //
 // The constants are a least-squares fit (tools/mm_cost_fit.py) to kernel
-// times of both widths under the Stream-K and the data-parallel schedule
+// times of every width under the Stream-K and the data-parallel schedule
 // on a shape grid (tools/mm_calibrate.py: M 256-8192, N 768-6144, K
-// 256-6016, bf16) on H100 SXMs, each plan at its least time over two
-// runs; the timings are
+// 256-6016, bf16) on H100 SXMs, each plan at its least time over the
+// runs (128 x 64 tiles timed in one of them); the timings are
 // benchmark/results/mm_calibration_NVIDIA_H100_80GB_HBM3.jsonl and the
 // fit's quality is in docs/performance.md. They are per SM, so the SM count
 // carries them to other Hopper parts.
@@ -42,9 +42,10 @@ struct wgmma_tile_cost {
     double tile_us; // a tile's epilogue and pipeline fill
 };
 
-constexpr wgmma_tile_cost kWgmmaWide = {256, 0.746, 2.74};
-constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.460, 1.03};
-constexpr double kStreamKUsPerMb = 0.065;
+constexpr wgmma_tile_cost kWgmmaWide = {256, 0.741, 2.62};
+constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.452, 1.08};
+constexpr wgmma_tile_cost kWgmmaSlim = {64, 0.375, 0.288};
+constexpr double kStreamKUsPerMb = 0.070;
 
 inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
                                  int group_m, const wgmma_tile_cost &c,
@@ -67,7 +68,7 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
 }
 
 struct wgmma_plan {
-    gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256 or _128
+    gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256, _128 or _64
     gemsops_sk_mode mode;
 };
 
@@ -78,14 +79,16 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
                                  gemsops_mainloop width, int64_t ctas,
                                  int group_m)
 {
-    const wgmma_tile_cost *costs[2] = {&kWgmmaWide, &kWgmmaNarrow};
+    const wgmma_tile_cost *costs[3] = {&kWgmmaWide, &kWgmmaNarrow,
+                                       &kWgmmaSlim};
     const gemsops_sk_mode modes[2] = {p->mode, GEMSOPS_SK_DATA_PARALLEL};
     const int n_modes = p->mode == GEMSOPS_SK_AUTO ? 2 : 1;
     wgmma_plan best = {width, p->mode};
     double best_us = -1.0;
     for (const wgmma_tile_cost *c : costs) {
-        const gemsops_mainloop w = c->bn == 256 ? GEMSOPS_MAINLOOP_WGMMA_256
-                                                : GEMSOPS_MAINLOOP_WGMMA_128;
+        const gemsops_mainloop w = c->bn == 256   ? GEMSOPS_MAINLOOP_WGMMA_256
+                                   : c->bn == 128 ? GEMSOPS_MAINLOOP_WGMMA_128
+                                                  : GEMSOPS_MAINLOOP_WGMMA_64;
         if (width != GEMSOPS_MAINLOOP_AUTO && w != width) {
             continue;
         }

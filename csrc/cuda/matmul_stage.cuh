@@ -20,7 +20,7 @@
 // (batch stride 0) is staged once. TF32 wgmma reads K-major operands only:
 // an fp32 operand is staged K-contiguous whatever its layout, and one whose
 // unit stride runs across the copy's lines is transposed through shared
-// memory in 32 x 32 tiles (reads and writes coalesced again).
+// memory in 64 x 64 tiles (reads and writes coalesced again).
 // Its cost: 8 bytes an element moved, where the product spends 2 x (the
 // other extent) FLOP on each, so it weighs most when that extent is small.
 #pragma once
@@ -120,11 +120,11 @@ struct stage_args {
 // along the line) and of the copy.
 constexpr int kStageThreads = 256, kStageUnroll = 4;
 constexpr int kStageChunk = kStageThreads * kStageUnroll;
-// Transposing copy: tiles of 32 lines x 32 elements; a warp reads 32
-// neighbouring lines (the source's unit stride) and writes 32 neighbouring
-// elements of one line.
-constexpr int kStageTile = 32;
-
+// Transposing copy: tiles of 64 lines x 64 elements, 16 loads a thread in
+// flight before the tile is written back; a warp reads 32 neighbouring
+// lines (the source's unit stride) and writes 32 neighbouring elements of
+// one line.
+constexpr int kStageTile = 64;
 template <typename E>
 __device__ void stage_lines(const staged_operand &o)
 {
@@ -159,13 +159,14 @@ __device__ void stage_lines(const staged_operand &o)
 template <typename E>
 __device__ void stage_transposed(const staged_operand &o)
 {
-    __shared__ E tile[kStageTile][kStageTile + 1];
+    constexpr int kRows = kStageThreads / 32; // warps
+    constexpr int kPer = kStageTile * kStageTile / kStageThreads;
+    __shared__ E tile[kStageTile][kStageTile + 1]; // [x][line]
     const int64_t lines = o.lines(), len = o.line_len();
     const int64_t tl = (lines + kStageTile - 1) / kStageTile;
     const int64_t tx = (len + kStageTile - 1) / kStageTile;
     const int64_t along = o.by_rows ? o.cs : o.rs; // across is 1
-    const int lane = threadIdx.x % 32, row = threadIdx.x / 32;
-    constexpr int kRows = kStageThreads / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const E *src0 = static_cast<const E *>(o.src);
     E *dst0 = static_cast<E *>(o.dst);
     for (int64_t item = blockIdx.x; item < o.batch * tl * tx;
@@ -175,19 +176,24 @@ __device__ void stage_transposed(const staged_operand &o)
         const int64_t x0 = item % tx * kStageTile;
         const E *src = src0 + bt * o.bs;
         E *dst = dst0 + bt * lines * o.ld;
+        E v[kPer];
 #pragma unroll
-        for (int j = 0; j < kStageTile / kRows; j++) {
-            const int64_t x = x0 + row + j * kRows, l = l0 + lane;
-            if (x < len && l < lines) {
-                tile[row + j * kRows][lane] = __ldg(src + l + x * along);
-            }
+        for (int j = 0; j < kPer; j++) {
+            const int li = (j % 2) * 32 + lane, xi = warp + (j / 2) * kRows;
+            const int64_t l = l0 + li, x = x0 + xi;
+            v[j] = x < len && l < lines ? __ldg(src + l + x * along) : E(0);
+        }
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            tile[warp + (j / 2) * kRows][(j % 2) * 32 + lane] = v[j];
         }
         __syncthreads();
 #pragma unroll
-        for (int j = 0; j < kStageTile / kRows; j++) {
-            const int64_t l = l0 + row + j * kRows, x = x0 + lane;
+        for (int j = 0; j < kPer; j++) {
+            const int li = warp + (j / 2) * kRows, xi = (j % 2) * 32 + lane;
+            const int64_t l = l0 + li, x = x0 + xi;
             if (x < len && l < lines) {
-                dst[l * o.ld + x] = tile[lane][row + j * kRows];
+                dst[l * o.ld + x] = tile[xi][li];
             }
         }
         __syncthreads(); // the tile is rewritten by the next item

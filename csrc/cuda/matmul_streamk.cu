@@ -9,8 +9,8 @@
 // fix-up; a mainloop computes a tile's k-iterations into per-thread fp32
 // accumulators and stores them:
 //   wgmma (matmul_wgmma.cuh, sm_90a): fp16/bf16 with A and B each K- or
-//     MN-contiguous, whole aligned 16-byte chunks: 128 x 128 or 128 x 256
-//     tiles, warpgroup MMA from a TMA-filled ring (tensor maps encoded
+//     MN-contiguous, whole aligned 16-byte chunks (fp32 as TF32, both
+//     K-contiguous): 128 x 64, 128 x 128 or 128 x 256 tiles, warpgroup MMA from a TMA-filled ring (tensor maps encoded
 //     here, per launch, through the driver entry point cudart hands out);
 //   mma (matmul_mma.cuh, sm_80+): fp16/bf16 with A K-contiguous, B either
 //     way, whole aligned 16-byte chunks: 128 x 128 tiles on tensor cores
@@ -353,12 +353,25 @@ struct tc_mainloop {
     }
 };
 // mma.sync: 128 registers, two CTAs per SM; wgmma: one CTA holds the
-// 193 KB ring (6 stages of 128 x 128 x 64, 4 of 128 x 256 x 64).
+// 193 KB ring (8 stages of 128 x 64 x 128 bytes, 6 of 128 x 128, 4 of
+// 128 x 256).
 template <typename T>
 using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
+constexpr int wgmma_stages(int bn)
+{
+    return bn == 64 ? 8 : bn == 128 ? 6 : 4;
+}
 template <typename T, int BN, bool AM, bool BNM>
 using wgmma_tc =
-    tc_mainloop<wgmma_mainloop<T, BN, BN == 128 ? 6 : 4, AM, BNM>, 1>;
+    tc_mainloop<wgmma_mainloop<T, BN, wgmma_stages(BN), AM, BNM>, 1>;
+
+// The tile width a wgmma mainloop value names
+constexpr int wgmma_bn(gemsops_mainloop m)
+{
+    return m == GEMSOPS_MAINLOOP_WGMMA_256  ? 256
+           : m == GEMSOPS_MAINLOOP_WGMMA_64 ? 64
+                                            : 128;
+}
 
 // ---- the driver: schedule walk, fix-up, epilogue ---------------------------
 __device__ __forceinline__ void store_pair(float *d, float a, float b)
@@ -814,6 +827,7 @@ kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l)
     switch (m) {
     case GEMSOPS_MAINLOOP_WGMMA_256: return wgmma_choice<T, 256>(m, l);
     case GEMSOPS_MAINLOOP_WGMMA_128: return wgmma_choice<T, 128>(m, l);
+    case GEMSOPS_MAINLOOP_WGMMA_64: return wgmma_choice<T, 64>(m, l);
     case GEMSOPS_MAINLOOP_MMA:
         if constexpr (!std::is_same_v<T, float>) {
             return choice<T, mma_tc<T>>(32, m, l);
@@ -852,7 +866,7 @@ int choose(const gemsops_matmul_params *p, const device_facts &f, bool encode,
     gemsops_matmul_params lower = *p;
     lower.mainloop = GEMSOPS_MAINLOOP_MMA;
     tma_operand oa, ob;
-    tma_operands(p, tl, m == GEMSOPS_MAINLOOP_WGMMA_256 ? 256 : 128, &oa, &ob);
+    tma_operands(p, tl, wgmma_bn(m), &oa, &ob);
     if (m >= GEMSOPS_MAINLOOP_WGMMA_128 &&
         (tensor_map_encoder() == nullptr || !tma_describes(oa) ||
          !tma_describes(ob))) {

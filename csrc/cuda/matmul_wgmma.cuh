@@ -12,14 +12,16 @@
 // consumer instruction goes to copies, and inside the mainloop the
 // consumers never meet at a CTA barrier: each waits for its step alone.
 //
-// Tile: BM = 128 rows x BN (128 or 256) columns x BK per k-step, BK the
-// k of 128 bytes (64 half elements, 32 fp32); consumer g computes rows
+// Tile: BM = 128 rows x BN (64, 128 or 256) columns x BK per k-step, BK
+// the k of 128 bytes (64 half elements, 32 fp32); consumer g computes rows
 // 64g..64g+63 with one wgmma per 32 bytes of k (m64nBNk16 for halves,
 // m64nBNk8 for TF32; fp32 accumulators, BN / 2 registers per thread). A
 // half k-step is 2 * 128 * BN * 64 FLOP: ~512 tensor-core cycles of one SM
 // at BN = 128, ~1024 at BN = 256, while the copies of the next steps fly;
 // a TF32 k-step is half the FLOP at half the rate, so the same cycles on
-// the same bytes.
+// the same bytes. BN = 64 (~256 cycles for 24 KB a k-step) runs short of
+// load bandwidth; it is for outputs too small to give every SM a wider
+// tile.
 //
 // Shared memory: an S-stage ring of [A | B] stages, each operand in the
 // 128-byte-swizzle canonical layout wgmma reads and TMA writes (16-byte
@@ -114,6 +116,9 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
     return done != 0;
 }
 
+#define GEMSOPS_OPS_0_31                                             \
+    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17," \
+    "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
 #define GEMSOPS_OPS_0_63                                             \
     "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17," \
     "%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,"   \
@@ -128,10 +133,25 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
 #define GEMSOPS_ACC8(i)                                         \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
         "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
+#define GEMSOPS_ACC32(i)                                        \
+    GEMSOPS_ACC8(i), GEMSOPS_ACC8(i + 8), GEMSOPS_ACC8(i + 16), \
+        GEMSOPS_ACC8(i + 24)
 #define GEMSOPS_ACC64(i)                                                  \
     GEMSOPS_ACC8(i), GEMSOPS_ACC8(i + 8), GEMSOPS_ACC8(i + 16),           \
         GEMSOPS_ACC8(i + 24), GEMSOPS_ACC8(i + 32), GEMSOPS_ACC8(i + 40), \
         GEMSOPS_ACC8(i + 48), GEMSOPS_ACC8(i + 56)
+#define GEMSOPS_WGMMA_N64(TYPE)                                               \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                 \
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE  \
+                 " {" GEMSOPS_OPS_0_31 "}, %32, %33, p, 1, 1, %35, %36;\n}\n" \
+                 : GEMSOPS_ACC32(0)                                           \
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+#define GEMSOPS_WGMMA_TF32_N64                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"          \
+                 "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32" \
+                 " {" GEMSOPS_OPS_0_31 "}, %32, %33, p, 1, 1;\n}\n"    \
+                 : GEMSOPS_ACC32(0)                                    \
+                 : "l"(da), "l"(db), "r"(1))
 #define GEMSOPS_WGMMA_N128(TYPE)                                              \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                 \
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE \
@@ -169,12 +189,21 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
     constexpr bool f16 = std::is_same_v<T, __half>;
     if constexpr (std::is_same_v<T, float>) {
         static_assert(TA == 0 && TB == 0, "TF32 operands are K-major");
-        if constexpr (N == 128) {
+        if constexpr (N == 64) {
+            GEMSOPS_WGMMA_TF32_N64;
+        }
+        else if constexpr (N == 128) {
             GEMSOPS_WGMMA_TF32_N128;
         }
         else {
             GEMSOPS_WGMMA_TF32_N256;
         }
+    }
+    else if constexpr (N == 64 && f16) {
+        GEMSOPS_WGMMA_N64("f16");
+    }
+    else if constexpr (N == 64) {
+        GEMSOPS_WGMMA_N64("bf16");
     }
     else if constexpr (N == 128 && f16) {
         GEMSOPS_WGMMA_N128("f16");
@@ -193,6 +222,10 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
 #undef GEMSOPS_WGMMA_N128
 #undef GEMSOPS_WGMMA_TF32_N256
 #undef GEMSOPS_WGMMA_TF32_N128
+#undef GEMSOPS_WGMMA_TF32_N64
+#undef GEMSOPS_WGMMA_N64
+#undef GEMSOPS_ACC32
+#undef GEMSOPS_OPS_0_31
 #undef GEMSOPS_ACC64
 #undef GEMSOPS_ACC8
 #undef GEMSOPS_OPS_64_127
@@ -221,7 +254,7 @@ __device__ __forceinline__ bool consumers_sync_or(bool v)
 // registers (it spilled at BN = 256). T = float: TF32, both K-contiguous.
 template <typename T, int BN_, int STAGES, bool AM, bool BNM>
 struct wgmma_mainloop {
-    static_assert(BN_ == 128 || BN_ == 256, "BN: 128 or 256");
+    static_assert(BN_ == 64 || BN_ == 128 || BN_ == 256, "BN: 64-256");
     static_assert(sizeof(T) == 2 || !(AM || BNM), "TF32 operands: K-major");
     static constexpr int kElem = sizeof(T); // bytes
     static constexpr int BM = 128, BN = BN_, BK = 128 / kElem;

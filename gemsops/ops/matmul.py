@@ -12,7 +12,8 @@ dB = A^T . dC.
 Schedules: 'auto' (hybrid where Stream-K can help), 'data-parallel',
 'stream-k', 'hybrid'; set_schedule() or GEMSOPS_MATMUL_SCHEDULE picks one
 for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest the GPU and
-operands allow), or a cap: 'wgmma-256', 'wgmma-128' (sm_90a), 'mma'
+operands allow), or a cap: 'wgmma-256', 'wgmma-128', 'wgmma-64' (sm_90a,
+a forced tile width), 'mma'
 (sm_80+), 'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32
 runs on wgmma as TF32 when torch allows TF32 for its own CUDA matmuls
 (torch.backends.cuda.matmul.allow_tf32, torch.set_float32_matmul_precision)
@@ -30,7 +31,14 @@ from .._dispatch import eager, eager_apply, register_autocast
 _compiling = torch.compiler.is_compiling
 
 SCHEDULES = {"auto": 0, "data-parallel": 1, "stream-k": 2, "hybrid": 3}
-MAINLOOPS = {"auto": 0, "ffma": 1, "mma": 2, "wgmma-128": 3, "wgmma-256": 4}
+MAINLOOPS = {
+    "auto": 0,
+    "ffma": 1,
+    "mma": 2,
+    "wgmma-128": 3,
+    "wgmma-256": 4,
+    "wgmma-64": 5,
+}
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
 _config = dict(
