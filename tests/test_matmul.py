@@ -4,6 +4,8 @@ same schedule and fix-up as CUDA, OpenMP threads as CTAs) and on CUDA
 
 import contextlib
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -532,6 +534,38 @@ def test_tf32_follows_float32_matmul_precision():
         assert_tf32(high, a, b, name="high")
     else:
         assert_mm_close(high, a, b, F32, name="high")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(
+    not hasattr(torch.backends, "fp32_precision"),
+    reason="torch without the fp32_precision settings",
+)
+def test_tf32_follows_the_fp32_precision_setting():
+    """torch's newer switch (torch.backends.cuda.matmul.fp32_precision),
+    in a process of its own: once it is used, reading the legacy
+    allow_tf32 raises, so gemsops must not read that one."""
+    code = (
+        "import torch, gemsops\n"
+        "torch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
+        "a = torch.randn(200, 520, device='cuda')\n"
+        "b = torch.randn(520, 136, device='cuda')\n"
+        "tf = (gemsops.mm(a, b).double() - a.double() @ b.double())\n"
+        "torch.backends.cuda.matmul.fp32_precision = 'ieee'\n"
+        "ex = (gemsops.mm(a, b).double() - a.double() @ b.double())\n"
+        "print(tf.abs().max().item(), ex.abs().max().item())\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    tf_err, exact_err = map(float, run.stdout.split())
+    # k = 520 of N(0, 1): fp32's error stays near 1e-5, TF32's near 1e-2
+    assert exact_err < 1e-3, exact_err
+    if is_sm90():
+        assert tf_err > 10 * exact_err, (tf_err, exact_err)
+    else:
+        assert tf_err < 1e-3, tf_err
 
 
 @pytest.mark.cuda

@@ -16,8 +16,8 @@ operands allow), or a cap: 'wgmma-256', 'wgmma-128', 'wgmma-64' (sm_90a,
 a forced tile width), 'mma'
 (sm_80+), 'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32
 runs on wgmma as TF32 when torch allows TF32 for its own CUDA matmuls
-(torch.backends.cuda.matmul.allow_tf32, torch.set_float32_matmul_precision)
-and exactly otherwise.
+(torch.backends.cuda.matmul.fp32_precision or allow_tf32,
+torch.set_float32_matmul_precision) and exactly otherwise.
 """
 
 import math
@@ -50,14 +50,23 @@ _config = dict(
 )
 _launch = ()  # _C.matmul's (schedule, two_tiles, ctas, mainloop, spin_limit)
 _FFMA = MAINLOOPS["ffma"]
+_HAS_FP32_PRECISION = hasattr(torch.backends, "fp32_precision")
 
 
 def _tf32_allowed(a):
     """fp32 products on a's device may round their inputs to TF32: torch's
-    switch for its own CUDA matmuls (torch.backends.cuda.matmul.allow_tf32,
-    set also by torch.set_float32_matmul_precision). The CPU computes fp32
+    setting for its own CUDA matmuls, read through the API that every way
+    of setting it reports to (torch.backends.cuda.matmul.fp32_precision:
+    'tf32' after allow_tf32 = True, set_float32_matmul_precision('high'),
+    or the fp32_precision settings themselves; reading the legacy
+    allow_tf32 raises once the newer API was used). The CPU computes fp32
     exactly, as torch's CPU matmul does."""
-    return a.is_cuda and torch.backends.cuda.matmul.allow_tf32
+    if not a.is_cuda:
+        return False
+    settings = torch.backends.cuda.matmul
+    if _HAS_FP32_PRECISION:
+        return settings.fp32_precision == "tf32"
+    return settings.allow_tf32
 
 
 def _set_launch():
