@@ -249,6 +249,8 @@ def matmul_summary(docs):
         ("≥ 20 GFLOP", lambda s: gflop(s) >= 20),
         ("< 2 GFLOP", lambda s: gflop(s) < 2),
     ]
+    # the runs' commits, each once (a schedule's run may predate another's)
+    commits = " / ".join(dict.fromkeys(d["commit"] for d in runs.values()))
     for dtype in dict.fromkeys(r["dtype"] for r in ref["rows"]):
         for label, keep in subsets:
             g = {}
@@ -268,7 +270,7 @@ def matmul_summary(docs):
                 f"| {dtype} | {label} ({n}) | {g['data-parallel']:.3f} | "
                 f"{g['auto']:.3f} | {g['hybrid']:.3f} | "
                 f"{g['hybrid'] / g['data-parallel']:.3f} | "
-                f"{gpu_name(ref)}, {ref['commit']}, {timing(ref)} |"
+                f"{gpu_name(ref)}, {commits}, {timing(ref)} |"
             )
     return out
 
