@@ -1,7 +1,7 @@
 // The matmul planner's cost model: which wgmma tile width (128 x 256,
-// 128 x 128 or 128 x 64, BK = 128 bytes of k) a problem runs, and whether its last partial wave
-// is split Stream-K or run as whole tiles, from the time each is predicted
-// to take.
+// 128 x 128 or 128 x 64, BK = 128 bytes of k) a problem runs, and whether
+// its last partial wave is split Stream-K or run as whole tiles, from the
+// time each is predicted to take.
 //
 // For one width and its schedule (gemsops_sk_plan), in microseconds:
 //
@@ -37,8 +37,9 @@ namespace gemsops {
 
 struct wgmma_tile_cost {
     int bn;
-    double iter_us; // one 128 x BN x BK k-iteration on one SM (TF32's
-    // half-rate k8 takes a k16 half's cycles: the same)
+    // one 128 x BN x BK k-iteration on one SM (the same for TF32: its
+    // half-rate k8 takes the cycles of a half type's k16)
+    double iter_us;
     double tile_us; // a tile's epilogue and pipeline fill
 };
 

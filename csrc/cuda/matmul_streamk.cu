@@ -10,8 +10,9 @@
 // accumulators and stores them:
 //   wgmma (matmul_wgmma.cuh, sm_90a): fp16/bf16 with A and B each K- or
 //     MN-contiguous, whole aligned 16-byte chunks (fp32 as TF32, both
-//     K-contiguous): 128 x 64, 128 x 128 or 128 x 256 tiles, warpgroup MMA from a TMA-filled ring (tensor maps encoded
-//     here, per launch, through the driver entry point cudart hands out);
+//     K-contiguous): 128 x 64, 128 x 128 or 128 x 256 tiles, warpgroup
+//     MMA from a TMA-filled ring (tensor maps encoded here, per launch,
+//     through the driver entry point cudart hands out);
 //   mma (matmul_mma.cuh, sm_80+): fp16/bf16 with A K-contiguous, B either
 //     way, whole aligned 16-byte chunks: 128 x 128 tiles on tensor cores
 //     (mma.sync + ldmatrix + a 3-stage cp.async ring);

@@ -83,8 +83,9 @@ int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
                              gemsops_mainloop *mainloop, int *staged,
                              gemsops_status *st);
 /* Launches C = A.B. A schedule that splits tiles (Stream-K) needs a
- * workspace and flags (so does one staging an operand): when p->flags is NULL it launches nothing and sets
- * *need (zeros otherwise), so a caller allocates them only when used. */
+ * workspace and flags (so does one staging an operand): when p->flags is
+ * NULL it launches nothing and sets *need (zeros otherwise), so a caller
+ * allocates them only when used. */
 /* Launches whose operands TMA was asked to describe and the driver
  * refused (CUDA_ERROR_INVALID_VALUE): they ran the mma mainloop instead. */
 long long gemsops_tma_refusals(void);
