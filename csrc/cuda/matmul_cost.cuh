@@ -75,6 +75,20 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
            c.tile_us * (double)(waves + pieces) + kStreamKUsPerMb * sk_mb;
 }
 
+// A wgmma mainloop value and its tile width, both ways
+constexpr int wgmma_bn(gemsops_mainloop m)
+{
+    return m == GEMSOPS_MAINLOOP_WGMMA_256  ? 256
+           : m == GEMSOPS_MAINLOOP_WGMMA_64 ? 64
+                                            : 128;
+}
+constexpr gemsops_mainloop wgmma_width(int bn)
+{
+    return bn == 256   ? GEMSOPS_MAINLOOP_WGMMA_256
+           : bn == 128 ? GEMSOPS_MAINLOOP_WGMMA_128
+                       : GEMSOPS_MAINLOOP_WGMMA_64;
+}
+
 struct wgmma_plan {
     gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256, _128 or _64
     gemsops_sk_mode mode;
@@ -94,9 +108,7 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
     wgmma_plan best = {width, p->mode};
     double best_us = -1.0;
     for (const wgmma_tile_cost *c : costs) {
-        const gemsops_mainloop w = c->bn == 256   ? GEMSOPS_MAINLOOP_WGMMA_256
-                                   : c->bn == 128 ? GEMSOPS_MAINLOOP_WGMMA_128
-                                                  : GEMSOPS_MAINLOOP_WGMMA_64;
+        const gemsops_mainloop w = wgmma_width(c->bn);
         if (width != GEMSOPS_MAINLOOP_AUTO && w != width) {
             continue;
         }

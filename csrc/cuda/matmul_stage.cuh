@@ -206,12 +206,13 @@ __global__ void __launch_bounds__(kStageThreads)
     matmul_stage_kernel(stage_args a)
 {
     const staged_operand &o = a.op[blockIdx.y];
-    if (o.transpose) {
-        stage_transposed<E>(o);
+    if constexpr (sizeof(E) == 4) { // only TF32 operands are transposed
+        if (o.transpose) {
+            stage_transposed<E>(o);
+            return;
+        }
     }
-    else {
-        stage_lines<E>(o);
-    }
+    stage_lines<E>(o);
 }
 
 // The launch's work items (line chunks or tiles) of one operand.

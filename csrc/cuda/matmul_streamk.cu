@@ -366,14 +366,6 @@ template <typename T, int BN, bool AM, bool BNM>
 using wgmma_tc =
     tc_mainloop<wgmma_mainloop<T, BN, wgmma_stages(BN), AM, BNM>, 1>;
 
-// The tile width a wgmma mainloop value names
-constexpr int wgmma_bn(gemsops_mainloop m)
-{
-    return m == GEMSOPS_MAINLOOP_WGMMA_256  ? 256
-           : m == GEMSOPS_MAINLOOP_WGMMA_64 ? 64
-                                            : 128;
-}
-
 // ---- the driver: schedule walk, fix-up, epilogue ---------------------------
 __device__ __forceinline__ void store_pair(float *d, float a, float b)
 {
@@ -579,12 +571,18 @@ bool tf32_allowed(const gemsops_matmul_params *p)
     return p->dtype == GEMSOPS_FLOAT32 && p->allow_tf32;
 }
 
+// the dtypes wgmma takes: halves, and fp32 as TF32 when allowed
+bool wgmma_dtype(const gemsops_matmul_params *p)
+{
+    return p->dtype == GEMSOPS_FLOAT16 || p->dtype == GEMSOPS_BFLOAT16 ||
+           tf32_allowed(p);
+}
+
 tc_layout tma_layout_of(const gemsops_matmul_params *p)
 {
-    const bool half =
-        p->dtype == GEMSOPS_FLOAT16 || p->dtype == GEMSOPS_BFLOAT16;
-    const bool ok = (half || tf32_allowed(p)) && p->m < INT32_MAX &&
-                    p->n < INT32_MAX && p->k < INT32_MAX &&
+    const bool transposes = !tf32_allowed(p); // TF32 has no MN-major form
+    const bool ok = wgmma_dtype(p) && p->m < INT32_MAX && p->n < INT32_MAX &&
+                    p->k < INT32_MAX &&
                     p->batch < INT32_MAX; // TMA coordinates are int32
     const int64_t unit = 16 / (int64_t)gemsops_dtype_size(p->dtype);
     auto base = [p, ok, unit](const void *q, int64_t bs) {
@@ -594,9 +592,9 @@ tc_layout tma_layout_of(const gemsops_matmul_params *p)
     const bool a = base(p->a, p->a_bs), b = base(p->b, p->b_bs);
     tc_layout l;
     l.a_k = a && p->a_cs == 1 && p->a_rs % unit == 0;
-    l.a_m = half && a && p->a_rs == 1 && p->a_cs % unit == 0;
+    l.a_m = transposes && a && p->a_rs == 1 && p->a_cs % unit == 0;
     l.b_k = b && p->b_rs == 1 && p->b_cs % unit == 0;
-    l.b_n = half && b && p->b_cs == 1 && p->b_rs % unit == 0;
+    l.b_n = transposes && b && p->b_cs == 1 && p->b_rs % unit == 0;
     return l;
 }
 
@@ -765,9 +763,7 @@ bool wgmma_allowed(const gemsops_matmul_params *p, const device_facts &f)
 #ifdef GEMSOPS_HAVE_SM90A
     return (p->mainloop == GEMSOPS_MAINLOOP_AUTO ||
             p->mainloop >= GEMSOPS_MAINLOOP_WGMMA_128) &&
-           (p->dtype == GEMSOPS_FLOAT16 || p->dtype == GEMSOPS_BFLOAT16 ||
-            tf32_allowed(p)) &&
-           f.cc_major == 9 && f.cc_minor == 0;
+           wgmma_dtype(p) && f.cc_major == 9 && f.cc_minor == 0;
 #else
     (void)p;
     (void)f;
