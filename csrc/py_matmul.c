@@ -96,7 +96,7 @@ parse_problem(PyObject *const *args, const char *fn,
         parse_ll(args[4], fn, "two_tiles", 0, 1, &two) ||
         parse_ll(args[5], fn, "ctas", 0, 1LL << 20, &ctas) ||
         parse_ll(args[6], fn, "mainloop", GEMSOPS_MAINLOOP_AUTO,
-                 GEMSOPS_MAINLOOP_WGMMA_64, &mainloop)) {
+                 GEMSOPS_MAINLOOP_WGMMA_192, &mainloop)) {
         return -1;
     }
     if (b->dtype != a->dtype || c->dtype != a->dtype) {
@@ -162,7 +162,8 @@ parse_problem(PyObject *const *args, const char *fn,
 
 static const char *const mainloop_names[] = {"auto",      "ffma",
                                              "mma",       "wgmma-128",
-                                             "wgmma-256", "wgmma-64"};
+                                             "wgmma-256", "wgmma-64",
+                                             "wgmma-192"};
 
 static PyObject *
 schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop,
@@ -185,7 +186,8 @@ PyDoc_STRVAR(
     matmul_plan_doc,
     "matmul_plan(a, b, out, schedule, two_tiles, ctas, mainloop) -> dict\n\n"
     "The Stream-K schedule a matmul launch with these arguments uses: the\n"
-    "mainloop ('ffma', 'mma', 'wgmma-128', 'wgmma-256', 'wgmma-64'; 'cpu'),\n"
+    "mainloop ('ffma', 'mma', 'wgmma-128', 'wgmma-256', 'wgmma-64',\n"
+    "'wgmma-192'; 'cpu'),\n"
     "staged\n"
     "('', 'a', 'b' or 'ab': operands TMA cannot describe, copied into the\n"
     "workspace first), ctas, tile shape (bm, bn, bk), tiles, iters,\n"
@@ -233,7 +235,8 @@ PyDoc_STRVAR(
     "out [B, m, n] contiguous, or the same without B; fp32 accumulation.\n"
     "schedule: 0 auto, 1 data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from\n"
     "the device; mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4\n"
-    "wgmma-256, 5 wgmma-64, the most capable allowed (operands it cannot take "
+    "wgmma-256, 5 wgmma-64, 6 wgmma-192, the most capable allowed (operands "
+    "it cannot take "
     "go lower;\n"
     "fp32 under auto or wgmma-* runs as TF32 where the GPU has wgmma, under\n"
     "ffma or mma exactly).\n"

@@ -160,6 +160,7 @@ def test_tensor_core_path_is_taken_when_aligned(dtype):
     assert plan_of(at, b, "mma")["mainloop"] == "ffma"
     if is_sm90():
         assert plan_of(a, b, "wgmma-256")["bn"] == 256
+        assert plan_of(a, b, "wgmma-192")["bn"] == 192
         assert plan_of(a, b, "wgmma-128")["bn"] == 128
         assert plan_of(a, b, "wgmma-64")["bn"] == 64
 
@@ -171,7 +172,7 @@ TC_SHAPES = [(128, 256, 64), (200, 136, 520), (1, 8, 8), (264, 392, 1000)]
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "mainloop", ["wgmma-256", "wgmma-128", "wgmma-64", "mma"]
+    "mainloop", ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "mma"]
 )
 @pytest.mark.parametrize(
     "a_major,b_major", [("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")]
@@ -305,7 +306,9 @@ def test_staged_operands_batched_bias_and_backward(dtype):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("mainloop", ["wgmma-256", "wgmma-128", "wgmma-64"])
+@pytest.mark.parametrize(
+    "mainloop", ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64"]
+)
 def test_wgmma_batched_broadcast_and_backward(mainloop):
     a = rand(3, 1, 136, 200, dtype=torch.bfloat16, device="cuda")
     b = rand(2, 200, 72, dtype=torch.bfloat16, device="cuda")
@@ -492,7 +495,9 @@ F32 = torch.float32
 @pytest.mark.cuda
 @pytest.mark.parametrize("layout", sorted(TF32_LAYOUTS))
 @pytest.mark.parametrize("sched", ["data-parallel", "stream-k"])
-@pytest.mark.parametrize("width", ["auto", "wgmma-64", "wgmma-256"])
+@pytest.mark.parametrize(
+    "width", ["auto", "wgmma-64", "wgmma-192", "wgmma-256"]
+)
 def test_fp32_runs_tf32_when_torch_allows_it(layout, sched, width):
     make, staged = TF32_LAYOUTS[layout]
     for m, n, k in TC_SHAPES + [(300, 200, 71)]:
@@ -645,7 +650,7 @@ def test_errors(device):
             0,
             None,
         )
-    with pytest.raises(ValueError, match="'mainloop'=6 is out of range"):
+    with pytest.raises(ValueError, match="'mainloop'=7 is out of range"):
         gemsops._C.matmul(
             a[None],
             a.t()[None],
@@ -653,7 +658,7 @@ def test_errors(device):
             0,
             0,
             0,
-            6,
+            7,
             None,
             None,
             1,

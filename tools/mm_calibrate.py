@@ -1,7 +1,7 @@
 """Measurements for the matmul planner's cost model: each shape of a grid
-timed with every wgmma tile width forced ('wgmma-256', 'wgmma-128',
-'wgmma-64') under the forced hybrid and data-parallel schedules, one JSON
-line per distinct (shape, width, schedule): the schedule the planner made
+timed with every wgmma tile width forced ('wgmma-256', 'wgmma-192',
+'wgmma-128', 'wgmma-64') under the forced hybrid and data-parallel
+schedules, one JSON line per distinct (shape, width, schedule): the schedule the planner made
 (matmul_plan's dict) and the kernel's median time by the benchmark's
 do_bench (L2 flushed; gemsops.matmul's host path is shorter than the
 flush, so the window holds the kernel alone).
@@ -25,7 +25,7 @@ from gemsops.ops.matmul import SCHEDULES as SCHEDS
 MS = (256, 512, 1024, 1536, 2048, 3072, 4096, 8192)
 NS = (768, 1024, 1792, 2304, 3072, 4096, 6144)
 KS = (256, 768, 2048, 6016)
-LOOPS = ("wgmma-256", "wgmma-128", "wgmma-64")
+LOOPS = ("wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64")
 SCHEDULES = ("hybrid", "data-parallel")
 
 

@@ -38,7 +38,7 @@ def counts(r):
     return crit_iters, crit_tiles, sk_mb
 
 
-WIDTHS = (256, 128, 64)
+WIDTHS = (256, 192, 128, 64)
 
 
 def features(r):

@@ -1,5 +1,5 @@
 // The matmul planner's cost model: which wgmma tile width (128 x 256,
-// 128 x 128 or 128 x 64, BK = 128 bytes of k) a problem runs, and whether
+// 128 x 192, 128 x 128 or 128 x 64, BK = 128 bytes of k) a problem runs, and whether
 // its last partial wave is split Stream-K or run as whole tiles, from the
 // time each is predicted to take.
 //
@@ -22,10 +22,10 @@
 // times of every width under the Stream-K and the data-parallel schedule
 // on a shape grid (tools/mm_calibrate.py: M 256-8192, N 768-6144, K
 // 256-6016, bf16) on H100 SXMs, each plan at its least time over the
-// runs (128 x 64 tiles timed in one of them); the timings are
-// benchmark/results/mm_calibration_NVIDIA_H100_80GB_HBM3.jsonl and the
-// fit's quality is in docs/performance.md. They are per SM, so the SM count
-// carries them to other Hopper parts.
+// runs (128 x 64 tiles timed in two of them, 128 x 192 in one); the
+// timings are benchmark/results/mm_calibration_NVIDIA_H100_80GB_HBM3.jsonl
+// and the fit's quality is in docs/performance.md. They are per SM, so the
+// SM count carries them to other Hopper parts.
 #pragma once
 
 #include <stdint.h>
@@ -43,10 +43,11 @@ struct wgmma_tile_cost {
     double tile_us; // a tile's epilogue and pipeline fill
 };
 
-constexpr wgmma_tile_cost kWgmmaWide = {256, 0.741, 2.62};
-constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.452, 1.08};
-constexpr wgmma_tile_cost kWgmmaSlim = {64, 0.375, 0.288};
-constexpr double kStreamKUsPerMb = 0.070;
+constexpr wgmma_tile_cost kWgmmaWide = {256, 0.742, 2.69};
+constexpr wgmma_tile_cost kWgmmaThreeQuarter = {192, 0.618, 1.75};
+constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.450, 1.12};
+constexpr wgmma_tile_cost kWgmmaSlim = {64, 0.375, 0.213};
+constexpr double kStreamKUsPerMb = 0.0615;
 // A Stream-K split is taken only when predicted to take at most this
 // fraction of the best data-parallel plan's time: the terms above miss
 // part of a split's cost (an owner reads its peers' partials one after
@@ -78,19 +79,21 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
 // A wgmma mainloop value and its tile width, both ways
 constexpr int wgmma_bn(gemsops_mainloop m)
 {
-    return m == GEMSOPS_MAINLOOP_WGMMA_256  ? 256
-           : m == GEMSOPS_MAINLOOP_WGMMA_64 ? 64
-                                            : 128;
+    return m == GEMSOPS_MAINLOOP_WGMMA_256   ? 256
+           : m == GEMSOPS_MAINLOOP_WGMMA_192 ? 192
+           : m == GEMSOPS_MAINLOOP_WGMMA_64  ? 64
+                                             : 128;
 }
 constexpr gemsops_mainloop wgmma_width(int bn)
 {
     return bn == 256   ? GEMSOPS_MAINLOOP_WGMMA_256
+           : bn == 192 ? GEMSOPS_MAINLOOP_WGMMA_192
            : bn == 128 ? GEMSOPS_MAINLOOP_WGMMA_128
                        : GEMSOPS_MAINLOOP_WGMMA_64;
 }
 
 struct wgmma_plan {
-    gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256, _128 or _64
+    gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256, _192, _128, _64
     gemsops_sk_mode mode;
 };
 
@@ -101,8 +104,8 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
                                  gemsops_mainloop width, int64_t ctas,
                                  int group_m)
 {
-    const wgmma_tile_cost *costs[3] = {&kWgmmaWide, &kWgmmaNarrow,
-                                       &kWgmmaSlim};
+    const wgmma_tile_cost *costs[4] = {&kWgmmaWide, &kWgmmaThreeQuarter,
+                                       &kWgmmaNarrow, &kWgmmaSlim};
     const gemsops_sk_mode modes[2] = {p->mode, GEMSOPS_SK_DATA_PARALLEL};
     const int n_modes = p->mode == GEMSOPS_SK_AUTO ? 2 : 1;
     wgmma_plan best = {width, p->mode};

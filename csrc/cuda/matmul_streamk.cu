@@ -10,7 +10,7 @@
 // accumulators and stores them:
 //   wgmma (matmul_wgmma.cuh, sm_90a): fp16/bf16 with A and B each K- or
 //     MN-contiguous, whole aligned 16-byte chunks (fp32 as TF32, both
-//     K-contiguous): 128 x 64, 128 x 128 or 128 x 256 tiles, warpgroup
+//     K-contiguous): 128 x 64, x 128, x 192 or x 256 tiles, warpgroup
 //     MMA from a TMA-filled ring (tensor maps encoded here, per launch,
 //     through the driver entry point cudart hands out);
 //   mma (matmul_mma.cuh, sm_80+): fp16/bf16 with A K-contiguous, B either
@@ -354,13 +354,13 @@ struct tc_mainloop {
     }
 };
 // mma.sync: 128 registers, two CTAs per SM; wgmma: one CTA holds the
-// 193 KB ring (8 stages of 128 x 64 x 128 bytes, 6 of 128 x 128, 4 of
-// 128 x 256).
+// ring of up to 201 KB (8 stages of 128 x 64 x 128 bytes, 6 of 128 x 128,
+// 5 of 128 x 192, 4 of 128 x 256).
 template <typename T>
 using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
 constexpr int wgmma_stages(int bn)
 {
-    return bn == 64 ? 8 : bn == 128 ? 6 : 4;
+    return bn == 64 ? 8 : bn == 128 ? 6 : bn == 192 ? 5 : 4;
 }
 template <typename T, int BN, bool AM, bool BNM>
 using wgmma_tc =
@@ -823,6 +823,7 @@ kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l)
 {
     switch (m) {
     case GEMSOPS_MAINLOOP_WGMMA_256: return wgmma_choice<T, 256>(m, l);
+    case GEMSOPS_MAINLOOP_WGMMA_192: return wgmma_choice<T, 192>(m, l);
     case GEMSOPS_MAINLOOP_WGMMA_128: return wgmma_choice<T, 128>(m, l);
     case GEMSOPS_MAINLOOP_WGMMA_64: return wgmma_choice<T, 64>(m, l);
     case GEMSOPS_MAINLOOP_MMA:

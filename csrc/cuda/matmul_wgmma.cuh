@@ -12,7 +12,7 @@
 // consumer instruction goes to copies, and inside the mainloop the
 // consumers never meet at a CTA barrier: each waits for its step alone.
 //
-// Tile: BM = 128 rows x BN (64, 128 or 256) columns x BK per k-step, BK
+// Tile: BM = 128 rows x BN (64, 128, 192 or 256) columns x BK per k-step, BK
 // the k of 128 bytes (64 half elements, 32 fp32); consumer g computes rows
 // 64g..64g+63 with one wgmma per 32 bytes of k (m64nBNk16 for halves,
 // m64nBNk8 for TF32; fp32 accumulators, BN / 2 registers per thread). A
@@ -130,6 +130,10 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
     "%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,"  \
     "%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118," \
     "%119,%120,%121,%122,%123,%124,%125,%126,%127"
+#define GEMSOPS_OPS_64_95                                          \
+    "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78," \
+    "%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93," \
+    "%94,%95"
 #define GEMSOPS_ACC8(i)                                         \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
         "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -164,6 +168,20 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
                  " {" GEMSOPS_OPS_0_63 "}, %64, %65, p, 1, 1;\n}\n"     \
                  : GEMSOPS_ACC64(0)                                     \
                  : "l"(da), "l"(db), "r"(1))
+#define GEMSOPS_WGMMA_TF32_N192                                         \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"           \
+                 "wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32" \
+                 " {" GEMSOPS_OPS_0_63 "," GEMSOPS_OPS_64_95            \
+                 "}, %96, %97, p, 1, 1;\n}\n"                           \
+                 : GEMSOPS_ACC64(0), GEMSOPS_ACC32(64)                  \
+                 : "l"(da), "l"(db), "r"(1))
+#define GEMSOPS_WGMMA_N192(TYPE)                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"                 \
+                 "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE \
+                 " {" GEMSOPS_OPS_0_63 "," GEMSOPS_OPS_64_95                  \
+                 "}, %96, %97, p, 1, 1, %99, %100;\n}\n"                      \
+                 : GEMSOPS_ACC64(0), GEMSOPS_ACC32(64)                        \
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 #define GEMSOPS_WGMMA_TF32_N256                                         \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"          \
                  "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" \
@@ -195,6 +213,9 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
         else if constexpr (N == 128) {
             GEMSOPS_WGMMA_TF32_N128;
         }
+        else if constexpr (N == 192) {
+            GEMSOPS_WGMMA_TF32_N192;
+        }
         else {
             GEMSOPS_WGMMA_TF32_N256;
         }
@@ -211,6 +232,12 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
     else if constexpr (N == 128) {
         GEMSOPS_WGMMA_N128("bf16");
     }
+    else if constexpr (N == 192 && f16) {
+        GEMSOPS_WGMMA_N192("f16");
+    }
+    else if constexpr (N == 192) {
+        GEMSOPS_WGMMA_N192("bf16");
+    }
     else if constexpr (f16) {
         GEMSOPS_WGMMA_N256("f16");
     }
@@ -219,8 +246,10 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
     }
 }
 #undef GEMSOPS_WGMMA_N256
+#undef GEMSOPS_WGMMA_N192
 #undef GEMSOPS_WGMMA_N128
 #undef GEMSOPS_WGMMA_TF32_N256
+#undef GEMSOPS_WGMMA_TF32_N192
 #undef GEMSOPS_WGMMA_TF32_N128
 #undef GEMSOPS_WGMMA_TF32_N64
 #undef GEMSOPS_WGMMA_N64
@@ -229,6 +258,7 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
 #undef GEMSOPS_ACC64
 #undef GEMSOPS_ACC8
 #undef GEMSOPS_OPS_64_127
+#undef GEMSOPS_OPS_64_95
 #undef GEMSOPS_OPS_0_63
 #endif
 
@@ -254,7 +284,8 @@ __device__ __forceinline__ bool consumers_sync_or(bool v)
 // registers (it spilled at BN = 256). T = float: TF32, both K-contiguous.
 template <typename T, int BN_, int STAGES, bool AM, bool BNM>
 struct wgmma_mainloop {
-    static_assert(BN_ == 64 || BN_ == 128 || BN_ == 256, "BN: 64-256");
+    static_assert(BN_ == 64 || BN_ == 128 || BN_ == 192 || BN_ == 256,
+                  "BN: 64, 128, 192 or 256");
     static_assert(sizeof(T) == 2 || !(AM || BNM), "TF32 operands: K-major");
     static constexpr int kElem = sizeof(T); // bytes
     static constexpr int BM = 128, BN = BN_, BK = 128 / kElem;

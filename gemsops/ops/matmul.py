@@ -12,10 +12,10 @@ dB = A^T . dC.
 Schedules: 'auto' (hybrid where Stream-K can help), 'data-parallel',
 'stream-k', 'hybrid'; set_schedule() or GEMSOPS_MATMUL_SCHEDULE picks one
 for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest the GPU and
-operands allow), or a cap: 'wgmma-256', 'wgmma-128', 'wgmma-64' (sm_90a,
-a forced tile width), 'mma'
-(sm_80+), 'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32
-runs on wgmma as TF32 when torch allows TF32 for its own CUDA matmuls
+operands allow), or a cap: 'wgmma-256', 'wgmma-192', 'wgmma-128',
+'wgmma-64' (sm_90a, a forced tile width), 'mma' (sm_80+), 'ffma' (exact
+fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on wgmma as TF32
+when torch allows TF32 for its own CUDA matmuls
 (torch.backends.cuda.matmul.fp32_precision or allow_tf32,
 torch.set_float32_matmul_precision) and exactly otherwise.
 """
@@ -38,6 +38,7 @@ MAINLOOPS = {
     "wgmma-128": 3,
     "wgmma-256": 4,
     "wgmma-64": 5,
+    "wgmma-192": 6,
 }
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 

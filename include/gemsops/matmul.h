@@ -30,7 +30,8 @@ typedef enum gemsops_mainloop {
     GEMSOPS_MAINLOOP_MMA = 2, /* mma.sync, sm_80+, fp16/bf16         */
     GEMSOPS_MAINLOOP_WGMMA_128 = 3, /* wgmma 128 x 128 tiles, sm_90a       */
     GEMSOPS_MAINLOOP_WGMMA_256 = 4, /* wgmma 128 x 256 tiles, sm_90a       */
-    GEMSOPS_MAINLOOP_WGMMA_64 = 5 /* wgmma 128 x 64 tiles, sm_90a        */
+    GEMSOPS_MAINLOOP_WGMMA_64 = 5, /* wgmma 128 x 64 tiles, sm_90a        */
+    GEMSOPS_MAINLOOP_WGMMA_192 = 6 /* wgmma 128 x 192 tiles, sm_90a       */
     /* (every value >= WGMMA_128 is a wgmma width)                       */
 } gemsops_mainloop;
 
