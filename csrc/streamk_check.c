@@ -61,23 +61,33 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
     int rc = GEMSOPS_OK;
     for (int64_t c = 0; c < s->ctas && rc == GEMSOPS_OK; c++) {
         peer_of[c] = -1;
-        int64_t it, end, first = 1;
-        gemsops_sk_range(s, c, &it, &end);
-        if (end > it && end - it < GEMSOPS_SK_MIN_ITERS && s->sk_ctas > 1) {
+        int64_t begin, end, first = 1;
+        gemsops_sk_range(s, c, &begin, &end);
+        if (end > begin && end - begin < GEMSOPS_SK_MIN_ITERS &&
+            s->sk_ctas > 1) {
             rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
                               "CTA %lld: a Stream-K "
                               "share of %lld iterations (< %d)",
-                              (long long)c, (long long)(end - it),
+                              (long long)c, (long long)(end - begin),
                               GEMSOPS_SK_MIN_ITERS);
         }
-        while (it < end && rc == GEMSOPS_OK) {
+        while (end > begin && rc == GEMSOPS_OK) {
             int64_t tile, k0, k1;
-            it = gemsops_sk_piece(s, it, end, &tile, &k0, &k1);
-            if (k0 > 0) {
+            const int64_t last = end;
+            end = gemsops_sk_piece(s, begin, end, &tile, &k0, &k1);
+            if (k1 <= k0 || k0 < 0 || k1 > s->iters || last - end != k1 - k0) {
+                rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                                  "CTA %lld: piece [%lld, %lld) of tile "
+                                  "%lld does not match its share",
+                                  (long long)c, (long long)k0, (long long)k1,
+                                  (long long)tile);
+                break;
+            }
+            if (gemsops_sk_is_peer(s, k1)) {
                 if (!first) {
                     rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
-                                      "CTA %lld starts "
-                                      "tile %lld mid-way but not first",
+                                      "CTA %lld ends "
+                                      "tile %lld short but not first",
                                       (long long)c, (long long)tile);
                 }
                 peer_of[c] = tile;
@@ -102,38 +112,48 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
                               (long long)(i % s->iters), count[i]);
         }
     }
-    /* owners: the CTA holding k-iteration 0; its peers, in order, hold the
-     * rest of the tile contiguously and name this tile as theirs */
+    /* data-parallel tiles: no CTA waits for a partial of theirs */
+    for (int64_t t = 0; t < s->dp_tiles && rc == GEMSOPS_OK; t++) {
+        if (gemsops_sk_next_peer(s, t, s->ctas) >= 0) {
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                              "data-parallel tile %lld has a peer",
+                              (long long)t);
+        }
+    }
+    /* owners: the CTA holding the last k-iteration; its peers, lower
+     * numbers in decreasing order, hold the rest of the tile contiguously,
+     * name this tile as theirs, and never the owner's own number or more */
     for (int64_t t = s->dp_tiles; t < s->tiles && rc == GEMSOPS_OK; t++) {
         const int64_t g0 = (t - s->dp_tiles) * s->iters;
-        const int64_t owner = gemsops_sk_cta_of(s, g0);
+        const int64_t g1 = g0 + s->iters;
+        const int64_t owner = gemsops_sk_cta_of(s, g1 - 1);
         int64_t b, e;
         gemsops_sk_range(s, owner, &b, &e);
-        if (!(b <= g0 && g0 < e)) {
+        if (!(b <= g1 - 1 && g1 - 1 < e) || peer_of[owner] == t) {
             rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
                               "tile %lld: CTA %lld "
-                              "does not hold its first iteration",
+                              "does not own its last iteration",
                               (long long)t, (long long)owner);
             break;
         }
-        int64_t covered = e < g0 + s->iters ? e : g0 + s->iters;
+        int64_t covered = b > g0 ? b : g0; /* [covered, g1) is held */
         for (int64_t q = gemsops_sk_next_peer(s, t, owner); q >= 0;
              q = gemsops_sk_next_peer(s, t, q)) {
             gemsops_sk_range(s, q, &b, &e);
-            if (b != covered || peer_of[q] != t) {
+            if (q >= owner || e != covered || peer_of[q] != t) {
                 rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
                                   "tile %lld: peer "
-                                  "CTA %lld begins at %lld, expected %lld",
-                                  (long long)t, (long long)q, (long long)b,
+                                  "CTA %lld ends at %lld, expected %lld",
+                                  (long long)t, (long long)q, (long long)e,
                                   (long long)covered);
                 break;
             }
-            covered = e < g0 + s->iters ? e : g0 + s->iters;
+            covered = b > g0 ? b : g0;
         }
-        if (rc == GEMSOPS_OK && covered != g0 + s->iters) {
+        if (rc == GEMSOPS_OK && covered != g0) {
             rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
                               "tile %lld: owner and "
-                              "peers cover up to %lld of %lld",
+                              "peers cover from %lld of %lld",
                               (long long)t, (long long)(covered - g0),
                               (long long)s->iters);
         }

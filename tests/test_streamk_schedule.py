@@ -1,7 +1,8 @@
 """The Stream-K schedule (include/gemsops/streamk.h), checked by brute force
 in C (gemsops_sk_check): every (tile, k-iteration) computed exactly once,
 the grouped tile order a bijection (partial last group included), one
-owner per Stream-K tile with its peers following in CTA order."""
+owner per Stream-K tile (its last k-iteration's CTA) with its peers
+preceding it in CTA order."""
 
 import random
 

@@ -2,13 +2,14 @@
  * OpenMP threads standing in for CTAs, so that CI runs the decomposition.
  *
  * Each "CTA" c walks its Stream-K share piece by piece (streamk.h), then
- * its data-parallel tiles. A piece that starts inside a tile is a peer's:
- * its fp32 partial goes to the CTA's slot, then the CTA's flag is raised
- * (release). A piece that starts a tile but ends short of it is an
- * owner's: it waits for each peer's flag in CTA order (acquire) and adds
- * the partials in that order. CTAs are handed out in decreasing number
- * (dynamic schedule): every peer (higher number) has started before its
- * owner can wait for it, so any thread count finishes.
+ * its data-parallel tiles. A piece that stops short of its tile's last
+ * k-iteration is a peer's: its fp32 partial goes to the CTA's slot, then
+ * the CTA's flag is raised (release). The piece holding a split tile's
+ * last k-iteration is its owner's: it waits for each peer's flag in
+ * decreasing CTA order (acquire) and adds the partials in that order. CTAs
+ * are handed out in increasing number (dynamic schedule): every peer
+ * (lower number) has started before its owner can wait for it, so any
+ * thread count finishes.
  *
  * Tile math: A and B panels are widened to fp32 once per k-step, then a
  * BM x BN fp32 accumulator takes rank-BK updates; C is rounded once, after
@@ -107,7 +108,7 @@ run_cta(const struct gemsops_matmul_params *p,
     gemsops_sk_walk_start(s, c, &walk);
     while (gemsops_sk_walk_next(s, &walk, &tile, &k0, &k1)) {
         tile_mac(p, s, tile, k0, k1, w);
-        if (k0 > 0) { /* a peer: hand the partial to the owner */
+        if (gemsops_sk_is_peer(s, k1)) { /* hand the partial to the owner */
             memcpy(partials + c * tile_floats, w->acc,
                    tile_floats * sizeof(float));
             __atomic_store_n(&flags[c], p->epoch, __ATOMIC_RELEASE);
@@ -169,13 +170,13 @@ gemsops_matmul_cpu(const struct gemsops_matmul_params *p, gemsops_status *st)
     struct gemsops_matmul_params q = *p;
     q.epoch = 1; /* flags are fresh from calloc */
     int failed = 0;
-    /* dynamic hands out iterations in increasing order: CTAs start in
-     * decreasing number, so every peer starts before its owner waits */
+    /* dynamic hands out iterations in increasing order: every peer (a
+     * lower number) starts before its owner waits */
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nt) \
     reduction(| : failed)
     for (int64_t i = 0; i < s.ctas; i++) {
         struct cta_buffers *w = bufs + gemsops_thread_index();
-        if (run_cta(&q, &s, s.ctas - 1 - i, partials, flags, w) != 0) {
+        if (run_cta(&q, &s, i, partials, flags, w) != 0) {
             failed = 1;
         }
     }

@@ -2,8 +2,8 @@
 //
 // Schedule: include/gemsops/streamk.h (shared with the CPU executor and the
 // C-level schedule test). Grid: ctas persistent CTAs, never more than are
-// co-resident (the occupancy calculator's count), so every owner's peers
-// run while it waits.
+// co-resident (the occupancy calculator's count); an owner waits only for
+// lower-numbered CTAs, which start before it.
 //
 // Work split: one driver (this file) walks the schedule and does the
 // fix-up; a mainloop computes a tile's k-iterations into per-thread fp32
@@ -24,7 +24,8 @@
 // Fix-up: a peer writes its fp32 partial tile to its slot (element e of
 // thread t at e * 256 + t: coalesced), fences, and thread 0 raises the
 // CTA's flag to this launch's epoch with a release store. The owner's
-// thread 0 waits for each peer's flag in CTA order with acquire loads
+// thread 0 waits for each peer's flag in decreasing CTA order with acquire
+// loads
 // (giving up after spin_limit polls in debug mode: error = 1), and the CTA
 // adds the partial read through L2 (ld.cg: L1 is not coherent). Flags are
 // never reset: the next launch uses a new epoch.
@@ -458,13 +459,13 @@ __device__ __forceinline__ void drive(const driver_args &p,
     // the order of gemsops_sk_walk (a TMA producer walks it ahead of this
     // loop): Stream-K pieces, then data-parallel tiles (apart: the mma.sync
     // kernel spills when one loop holds both)
-    int64_t it, end;
-    gemsops_sk_range(&p.s, c, &it, &end);
-    while (it < end) {
+    int64_t begin, end;
+    gemsops_sk_range(&p.s, c, &begin, &end);
+    while (end > begin) {
         int64_t tile, k0, k1;
-        it = gemsops_sk_piece(&p.s, it, end, &tile, &k0, &k1);
+        end = gemsops_sk_piece(&p.s, begin, end, &tile, &k0, &k1);
         L::mac(p, ring, tile, k0, k1, acc, sm);
-        if (k0 > 0) { // a peer: publish the partial
+        if (gemsops_sk_is_peer(&p.s, k1)) { // publish the partial
             float *slot = p.partials + c * kTile;
 #pragma unroll
             for (int e = 0; e < L::kAcc; e++) {

@@ -98,8 +98,9 @@ int gemsops_matmul_plan_cpu(const struct gemsops_matmul_params *p,
                             struct gemsops_sk_schedule *s, gemsops_status *st);
 
 /* Checks a schedule: every (tile, k-iteration) computed exactly once, the
- * grouped tile order a bijection, one owner per Stream-K tile whose peers
- * follow it in CTA order, each CTA a peer of at most one tile. Returns 0,
+ * grouped tile order a bijection, one owner per Stream-K tile (the CTA
+ * holding its last k-iteration) whose peers precede it in CTA order, each
+ * CTA a peer of at most one tile. Returns 0,
  * or fails with a message naming the first violation. */
 int gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st);
 

@@ -13,7 +13,9 @@
  *   1. its Stream-K share: the last `sk_tiles` tiles' iterations, sk_tiles
  *      * iters of them, split as evenly as integers allow over the first
  *      sk_ctas CTAs (CTA c < sk_ctas takes [c * total / sk_ctas, (c + 1)
- *      * total / sk_ctas); sk_ctas keeps shares >= GEMSOPS_SK_MIN_ITERS);
+ *      * total / sk_ctas); sk_ctas keeps shares >= GEMSOPS_SK_MIN_ITERS),
+ *      walked from its end: piece by piece, each piece's k-iterations in
+ *      increasing order;
  *   2. then data-parallel tiles c, c + ctas, ... below `dp_tiles`.
  * Modes: data-parallel (sk_tiles = 0), stream-k (dp_tiles = 0), hybrid
  * (full waves of data-parallel tiles, the remainder tiles Stream-K; with
@@ -21,15 +23,19 @@
  * "two tiles" option, which evens out the remainder wave's imbalance).
  *
  * Fix-up (deterministic): a Stream-K tile is OWNED by the CTA that computes
- * its k-iteration 0; every other CTA touching it (its PEERS, higher CTA
- * numbers, which reach it at the start of their shares) writes its fp32
- * partial tile to its workspace slot and raises its flag (release). The
- * owner, having computed its own part last, waits for each peer's flag in
- * increasing CTA order (acquire) and adds that partial: the same schedule
- * gives the same sums in the same order, every run. A CTA is a peer of at
- * most one tile (the one its share starts inside), so slots and flags are
- * one per CTA. No deadlock: the grid never exceeds the co-resident CTAs
- * (the planner's job), and peers never wait. */
+ * its last k-iteration; every other CTA touching it (its PEERS, lower CTA
+ * numbers, whose shares end inside it, so that the tile is the first piece
+ * of their backward walks) writes its fp32 partial tile to its workspace
+ * slot and raises its flag (release). The owner, having computed its own
+ * part last, waits for each peer's flag in decreasing CTA order (acquire)
+ * and adds that partial: the same schedule gives the same sums in the same
+ * order, every run. A CTA is a peer of at most one tile (the one its share
+ * ends inside), so slots and flags are one per CTA. No deadlock: peers
+ * never wait, and an owner waits only for lower-numbered CTAs, which the
+ * GPU starts before it (it dispatches a grid's blocks in increasing index
+ * order; CUDA does not promise that order, so the grid also stays within
+ * the co-resident CTAs, the planner's job): a resident owner never waits
+ * on a CTA still queued behind it, whatever else holds the GPU's SMs. */
 #pragma once
 
 #include <stdint.h>
@@ -200,33 +206,48 @@ gemsops_sk_cta_of(const struct gemsops_sk_schedule *s, int64_t it)
     return c < s->sk_ctas - 1 ? c : s->sk_ctas - 1;
 }
 
-/* One piece of a CTA's Stream-K share, from global iteration `it` (below
- * the share's `end`): the absolute tile number and its k-iterations
- * [*k0, *k1) the piece covers. Returns the global iteration after it. */
+/* The last piece of the Stream-K iterations [begin, end) (end > begin, a
+ * CTA's share or what is left of it): the absolute tile number and the
+ * k-iterations [*k0, *k1) the piece covers. Returns the piece's first
+ * global iteration, the end of what is left. */
 GEMSOPS_SK_FN int64_t
-gemsops_sk_piece(const struct gemsops_sk_schedule *s, int64_t it, int64_t end,
-                 int64_t *tile, int64_t *k0, int64_t *k1)
+gemsops_sk_piece(const struct gemsops_sk_schedule *s, int64_t begin,
+                 int64_t end, int64_t *tile, int64_t *k0, int64_t *k1)
 {
-    *tile = s->dp_tiles + it / s->iters;
-    *k0 = it % s->iters;
-    const int64_t rest = s->iters - *k0;
-    const int64_t len = end - it < rest ? end - it : rest;
-    *k1 = *k0 + len;
-    return it + len;
+    const int64_t t = (end - 1) / s->iters;
+    const int64_t tile_begin = t * s->iters;
+    const int64_t first = begin > tile_begin ? begin : tile_begin;
+    *tile = s->dp_tiles + t;
+    *k0 = first - tile_begin;
+    *k1 = end - tile_begin;
+    return first;
 }
 
-/* The peers of the Stream-K tile `tile` (absolute number), in the order its
- * owner adds them: the first CTA after `prev` whose non-empty share begins
- * inside the tile, or -1 when there is none. Start with prev = owner. */
+/* A piece that stops short of its tile's last k-iteration is a peer's: its
+ * CTA hands the partial to the tile's owner. Every other piece (an owner's,
+ * or a whole tile) ends with the tile's epilogue. */
+GEMSOPS_SK_FN int
+gemsops_sk_is_peer(const struct gemsops_sk_schedule *s, int64_t k1)
+{
+    return k1 < s->iters;
+}
+
+/* The peers of the tile `tile` (absolute number), in the order its owner
+ * adds them: the first CTA below `prev` whose non-empty share ends inside
+ * the tile, or -1 when there is none (always for a data-parallel tile).
+ * Start with prev = owner. */
 GEMSOPS_SK_FN int64_t
 gemsops_sk_next_peer(const struct gemsops_sk_schedule *s, int64_t tile,
                      int64_t prev)
 {
-    const int64_t tile_end = (tile - s->dp_tiles + 1) * s->iters;
-    for (int64_t q = prev + 1; q < s->sk_ctas; q++) {
+    if (tile < s->dp_tiles) {
+        return -1;
+    }
+    const int64_t tile_begin = (tile - s->dp_tiles) * s->iters;
+    for (int64_t q = prev - 1; q >= 0; q--) {
         int64_t b, e;
         gemsops_sk_range(s, q, &b, &e);
-        if (b >= tile_end) {
+        if (e <= tile_begin) {
             return -1;
         }
         if (e > b) {
@@ -236,12 +257,13 @@ gemsops_sk_next_peer(const struct gemsops_sk_schedule *s, int64_t tile,
     return -1;
 }
 
-/* A CTA's work in the order it does it: its Stream-K pieces, then its
- * data-parallel tiles c, c + ctas, ... (whole: k-iterations [0, iters)).
- * The driver walks it, and a mainloop's producer walks a copy of it ahead
- * of the driver to load the next pieces' operands early. */
+/* A CTA's work in the order it does it: its Stream-K pieces from the
+ * share's end, then its data-parallel tiles c, c + ctas, ... (whole:
+ * k-iterations [0, iters)). The driver walks it, and a mainloop's producer
+ * walks a copy of it ahead of the driver to load the next pieces' operands
+ * early. */
 struct gemsops_sk_walk {
-    int64_t it, end; /* the Stream-K share still to do */
+    int64_t begin, end; /* the Stream-K share still to do */
     int64_t dp; /* the next data-parallel tile */
 };
 
@@ -249,20 +271,20 @@ GEMSOPS_SK_FN void
 gemsops_sk_walk_start(const struct gemsops_sk_schedule *s, int64_t c,
                       struct gemsops_sk_walk *w)
 {
-    gemsops_sk_range(s, c, &w->it, &w->end);
+    gemsops_sk_range(s, c, &w->begin, &w->end);
     w->dp = c;
 }
 
 /* The next piece: absolute tile and k-iterations [*k0, *k1); 0 when the
- * CTA's work is done. A piece with k0 > 0 is a peer's, else the owner's
- * (data-parallel tiles have no peers). */
+ * CTA's work is done (gemsops_sk_is_peer: whose piece it is; data-parallel
+ * tiles have no peers). */
 GEMSOPS_SK_FN int
 gemsops_sk_walk_next(const struct gemsops_sk_schedule *s,
                      struct gemsops_sk_walk *w, int64_t *tile, int64_t *k0,
                      int64_t *k1)
 {
-    if (w->it < w->end) {
-        w->it = gemsops_sk_piece(s, w->it, w->end, tile, k0, k1);
+    if (w->end > w->begin) {
+        w->end = gemsops_sk_piece(s, w->begin, w->end, tile, k0, k1);
         return 1;
     }
     if (w->dp < s->dp_tiles) {
