@@ -149,6 +149,33 @@ def test_matmul_second_order_matches_torch(sa, sb, device):
     )
 
 
+def _second_order_linear(fn, x, w, b):
+    y = fn(x, w, b)
+    gx, gw, gb = torch.autograd.grad(
+        (y.square() * y.detach().sign()).sum(), (x, w, b), create_graph=True
+    )
+    s = gx.sin().sum() + gw.cos().sum() + gb.square().sum()
+    return torch.autograd.grad(s, (x, w, b))
+
+
+@pytest.mark.parametrize("sx", [(4, 5), (2, 3, 5)])
+def test_linear_second_order_matches_torch(sx, device):
+    """gemsops.linear with a bias (the fused launch's own Function): the
+    second order gradients of input, weight and bias as torch's, and
+    gradgradcheck in float32 (see above)."""
+    torch.manual_seed(5)
+    x = torch.randn(*sx, device=device, requires_grad=True)
+    w = torch.randn(3, 5, device=device, requires_grad=True)
+    b = torch.randn(3, device=device, requires_grad=True)
+    got = _second_order_linear(gemsops.linear, x, w, b)
+    want = _second_order_linear(torch.nn.functional.linear, x, w, b)
+    for g, ref in zip(got, want):
+        torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-4)
+    assert gradgradcheck(
+        gemsops.linear, (x, w, b), eps=1e-2, atol=5e-2, rtol=5e-2
+    )
+
+
 def test_mm_bmm_ops_gradgrad_float32():
     a = torch.randn(3, 4, requires_grad=True)
     b = torch.randn(4, 2, requires_grad=True)

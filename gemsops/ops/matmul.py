@@ -154,10 +154,8 @@ def _mm(a, b, bias=None, alpha=1, beta=1):
     its stream's workspace and flags and takes a second. With a bias (any
     tensor of C's dtype broadcasting to C) or alpha != 1, the kernel's
     epilogue gives alpha * a @ b + beta * bias, rounded once."""
-    c = torch.empty(
-        a.shape[:-1] + b.shape[-1:], dtype=a.dtype, device=a.device
-    )
-    mode, two, ctas, loop, spin = _launch
+    c = a.new_empty(a.shape[:-1] + b.shape[-1:])  # torch.empty's kwargs
+    mode, two, ctas, loop, spin = _launch  # cost ~2 us more a call
     if a.dtype == torch.float32 and loop != _FFMA and not _tf32_allowed(a):
         loop = _FFMA  # exact fp32 unless torch allows TF32, as cuBLAS
     err = _error_buffer(a.device) if spin and a.is_cuda else None
