@@ -81,6 +81,19 @@ def cases(device, dtype):
         },
         (a, m),
     )
+    lx, lw, lb = (
+        torch.randn(64, 64, **kw),
+        torch.randn(64, 64, **kw),
+        torch.randn(64, **kw),
+    )
+    yield (
+        "linear 64x64 +bias",
+        {
+            "torch": torch.nn.functional.linear,
+            "gemsops": gemsops.linear,
+        },
+        (lx, lw, lb),
+    )
 
 
 def main():
