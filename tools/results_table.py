@@ -94,7 +94,8 @@ def host_docs():
 
 def host_summary(docs):
     """Per op: µs a call for torch, gemsops' eager path and its dispatcher
-    op (torch.ops.gemsops), from the newest host-cost run."""
+    op (torch.ops.gemsops; '-' where the call has none), from the newest
+    host-cost run."""
     if not docs:
         return []
     doc = max(docs, key=lambda d: d["date"])
@@ -111,7 +112,7 @@ def host_summary(docs):
     for call in calls:
         cells = [
             " / ".join(
-                f"{by[(call, p)][key]:.0f}"
+                f"{by[(call, p)][key]:.0f}" if (call, p) in by else "-"
                 for p in ("torch", "gemsops", "gemsops op")
             )
             for key in ("forward_us", "forward_grad_us", "backward_us")
