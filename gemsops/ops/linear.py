@@ -66,36 +66,6 @@ class AddmmFunction(torch.autograd.Function):
 _addmm_function = eager_apply(AddmmFunction)
 
 
-class LinearFunction(torch.autograd.Function):
-    """input [*, in] @ weight^T + bias through one launch. The weight goes
-    in as it is and is transposed inside, so autograd records no transpose
-    node (a node and a view less each call, forward and backward), and its
-    gradient comes back in its own layout."""
-
-    @staticmethod
-    def forward(ctx, input, weight, bias):
-        ctx.save_for_backward(input, weight)
-        return _fused(bias, input, weight.t(), 1, 1)
-
-    @staticmethod
-    def backward(ctx, g):
-        input, weight = ctx.saved_tensors
-        if g.is_neg():  # C reads raw memory: give it the values
-            g = g.resolve_neg()
-        product = mm if torch.is_grad_enabled() else _mm  # create_graph
-        need = ctx.needs_input_grad
-        dx, dwt = product_grads(
-            product, _rows(input), weight.t(), _rows(g), need[:2]
-        )
-        if dx is not None and input.dim() != 2:
-            dx = dx.reshape(input.shape)
-        db = g.sum_to_size(weight.shape[:1]) if need[2] else None
-        return dx, None if dwt is None else dwt.t(), db
-
-
-_linear_function = eager_apply(LinearFunction)
-
-
 def _epilogue_ok(bias, a, b):
     """Eager, valid tensors the fused launch takes: one supported dtype,
     one device (the full checks stay on the other path). Spelled out, not
@@ -200,12 +170,7 @@ def linear(input, weight, bias=None):
         and input.shape[-1] == weight.shape[1]
         and tuple(bias.shape) == (weight.shape[0],)
     ):
-        bias, input, weight = _plain(bias), _plain(input), _plain(weight)
-        if torch.is_grad_enabled() and (
-            bias.requires_grad or input.requires_grad or weight.requires_grad
-        ):
-            return _linear_function(input, weight, bias)
-        return _fused(bias, input, weight.t(), 1, 1)
+        return _addmm(_plain(bias), _plain(input), _plain(weight).t(), 1, 1)
     y = matmul(input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
         return y
