@@ -1,10 +1,10 @@
 """Measurements for the matmul planner's cost model: each shape of a grid
 timed with every wgmma tile width forced ('wgmma-256', 'wgmma-192',
 'wgmma-128', 'wgmma-64') under the forced hybrid and data-parallel
-schedules, one JSON line per distinct (shape, width, schedule): the schedule the planner made
-(matmul_plan's dict) and the kernel's median time by the benchmark's
-do_bench (L2 flushed; gemsops.matmul's host path is shorter than the
-flush, so the window holds the kernel alone).
+schedules, one JSON line per distinct (shape, width, schedule): the
+schedule the planner made (matmul_plan's dict) and the kernel's median
+time by the benchmark's do_bench (L2 flushed; gemsops.matmul's host path
+is shorter than the flush, so the window holds the kernel alone).
 
 usage: python tools/mm_calibrate.py [--dtype bfloat16] [--out FILE]
 The fit of these lines is tools/mm_cost_fit.py; its constants are the ones
