@@ -686,7 +686,7 @@ def case_c_matmul(ctx):
     two, ctas, loop = (
         ctx.chance(0.3),
         ctx.choice([0, 1, 2, 5]),
-        ctx.choice([0, 1, 2]),
+        ctx.choice([0, 1, 2, 3, 4, 5, 6]),  # auto, ffma, mma, wgmma-*
     )
     mut = _pick(
         ctx,
@@ -829,8 +829,8 @@ def case_c_matmul(ctx):
             inputs,
         )
     o = as_torch(guards["out"].result()).to(a.device)
-    # _C's auto mainloop runs fp32 as TF32 where the GPU has wgmma
-    tf32 = a.is_cuda and dtype == torch.float32 and loop == 0
+    # _C's auto and wgmma-* caps run fp32 as TF32 where the GPU has wgmma
+    tf32 = a.is_cuda and dtype == torch.float32 and loop not in (1, 2)
     mm_close("out", o, a, b, torch.matmul(a, b), tf32=tf32)
 
 
