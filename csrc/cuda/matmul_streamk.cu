@@ -25,10 +25,9 @@
 // thread t at e * 256 + t: coalesced), fences, and thread 0 raises the
 // CTA's flag to this launch's epoch with a release store. The owner's
 // thread 0 waits for each peer's flag in decreasing CTA order with acquire
-// loads
-// (giving up after spin_limit polls in debug mode: error = 1), and the CTA
-// adds the partial read through L2 (ld.cg: L1 is not coherent). Flags are
-// never reset: the next launch uses a new epoch.
+// loads (giving up after spin_limit polls in debug mode: error = 1), and
+// the CTA adds the partial read through L2 (ld.cg: L1 is not coherent).
+// Flags are never reset: the next launch uses a new epoch.
 //
 // Bytes: A and B are read once per tile they feed (tiles_n and tiles_m
 // times), C written once; Stream-K adds 2 x 16 KB per split tile.
