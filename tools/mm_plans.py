@@ -1,0 +1,63 @@
+"""Every plan of a few shapes, timed: each wgmma tile width forced under
+the data-parallel, stream-k and hybrid schedules, kernels alone
+(tools/mm_probe.py's kernel_us: torch.profiler, L2 flushed, the flush not
+counted), beside torch.matmul's kernel and the plan the planner picks on
+its own. Each forced result is first checked against a float64 product.
+Where tools/mm_calibrate.py times a fixed grid for the cost model's fit,
+this answers "is there a better plan for this shape than the one taken?".
+
+usage: python tools/mm_plans.py M,N,K[:dtype] [...]
+  dtype: bfloat16 (default) or float16
+One line a shape: torch's time, the planner's own (width, tiles split),
+then width/schedule time for each plan."""
+
+import sys
+
+import torch
+
+import gemsops
+from tools.mm_probe import kernel_us
+
+WIDTHS = ("wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64")
+SCHEDULES = ("data-parallel", "stream-k", "hybrid")
+
+
+def plan_of(a, b):
+    c = torch.empty(1, a.shape[0], b.shape[1], device="cuda", dtype=a.dtype)
+    p = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, 0)
+    return f"{p['mainloop']} {p['tiles']}t {p['sk_tiles']}sk"
+
+
+def main(cases):
+    for case in cases:
+        dims, _, dt = case.partition(":")
+        m, n, k = (int(v) for v in dims.split(","))
+        dtype = getattr(torch, dt or "bfloat16")
+        a = torch.randn(m, k, device="cuda", dtype=dtype)
+        b = torch.randn(k, n, device="cuda", dtype=dtype)
+        ref = a.double() @ b.double()
+        theirs = kernel_us(lambda: a @ b)
+        ours = kernel_us(lambda: gemsops.matmul(a, b))
+        out = [
+            f"{m}x{n}x{k} {dtype}: torch {theirs:.1f}",
+            f"auto ({plan_of(a, b)}) {ours:.1f}",
+        ]
+        try:
+            for width in WIDTHS:
+                for schedule in SCHEDULES:
+                    gemsops.set_schedule(schedule, mainloop=width)
+                    got = gemsops.matmul(a, b).double()
+                    err = ((got - ref).norm() / ref.norm()).item()
+                    if not err < 1e-2:
+                        raise AssertionError(
+                            f"{width} {schedule}: relative error {err:.2e}"
+                        )
+                    us = kernel_us(lambda: gemsops.matmul(a, b))
+                    out.append(f"{width[6:]}/{schedule[:2]} {us:.1f}")
+        finally:
+            gemsops.set_schedule()
+        print(" ".join(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
