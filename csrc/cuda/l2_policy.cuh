@@ -51,4 +51,27 @@ __device__ __forceinline__ vec_t<T, VEC> load_vec_last(const T *p)
     }
 }
 
+// load_vec_last for data this thread itself stored earlier in the kernel
+// (the read-only path may not see a kernel's own writes): an ordinary
+// global load, not allocated in L1, evict-first in L2; other widths as
+// load_vec. The caller keeps the store and this load in program order (a
+// barrier between them stops the compiler moving the load up).
+template <typename T, int VEC>
+__device__ __forceinline__ vec_t<T, VEC> load_vec_own_last(const T *p)
+{
+    if constexpr (sizeof(T) * VEC == 16) {
+        vec_t<T, VEC> out;
+        uint4 &r = *reinterpret_cast<uint4 *>(&out);
+        asm volatile("ld.global.L1::no_allocate.L2::cache_hint.v4.u32 "
+                     "{%0,%1,%2,%3}, [%4], %5;"
+                     : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                     : "l"(p), "l"(l2_evict_first_policy())
+                     : "memory");
+        return out;
+    }
+    else {
+        return load_vec<T, VEC>(p);
+    }
+}
+
 } // namespace gemsops

@@ -21,7 +21,9 @@
 // (count, mean, M2) with Chan's formula; the CTA merges the threads' triples
 // in a fixed order. Pass 2 re-reads x (mostly from L2: the rows in flight
 // fit in it up to ~64K half elements; pass 2's reads are evict-first, so
-// they do not push out rows still waiting for theirs) and writes y.
+// they do not push out rows still waiting for theirs) and writes y. The
+// fused add reads x and res once and h back in pass 2 (each thread its own
+// pass-1 stores).
 //
 // Bytes: read x once (twice from L2 for long rows), write y once, plus 2
 // stats per row; weight and bias (N elements each) come from L2.
@@ -313,14 +315,19 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 if (u * STEP < lim) {
-                    xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
-                    // h written here, formed again in pass 2
+                    // the fused add: x and res are read once, h written
+                    // here and read back in pass 2 (one tensor waiting in
+                    // L2 for it, not two)
                     if constexpr (ADD) {
                         const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
+                        xv[u] = load_vec_last<T, VEC>(xr + c0 + u * STEP);
                         add_rounded(xv[u],
-                                    load_vec<T, VEC>(a.res +
-                                                     row * a.res_stride + c));
+                                    load_vec_last<T, VEC>(
+                                        a.res + row * a.res_stride + c));
                         store_vec(a.h + row * a.h_stride + c, xv[u]);
+                    }
+                    else {
+                        xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
                     }
 #pragma unroll
                     for (int v = 0; v < VEC; v++) {
@@ -396,14 +403,16 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                     continue;
                 }
                 const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
-                // x's last read: evict-first keeps it from displacing the
-                // rows still waiting for their pass 2 (no gain where the
-                // rows in flight exceed L2 anyway)
-                vec_t<T, VEC> xv = load_vec_last<T, VEC>(xr + c0 + u * STEP);
-                if constexpr (ADD) { // h from its inputs, not from what pass 1
-                    // wrote (no read of this kernel's own writes)
-                    add_rounded(xv, load_vec_last<T, VEC>(
-                                        a.res + row * a.res_stride + c));
+                // x's (or h's) last read: evict-first keeps it from
+                // displacing the rows still waiting for their pass 2 (no
+                // gain where the rows in flight exceed L2 anyway). h is
+                // this thread's own pass-1 store of the same columns.
+                vec_t<T, VEC> xv;
+                if constexpr (ADD) {
+                    xv = load_vec_own_last<T, VEC>(a.h + row * a.h_stride + c);
+                }
+                else {
+                    xv = load_vec_last<T, VEC>(xr + c0 + u * STEP);
                 }
                 vec_t<P, VEC> wv, bv;
                 if (a.w) {
