@@ -133,6 +133,23 @@ __device__ __forceinline__ vec_t<T, VEC> load_vec(const T *p)
     return out;
 }
 
+// load_vec on the read-only (non-coherent) path, for data no thread of
+// the kernel writes: unlike a plain load, the compiler may issue it ahead
+// of earlier stores. 16-byte vectors; other widths as load_vec.
+template <typename T, int VEC>
+__device__ __forceinline__ vec_t<T, VEC> load_vec_ro(const T *p)
+{
+    if constexpr (sizeof(T) * VEC == 16) {
+        vec_t<T, VEC> out;
+        *reinterpret_cast<uint4 *>(&out) =
+            __ldg(reinterpret_cast<const uint4 *>(p));
+        return out;
+    }
+    else {
+        return load_vec<T, VEC>(p);
+    }
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void store_vec(T *p, const vec_t<T, VEC> &v)
 {

@@ -142,12 +142,19 @@ __global__ void __launch_bounds__(
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             if (row_ok && i * STEP < lim) {
-                xv[i] = load_vec<T, VEC>(xr + i * STEP);
                 if constexpr (ADD) { // the fused add: normalize h, write it
-                    add_rounded(xv[i],
-                                load_vec<T, VEC>(a.res + row * a.res_stride +
-                                                 col0 + i * STEP));
+                    // x and res on the read-only path: their loads may move
+                    // above the h stores (a plain load may not pass a store
+                    // that could alias it, so each item's loads would wait
+                    // for the previous item's data)
+                    xv[i] = load_vec_ro<T, VEC>(xr + i * STEP);
+                    add_rounded(xv[i], load_vec_ro<T, VEC>(a.res +
+                                                           row * a.res_stride +
+                                                           col0 + i * STEP));
                     store_vec(a.h + row * a.h_stride + col0 + i * STEP, xv[i]);
+                }
+                else {
+                    xv[i] = load_vec<T, VEC>(xr + i * STEP);
                 }
             }
             else {
