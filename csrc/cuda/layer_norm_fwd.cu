@@ -26,7 +26,9 @@
 // pass-1 stores).
 //
 // Bytes: read x once (twice from L2 for long rows), write y once, plus 2
-// stats per row; weight and bias (N elements each) come from L2.
+// stats per row; the fused add also reads res once and writes h once (long
+// rows read h back from L2, not x); weight and bias (N elements each) come
+// from L2.
 //
 // Test: python -m pytest tests/test_layer_norm.py -m cuda -k "forward or
 // row_lengths". Time: python -m pytest benchmark/test_layer_norm_perf.py
