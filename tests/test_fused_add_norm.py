@@ -198,3 +198,46 @@ def test_errors():
             torch.empty(4),
             None,
         )
+
+
+# Rows of 1, 2, 4, 8 or 16 whole 16-byte vectors (CUDA: the short-rows
+# kernel, a vector of four rows a thread): every op and dtype, parameters in
+# fp32 beside half input, a row count that leaves the last CTA part-full,
+# and rows spaced apart in memory (a row stride past the row's end).
+@pytest.mark.parametrize("vectors", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize(
+    "dtype,pdtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.float16, torch.float16),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.float64, torch.float64),
+    ],
+)
+def test_short_rows_every_op(vectors, dtype, pdtype, device):
+    cols = vectors * 16 // dtype.itemsize
+    rows = 1003
+    pad = 16 // dtype.itemsize  # keeps each row 16-byte aligned
+    padded = torch.randn(rows, cols + pad, dtype=dtype, device=device) * 2
+    x = padded[:, :cols]  # rows cols + pad elements apart
+    res = torch.randn(rows, cols, dtype=dtype, device=device)
+    w = torch.randn(cols, dtype=pdtype, device=device)
+    b = torch.randn(cols, dtype=pdtype, device=device)
+    shape = (cols,)
+
+    y, mean, rstd = gemsops.native_layer_norm(x, shape, w, b)
+    ref = F.layer_norm(x.double(), shape, w.double(), b.double())
+    assert_close(y, ref, dtype, name="layer_norm")
+    xd = x.double()
+    assert_close(mean.view(-1), xd.mean(-1), torch.float32, name="mean")
+    rstd_ref = (xd.var(-1, unbiased=False) + 1e-5).rsqrt()
+    assert_close(rstd.view(-1), rstd_ref, torch.float32, name="rstd")
+
+    y = gemsops.rms_norm(x, shape, w, 1e-6)
+    assert_close(y, F.rms_norm(xd, shape, w.double(), 1e-6), dtype, name="rms")
+
+    for kind in KINDS:
+        y, h = run(kind, x, res, shape, w, b)
+        assert torch.equal(h, x + res), kind
+        assert_close(y, reference(kind, h, shape, w, b), dtype, name=kind)

@@ -150,6 +150,17 @@ __device__ __forceinline__ vec_t<T, VEC> load_vec_ro(const T *p)
     }
 }
 
+// A vector of zeros, written as one raw word (element by element, the
+// half types' zeros are merged into their words 16 bits at a time).
+template <typename T, int VEC>
+__device__ __forceinline__ vec_t<T, VEC> zero_vec()
+{
+    using W = typename raw_word<sizeof(T) * VEC>::type;
+    vec_t<T, VEC> out;
+    *reinterpret_cast<W *>(&out) = W{};
+    return out;
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void store_vec(T *p, const vec_t<T, VEC> &v)
 {
@@ -201,6 +212,36 @@ __device__ __forceinline__ void store_rounded(T *p, const A (&o)[VEC])
             out.v[v] = from_acc<T>(o[v]);
         }
         store_vec<T, VEC>(p, out);
+    }
+}
+
+// VEC elements of one access widened at once. bf16 pairs come straight
+// from their 32-bit words: the low element shifted up, the high one
+// masked, one instruction an element, opaque as widen() is so that each
+// pass widens again. Element by element, the compiler first splits each
+// word into 16-bit registers and widens those (about seven PRMTs an
+// element across the LayerNorm forward's three passes).
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ void widen_vec(const vec_t<T, VEC> &x, A (&f)[VEC])
+{
+    if constexpr (std::is_same_v<T, __nv_bfloat16> &&
+                  std::is_same_v<A, float> && VEC % 2 == 0) {
+        const unsigned *w = reinterpret_cast<const unsigned *>(&x);
+#pragma unroll
+        for (int k = 0; k < VEC / 2; k++) {
+            unsigned lo, hi;
+            asm volatile("shl.b32 %0, %2, 16;\n\tand.b32 %1, %2, 0xffff0000;"
+                         : "=r"(lo), "=r"(hi)
+                         : "r"(w[k]));
+            f[2 * k] = __uint_as_float(lo);
+            f[2 * k + 1] = __uint_as_float(hi);
+        }
+    }
+    else {
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            f[v] = widen<A>(x.v[v]);
+        }
     }
 }
 

@@ -1,7 +1,12 @@
 // LayerNorm forward: y = (x - mean) * rstd * w + b, per row of N elements;
 // RMSNorm (a.rms) the same with mean = 0 and no bias.
 //
-// Two kernels, chosen by N:
+// Three kernels, chosen by N:
+//
+// layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2 or 4 of them; 8
+// for the fused add): G = N / VEC lanes a row, each thread one vector of
+// four rows, so that a warp's access covers whole consecutive rows.
+// Statistics as below.
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
 // a row, each holding E elements in registers, so x is read from memory
@@ -237,6 +242,106 @@ __global__ void __launch_bounds__(
                 a.mean[row] = mean;
             }
             a.rstd[row] = rstd;
+        }
+    }
+}
+
+// layer_norm_fwd_short_rows: rows of G vectors exactly (G = 1, 2, 4 or 8
+// lanes of one 16-byte access each). Each thread holds one vector of R
+// rows, so one warp instruction covers 32 / G whole consecutive rows (512
+// contiguous bytes). The register kernel gives such a row one or two
+// threads holding consecutive vectors, so each of its instructions touches
+// one sector of each of 16 or 32 rows' lines; the fused add, with its h
+// stores, fared worst. Rows are normalized one at a time (their statistics live
+// one at a time); lanes of a row meet in xor shuffles, never a barrier.
+template <typename T, typename P, int G, int VEC, bool ADD>
+__global__ void __launch_bounds__(128, fwd_min_ctas<T, VEC>(128))
+    layer_norm_fwd_short_rows(const fwd_args<T, P> a)
+{
+    using A = acc_t<T>;
+    constexpr int R = fwd_elems<T>() / VEC; // rows a thread holds
+    constexpr int ROW_STEP = 32 / G; // rows between a thread's items
+    constexpr int WARP_ROWS = R * ROW_STEP;
+    constexpr int CTA_ROWS = 4 * WARP_ROWS;
+    const int lane = threadIdx.x % 32;
+    const int64_t col = (lane % G) * VEC;
+    // warp-uniform loop: the shuffles below need every lane of the warp
+    for (int64_t wbase =
+             blockIdx.x * (int64_t)CTA_ROWS + threadIdx.x / 32 * WARP_ROWS;
+         wbase < a.rows; wbase += (int64_t)gridDim.x * CTA_ROWS) {
+        const int64_t row0 = wbase + lane / G;
+        vec_t<T, VEC> xv[R];
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            const int64_t row = row0 + k * ROW_STEP;
+            if (row >= a.rows) {
+                xv[k] = zero_vec<T, VEC>();
+            }
+            else if constexpr (ADD) { // x and res read-only, as above
+                xv[k] = load_vec_ro<T, VEC>(a.x + row * a.x_stride + col);
+                add_rounded(xv[k], load_vec_ro<T, VEC>(
+                                       a.res + row * a.res_stride + col));
+                store_vec(a.h + row * a.h_stride + col, xv[k]);
+            }
+            else {
+                xv[k] = load_vec<T, VEC>(a.x + row * a.x_stride + col);
+            }
+        }
+        vec_t<P, VEC> wv, bv;
+        if (a.w) {
+            wv = load_vec<P, VEC>(a.w + col);
+        }
+        if (a.b) {
+            bv = load_vec<P, VEC>(a.b + col);
+        }
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            // the register kernel's statistics (corrected two-pass)
+            A f[VEC];
+            A s[1] = {0};
+            if (!a.rms) {
+                widen_vec<A>(xv[k], f);
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    s[0] += f[v];
+                }
+                warp_sum<G, 1>(s);
+            }
+            const A mean0 = s[0] / (A)a.cols;
+            A dev[2] = {0, 0};
+            widen_vec<A>(xv[k], f);
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                const A d = f[v] - mean0;
+                dev[0] += d * d;
+                dev[1] += d;
+            }
+            warp_sum<G, 2>(dev);
+            const A shift = dev[1] / (A)a.cols;
+            const bool fix = !a.rms && isfinite(shift);
+            const A mean = fix ? mean0 + shift : mean0;
+            A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
+            m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
+            const A rstd = A(1) / sqrt(m2 / (A)a.cols + a.eps);
+            const int64_t row = row0 + k * ROW_STEP;
+            if (row >= a.rows) {
+                continue;
+            }
+            widen_vec<A>(xv[k], f);
+            A out[VEC];
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                const A scale = a.w ? rstd * to_acc<A>(wv.v[v]) : rstd;
+                const A d = f[v] - mean;
+                out[v] = a.b ? fma(d, scale, to_acc<A>(bv.v[v])) : d * scale;
+            }
+            store_rounded<T, VEC>(a.y + row * a.y_stride + col, out);
+            if (lane % G == 0 && a.rstd) {
+                if (a.mean) {
+                    a.mean[row] = mean;
+                }
+                a.rstd[row] = rstd;
+            }
         }
     }
 }
@@ -508,6 +613,47 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     return GEMSOPS_OK;
 }
 
+template <typename T, typename P, int G, int VEC>
+int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
+{
+    constexpr int64_t cta_rows = 4 * (fwd_elems<T>() / VEC) * (32 / G);
+    const unsigned grid = fwd_grid((p->rows + cta_rows - 1) / cta_rows);
+    cudaStream_t stream = (cudaStream_t)p->stream;
+    if (p->residual) {
+        layer_norm_fwd_short_rows<T, P, G, VEC, true>
+            <<<grid, 128, 0, stream>>>(make_args<T, P>(p));
+    }
+    else {
+        layer_norm_fwd_short_rows<T, P, G, VEC, false>
+            <<<grid, 128, 0, stream>>>(make_args<T, P>(p));
+    }
+    GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_short_rows");
+    return GEMSOPS_OK;
+}
+
+// Rows of 1, 2 or 4 whole vectors, and the fused add's of 8, go to the
+// short-rows kernel (returns false for the others). Where the register
+// kernel gives a row eight or more threads, its instructions already
+// cover whole lines, and the plain norms of 8 and 16 vectors ran slower
+// in the short-rows kernel under the read-only flush (docs/performance.md).
+template <typename T, typename P, int VEC>
+bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
+                    gemsops_status *st)
+{
+    switch (p->cols / VEC) {
+    case 1: *rc = run_short<T, P, 1, VEC>(p, st); return true;
+    case 2: *rc = run_short<T, P, 2, VEC>(p, st); return true;
+    case 4: *rc = run_short<T, P, 4, VEC>(p, st); return true;
+    case 8:
+        if (p->residual == nullptr) {
+            return false;
+        }
+        *rc = run_short<T, P, 8, VEC>(p, st);
+        return true;
+    default: return false;
+    }
+}
+
 template <typename T, typename P, int VEC, int BLOCK>
 void launch_looped(const gemsops_layer_norm_fwd_params *p)
 {
@@ -600,6 +746,10 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     const bool vec = vector_ok<T, P>(p);
     if (p->cols > (int64_t)fwd_max_tpr<T>() * fwd_elems<T>()) {
         return vec ? run_looped<T, P, V>(p, st) : run_looped<T, P, 1>(p, st);
+    }
+    int rc;
+    if (vec && run_short_rows<T, P, V>(p, &rc, st)) {
+        return rc;
     }
     const int tpr =
         layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>(),
