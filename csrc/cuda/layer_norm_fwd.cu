@@ -115,6 +115,23 @@ constexpr int fwd_min_ctas(int block)
     return block > 512 ? 1 : block == 512 ? 2 : resident / block;
 }
 
+// The corrected two-pass step of a row held in registers: from the first
+// mean mean0 and the row's sums of squared deviations from it (dev[0]) and
+// of the deviations themselves (dev[1]), the mean and rstd. mean0's
+// rounding error comes back as the deviations' mean; a row holding inf or
+// NaN, or overflowing, keeps the plain two-pass values.
+template <typename T, typename P, typename A>
+__device__ __forceinline__ A corrected_stats(const fwd_args<T, P> &a, A mean0,
+                                             const A (&dev)[2], A &mean)
+{
+    const A shift = dev[1] / (A)a.cols;
+    const bool fix = !a.rms && isfinite(shift);
+    mean = fix ? mean0 + shift : mean0;
+    A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
+    m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
+    return A(1) / sqrt(m2 / (A)a.cols + a.eps);
+}
+
 template <typename T, typename P, int TPR, int VEC, bool ADD>
 __global__ void __launch_bounds__(
     layer_norm_block_threads(TPR),
@@ -200,15 +217,8 @@ __global__ void __launch_bounds__(
             }
         }
         row_sum<TPR, 2>(dev, red, parity);
-        // the corrected two-pass step: mean0's rounding error comes back
-        // as the deviations' mean (a row holding inf or NaN, or
-        // overflowing, keeps the plain two-pass values, as before)
-        const A shift = dev[1] / (A)a.cols;
-        const bool fix = !a.rms && isfinite(shift);
-        const A mean = fix ? mean0 + shift : mean0;
-        A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
-        m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
-        const A rstd = A(1) / sqrt(m2 / (A)a.cols + a.eps);
+        A mean;
+        const A rstd = corrected_stats(a, mean0, dev, mean);
 
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
@@ -317,12 +327,8 @@ __global__ void __launch_bounds__(128, fwd_min_ctas<T, VEC>(128))
                 dev[1] += d;
             }
             warp_sum<G, 2>(dev);
-            const A shift = dev[1] / (A)a.cols;
-            const bool fix = !a.rms && isfinite(shift);
-            const A mean = fix ? mean0 + shift : mean0;
-            A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
-            m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
-            const A rstd = A(1) / sqrt(m2 / (A)a.cols + a.eps);
+            A mean;
+            const A rstd = corrected_stats(a, mean0, dev, mean);
             const int64_t row = row0 + k * ROW_STEP;
             if (row >= a.rows) {
                 continue;
