@@ -3,6 +3,8 @@
 # RMSNorm and the fused adds, a CUDA fuzz batch of the norms family, then
 # the norms benchmarks beside torch, torch.compile and (from .whl/ wheels,
 # carried) FlagGems and Liger. Logs and result JSONs (one tarball) in $OUT.
+# FlagGems 5.0.2 imports sqlalchemy (and it greenlet): carry their cp312
+# wheels beside it, or the benchmarks print "FlagGems not timed".
 # usage: bash tools/device_norms.sh
 #   TESTS=0 skips tests and fuzz; BENCH=fwd|bwd|all|0 (default all)
 #   FLUSH=zero|read (GEMSOPS_BENCH_FLUSH; the bars read under read)
@@ -14,7 +16,7 @@ OUT=${OUT:-/tmp/gemsops_out}
 mkdir -p "$OUT"
 if ls .whl/*.whl > /dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile \
-        --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+        --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
 GEMSOPS_CUDA_ARCHS=${GEMSOPS_CUDA_ARCHS:-90a} python3 setup.py build_ext \
     --inplace > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
