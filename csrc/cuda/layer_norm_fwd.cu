@@ -262,8 +262,9 @@ __global__ void __launch_bounds__(
 // contiguous bytes). The register kernel gives such a row one or two
 // threads holding consecutive vectors, so each of its instructions touches
 // one sector of each of 16 or 32 rows' lines; the fused add, with its h
-// stores, fared worst. Rows are normalized one at a time (their statistics live
-// one at a time); lanes of a row meet in xor shuffles, never a barrier.
+// stores, fared worst. Rows are normalized one at a time, so one row's
+// statistics are live at a time; lanes of a row meet in xor shuffles,
+// never a barrier.
 template <typename T, typename P, int G, int VEC, bool ADD>
 __global__ void __launch_bounds__(128, fwd_min_ctas<T, VEC>(128))
     layer_norm_fwd_short_rows(const fwd_args<T, P> a)
@@ -619,20 +620,13 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     return GEMSOPS_OK;
 }
 
-template <typename T, typename P, int G, int VEC>
+template <typename T, typename P, int G, int VEC, bool ADD>
 int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     constexpr int64_t cta_rows = 4 * (fwd_elems<T>() / VEC) * (32 / G);
     const unsigned grid = fwd_grid((p->rows + cta_rows - 1) / cta_rows);
-    cudaStream_t stream = (cudaStream_t)p->stream;
-    if (p->residual) {
-        layer_norm_fwd_short_rows<T, P, G, VEC, true>
-            <<<grid, 128, 0, stream>>>(make_args<T, P>(p));
-    }
-    else {
-        layer_norm_fwd_short_rows<T, P, G, VEC, false>
-            <<<grid, 128, 0, stream>>>(make_args<T, P>(p));
-    }
+    layer_norm_fwd_short_rows<T, P, G, VEC, ADD>
+        <<<grid, 128, 0, (cudaStream_t)p->stream>>>(make_args<T, P>(p));
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_short_rows");
     return GEMSOPS_OK;
 }
@@ -642,20 +636,20 @@ int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 // kernel gives a row eight or more threads, its instructions already
 // cover whole lines, and the plain norms of 8 and 16 vectors ran slower
 // in the short-rows kernel under the read-only flush (docs/performance.md).
-template <typename T, typename P, int VEC>
+template <typename T, typename P, int VEC, bool ADD>
 bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
                     gemsops_status *st)
 {
     switch (p->cols / VEC) {
-    case 1: *rc = run_short<T, P, 1, VEC>(p, st); return true;
-    case 2: *rc = run_short<T, P, 2, VEC>(p, st); return true;
-    case 4: *rc = run_short<T, P, 4, VEC>(p, st); return true;
+    case 1: *rc = run_short<T, P, 1, VEC, ADD>(p, st); return true;
+    case 2: *rc = run_short<T, P, 2, VEC, ADD>(p, st); return true;
+    case 4: *rc = run_short<T, P, 4, VEC, ADD>(p, st); return true;
     case 8:
-        if (p->residual == nullptr) {
-            return false;
+        if constexpr (ADD) {
+            *rc = run_short<T, P, 8, VEC, ADD>(p, st);
+            return true;
         }
-        *rc = run_short<T, P, 8, VEC>(p, st);
-        return true;
+        return false;
     default: return false;
     }
 }
@@ -754,7 +748,8 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         return vec ? run_looped<T, P, V>(p, st) : run_looped<T, P, 1>(p, st);
     }
     int rc;
-    if (vec && run_short_rows<T, P, V>(p, &rc, st)) {
+    if (vec && (p->residual ? run_short_rows<T, P, V, true>(p, &rc, st)
+                            : run_short_rows<T, P, V, false>(p, &rc, st))) {
         return rc;
     }
     const int tpr =
