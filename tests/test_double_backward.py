@@ -210,5 +210,20 @@ def test_layer_norm_third_order_raises(affine, device):
     (t1,) = torch.autograd.grad((yt**3).sum(), x, create_graph=True)
     (t2,) = torch.autograd.grad((t1**2).sum(), x, create_graph=True)
     torch.testing.assert_close(g2, t2, rtol=1e-9, atol=1e-9)
-    with pytest.raises(RuntimeError, match="third"):
+    with pytest.raises(RuntimeError, match="layer_norm: third"):
+        torch.autograd.grad((g2**2).sum(), x)
+
+
+def test_rms_norm_third_order_raises_naming_it(device):
+    x = torch.randn(
+        3, 5, dtype=torch.float64, device=device, requires_grad=True
+    )
+    y = gemsops.rms_norm(x, (5,))
+    (g1,) = torch.autograd.grad((y**3).sum(), x, create_graph=True)
+    (g2,) = torch.autograd.grad((g1**2).sum(), x, create_graph=True)
+    yt = torch.nn.functional.rms_norm(x, (5,))
+    (t1,) = torch.autograd.grad((yt**3).sum(), x, create_graph=True)
+    (t2,) = torch.autograd.grad((t1**2).sum(), x, create_graph=True)
+    torch.testing.assert_close(g2, t2, rtol=1e-9, atol=1e-9)
+    with pytest.raises(RuntimeError, match="rms_norm: third"):
         torch.autograd.grad((g2**2).sum(), x)

@@ -117,6 +117,55 @@ def test_addmm_and_linear_refuse_as_torch(device):
         gemsops.linear(a, torch.randn(2, 7, 5, device=device))
 
 
+def _raised(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the type is the answer
+        return type(e)
+    return None
+
+
+@pytest.mark.parametrize(
+    "x_shape,w_shape,b_shape",
+    [
+        ((5,), (3, 5), (4, 3)),  # the bias would enlarge the output
+        ((2, 5), (3, 5), (4, 2, 3)),
+        ((5,), (3, 5), (2, 1, 3)),
+        ((2, 5), (5,), (2,)),  # a 1-D weight takes no bias
+        ((2, 5), (5,), ()),
+    ],
+)
+def test_linear_bias_that_torch_refuses(x_shape, w_shape, b_shape, device):
+    x, w, b = (
+        torch.randn(s, device=device) for s in (x_shape, w_shape, b_shape)
+    )
+    F = torch.nn.functional
+    expected = _raised(lambda: F.linear(x, w, b))
+    assert expected is RuntimeError  # the premise
+    with pytest.raises(expected, match="linear"):
+        gemsops.linear(x, w, b)
+
+
+@pytest.mark.parametrize("b_shape", [(1, 3), (3,), (1,), ()])
+def test_linear_bias_that_broadcasts(b_shape, device):
+    x = torch.randn(5, dtype=torch.float64, device=device)
+    w = torch.randn(3, 5, dtype=torch.float64, device=device)
+    b = torch.randn(b_shape, dtype=torch.float64, device=device)
+    ref = torch.nn.functional.linear(x, w, b)
+    out = gemsops.linear(x.float(), w.float(), b.float())
+    assert out.shape == ref.shape
+    assert_close(out, ref, torch.float32, chain_len=5)
+
+
+def test_linear_arguments_not_tensors_are_type_errors(device):
+    x, w = torch.randn(2, 5, device=device), torch.randn(3, 5, device=device)
+    F = torch.nn.functional
+    for args in ((x, [[1.0] * 5] * 3), (x, None), (x, w, [1.0, 2.0, 3.0])):
+        assert _raised(lambda: F.linear(*args)) is TypeError
+        with pytest.raises(TypeError, match="weight|bias"):
+            gemsops.linear(*args)
+
+
 def test_linear_under_autocast_cpu():
     x, lin = torch.randn(4, 16), torch.nn.Linear(16, 8)
     g = gemsops.nn.Linear(16, 8)

@@ -246,8 +246,20 @@ def test_opcheck_and_compile(device):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "eps", [True, 0, torch.tensor(1e-3), torch.tensor(2, dtype=torch.int64)]
+)
+def test_eps_takes_what_torch_takes(eps, device):
+    x = torch.randn(4, 8, dtype=torch.float64, device=device)
+    ref = torch.nn.functional.rms_norm(x, (8,), None, eps)
+    assert_close(gemsops.rms_norm(x, (8,), None, eps), ref, torch.float64)
+
+
 def test_errors():
     x = torch.randn(4, 8)
+    # torch refuses a tensor eps of one dimension, as a float argument
+    with pytest.raises(TypeError, match="eps"):
+        gemsops.rms_norm(x, (8,), None, torch.tensor([1e-5]))
     with pytest.raises(RuntimeError, match="normalized_shape"):
         gemsops.rms_norm(x, (7,))
     with pytest.raises(TypeError, match="eps"):

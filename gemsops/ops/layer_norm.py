@@ -543,7 +543,7 @@ def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
         )
         dg, dx, dw = vjp(_cotangents(cots))
     if torch.is_grad_enabled():  # create_graph: a third order may follow
-        dg, dx, dw = _NoThirdOrder.apply(dg, dx, dw)
+        dg, dx, dw = _NoThirdOrder.apply("layer_norm", dg, dx, dw)
     return (
         dg if need[0] else None,
         dx if need[1] else None,
@@ -563,13 +563,14 @@ class _NoThirdOrder(torch.autograd.Function):
     value is worse than an error."""
 
     @staticmethod
-    def forward(ctx, *ts):
+    def forward(ctx, op, *ts):
+        ctx.op = op
         return tuple(None if t is None else t.clone() for t in ts)
 
     @staticmethod
     def backward(ctx, *gs):
         raise RuntimeError(
-            "gemsops.layer_norm: third and higher-order gradients are not "
+            f"gemsops.{ctx.op}: third and higher-order gradients are not "
             "implemented (first and second order are)"
         )
 

@@ -153,14 +153,17 @@ class _BetaZero(torch.autograd.Function):
 def linear(input, weight, bias=None):
     """torch.nn.functional.linear: input [*, in] @ weight[out, in]^T
     (+ bias[out]). The batch dims fold into one product."""
-    if not isinstance(weight, torch.Tensor) or weight.dim() not in (1, 2):
-        raise RuntimeError(
-            "linear(): weight must be a 1-D or 2-D tensor, got "
-            + (
-                f"{weight.dim()}-D"
-                if isinstance(weight, torch.Tensor)
-                else type(weight).__name__
+    for pos, name, t in ((2, "weight", weight), (3, "bias", bias)):
+        if not isinstance(t, torch.Tensor) and (t is not None or pos == 2):
+            raise TypeError(
+                f"linear(): argument '{name}' (position {pos}) must be "
+                f"Tensor, not {type(t).__name__}"
             )
+    if weight.dim() not in (1, 2) or (weight.dim() == 1 and bias is not None):
+        raise RuntimeError(
+            "linear(): weight must be a 2-D tensor"
+            + (", or 1-D without a bias" if bias is None else "")
+            + f", got {weight.dim()}-D of shape {list(weight.shape)}"
         )
     if (
         bias is not None
@@ -174,6 +177,14 @@ def linear(input, weight, bias=None):
     y = matmul(input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
         return y
+    # the bias may not enlarge y; a 1-D input's product is a row, as
+    # torch's addmm sees it
+    seen = (1,) + tuple(y.shape) if input.dim() == 1 else y.shape
+    if not _broadcasts(bias.shape, seen):
+        raise RuntimeError(
+            f"linear(): bias of shape {list(bias.shape)} does not broadcast "
+            f"to the output's shape {list(seen)}"
+        )
     if bias.dtype != y.dtype:
         # one dtype, as torch's addmm path (its matmul-and-add_ paths,
         # taken for some layouts, cast the bias: README, differences)
@@ -183,7 +194,8 @@ def linear(input, weight, bias=None):
                 f"{bias.dtype} and {y.dtype}"
             )
         bias = bias.to(y.dtype)  # as torch's linear under autocast
-    return y + bias
+    out = y + bias
+    return out if out.dim() == y.dim() else out.view(y.shape)
 
 
 def _broadcasts(shape, to):

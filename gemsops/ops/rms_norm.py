@@ -11,6 +11,7 @@ atomic dW in one launch, sharing the LayerNorm backward's kept workspace.
 """
 
 import math
+import numbers
 from typing import Optional, Sequence
 
 import torch
@@ -27,12 +28,16 @@ def _eps(eps, dtype):
             return 0.0
         half = dtype in (torch.float16, torch.bfloat16)
         return torch.finfo(torch.float32 if half else dtype).eps
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool):
-        raise TypeError(
-            f"rms_norm(): argument 'eps' must be float or None, not "
-            f"{type(eps).__name__}"
-        )
-    return float(eps)
+    # what torch's float arguments take: numbers (bool included) and
+    # 0-d tensors
+    if isinstance(eps, numbers.Real) or (
+        isinstance(eps, torch.Tensor) and eps.dim() == 0
+    ):
+        return float(eps)
+    raise TypeError(
+        f"rms_norm(): argument 'eps' must be float or None, not "
+        f"{type(eps).__name__}"
+    )
 
 
 def _weight_for(x, w):
@@ -253,7 +258,7 @@ def _rms_norm_backward_grad(ctx, gdx, gdw):
     dg, dx = grads[0], grads[1]
     dw = grads[2] if weight is not None else None
     if torch.is_grad_enabled():  # create_graph: a third order may follow
-        dg, dx, dw = ln._NoThirdOrder.apply(dg, dx, dw)
+        dg, dx, dw = ln._NoThirdOrder.apply("rms_norm", dg, dx, dw)
     return (
         dg if need[0] else None,
         dx if need[1] else None,
