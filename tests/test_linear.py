@@ -117,6 +117,24 @@ def test_addmm_and_linear_refuse_as_torch(device):
         gemsops.linear(a, torch.randn(2, 7, 5, device=device))
 
 
+@pytest.mark.parametrize("beta", [0, 1, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_addmm_alpha_zero_leaves_the_product_out(beta, dtype, device):
+    # BLAS's rule, torch's addmm on CUDA: NaN and inf in mat1 or mat2 do
+    # not reach the result when alpha == 0
+    a = torch.randn(3, 5, dtype=dtype, device=device)
+    a[1, 2], a[0, 0] = math.nan, math.inf
+    b = torch.randn(5, 4, dtype=dtype, device=device)
+    inp = torch.randn(4, dtype=dtype, device=device, requires_grad=True)
+    out = gemsops.addmm(inp, a, b, beta=beta, alpha=0)
+    ref = (beta * inp.detach().double()).expand(3, 4)
+    assert out.shape == (3, 4) and out.dtype == dtype
+    assert_close(out, ref, dtype)
+    (gi,) = torch.autograd.grad(out.sum(), inp)
+    want = torch.full((4,), 3.0 * beta, dtype=torch.float64, device=device)
+    assert_close(gi, want, dtype)
+
+
 def _raised(fn):
     try:
         fn()

@@ -257,7 +257,10 @@ def test_eps_takes_what_torch_takes(eps, device):
 
 def test_errors():
     x = torch.randn(4, 8)
-    # torch refuses a tensor eps of one dimension, as a float argument
+    # torch's types: a 0-d input is a ValueError, a tensor eps of one
+    # dimension a TypeError (not a float argument)
+    with pytest.raises(ValueError, match="dimension"):
+        gemsops.rms_norm(torch.tensor(1.0), (1,))
     with pytest.raises(TypeError, match="eps"):
         gemsops.rms_norm(x, (8,), None, torch.tensor([1e-5]))
     with pytest.raises(RuntimeError, match="normalized_shape"):

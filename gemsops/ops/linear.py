@@ -99,14 +99,16 @@ def _plain(t):
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     """torch.addmm: beta * input + alpha * (mat1 @ mat2), input broadcast
-    to [m, n]; with beta == 0 input is not read (its NaNs do not spread)."""
+    to [m, n]; with beta == 0 input is not read, with alpha == 0 the
+    product is not used (their NaNs do not spread)."""
     if not isinstance(input, torch.Tensor):
         raise TypeError(
             "addmm(): argument 'input' (position 1) must be Tensor, not "
             f"{type(input).__name__}"
         )
     if (
-        _epilogue_ok(input, mat1, mat2)
+        alpha != 0
+        and _epilogue_ok(input, mat1, mat2)
         and mat1.dim() == 2
         and mat2.dim() == 2
         and mat1.shape[1] == mat2.shape[0]
@@ -128,11 +130,26 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1):
             f"addmm(): input of shape {list(input.shape)} does not "
             f"broadcast to the product's shape {list(c.shape)}"
         )
-    if alpha != 1:
+    if alpha == 0:
+        c = _AlphaZero.apply(c)
+    elif alpha != 1:
         c = c * alpha
     if beta == 0:
         return _BetaZero.apply(c, input)
     return torch.add(c, input.to(c.dtype), alpha=beta)
+
+
+class _AlphaZero(torch.autograd.Function):
+    """alpha == 0: the product counts as zeros, its NaNs and infinities
+    not spread (BLAS's rule, which torch's addmm follows on CUDA)."""
+
+    @staticmethod
+    def forward(ctx, c):
+        return torch.zeros_like(c)
+
+    @staticmethod
+    def backward(ctx, g):
+        return torch.zeros_like(g)
 
 
 class _BetaZero(torch.autograd.Function):

@@ -281,6 +281,11 @@ _rms_norm_backward_op.register_autograd(
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """Drop-in for torch.nn.functional.rms_norm. weight may be fp32 with
     fp16/bf16 input (mixed precision); the output has input's dtype."""
+    if isinstance(input, torch.Tensor) and input.dim() == 0:
+        raise ValueError(  # torch's type for this refusal
+            "rms_norm(): input must have at least 1 dimension, got a 0-d "
+            "tensor"
+        )
     input, shape, weight, _ = ln._prepare(
         input, normalized_shape, weight, None, "rms_norm"
     )
