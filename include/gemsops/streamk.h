@@ -91,31 +91,6 @@ gemsops_sk_cdiv(int64_t a, int64_t b)
     return (a + b - 1) / b;
 }
 
-/* a / b and a % b for 0 <= a, 0 < b, as the kernels' per-tile arithmetic
- * needs them: in 32 bits where both fit. A 64-bit division is a called
- * subroutine on the GPU; the producer's first tile took six of them in
- * series before its first load (docs/performance.md, matmul). */
-GEMSOPS_SK_FN void
-gemsops_sk_divmod(int64_t a, int64_t b, int64_t *q, int64_t *r)
-{
-    if (((uint64_t)a | (uint64_t)b) <= 0xffffffffu) {
-        const uint32_t ua = (uint32_t)a, ub = (uint32_t)b;
-        *q = ua / ub;
-        *r = ua % ub;
-        return;
-    }
-    *q = a / b;
-    *r = a % b;
-}
-
-GEMSOPS_SK_FN int64_t
-gemsops_sk_div(int64_t a, int64_t b)
-{
-    int64_t q, r;
-    gemsops_sk_divmod(a, b, &q, &r);
-    return q;
-}
-
 /* Into how many pieces a Stream-K tile of `iters` k-iterations is best cut:
  * P pieces take about iters / P + (P - 1) * PEER_COST iterations, least at
  * P = sqrt(iters / PEER_COST). More CTAs than tiles x P would only lengthen
@@ -215,8 +190,8 @@ gemsops_sk_range(const struct gemsops_sk_schedule *s, int64_t c,
         *begin = *end = total;
         return;
     }
-    *begin = gemsops_sk_div(total * c, s->sk_ctas);
-    *end = gemsops_sk_div(total * (c + 1), s->sk_ctas);
+    *begin = total * c / s->sk_ctas;
+    *end = total * (c + 1) / s->sk_ctas;
 }
 
 /* The CTA whose Stream-K share contains global iteration `it`: the
@@ -227,7 +202,7 @@ gemsops_sk_cta_of(const struct gemsops_sk_schedule *s, int64_t it)
     const int64_t total = s->sk_tiles * s->iters;
     /* begin(c) = floor(total * c / sk_ctas) <= it  <=>  c <= ((it + 1) *
      * sk_ctas - 1) / total; the largest such c */
-    int64_t c = gemsops_sk_div((it + 1) * s->sk_ctas - 1, total);
+    int64_t c = ((it + 1) * s->sk_ctas - 1) / total;
     return c < s->sk_ctas - 1 ? c : s->sk_ctas - 1;
 }
 
@@ -239,7 +214,7 @@ GEMSOPS_SK_FN int64_t
 gemsops_sk_piece(const struct gemsops_sk_schedule *s, int64_t begin,
                  int64_t end, int64_t *tile, int64_t *k0, int64_t *k1)
 {
-    const int64_t t = gemsops_sk_div(end - 1, s->iters);
+    const int64_t t = (end - 1) / s->iters;
     const int64_t tile_begin = t * s->iters;
     const int64_t first = begin > tile_begin ? begin : tile_begin;
     *tile = s->dp_tiles + t;
@@ -330,15 +305,35 @@ GEMSOPS_SK_FN void
 gemsops_sk_tile_coords(const struct gemsops_sk_schedule *s, int64_t tile,
                        int64_t *b, int64_t *tm, int64_t *tn)
 {
-    int64_t t, group, r, col, row;
-    gemsops_sk_divmod(tile, s->tiles_m * s->tiles_n, b, &t);
-    gemsops_sk_divmod(t, (int64_t)s->group_m * s->tiles_n, &group, &r);
+    const int64_t in_group64 = (int64_t)s->group_m * s->tiles_n;
+    if (s->tiles <= 0xffffffffLL && in_group64 <= 0xffffffffLL) {
+        /* the same in 32 bits: a 64-bit division is a called subroutine
+         * on the GPU, and the producer took six in series before its
+         * first load (docs/performance.md, matmul) */
+        const uint32_t gm = (uint32_t)s->group_m;
+        const uint32_t per = (uint32_t)(s->tiles_m * s->tiles_n);
+        const uint32_t in_group = (uint32_t)in_group64;
+        const uint32_t t = (uint32_t)tile % per;
+        const uint32_t first_m = t / in_group * gm;
+        const uint32_t left = (uint32_t)s->tiles_m - first_m;
+        const uint32_t rows = left < gm ? left : gm;
+        const uint32_t r = t % in_group;
+        *b = (uint32_t)tile / per;
+        *tm = first_m + r % rows;
+        *tn = r / rows;
+        return;
+    }
+    const int64_t per_batch = s->tiles_m * s->tiles_n;
+    *b = tile / per_batch;
+    const int64_t t = tile % per_batch;
+    const int64_t in_group = (int64_t)s->group_m * s->tiles_n;
+    const int64_t group = t / in_group;
     const int64_t first_m = group * s->group_m;
     const int64_t left = s->tiles_m - first_m;
     const int64_t rows = left < s->group_m ? left : s->group_m;
-    gemsops_sk_divmod(r, rows, &col, &row);
-    *tm = first_m + row;
-    *tn = col;
+    const int64_t r = t % in_group;
+    *tm = first_m + r % rows;
+    *tn = r / rows;
 }
 
 #ifdef __cplusplus
