@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gemsops
+from gemsops.testing import assert_close
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 OUT_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.3e-6}
@@ -742,3 +743,60 @@ def test_stream_k_launch_asks_for_its_stream_buffers():
             is None
         )
     assert_mm_close(out, a, b, torch.float32)
+
+
+def _torch_raises(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the type is the answer
+        return type(e)
+    return None
+
+
+OUT_CASES = [  # (name, input shapes, extra kwargs)
+    ("mm", [(3, 4), (4, 5)], {}),
+    ("bmm", [(2, 3, 4), (2, 4, 5)], {}),
+    ("matmul", [(2, 3, 4), (4, 5)], {}),
+    ("matmul", [(4,), (4, 5)], {}),
+    ("addmm", [(5,), (3, 4), (4, 5)], {"beta": 0.5, "alpha": 2.0}),
+]
+
+
+@pytest.mark.parametrize("name,shapes,kw", OUT_CASES)
+def test_out_keyword_as_torch(name, shapes, kw, device):
+    args = [torch.randn(s, device=device) for s in shapes]
+    ref = getattr(torch, name)(*[a.double() for a in args], **kw)
+    # out of the right shape, a transposed one, and one to be resized
+    for out in (
+        torch.empty(ref.shape, device=device),
+        torch.empty(ref.shape[::-1], device=device).mT
+        if ref.dim() == 2
+        else torch.empty(0, device=device),
+        torch.empty(0, device=device),
+    ):
+        got = getattr(gemsops, name)(*args, **kw, out=out)
+        assert got is out and out.shape == ref.shape
+        assert_close(out, ref, torch.float32, chain_len=8)
+    with pytest.warns(UserWarning, match="resized"):
+        getattr(gemsops, name)(*args, **kw, out=torch.empty(7, device=device))
+    # torch's types: a wrong dtype, an input that requires grad
+    bad = torch.empty(ref.shape, dtype=torch.float64, device=device)
+    want = _torch_raises(lambda: getattr(torch, name)(*args, **kw, out=bad))
+    assert want is RuntimeError
+    with pytest.raises(want, match="dtype"):
+        getattr(gemsops, name)(*args, **kw, out=bad)
+    args[-1].requires_grad_(True)
+    out = torch.empty(ref.shape, device=device)
+    want = _torch_raises(lambda: getattr(torch, name)(*args, **kw, out=out))
+    assert want is RuntimeError
+    with pytest.raises(want, match="automatic differentiation"):
+        getattr(gemsops, name)(*args, **kw, out=out)
+    with torch.no_grad():
+        assert getattr(gemsops, name)(*args, **kw, out=out) is out
+
+
+def test_out_aliasing_an_input(device):
+    x = torch.randn(16, 16, device=device)
+    ref = x.double() @ x.double()
+    assert gemsops.mm(x, x, out=x) is x
+    assert_close(x, ref, torch.float32, chain_len=16)

@@ -11,7 +11,7 @@ import math
 import torch
 
 from .._dispatch import eager, eager_apply
-from .matmul import SUPPORTED, _mm, matmul, mm, product_grads
+from .matmul import SUPPORTED, _mm, into, matmul, mm, product_grads
 
 
 def _rows(t):
@@ -97,10 +97,17 @@ def _plain(t):
     return t.resolve_neg() if t.is_neg() else t
 
 
-def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     """torch.addmm: beta * input + alpha * (mat1 @ mat2), input broadcast
     to [m, n]; with beta == 0 input is not read, with alpha == 0 the
     product is not used (their NaNs do not spread)."""
+    if out is not None:
+        return into(
+            "addmm",
+            out,
+            (input, mat1, mat2),
+            lambda: addmm(input, mat1, mat2, beta=beta, alpha=alpha),
+        )
     if not isinstance(input, torch.Tensor):
         raise TypeError(
             "addmm(): argument 'input' (position 1) must be Tensor, not "

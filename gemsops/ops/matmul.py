@@ -22,6 +22,7 @@ torch.set_float32_matmul_precision) and exactly otherwise.
 
 import math
 import os
+import warnings
 
 import torch
 
@@ -332,8 +333,51 @@ def _shapes_error(fn, a, b):
     return RuntimeError(f"{fn}(): shapes cannot be multiplied ({sa} and {sb})")
 
 
-def mm(input, mat2):
+def into(fn, out, inputs, compute):
+    """torch's out= rules for compute()'s result: out must be a tensor of
+    the result's dtype and device; a shape that differs is resized (with
+    torch's warning when out held elements); no autograd records through
+    it; out itself is returned. The product is computed first, so out may
+    alias an input, as torch allows."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(
+            f"{fn}(): argument 'out' must be Tensor, not {type(out).__name__}"
+        )
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
+    ):
+        raise RuntimeError(
+            f"{fn}(): functions with out=... arguments don't support "
+            "automatic differentiation, but one of the arguments requires "
+            "grad."
+        )
+    r = compute()
+    if out.dtype != r.dtype:
+        raise RuntimeError(
+            f"{fn}(): expected out tensor to have dtype {r.dtype}, but got "
+            f"{out.dtype} instead"
+        )
+    if out.device != r.device:
+        raise RuntimeError(
+            f"{fn}(): expected out on {r.device}, but got {out.device}"
+        )
+    if out.shape != r.shape:
+        if out.numel():
+            warnings.warn(
+                f"{fn}(): an output with one or more elements was resized "
+                f"since it had shape {list(out.shape)}, which does not match "
+                f"the required output shape {list(r.shape)}",
+                UserWarning,
+                stacklevel=3,
+            )
+        out.resize_(r.shape)
+    return out.copy_(r)
+
+
+def mm(input, mat2, *, out=None):
     """torch.mm: [m, k] x [k, n] -> [m, n]."""
+    if out is not None:
+        return into("mm", out, (input, mat2), lambda: mm(input, mat2))
     input, mat2 = _operands("mm", input, mat2)
     if input.dim() != 2 or mat2.dim() != 2:
         raise RuntimeError(
@@ -345,8 +389,10 @@ def mm(input, mat2):
     return _product(input, mat2)
 
 
-def bmm(input, mat2):
+def bmm(input, mat2, *, out=None):
     """torch.bmm: [B, m, k] x [B, k, n] -> [B, m, n]."""
+    if out is not None:
+        return into("bmm", out, (input, mat2), lambda: bmm(input, mat2))
     input, mat2 = _operands("bmm", input, mat2)
     if input.dim() != 3 or mat2.dim() != 3:
         raise RuntimeError(
@@ -358,9 +404,13 @@ def bmm(input, mat2):
     return _product(input, mat2)
 
 
-def matmul(input, other):
+def matmul(input, other, *, out=None):
     """torch.matmul's rules: 1-D (dot / vector), 2-D, batched with
     broadcasting of the batch dims."""
+    if out is not None:
+        return into(
+            "matmul", out, (input, other), lambda: matmul(input, other)
+        )
     input, other = _operands("matmul", input, other)
     da, db = input.dim(), other.dim()
     if da == 0 or db == 0:
