@@ -96,3 +96,13 @@ def poison_(t):
     if t is not None and t.is_floating_point():
         t.fill_(float("nan"))
     return t
+
+
+def raised_type(fn):
+    """The type of the exception fn() raises, None when it returns: what
+    torch raises for a call, to hold gemsops' refusal of it to."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - any type is the answer
+        return type(e)
+    return None

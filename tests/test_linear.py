@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gemsops
-from gemsops.testing import assert_close
+from gemsops.testing import assert_close, raised_type
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
@@ -135,14 +135,6 @@ def test_addmm_alpha_zero_leaves_the_product_out(beta, dtype, device):
     assert_close(gi, want, dtype)
 
 
-def _raised(fn):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the type is the answer
-        return type(e)
-    return None
-
-
 @pytest.mark.parametrize(
     "x_shape,w_shape,b_shape",
     [
@@ -158,7 +150,7 @@ def test_linear_bias_that_torch_refuses(x_shape, w_shape, b_shape, device):
         torch.randn(s, device=device) for s in (x_shape, w_shape, b_shape)
     )
     F = torch.nn.functional
-    expected = _raised(lambda: F.linear(x, w, b))
+    expected = raised_type(lambda: F.linear(x, w, b))
     assert expected is RuntimeError  # the premise
     with pytest.raises(expected, match="linear"):
         gemsops.linear(x, w, b)
@@ -179,7 +171,7 @@ def test_linear_arguments_not_tensors_are_type_errors(device):
     x, w = torch.randn(2, 5, device=device), torch.randn(3, 5, device=device)
     F = torch.nn.functional
     for args in ((x, [[1.0] * 5] * 3), (x, None), (x, w, [1.0, 2.0, 3.0])):
-        assert _raised(lambda: F.linear(*args)) is TypeError
+        assert raised_type(lambda: F.linear(*args)) is TypeError
         with pytest.raises(TypeError, match="weight|bias"):
             gemsops.linear(*args)
 

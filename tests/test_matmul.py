@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import gemsops
-from gemsops.testing import assert_close
+from gemsops.testing import assert_close, raised_type
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 OUT_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.3e-6}
@@ -745,14 +745,6 @@ def test_stream_k_launch_asks_for_its_stream_buffers():
     assert_mm_close(out, a, b, torch.float32)
 
 
-def _torch_raises(fn):
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - the type is the answer
-        return type(e)
-    return None
-
-
 OUT_CASES = [  # (name, input shapes, extra kwargs)
     ("mm", [(3, 4), (4, 5)], {}),
     ("bmm", [(2, 3, 4), (2, 4, 5)], {}),
@@ -781,13 +773,13 @@ def test_out_keyword_as_torch(name, shapes, kw, device):
         getattr(gemsops, name)(*args, **kw, out=torch.empty(7, device=device))
     # torch's types: a wrong dtype, an input that requires grad
     bad = torch.empty(ref.shape, dtype=torch.float64, device=device)
-    want = _torch_raises(lambda: getattr(torch, name)(*args, **kw, out=bad))
+    want = raised_type(lambda: getattr(torch, name)(*args, **kw, out=bad))
     assert want is RuntimeError
     with pytest.raises(want, match="dtype"):
         getattr(gemsops, name)(*args, **kw, out=bad)
     args[-1].requires_grad_(True)
     out = torch.empty(ref.shape, device=device)
-    want = _torch_raises(lambda: getattr(torch, name)(*args, **kw, out=out))
+    want = raised_type(lambda: getattr(torch, name)(*args, **kw, out=out))
     assert want is RuntimeError
     with pytest.raises(want, match="automatic differentiation"):
         getattr(gemsops, name)(*args, **kw, out=out)
