@@ -11,7 +11,7 @@ import math
 import torch
 
 from .._dispatch import eager, eager_apply
-from .matmul import SUPPORTED, _mm, into, matmul, mm, product_grads
+from .matmul import SUPPORTED, _into, _mm, matmul, mm, product_grads
 
 
 def _rows(t):
@@ -102,7 +102,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     to [m, n]; with beta == 0 input is not read, with alpha == 0 the
     product is not used (their NaNs do not spread)."""
     if out is not None:
-        return into(
+        return _into(
             "addmm",
             out,
             (input, mat1, mat2),

@@ -333,7 +333,7 @@ def _shapes_error(fn, a, b):
     return RuntimeError(f"{fn}(): shapes cannot be multiplied ({sa} and {sb})")
 
 
-def into(fn, out, inputs, compute):
+def _into(fn, out, inputs, compute):
     """torch's out= rules for compute()'s result: out must be a tensor of
     the result's dtype and device; a shape that differs is resized (with
     torch's warning when out held elements); no autograd records through
@@ -377,7 +377,7 @@ def into(fn, out, inputs, compute):
 def mm(input, mat2, *, out=None):
     """torch.mm: [m, k] x [k, n] -> [m, n]."""
     if out is not None:
-        return into("mm", out, (input, mat2), lambda: mm(input, mat2))
+        return _into("mm", out, (input, mat2), lambda: mm(input, mat2))
     input, mat2 = _operands("mm", input, mat2)
     if input.dim() != 2 or mat2.dim() != 2:
         raise RuntimeError(
@@ -392,7 +392,7 @@ def mm(input, mat2, *, out=None):
 def bmm(input, mat2, *, out=None):
     """torch.bmm: [B, m, k] x [B, k, n] -> [B, m, n]."""
     if out is not None:
-        return into("bmm", out, (input, mat2), lambda: bmm(input, mat2))
+        return _into("bmm", out, (input, mat2), lambda: bmm(input, mat2))
     input, mat2 = _operands("bmm", input, mat2)
     if input.dim() != 3 or mat2.dim() != 3:
         raise RuntimeError(
@@ -408,7 +408,7 @@ def matmul(input, other, *, out=None):
     """torch.matmul's rules: 1-D (dot / vector), 2-D, batched with
     broadcasting of the batch dims."""
     if out is not None:
-        return into(
+        return _into(
             "matmul", out, (input, other), lambda: matmul(input, other)
         )
     input, other = _operands("matmul", input, other)
