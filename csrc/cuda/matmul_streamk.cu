@@ -56,14 +56,15 @@ constexpr int kConsumers = 256, kGroupM = 8;
 
 struct driver_args {
     CUtensorMap ta, tb; // wgmma: TMA maps of A and B (else unused)
+    CUtensorMap
+        tc; // wgmma, c_how == c_store::tma: C's map, 16 x 128-byte boxes
     gemsops_sk_schedule s;
     const void *a, *b;
     void *c;
     int64_t a_bs, a_rs, a_cs, b_bs, b_rs, b_cs;
     bool a_m_unit, b_k_unit; // tensor-core operand layouts (planner's pick)
     bool c_pairs; // C's rows take 2-element stores (n even, aligned)
-    bool c_chunks; // the staged epilogue (wgmma) stores C's rows in
-    // 16-byte chunks (n a multiple of 16 bytes, aligned)
+    c_store c_how; // how the staged epilogue (wgmma) sends C's slices
     float *partials; // [ctas][BM * BN] when sk_tiles > 0
     unsigned *flags; // [ctas]
     unsigned epoch;
@@ -324,17 +325,19 @@ struct tc_mainloop {
                 M::stage_bias_row(static_cast<const T *>(p.bias) +
                                       bt * p.bias_bs,
                                   p.bias_cs, tn * BN, p.s.n, p.beta, sm);
-                M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
+                M::store_staged(C, &p.tc, (int)bt, p.s.m, p.s.n, tm * BM,
+                                tn * BN, acc, sm,
                                 row_bias_op{sm.bias_row, tn * BN, p.alpha},
-                                p.c_chunks);
+                                p.c_how);
             }
             else if (p.epilogue) {
-                M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
-                                epilogue_op<T>(p, bt), p.c_chunks);
+                M::store_staged(C, &p.tc, (int)bt, p.s.m, p.s.n, tm * BM,
+                                tn * BN, acc, sm, epilogue_op<T>(p, bt),
+                                p.c_how);
             }
             else {
-                M::store_staged(C, p.s.m, p.s.n, tm * BM, tn * BN, acc, sm,
-                                no_epilogue(), p.c_chunks);
+                M::store_staged(C, &p.tc, (int)bt, p.s.m, p.s.n, tm * BM,
+                                tn * BN, acc, sm, no_epilogue(), p.c_how);
             }
             return true;
         }
@@ -346,6 +349,14 @@ struct tc_mainloop {
                                float (&acc)[kAcc], smem_t &sm)
     {
         M::mac(p.s, operands(p), ring, tile, k0, k1, acc, sm);
+    }
+
+    // the consumers, after their walk
+    static __device__ void finish()
+    {
+        if constexpr (M::kTma) {
+            M::finish();
+        }
     }
 
     static __device__ __forceinline__ void coords(int e, int &r, int &c)
@@ -529,6 +540,7 @@ __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
         else {
             L::consume();
             drive<T, L>(p, ring, sm);
+            L::finish();
         }
     }
     else {
@@ -1089,10 +1101,23 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     a.bias_cs = p->bias_cs;
     a.alpha = p->alpha;
     a.beta = p->beta;
-    // 16-byte rows of C: the staged epilogue's 16-byte stores (with or
-    // without a bias)
+    // 16-byte rows of C: the staged epilogue's TMA stores (with or without
+    // a bias); else, or where the driver refuses C's map, element stores
     const int64_t esize = (int64_t)gemsops_dtype_size(p->dtype);
-    a.c_chunks = p->n % (16 / esize) == 0 && (uintptr_t)p->c % 16 == 0;
+    a.c_how = c_store::elements;
+    if (p->n % (16 / esize) == 0 && (uintptr_t)p->c % 16 == 0 &&
+        k.mainloop >= GEMSOPS_MAINLOOP_WGMMA_128) {
+        const tma_operand oc{p->c,     p->n,        p->m, p->n,
+                             p->batch, p->m * p->n, 16,   (int)esize};
+        bool refused = true;
+        if (tma_describes(oc) &&
+            encode_operand(&a.tc, p->dtype, oc, &refused, st) != GEMSOPS_OK) {
+            return st->code;
+        }
+        if (!refused) {
+            a.c_how = c_store::tma;
+        }
+    }
     a.c_pairs = p->n % 2 == 0 &&
                 (uintptr_t)p->c % (2 * gemsops_dtype_size(p->dtype)) == 0;
     a.partials =

@@ -47,6 +47,12 @@
 // the previous tile's last steps and its epilogue: short-K shapes and
 // Stream-K pieces do not start cold. Earlier designs (per-thread cp.async;
 // thread 0 loading between CTA barriers): docs/performance.md, matmul.
+//
+// Epilogue: each consumer warp rounds its 16 rows x 128 bytes of C at a
+// time into a slice of shared memory (after the ring), and one lane hands
+// the slice to TMA (a bulk tensor store through C's map); the warp goes on
+// to the next columns and the next tile while the copy engine writes C.
+// C's rows that are not 16-byte aligned leave the slice element by element.
 #pragma once
 
 #include "matmul_mma.cuh" // tc_operands
@@ -90,6 +96,37 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst,
                  "[%5];" ::"r"(dst),
                  "l"(map), "r"(x), "r"(y), "r"(z), "r"(bar)
                  : "memory");
+}
+
+// One TMA box of shared memory at `src` to a 3-D tensor map at (x, y, z),
+// as a bulk async-group of this thread; the map's bounds clip the box.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap *map,
+                                             unsigned src, int x, int y, int z)
+{
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group"
+                 " [%0, {%1, %2, %3}], [%4];" ::"l"(map),
+                 "r"(x), "r"(y), "r"(z), "r"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit()
+{
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+// Until at most N of this thread's bulk groups still read shared memory.
+template <int N>
+__device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+// Until all of this thread's bulk groups have completed.
+__device__ __forceinline__ void bulk_wait_all()
+{
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+// This thread's shared-memory writes, visible to the async proxy (TMA).
+__device__ __forceinline__ void fence_proxy_async_shared()
+{
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 // Registers of this warpgroup from here on (the kernel starts with a cap:
@@ -279,6 +316,26 @@ __device__ __forceinline__ bool consumers_sync_or(bool v)
     return r != 0;
 }
 
+// A load from a shared-memory address (the epilogue's slices).
+template <typename B> // uint16_t or uint32_t
+__device__ __forceinline__ B ld_shared_bits(unsigned a)
+{
+    if constexpr (sizeof(B) == 2) {
+        unsigned short v;
+        asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(a) : "memory");
+        return v;
+    }
+    else {
+        unsigned v;
+        asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+        return v;
+    }
+}
+
+// How the staged epilogue sends C's slices to global memory
+// (wgmma_mainloop::store_staged).
+enum class c_store { tma, elements };
+
 // AM: A is M-contiguous (else K-contiguous); BNM: B is N-contiguous (else
 // K-contiguous). One kernel per layout: one body for the four costs
 // registers (it spilled at BN = 256). T = float: TF32, both K-contiguous.
@@ -297,22 +354,34 @@ struct wgmma_mainloop {
     static constexpr int kABytes = BM * BK * kElem,
                          kStageBytes = (BM + BN) * BK * kElem;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
-    // the ring and slack to align it to 1024 bytes (the swizzle's period)
-    static constexpr int kRingBytes = kStages * kStageBytes + 1024;
-    // Epilogue staging, one slice per consumer warp (outside the ring: the
-    // next tile's loads land there meanwhile): 16 rows x 128 bytes of C
-    // (kCols columns: 64 halves as packed pairs, or 32 fp32), rows padded
-    // so that a warp's pair writes spread over the 32 banks (36 words for
-    // packed pairs, 40 for fp32's 8-byte pairs).
+    // Epilogue staging, after the ring: per consumer warp, kBuffers slices
+    // of 16 rows x 128 bytes of C (kCols columns: 64 halves or 32 fp32) in
+    // the 128-byte swizzle (byte b of row r at slice_at(r, b)): a warp's
+    // pair writes spread over the 32 banks, and a slice is one box of C's
+    // tensor map. With two, a slice's TMA store reads one while the warp
+    // fills the other (slice cc % 2 for columns cc, so a tile uses them an
+    // even number of times); one where two do not fit beside the ring
+    // (BN = 192) or a tile has one slice of columns (BN = 64, halves).
     static constexpr int kCols = 128 / kElem;
-    static constexpr int kStageRow = kElem == 2 ? 36 : 40;
+    static constexpr int kSliceBytes = 16 * 128;
+    static constexpr int kSmemLimit = 232448; // a CTA's opt-in on sm_90
+    static constexpr int kBuffers =
+        (BN / kCols) % 2 == 0 && kStages * kStageBytes + 1024 + BN * 4 + 256 +
+                                         2 * (kConsumers / 32) * kSliceBytes <=
+                                     kSmemLimit
+            ? 2
+            : 1;
+    static_assert(kStageBytes % 1024 == 0, "slices start 1024-aligned");
     struct smem_t {
         uint64_t full[kStages], empty[kStages]; // mbarriers
         int abort; // the consumers gave up (debug wait): stop loading
-        alignas(16) uint32_t stage[kConsumers / 32][16 * kStageRow];
         alignas(16) float bias_row[BN]; // beta * a row bias, the tile's
-        unsigned char raw[kRingBytes];
+        // the ring, the slices, and slack to align both to 1024 bytes (the
+        // swizzle's period)
+        unsigned char raw[kStages * kStageBytes +
+                          kBuffers * (kConsumers / 32) * kSliceBytes + 1024];
     };
+    static_assert(sizeof(smem_t) <= kSmemLimit, "shared memory");
     struct ring_t { // a consumer's cursor: slot of the next step, parity
         int read;
         unsigned phase;
@@ -321,6 +390,18 @@ struct wgmma_mainloop {
     static __device__ __forceinline__ unsigned ring_base(smem_t &sm)
     {
         return (smem_addr(sm.raw) + 1023u) & ~1023u;
+    }
+    // slice `buf` of consumer warp `warp` (a shared-memory address)
+    static __device__ __forceinline__ unsigned slice(smem_t &sm, int warp,
+                                                     int buf)
+    {
+        return ring_base(sm) + kStages * kStageBytes +
+               (warp * kBuffers + buf) * kSliceBytes;
+    }
+    // byte b (0..127) of row r of a slice
+    static __device__ __forceinline__ int slice_at(int r, int b)
+    {
+        return r * 128 + ((((b >> 4) ^ r) & 7) << 4) + (b & 15);
     }
 
     // The k-step `step` of the tile at (r0, c0) into ring slot `stage`,
@@ -509,42 +590,52 @@ struct wgmma_mainloop {
 #endif
     }
 
-    // The pair (a, b) of columns 2 * q, 2 * q + 1 into a staged row
-    static __device__ __forceinline__ void stage_pair(uint32_t *row, int q,
-                                                      float a, float b)
+    // The pair (a, b) of columns 2 * q, 2 * q + 1 into row r of a slice
+    static __device__ __forceinline__ void stage_pair(unsigned sl, int r,
+                                                      int q, float a, float b)
     {
+        const unsigned d = sl + slice_at(r, q * 2 * kElem);
         if constexpr (std::is_same_v<T, float>) {
-            *reinterpret_cast<float2 *>(row + 2 * q) = make_float2(a, b);
-        }
-        else if constexpr (std::is_same_v<T, __half>) {
-            const __half2 h = __floats2half2_rn(a, b);
-            row[q] = *reinterpret_cast<const uint32_t *>(&h);
+            asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(d), "f"(a),
+                         "f"(b)
+                         : "memory");
         }
         else {
-            const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-            row[q] = *reinterpret_cast<const uint32_t *>(&h);
+            uint32_t w;
+            if constexpr (std::is_same_v<T, __half>) {
+                const __half2 h = __floats2half2_rn(a, b);
+                w = *reinterpret_cast<const uint32_t *>(&h);
+            }
+            else {
+                const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+                w = *reinterpret_cast<const uint32_t *>(&h);
+            }
+            asm volatile("st.shared.b32 [%0], %1;" ::"r"(d), "r"(w)
+                         : "memory");
         }
     }
 
-    // The tile at (r0, c0) of C (row stride n) from epi.apply(acc,
-    // epi.addends(row, col)), through the warp's staging slice: each warp
-    // holds 16 rows; per kCols columns (128 bytes) its lanes write their
-    // pairs (rows of 4 lanes x 2 values), then copy them out. chunks
-    // (16-byte aligned rows: n a multiple of 16 bytes): 16-byte chunks, 8
-    // lanes a 128-byte row piece, full-sector stores; else element by
-    // element, a warp's store 32 neighbours of one row (C's direct stores
-    // from the fragments would write 8 rows a store, 4 or 8 bytes of each
-    // sector they touch).
+    // The tile at (r0, c0) of C[bt] (row stride n) from epi.apply(acc,
+    // epi.addends(row, col)), through the warp's slices: each warp holds 16
+    // rows; per kCols columns (128 bytes) its lanes write their pairs (rows
+    // of 4 lanes x 2 values), and the slice goes out `how`:
+    //   tma (C's rows 16-byte aligned): one TMA store of the slice, which C's
+    //     map clips at the edges; the warp goes on while the copy engine
+    //     reads it;
+    //   elements (any n): element by element, a warp's store 32 neighbours
+    //     of one row.
+    // (C's direct stores from the fragments would write 8 rows a store, 4 or
+    // 8 bytes of each sector they touch.)
     template <typename E>
-    static __device__ void store_staged(T *C, int64_t m, int64_t n, int64_t r0,
+    static __device__ void store_staged(T *C, const CUtensorMap *map, int bt,
+                                        int64_t m, int64_t n, int64_t r0,
                                         int64_t c0, const float (&acc)[kAcc],
-                                        smem_t &sm, E epi, bool chunks)
+                                        smem_t &sm, E epi, c_store how)
     {
         // C's elements as raw bits (the copy-out moves them unchanged)
         using bits_t = std::conditional_t<kElem == 2, uint16_t, uint32_t>;
-        constexpr int kChunk = 16 / kElem; // elements a 16-byte chunk
+        bits_t *d = reinterpret_cast<bits_t *>(C);
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        uint32_t *st = sm.stage[warp];
         const int64_t rows = r0 + (warp / 4) * 64 + (warp % 4) * 16;
 #pragma unroll
         for (int cc = 0; cc < BN / kCols; cc++) {
@@ -570,55 +661,65 @@ struct wgmma_mainloop {
                     v[jj][q] = epi.apply(acc[e + q], a[q]);
                 }
             }
+            const bool tma = how == c_store::tma;
+            const unsigned sl = slice(sm, warp, tma ? cc % kBuffers : 0);
+#ifdef GEMSOPS_HAS_WGMMA
+            if (tma) { // the store that last read this slice is done
+                if (lane == 0) {
+                    bulk_wait_read<kBuffers - 1>();
+                }
+                __syncwarp();
+            }
+#endif
 #pragma unroll
             for (int jj = 0; jj < kCols / 8; jj++) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    stage_pair(st + (lane / 4 + 8 * h) * kStageRow,
-                               jj * 4 + lane % 4, v[jj][2 * h],
-                               v[jj][2 * h + 1]);
+                    stage_pair(sl, lane / 4 + 8 * h, jj * 4 + lane % 4,
+                               v[jj][2 * h], v[jj][2 * h + 1]);
                 }
             }
-            __syncwarp();
-            if (!chunks) {
-                const bits_t *sb = reinterpret_cast<const bits_t *>(st);
-                bits_t *d = reinterpret_cast<bits_t *>(C);
-                constexpr int kRowElems = kStageRow * 4 / kElem;
-#pragma unroll 4
-                for (int t = 0; t < kCols / 2; t++) {
-                    const int row = t / (kCols / 32);
-                    const int col = (t % (kCols / 32)) * 32 + lane;
-                    const int64_t gr = rows + row, gc = c0 + cc * kCols + col;
-                    if (gr < m && gc < n) {
-                        d[gr * n + gc] = sb[row * kRowElems + col];
-                    }
+            if (tma) {
+#ifdef GEMSOPS_HAS_WGMMA
+                fence_proxy_async_shared();
+                __syncwarp();
+                if (lane == 0) {
+                    tma_store_3d(map, sl, (int)(c0 + cc * kCols), (int)rows,
+                                 bt);
+                    bulk_commit();
                 }
-                __syncwarp(); // the slice is rewritten by the next columns
+#else
+                (void)map, (void)bt;
+#endif
                 continue;
             }
+            __syncwarp();
+#pragma unroll // a row's swizzle is then a constant: an element costs an XOR
+            for (int row = 0; row < 16; row++) {
 #pragma unroll
-            for (int t = 0; t < 4; t++) {
-                const int idx = t * 32 + lane, row = idx / 8, ch = idx % 8;
-                const int64_t gr = rows + row;
-                const int64_t gc = c0 + cc * kCols + ch * kChunk;
-                const uint4 v = *reinterpret_cast<const uint4 *>(
-                    st + row * kStageRow + ch * 4);
-                if (gr < m && gc + kChunk <= n) {
-                    *reinterpret_cast<uint4 *>(C + gr * n + gc) = v;
-                }
-                else if (gr < m && gc < n) { // the right edge: element-wise
-                    const bits_t *w = reinterpret_cast<const bits_t *>(&v);
-                    bits_t *d = reinterpret_cast<bits_t *>(C + gr * n + gc);
-#pragma unroll
-                    for (int i = 0; i < kChunk; i++) {
-                        if (gc + i < n) {
-                            d[i] = w[i];
-                        }
+                for (int h = 0; h < kCols / 32; h++) {
+                    const int col = h * 32 + lane;
+                    const int64_t gr = rows + row;
+                    const int64_t gc = c0 + cc * kCols + col;
+                    if (gr < m && gc < n) {
+                        d[gr * n + gc] = ld_shared_bits<bits_t>(
+                            sl + slice_at(row, col * kElem));
                     }
                 }
             }
             __syncwarp(); // the slice is rewritten by the next columns
         }
+    }
+
+    // The consumers, at the end of the walk: every TMA store of C is done
+    // before the CTA exits (its slices are then freed).
+    static __device__ void finish()
+    {
+#ifdef GEMSOPS_HAS_WGMMA
+        if (threadIdx.x % 32 == 0) {
+            bulk_wait_all();
+        }
+#endif
     }
 
     // The consumers: beta * bias[c0 + j] (0 past n) into sm.bias_row for
