@@ -118,11 +118,6 @@ __device__ __forceinline__ void bulk_wait_read()
 {
     asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
 }
-// Until all of this thread's bulk groups have completed.
-__device__ __forceinline__ void bulk_wait_all()
-{
-    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
-}
 // This thread's shared-memory writes, visible to the async proxy (TMA).
 __device__ __forceinline__ void fence_proxy_async_shared()
 {
@@ -711,13 +706,14 @@ struct wgmma_mainloop {
         }
     }
 
-    // The consumers, at the end of the walk: every TMA store of C is done
-    // before the CTA exits (its slices are then freed).
+    // The consumers, at the end of the walk: every TMA store of C has read
+    // its slice before the CTA exits and frees them (the writes themselves
+    // complete with the grid, as any store's).
     static __device__ void finish()
     {
 #ifdef GEMSOPS_HAS_WGMMA
         if (threadIdx.x % 32 == 0) {
-            bulk_wait_all();
+            bulk_wait_read<0>();
         }
 #endif
     }
