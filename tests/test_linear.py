@@ -117,6 +117,29 @@ def test_addmm_and_linear_refuse_as_torch(device):
         gemsops.linear(a, torch.randn(2, 7, 5, device=device))
 
 
+@pytest.mark.parametrize(
+    "value", [1j, 1e39, -1e300, 2**70, "2", None, math.inf, 100.0, True, 3]
+)
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_addmm_coefficients_as_torch(value, name, dtype, device):
+    # torch's exception type for each refused coefficient; the accepted ones
+    # against a float64 reference
+    inp = torch.randn(7, dtype=dtype, device=device)
+    a = torch.randn(3, 5, dtype=dtype, device=device)
+    b = torch.randn(5, 7, dtype=dtype, device=device)
+    kw = {name: value}
+    expected = raised_type(lambda: torch.addmm(inp, a, b, **kw))
+    if expected is not None:
+        with pytest.raises(expected, match=name):
+            gemsops.addmm(inp, a, b, **kw)
+        return
+    out = gemsops.addmm(inp, a, b, **kw)
+    ref = torch.addmm(inp.double(), a.double(), b.double(), **kw)
+    assert out.dtype == dtype
+    assert_close(out, ref, dtype, chain_len=5)
+
+
 @pytest.mark.parametrize("beta", [0, 1, 0.5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_addmm_alpha_zero_leaves_the_product_out(beta, dtype, device):

@@ -7,6 +7,7 @@ cannot take run the product, then torch's add. The products, forward and
 backward, run on gemsops' kernels on transposed views without copies."""
 
 import math
+import numbers
 
 import torch
 
@@ -97,6 +98,46 @@ def _plain(t):
     return t.resolve_neg() if t.is_neg() else t
 
 
+_INT64 = 1 << 63
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
+def _coefficient(name, value, like):
+    """addmm's alpha or beta, refused as torch refuses it: a number (or a
+    0-d tensor, passed on as it is); an int beyond int64 is OverflowError;
+    for a real tensor a complex value, and for a half or float32 one a
+    finite value past float32's range (torch converts it to the float it
+    computes in), are RuntimeError."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0:
+        return value
+    if not isinstance(value, numbers.Number):
+        raise TypeError(
+            f"addmm(): argument '{name}' must be Number, not "
+            f"{type(value).__name__}"
+        )
+    if isinstance(value, int) and not -_INT64 <= value < _INT64:
+        raise OverflowError(f"addmm(): {name}={value} is too big for int64")
+    real = not (isinstance(like, torch.Tensor) and like.is_complex())
+    if isinstance(value, complex) and real:
+        raise RuntimeError(
+            f"addmm(): {name}={value!r} cannot be converted to a real "
+            "type without overflow"
+        )
+    narrow = isinstance(like, torch.Tensor) and like.dtype in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+    )
+    if narrow and not isinstance(value, complex):
+        v = float(value)
+        if math.isfinite(v) and abs(v) > _FLOAT32_MAX:
+            raise RuntimeError(
+                f"addmm(): {name}={value!r} cannot be converted to float "
+                "without overflow"
+            )
+    return value
+
+
 def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     """torch.addmm: beta * input + alpha * (mat1 @ mat2), input broadcast
     to [m, n]; with beta == 0 input is not read, with alpha == 0 the
@@ -113,6 +154,8 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
             "addmm(): argument 'input' (position 1) must be Tensor, not "
             f"{type(input).__name__}"
         )
+    alpha = _coefficient("alpha", alpha, mat1)
+    beta = _coefficient("beta", beta, mat1)
     if (
         alpha != 0
         and _epilogue_ok(input, mat1, mat2)
