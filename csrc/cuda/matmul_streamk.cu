@@ -56,8 +56,8 @@ constexpr int kConsumers = 256, kGroupM = 8;
 
 struct driver_args {
     CUtensorMap ta, tb; // wgmma: TMA maps of A and B (else unused)
-    CUtensorMap
-        tc; // wgmma, c_how == c_store::tma: C's map, 16 x 128-byte boxes
+    // wgmma with c_how == c_store::tma: C's map (boxes of 16 rows x 128 bytes)
+    CUtensorMap tc;
     gemsops_sk_schedule s;
     const void *a, *b;
     void *c;
@@ -713,8 +713,9 @@ bool tma_describes(const tma_operand &o)
 }
 
 // Layouts that pass tma_describes but that the driver still refuses with
-// CUDA_ERROR_INVALID_VALUE take the mma mainloop, and each is counted
-// (gemsops._C.fallback_counts()); any other failure is an error.
+// CUDA_ERROR_INVALID_VALUE are counted (gemsops._C.fallback_counts()): a
+// refused operand takes the mma mainloop, a refused C the element stores;
+// any other failure is an error.
 std::atomic<long long> g_tma_refusals{0};
 
 // Boxes of 128 bytes x box_y, 128-byte swizzle, zero fill past the edges. The
