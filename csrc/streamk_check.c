@@ -5,6 +5,48 @@
 
 #include "gemsops/matmul.h"
 
+/* The grouped order in 64-bit divisions, what the divisors of a coords32
+ * schedule must reproduce exactly. */
+static void
+coords_by_division(const struct gemsops_sk_schedule *s, int64_t tile,
+                   int64_t *b, int64_t *tm, int64_t *tn)
+{
+    const int64_t per_batch = s->tiles_m * s->tiles_n;
+    const int64_t t = tile % per_batch;
+    const int64_t in_group = (int64_t)s->group_m * s->tiles_n;
+    const int64_t first_m = t / in_group * s->group_m;
+    const int64_t left = s->tiles_m - first_m;
+    const int64_t rows = left < s->group_m ? left : s->group_m;
+    *b = tile / per_batch;
+    *tm = first_m + t % in_group % rows;
+    *tn = t % in_group / rows;
+}
+
+/* Tiles of the first and the last batch, and a stride through the rest. */
+static int
+check_divisors(const struct gemsops_sk_schedule *s, gemsops_status *st)
+{
+    const int64_t per_batch = s->tiles_m * s->tiles_n;
+    const int64_t stride = s->tiles / 4096 + 1;
+    for (int64_t t = 0; t < s->tiles; t++) {
+        if (t >= per_batch && t < s->tiles - per_batch && t % stride != 0) {
+            continue;
+        }
+        int64_t b, tm, tn, b0, tm0, tn0;
+        gemsops_sk_tile_coords(s, t, &b, &tm, &tn);
+        coords_by_division(s, t, &b0, &tm0, &tn0);
+        if (b != b0 || tm != tm0 || tn != tn0) {
+            return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                                "tile %lld: (%lld, %lld, %lld), by division "
+                                "(%lld, %lld, %lld)",
+                                (long long)t, (long long)b, (long long)tm,
+                                (long long)tn, (long long)b0, (long long)tm0,
+                                (long long)tn0);
+        }
+    }
+    return GEMSOPS_OK;
+}
+
 static int
 check_order(const struct gemsops_sk_schedule *s, gemsops_status *st)
 {
@@ -47,7 +89,8 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
                             "[1, %lld]",
                             (long long)s->sk_ctas, (long long)s->ctas);
     }
-    if (check_order(s, st) != GEMSOPS_OK) {
+    if (check_order(s, st) != GEMSOPS_OK ||
+        check_divisors(s, st) != GEMSOPS_OK) {
         return st->code;
     }
     const int64_t cells = s->tiles * s->iters;

@@ -93,6 +93,26 @@ def test_partial_last_swizzle_group():
     assert s["tiles_m"] == 13 and s["tiles"] == 65
 
 
+@pytest.mark.parametrize("group_m", [1, 3, 5, 8, 16])
+@pytest.mark.parametrize(
+    "m, n, batch",
+    [(13 * 128, 5 * 128, 1), (7 * 64, 3 * 64, 5), (1, 1, 9), (3 * 128, 1, 1)],
+)
+def test_tile_coordinates_by_reciprocal_match_division(m, n, batch, group_m):
+    # gemsops_sk_check compares every tile's coordinates (the divisors'
+    # multiply-and-shift) with the same order computed by division; whole
+    # and partial last groups, groups taller than the grid, batches
+    s = check(m, n, 256, batch=batch, bm=64, bn=64, group_m=group_m, ctas=7)
+    assert s["tiles"] == batch * -(-m // 64) * -(-n // 64)
+
+
+def test_tile_coordinates_of_a_million_tiles():
+    # tile numbers up to 2^20 through the reciprocals: the first and last
+    # batch whole, a stride through the others
+    s = check(1024, 1024, 64, batch=1 << 14, bm=128, bn=128, group_m=3)
+    assert s["tiles"] == (1 << 14) * 64
+
+
 def test_more_ctas_than_iterations():
     s = check(64, 64, 64, bm=64, bn=64, bk=32, ctas=132, mode="stream-k")
     assert s["tiles"] == 1 and s["iters"] == 2  # 130 CTAs have nothing

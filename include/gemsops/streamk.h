@@ -50,6 +50,17 @@
 extern "C" {
 #endif
 
+/* n / d for a divisor fixed by the plan, by a multiply and a shift
+ * (Granlund and Montgomery, "Division by invariant integers using
+ * multiplication", 1994): with l = ceil(log2 d) and
+ * mul = floor(2^32 (2^l - d) / d) + 1, n / d = (mulhi(n, mul) + n) >> l
+ * for every n < 2^31 (the sum then fits 32 bits). On the GPU an integer
+ * division is a chain of about twenty dependent instructions: the TMA
+ * producer took three in series before its first load. */
+struct gemsops_sk_divisor {
+    uint32_t d, mul, shift;
+};
+
 typedef enum gemsops_sk_mode {
     GEMSOPS_SK_AUTO = 0, /* planner: hybrid for a sparse last wave      */
     GEMSOPS_SK_DATA_PARALLEL,
@@ -72,6 +83,11 @@ struct gemsops_sk_schedule {
     /* gemsops_sk_pieces_per_tile pieces)      */
     int64_t sk_tiles; /* the last sk_tiles tiles are Stream-K    */
     int64_t dp_tiles; /* tiles [0, dp_tiles) are data-parallel   */
+    /* gemsops_sk_tile_coords' divisors, set when every tile number and
+     * group size is below 2^31 (coords32): the tiles of a batch, of a
+     * group, and the tile rows of a whole and of the last group */
+    int coords32;
+    struct gemsops_sk_divisor per_batch, in_group, group_rows, last_rows;
 };
 
 /* A Stream-K share shorter than this many k-iterations costs more in its
@@ -89,6 +105,35 @@ GEMSOPS_SK_FN int64_t
 gemsops_sk_cdiv(int64_t a, int64_t b)
 {
     return (a + b - 1) / b;
+}
+
+/* 1 <= d < 2^31 */
+GEMSOPS_SK_FN struct gemsops_sk_divisor
+gemsops_sk_divisor_of(uint32_t d)
+{
+    struct gemsops_sk_divisor v;
+    uint32_t l = 0;
+    while (((uint64_t)1 << l) < d) {
+        l++;
+    }
+    v.d = d;
+    v.shift = l;
+    /* < 2^32: 2^l - d < d */
+    v.mul =
+        (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << l) - d)) / d + 1);
+    return v;
+}
+
+/* n / v.d, n < 2^31 */
+GEMSOPS_SK_FN uint32_t
+gemsops_sk_div(struct gemsops_sk_divisor v, uint32_t n)
+{
+#ifdef __CUDA_ARCH__
+    const uint32_t t = __umulhi(n, v.mul);
+#else
+    const uint32_t t = (uint32_t)(((uint64_t)n * v.mul) >> 32);
+#endif
+    return (t + n) >> v.shift;
 }
 
 /* Into how many pieces a Stream-K tile of `iters` k-iterations is best cut:
@@ -124,6 +169,18 @@ gemsops_sk_plan(struct gemsops_sk_schedule *s, int64_t m, int64_t n, int64_t k,
     s->tiles_n = gemsops_sk_cdiv(n, bn);
     s->tiles = batch * s->tiles_m * s->tiles_n;
     s->iters = gemsops_sk_cdiv(k, bk);
+    const int64_t in_group = (int64_t)s->group_m * s->tiles_n;
+    s->coords32 = s->tiles > 0 && s->tiles < ((int64_t)1 << 31) &&
+                  in_group < ((int64_t)1 << 31);
+    if (s->coords32) {
+        const int64_t last = s->tiles_m % s->group_m;
+        s->per_batch =
+            gemsops_sk_divisor_of((uint32_t)(s->tiles_m * s->tiles_n));
+        s->in_group = gemsops_sk_divisor_of((uint32_t)in_group);
+        s->group_rows = gemsops_sk_divisor_of((uint32_t)s->group_m);
+        s->last_rows =
+            gemsops_sk_divisor_of((uint32_t)(last > 0 ? last : s->group_m));
+    }
     const int64_t p = ctas_resident < 1 ? 1 : ctas_resident;
     const int64_t waves = s->tiles / p, rem = s->tiles % p;
     if (s->iters == 0) { /* k == 0: tiles of zeros, nothing to split */
@@ -305,22 +362,21 @@ GEMSOPS_SK_FN void
 gemsops_sk_tile_coords(const struct gemsops_sk_schedule *s, int64_t tile,
                        int64_t *b, int64_t *tm, int64_t *tn)
 {
-    const int64_t in_group64 = (int64_t)s->group_m * s->tiles_n;
-    if (s->tiles <= 0xffffffffLL && in_group64 <= 0xffffffffLL) {
-        /* the same in 32 bits: a 64-bit division is a called subroutine
-         * on the GPU, and the producer took six in series before its
-         * first load (docs/performance.md, matmul) */
+    if (s->coords32) {
         const uint32_t gm = (uint32_t)s->group_m;
-        const uint32_t per = (uint32_t)(s->tiles_m * s->tiles_n);
-        const uint32_t in_group = (uint32_t)in_group64;
-        const uint32_t t = (uint32_t)tile % per;
-        const uint32_t first_m = t / in_group * gm;
-        const uint32_t left = (uint32_t)s->tiles_m - first_m;
-        const uint32_t rows = left < gm ? left : gm;
-        const uint32_t r = t % in_group;
-        *b = (uint32_t)tile / per;
-        *tm = first_m + r % rows;
-        *tn = r / rows;
+        const uint32_t t32 = (uint32_t)tile;
+        const uint32_t bt = gemsops_sk_div(s->per_batch, t32);
+        const uint32_t t = t32 - bt * s->per_batch.d;
+        const uint32_t group = gemsops_sk_div(s->in_group, t);
+        const uint32_t r = t - group * s->in_group.d;
+        const uint32_t first_m = group * gm;
+        const struct gemsops_sk_divisor rows =
+            first_m + gm <= (uint32_t)s->tiles_m ? s->group_rows
+                                                 : s->last_rows;
+        const uint32_t col = gemsops_sk_div(rows, r);
+        *b = bt;
+        *tm = first_m + (r - col * rows.d);
+        *tn = col;
         return;
     }
     const int64_t per_batch = s->tiles_m * s->tiles_n;
