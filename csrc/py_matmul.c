@@ -250,7 +250,9 @@ PyDoc_STRVAR(
     "and error (int32 [1], needed when spin_limit > 0: set to 1 when a wait\n"
     "gave up). Optional trailing (bias, alpha, beta): out = alpha * a @ b +\n"
     "beta * bias in fp32 before the rounding (bias None or broadcasting to\n"
-    "out, out's dtype).");
+    "out, out's dtype); then row_sums (None, or [m] of out's dtype, no\n"
+    "batch): row_sums[i] = sum over k of a[i, k], fp32, rounded once\n"
+    "(nn.Linear's bias gradient beside its weight gradient).");
 
 /* (workspace, flags, epoch, spin_limit, error): spin_limit for both
  * backends, the rest checked and used on CUDA only. */
@@ -387,14 +389,53 @@ parse_epilogue(PyObject *const *args, const char *fn,
     return 0;
 }
 
+/* row_sums: None, or out's dtype and device, [m] contiguous, for a
+ * product without a batch (a 2-D a, or a batch of one). */
+static int
+parse_row_sums(PyObject *arg, const char *fn, const struct gemsops_tensor *a,
+               const struct gemsops_tensor *b, const struct gemsops_tensor *c,
+               struct gemsops_matmul_params *p)
+{
+    if (arg == Py_None) {
+        return 0;
+    }
+    struct gemsops_tensor t;
+    if (gemsops_tensor_from_object(arg, fn, "row_sums", &t, NULL) ||
+        gemsops_check_device(&t, c, fn, "row_sums", "out") ||
+        gemsops_check_contiguous(&t, fn, "row_sums") ||
+        gemsops_check_aligned(&t, fn, "row_sums")) {
+        return -1;
+    }
+    if (t.dtype != c->dtype || t.ndim != 1 || t.sizes[0] != p->m ||
+        p->batch != 1) {
+        char sr[96];
+        gemsops_format_shape(t.sizes, t.ndim, sr, sizeof sr);
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s(): row_sums must be a %s tensor of shape [%lld] "
+                     "for a product without a batch, got %s of shape %s "
+                     "(batch %lld)",
+                     fn, gemsops_dtype_name(c->dtype), (long long)p->m,
+                     gemsops_dtype_name(t.dtype), sr, (long long)p->batch);
+        return -1;
+    }
+    const struct gemsops_tensor *w[] = {c, &t};
+    const struct gemsops_tensor *r[] = {a, b};
+    const char *wn[] = {"out", "row_sums"}, *rn[] = {"a", "b"};
+    if (gemsops_check_no_overlap(w, wn, 2, r, rn, 2, fn)) {
+        return -1;
+    }
+    p->row_sums = t.data;
+    return 0;
+}
+
 static PyObject *
 matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
     const char *fn = "matmul";
-    if (nargs != 12 && nargs != 15) {
+    if (nargs != 12 && nargs != 15 && nargs != 16) {
         PyErr_Format(PyExc_TypeError,
-                     "matmul() takes 12 or 15 arguments (%zd "
+                     "matmul() takes 12, 15 or 16 arguments (%zd "
                      "given)",
                      nargs);
         return NULL;
@@ -403,7 +444,8 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     struct gemsops_tensor a, b, c;
     if (parse_problem(args, fn, &p, &a, &b, &c) ||
         parse_cuda_extras(args, fn, &a, &b, &c, &p) ||
-        (nargs == 15 && parse_epilogue(args + 12, fn, &c, &p))) {
+        (nargs >= 15 && parse_epilogue(args + 12, fn, &c, &p)) ||
+        (nargs == 16 && parse_row_sums(args[15], fn, &a, &b, &c, &p))) {
         return NULL;
     }
     const int cuda = a.device_type == GEMSOPS_CUDA;

@@ -225,3 +225,41 @@ def test_half_product_past_the_max_that_the_bias_brings_back(op, device):
         out = gemsops.addmm(b, x, w.t())
     assert (x.double() @ w.double().t() + b.double()).item() == 65440.0
     assert out.item() == 65440.0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "tokens,fan_in,fan_out", [(4096, 256, 768), (37, 200, 300), (1, 8, 8)]
+)
+def test_bias_gradient_beside_the_weight_gradient(
+    tokens, fan_in, fan_out, dtype
+):
+    # nn.Linear on CUDA half types: the bias gradient comes from the weight
+    # gradient's kernel (its column sums of grad); float64 references
+    torch.manual_seed(1)
+    lin = gemsops.nn.Linear(fan_in, fan_out, device="cuda", dtype=dtype)
+    x = torch.randn(2, tokens, fan_in, device="cuda", dtype=dtype)
+    x.requires_grad_(True)
+    y = lin(x)
+    g = torch.randn_like(y)
+    y.backward(g)
+    gd = g.double().reshape(-1, fan_out)
+    n = gd.shape[0]
+    assert_close(lin.bias.grad, gd.sum(0), dtype, chain_len=n)
+    assert_close(
+        lin.weight.grad,
+        gd.t() @ x.detach().double().reshape(-1, fan_in),
+        dtype,
+        chain_len=n,
+    )
+    assert_close(
+        x.grad, g.double() @ lin.weight.double(), dtype, chain_len=fan_out
+    )
+    # the same bits from a second backward
+    first = [t.grad.clone() for t in (lin.bias, lin.weight, x)]
+    for t in (lin.bias, lin.weight, x):
+        t.grad = None
+    lin(x).backward(g)
+    for f, t in zip(first, (lin.bias, lin.weight, x)):
+        assert torch.equal(f, t.grad)

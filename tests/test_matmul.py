@@ -792,3 +792,101 @@ def test_out_aliasing_an_input(device):
     ref = x.double() @ x.double()
     assert gemsops.mm(x, x, out=x) is x
     assert_close(x, ref, torch.float32, chain_len=16)
+
+
+def assert_row_sums(rs, a, dtype, name="row_sums"):
+    """rs[i] = sum over k of a[i, k]: one rounding of the result + the fp32
+    accumulation's error (as assert_mm_close with b a column of ones)."""
+    ref = a.double().sum(-1)
+    bound = a.double().abs().sum(-1)
+    tol = (
+        OUT_RTOL[dtype] * ref.abs()
+        + 4 * math.sqrt(max(1, a.shape[-1])) * 2**-24 * bound
+        + 1e-30
+    )
+    assert rs.dtype == dtype and rs.shape == ref.shape
+    err = (rs.double() - ref).abs()
+    assert not (err > tol).any(), (
+        f"{name}: {int((err > tol).sum())} of {rs.numel()} out of "
+        f"tolerance; worst {err.max().item():.3g}"
+    )
+
+
+def poisoned(n, dtype, device):
+    return torch.full((n,), float("nan"), dtype=dtype, device=device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "m,n,k", [(37, 5, 70), (1, 1, 1), (64, 65, 0), (9, 0, 4)]
+)
+def test_row_sums_beside_the_product(m, n, k, dtype, device):
+    # nn.Linear's weight-gradient layout: a = grad^T (M-contiguous), b the
+    # input (N-contiguous); row sums of every row, also where C is empty
+    a = rand(k, m, dtype=dtype, device=device).t()
+    b = rand(k, n, dtype=dtype, device=device)
+    rs = poisoned(m, dtype, device)
+    out = gemsops.ops.matmul._mm(a, b, row_sums=rs)
+    assert_mm_close(out, a, b, dtype)
+    assert_row_sums(rs, a, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "mainloop", ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "mma"]
+)
+@pytest.mark.parametrize(
+    "a_major,b_major", [("m", "n"), ("k", "n"), ("m", "k")]
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sched", ["data-parallel", "stream-k", "hybrid"])
+def test_row_sums_every_kernel(mainloop, a_major, b_major, dtype, sched):
+    # (m, n): the ROWS kernels (A M-contiguous, B N-contiguous) sum in the
+    # tiles of C's first column, split by Stream-K too; other layouts and
+    # mma.sync take the row-sum kernels after the product
+    for m, n, k in [
+        (300, 520, 1000),
+        (136, 72, 4096),
+        (8, 8, 8),
+        (264, 392, 64),
+    ]:
+        a = (
+            rand(m, k, dtype=dtype, device="cuda")
+            if a_major == "k"
+            else rand(k, m, dtype=dtype, device="cuda").t()
+        )
+        b = (
+            rand(k, n, dtype=dtype, device="cuda")
+            if b_major == "n"
+            else rand(n, k, dtype=dtype, device="cuda").t()
+        )
+        rs = [poisoned(m, dtype, "cuda") for _ in range(2)]
+        with schedule(
+            sched, mainloop=mainloop, ctas=7 if sched != "data-parallel" else 0
+        ):
+            first = gemsops.ops.matmul._mm(a, b, row_sums=rs[0])
+            second = gemsops.ops.matmul._mm(a, b, row_sums=rs[1])
+        name = f"{m}x{n}x{k} {mainloop} {a_major}{b_major}"
+        assert_mm_close(first, a, b, dtype, name=name)
+        assert_row_sums(rs[0], a, dtype, name=name)
+        assert torch.equal(first, second) and torch.equal(rs[0], rs[1])
+
+
+def test_row_sums_refused_as_named(device):
+    a = rand(6, 4, device=device)
+    b = rand(4, 3, device=device)
+    mm = gemsops.ops.matmul._mm
+    with pytest.raises(RuntimeError, match="row_sums must be a float32"):
+        mm(a, b, row_sums=torch.empty(5, device=device))
+    with pytest.raises(RuntimeError, match="row_sums must be a float32"):
+        mm(a, b, row_sums=torch.empty(6, dtype=torch.float64, device=device))
+    with pytest.raises(RuntimeError, match="batch 2"):
+        mm(
+            torch.stack([a, a]),
+            torch.stack([b, b]),
+            row_sums=torch.empty(6, device=device),
+        )
+    with pytest.raises(RuntimeError, match="row_sums"):
+        mm(a, b, row_sums=torch.empty(12, device=device)[::2])
+    with pytest.raises(RuntimeError, match="overlap"):
+        mm(a, b, row_sums=a.view(-1)[:6])

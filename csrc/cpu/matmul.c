@@ -13,7 +13,8 @@
  *
  * Tile math: A and B panels are widened to fp32 once per k-step, then a
  * BM x BN fp32 accumulator takes rank-BK updates; C is rounded once, after
- * the epilogue (alpha * acc + beta * bias) in fp32. */
+ * the epilogue (alpha * acc + beta * bias) in fp32. A's row sums, when
+ * asked, are a loop of their own. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -144,11 +145,30 @@ gemsops_matmul_plan_cpu(const struct gemsops_matmul_params *p,
     return GEMSOPS_OK;
 }
 
+/* row_sums[i] = the sum over k of a[i, k] (batch 1), fp32 in k order,
+ * rounded once */
+static void
+row_sums(const struct gemsops_matmul_params *p)
+{
+#pragma omp parallel for num_threads(gemsops_thread_count())
+    for (int64_t i = 0; i < p->m; i++) {
+        float sum = 0.f;
+        for (int64_t j = 0; j < p->k; j++) {
+            sum += (float)gemsops_load_f64(p->a, p->dtype,
+                                           i * p->a_rs + j * p->a_cs);
+        }
+        gemsops_store_f64(p->row_sums, p->dtype, i, sum);
+    }
+}
+
 int
 gemsops_matmul_cpu(const struct gemsops_matmul_params *p, gemsops_status *st)
 {
     struct gemsops_sk_schedule s;
     gemsops_matmul_plan_cpu(p, &s, st);
+    if (p->row_sums != NULL) {
+        row_sums(p);
+    }
     if (s.tiles == 0) {
         return GEMSOPS_OK;
     }

@@ -71,6 +71,9 @@ struct driver_args {
     int64_t spin_limit; // 0: wait as long as it takes
     int *error;
     bool epilogue; // alpha != 1 or a bias: C = alpha * acc + beta * bias
+    // NULL, or A's row sums [m] (batch 1): written by the tiles of C's
+    // first column of a ROWS wgmma kernel, else by matmul_row_sums_by_*
+    void *row_sums;
     const void *bias;
     int64_t bias_bs, bias_rs, bias_cs;
     float alpha, beta;
@@ -173,6 +176,7 @@ struct no_epilogue {
 template <typename T>
 struct ffma_mainloop {
     static constexpr int BM = 64, BN = 64, BK = 16, kAcc = 16, kMinCtas = 1;
+    static constexpr int kRowAcc = 0;
     static constexpr int kThreads = kConsumers;
     static constexpr bool kWarpSpecialized = false;
     struct smem_t {
@@ -264,6 +268,7 @@ struct ffma_mainloop {
 template <typename M, int MIN_CTAS>
 struct tc_mainloop {
     static constexpr int BM = M::BM, BN = M::BN, kAcc = M::kAcc;
+    static constexpr int kRowAcc = M::kRowAcc;
     static constexpr int kMinCtas = MIN_CTAS, kThreads = M::kThreads;
     static constexpr bool kWarpSpecialized = M::kWarpSpecialized;
     using smem_t = typename M::smem_t;
@@ -315,7 +320,8 @@ struct tc_mainloop {
     // true: the tile went out through the mainloop's staged epilogue
     template <typename T>
     static __device__ bool store(const driver_args &p, int64_t tile,
-                                 const float (&acc)[kAcc], smem_t &sm)
+                                 const float (&acc)[kAcc + kRowAcc],
+                                 smem_t &sm)
     {
         if constexpr (M::kTma) {
             int64_t bt, tm, tn;
@@ -339,6 +345,10 @@ struct tc_mainloop {
                 M::store_staged(C, &p.tc, (int)bt, p.s.m, p.s.n, tm * BM,
                                 tn * BN, acc, sm, no_epilogue(), p.c_how);
             }
+            if (kRowAcc > 0 && tn == 0 && p.row_sums != nullptr) {
+                M::store_row_sums(static_cast<T *>(p.row_sums), p.s.m, tm * BM,
+                                  acc);
+            }
             return true;
         }
         return false;
@@ -346,7 +356,7 @@ struct tc_mainloop {
 
     static __device__ void mac(const driver_args &p, ring_t &ring,
                                int64_t tile, int64_t k0, int64_t k1,
-                               float (&acc)[kAcc], smem_t &sm)
+                               float (&acc)[kAcc + kRowAcc], smem_t &sm)
     {
         M::mac(p.s, operands(p), ring, tile, k0, k1, acc, sm);
     }
@@ -373,9 +383,9 @@ constexpr int wgmma_stages(int bn)
 {
     return bn == 64 ? 8 : bn == 128 ? 6 : bn == 192 ? 5 : 4;
 }
-template <typename T, int BN, bool AM, bool BNM>
+template <typename T, int BN, bool AM, bool BNM, bool ROWS = false>
 using wgmma_tc =
-    tc_mainloop<wgmma_mainloop<T, BN, wgmma_stages(BN), AM, BNM>, 1>;
+    tc_mainloop<wgmma_mainloop<T, BN, wgmma_stages(BN), AM, BNM, ROWS>, 1>;
 
 // ---- the driver: schedule walk, fix-up, epilogue ---------------------------
 __device__ __forceinline__ void store_pair(float *d, float a, float b)
@@ -393,7 +403,7 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16 *d, float a, float b)
 
 template <typename T, typename L>
 __device__ void store_tile(const driver_args &p, int64_t tile,
-                           const float (&acc)[L::kAcc])
+                           const float (&acc)[L::kAcc + L::kRowAcc])
 {
     int64_t bt, tm, tn;
     gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
@@ -463,9 +473,10 @@ __device__ __forceinline__ void drive(const driver_args &p,
                                       typename L::ring_t &ring,
                                       typename L::smem_t &sm)
 {
-    float acc[L::kAcc];
+    constexpr int kAll = L::kAcc + L::kRowAcc; // a partial's values a thread
+    float acc[kAll];
     const int64_t c = blockIdx.x;
-    constexpr int kTile = L::BM * L::BN;
+    constexpr int kSlot = kAll * kConsumers;
     // the order of gemsops_sk_walk (a TMA producer walks it ahead of this
     // loop): Stream-K pieces, then data-parallel tiles (apart: the mma.sync
     // kernel spills when one loop holds both)
@@ -476,9 +487,9 @@ __device__ __forceinline__ void drive(const driver_args &p,
         end = gemsops_sk_piece(&p.s, begin, end, &tile, &k0, &k1);
         L::mac(p, ring, tile, k0, k1, acc, sm);
         if (gemsops_sk_is_peer(&p.s, k1)) { // publish the partial
-            float *slot = p.partials + c * kTile;
+            float *slot = p.partials + c * kSlot;
 #pragma unroll
-            for (int e = 0; e < L::kAcc; e++) {
+            for (int e = 0; e < kAll; e++) {
                 slot[e * kConsumers + threadIdx.x] = acc[e];
             }
             __threadfence();
@@ -505,9 +516,9 @@ __device__ __forceinline__ void drive(const driver_args &p,
                 L::drain(ring, sm); // no load may land after the CTA exits
                 return; // the host raises: error = 1
             }
-            const float *slot = p.partials + q * kTile;
+            const float *slot = p.partials + q * kSlot;
 #pragma unroll
-            for (int e = 0; e < L::kAcc; e++) {
+            for (int e = 0; e < kAll; e++) {
                 acc[e] += __ldcg(slot + e * kConsumers + threadIdx.x);
             }
         }
@@ -546,6 +557,93 @@ __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
     else {
         drive<T, L>(p, ring, sm);
     }
+}
+
+// ---- A's row sums where the product's kernel does not make them ----------
+// row_sums[i] = sum over k of A[i, k] (batch 1), fp32 rounded once; each
+// sum in a fixed order (run-to-run identical). Rows with unit k stride: a
+// warp a row (its lanes read consecutive elements, then meet in an xor
+// tree); otherwise a thread a row, k in order (neighbouring threads read
+// neighbouring rows of an M-contiguous A).
+constexpr int kRowSumThreads = 256;
+
+template <typename T>
+__global__ void __launch_bounds__(kRowSumThreads)
+    matmul_row_sums_by_warp(const T *a, int64_t m, int64_t k, int64_t rs,
+                            T *out)
+{
+    const int64_t row =
+        blockIdx.x * (int64_t)(kRowSumThreads / 32) + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= m) { // a whole warp: the shuffles below see every lane
+        return;
+    }
+    float sum = 0.f;
+    for (int64_t j = lane; j < k; j += 32) {
+        sum += to_acc<float>(a[row * rs + j]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, off);
+    }
+    if (lane == 0) {
+        out[row] = from_acc<T>(sum);
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kRowSumThreads)
+    matmul_row_sums_by_thread(const T *a, int64_t m, int64_t k, int64_t rs,
+                              int64_t cs, T *out)
+{
+    const int64_t row = blockIdx.x * (int64_t)kRowSumThreads + threadIdx.x;
+    if (row >= m) {
+        return;
+    }
+    float sum = 0.f;
+    for (int64_t j = 0; j < k; j++) {
+        sum += to_acc<float>(a[row * rs + j * cs]);
+    }
+    out[row] = from_acc<T>(sum);
+}
+
+template <typename T>
+void launch_row_sums(const gemsops_matmul_params *p, cudaStream_t stream)
+{
+    const T *a = static_cast<const T *>(p->a);
+    T *out = static_cast<T *>(p->row_sums);
+    if (p->a_cs == 1) {
+        const int64_t rows = kRowSumThreads / 32;
+        matmul_row_sums_by_warp<T>
+            <<<(unsigned)((p->m + rows - 1) / rows), kRowSumThreads, 0,
+               stream>>>(a, p->m, p->k, p->a_rs, out);
+    }
+    else {
+        matmul_row_sums_by_thread<T>
+            <<<(unsigned)((p->m + kRowSumThreads - 1) / kRowSumThreads),
+               kRowSumThreads, 0, stream>>>(a, p->m, p->k, p->a_rs, p->a_cs,
+                                            out);
+    }
+}
+
+// The one dtype switch of the row sums.
+int row_sums(const gemsops_matmul_params *p, gemsops_status *st)
+{
+    if (p->m == 0) {
+        return GEMSOPS_OK;
+    }
+    cudaStream_t stream = (cudaStream_t)p->stream;
+    switch (p->dtype) {
+    case GEMSOPS_FLOAT32: launch_row_sums<float>(p, stream); break;
+    case GEMSOPS_FLOAT16: launch_row_sums<__half>(p, stream); break;
+    case GEMSOPS_BFLOAT16: launch_row_sums<__nv_bfloat16>(p, stream); break;
+    default:
+        return gemsops_fail(st, GEMSOPS_ERR_TYPE,
+                            "matmul: unsupported dtype %s on CUDA",
+                            gemsops_dtype_name(p->dtype));
+    }
+    GEMSOPS_CUDA_CHECK_LAUNCH(st, "matmul_row_sums");
+    return GEMSOPS_OK;
 }
 
 // ---- planning and launch ---------------------------------------------------
@@ -614,6 +712,8 @@ struct kernel_choice {
     CUtensorMap ta, tb; // wgmma only
     const void *fn;
     int bm, bn, bk, smem, threads;
+    int partial_floats; // a Stream-K partial's size (the row sums' too)
+    bool row_sums; // the kernel writes A's row sums (a ROWS wgmma kernel)
     gemsops_mainloop mainloop;
     gemsops_sk_mode sk_mode; // the schedule: p->mode, or the cost model's
     tc_layout layout;
@@ -638,6 +738,8 @@ kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
     k.bk = bk;
     k.smem = L::kSmemBytes;
     k.threads = L::kThreads;
+    k.partial_floats = (L::kAcc + L::kRowAcc) * kConsumers;
+    k.row_sums = L::kRowAcc > 0;
     k.mainloop = m;
     k.layout = l;
     k.launch = launch_kernel<T, L>;
@@ -813,15 +915,25 @@ gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
     return want;
 }
 
-// TF32 (T = float): both operands K-contiguous (pick_mainloop saw to it)
+// TF32 (T = float): both operands K-contiguous (pick_mainloop saw to it).
+// rows: the launch asks for A's row sums; the ROWS kernels exist for
+// nn.Linear's weight gradient alone (A = grad^T M-contiguous, B = the
+// input N-contiguous) up to kWgmmaRowsMaxBn (the planner's widest for
+// them), the others leave them to matmul_row_sums_by_*.
 template <typename T, int BN>
-kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l)
+kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l, bool rows)
 {
     constexpr int bk = 128 / sizeof(T);
     if constexpr (std::is_same_v<T, float>) {
+        (void)rows;
         return choice<T, wgmma_tc<T, BN, false, false>>(bk, m, l);
     }
     else {
+        if constexpr (BN <= kWgmmaRowsMaxBn) {
+            if (rows && !l.a_k && !l.b_k) {
+                return choice<T, wgmma_tc<T, BN, true, true, true>>(bk, m, l);
+            }
+        }
         if (!l.a_k) { // M-contiguous A
             return l.b_k ? choice<T, wgmma_tc<T, BN, true, false>>(bk, m, l)
                          : choice<T, wgmma_tc<T, BN, true, true>>(bk, m, l);
@@ -832,13 +944,13 @@ kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l)
 }
 
 template <typename T>
-kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l)
+kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l, bool rows)
 {
     switch (m) {
-    case GEMSOPS_MAINLOOP_WGMMA_256: return wgmma_choice<T, 256>(m, l);
-    case GEMSOPS_MAINLOOP_WGMMA_192: return wgmma_choice<T, 192>(m, l);
-    case GEMSOPS_MAINLOOP_WGMMA_128: return wgmma_choice<T, 128>(m, l);
-    case GEMSOPS_MAINLOOP_WGMMA_64: return wgmma_choice<T, 64>(m, l);
+    case GEMSOPS_MAINLOOP_WGMMA_256: return wgmma_choice<T, 256>(m, l, rows);
+    case GEMSOPS_MAINLOOP_WGMMA_192: return wgmma_choice<T, 192>(m, l, rows);
+    case GEMSOPS_MAINLOOP_WGMMA_128: return wgmma_choice<T, 128>(m, l, rows);
+    case GEMSOPS_MAINLOOP_WGMMA_64: return wgmma_choice<T, 64>(m, l, rows);
     case GEMSOPS_MAINLOOP_MMA:
         if constexpr (!std::is_same_v<T, float>) {
             return choice<T, mma_tc<T>>(32, m, l);
@@ -850,13 +962,17 @@ kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l)
 
 // The one dtype switch.
 int choose_dtype(gemsops_dtype dtype, gemsops_mainloop m, const tc_layout &l,
-                 kernel_choice *k, gemsops_status *st)
+                 bool rows, kernel_choice *k, gemsops_status *st)
 {
     switch (dtype) {
-    case GEMSOPS_FLOAT32: *k = choose_typed<float>(m, l); return GEMSOPS_OK;
-    case GEMSOPS_FLOAT16: *k = choose_typed<__half>(m, l); return GEMSOPS_OK;
+    case GEMSOPS_FLOAT32:
+        *k = choose_typed<float>(m, l, rows);
+        return GEMSOPS_OK;
+    case GEMSOPS_FLOAT16:
+        *k = choose_typed<__half>(m, l, rows);
+        return GEMSOPS_OK;
     case GEMSOPS_BFLOAT16:
-        *k = choose_typed<__nv_bfloat16>(m, l);
+        *k = choose_typed<__nv_bfloat16>(m, l, rows);
         return GEMSOPS_OK;
     default:
         return gemsops_fail(st, GEMSOPS_ERR_TYPE,
@@ -896,7 +1012,8 @@ int choose(const gemsops_matmul_params *p, const device_facts &f, bool encode,
         }
     }
     const bool wgmma = m >= GEMSOPS_MAINLOOP_WGMMA_128;
-    if (choose_dtype(p->dtype, m, wgmma ? tl : l, k, st) != GEMSOPS_OK) {
+    if (choose_dtype(p->dtype, m, wgmma ? tl : l, p->row_sums != nullptr, k,
+                     st) != GEMSOPS_OK) {
         return st->code;
     }
     k->sk_mode = mode;
@@ -1053,12 +1170,12 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
                                            p->flag_count * sizeof(unsigned),
                                            (cudaStream_t)p->stream));
     }
-    if (a.s.tiles == 0) {
-        return GEMSOPS_OK;
+    if (a.s.tiles == 0) { // C is empty; A's rows may not be
+        return p->row_sums != nullptr ? row_sums(p, st) : GEMSOPS_OK;
     }
     const int64_t staged = sg.bytes();
     const int64_t partials =
-        a.s.sk_tiles > 0 ? a.s.ctas * (int64_t)k.bm * k.bn * 4 : 0;
+        a.s.sk_tiles > 0 ? a.s.ctas * (int64_t)k.partial_floats * 4 : 0;
     if (staged + partials > 0) { // only these touch the workspace and flags
         const int64_t bytes = staged + partials;
         const int64_t flags = a.s.sk_tiles > 0 ? a.s.ctas : 1;
@@ -1102,6 +1219,7 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     a.bias_cs = p->bias_cs;
     a.alpha = p->alpha;
     a.beta = p->beta;
+    a.row_sums = k.row_sums ? p->row_sums : nullptr;
     // 16-byte rows of C: the staged epilogue's TMA stores (with or without
     // a bias); else, or where the driver refuses C's map, element stores
     const int64_t esize = (int64_t)gemsops_dtype_size(p->dtype);
@@ -1129,6 +1247,9 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     a.error = p->error;
     k.launch((unsigned)a.s.ctas, k.smem, (cudaStream_t)p->stream, a);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "matmul_streamk_kernel");
+    if (p->row_sums != nullptr && !k.row_sums) {
+        return row_sums(p, st);
+    }
     return GEMSOPS_OK;
 }
 

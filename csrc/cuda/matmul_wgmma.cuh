@@ -229,6 +229,29 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
                  : GEMSOPS_ACC64(0), GEMSOPS_ACC64(64)                        \
                  : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 
+// d (64 x 8, fp32) += A (64 x k16) * B (k16 x 8) for halves: the row sums'
+// product against a tile of ones (B K-major), A as the main product reads
+// it.
+template <typename T, int TA>
+__device__ __forceinline__ void wgmma_m64n8k16(float *d, uint64_t da,
+                                               uint64_t db)
+{
+    if constexpr (std::is_same_v<T, __half>) {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16"
+                     " {%0,%1,%2,%3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "l"(da), "l"(db), "r"(1), "n"(TA));
+    }
+    else {
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16"
+                     " {%0,%1,%2,%3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "l"(da), "l"(db), "r"(1), "n"(TA));
+    }
+}
+
 // d (64 x N per warpgroup, fp32) += A (64 x k) * B (k x N) for the k of
 // 32 bytes (16 halves, 8 fp32 read as TF32); TA / TB: the operand is
 // MN-major in shared memory (halves only).
@@ -334,7 +357,13 @@ enum class c_store { tma, elements };
 // AM: A is M-contiguous (else K-contiguous); BNM: B is N-contiguous (else
 // K-contiguous). One kernel per layout: one body for the four costs
 // registers (it spilled at BN = 256). T = float: TF32, both K-contiguous.
-template <typename T, int BN_, int STAGES, bool AM, bool BNM>
+// ROWS (halves): the tiles also sum A's rows over k (nn.Linear's bias
+// gradient beside its weight gradient, A = grad^T), and those of C's first
+// column store them: one m64n8k16 wgmma per k16 against a tile of ones in
+// shared memory, into kRowAcc more accumulators, which the Stream-K fix-up
+// carries as it carries the tile's.
+template <typename T, int BN_, int STAGES, bool AM, bool BNM,
+          bool ROWS = false>
 struct wgmma_mainloop {
     static_assert(BN_ == 64 || BN_ == 128 || BN_ == 192 || BN_ == 256,
                   "BN: 64, 128, 192 or 256");
@@ -343,7 +372,10 @@ struct wgmma_mainloop {
     static constexpr int BM = 128, BN = BN_, BK = 128 / kElem;
     static constexpr int kStages = STAGES;
     static constexpr bool kTma = true, kWarpSpecialized = true;
+    static_assert(!ROWS || sizeof(T) == 2, "row sums: half types");
     static constexpr int kConsumers = 256, kThreads = 384, kAcc = BN / 2;
+    // a m64n8 accumulator (4 a thread); the ones: 8 rows x 128 bytes of k
+    static constexpr int kRowAcc = ROWS ? 4 : 0, kOnesBytes = ROWS ? 1024 : 0;
     // 128 x 40 + 256 x 232 <= 65536; the producer's walk fits in 40
     static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
     static constexpr int kABytes = BM * BK * kElem,
@@ -362,6 +394,7 @@ struct wgmma_mainloop {
     static constexpr int kSmemLimit = 232448; // a CTA's opt-in on sm_90
     static constexpr int kBuffers =
         (BN / kCols) % 2 == 0 && kStages * kStageBytes + 1024 + BN * 4 + 256 +
+                                         kOnesBytes +
                                          2 * (kConsumers / 32) * kSliceBytes <=
                                      kSmemLimit
             ? 2
@@ -374,7 +407,8 @@ struct wgmma_mainloop {
         // the ring, the slices, and slack to align both to 1024 bytes (the
         // swizzle's period)
         unsigned char raw[kStages * kStageBytes +
-                          kBuffers * (kConsumers / 32) * kSliceBytes + 1024];
+                          kBuffers * (kConsumers / 32) * kSliceBytes +
+                          kOnesBytes + 1024];
     };
     static_assert(sizeof(smem_t) <= kSmemLimit, "shared memory");
     struct ring_t { // a consumer's cursor: slot of the next step, parity
@@ -392,6 +426,12 @@ struct wgmma_mainloop {
     {
         return ring_base(sm) + kStages * kStageBytes +
                (warp * kBuffers + buf) * kSliceBytes;
+    }
+    // the tile of ones (ROWS), after the slices: 1024-aligned
+    static __device__ __forceinline__ unsigned ones(smem_t &sm)
+    {
+        return ring_base(sm) + kStages * kStageBytes +
+               kBuffers * (kConsumers / 32) * kSliceBytes;
     }
     // byte b (0..127) of row r of a slice
     static __device__ __forceinline__ int slice_at(int r, int b)
@@ -445,6 +485,17 @@ struct wgmma_mainloop {
             }
             sm.abort = 0;
             mbar_init_fence();
+        }
+        if constexpr (ROWS) { // 1.0 in every element, seen by wgmma
+            if (threadIdx.x < kOnesBytes / 4) {
+                const unsigned one =
+                    std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;
+                asm volatile("st.shared.b32 [%0], %1;" ::"r"(ones(sm) +
+                                                             threadIdx.x * 4),
+                             "r"(one)
+                             : "memory");
+                fence_proxy_async_shared();
+            }
         }
         __syncthreads();
 #else
@@ -534,17 +585,21 @@ struct wgmma_mainloop {
     // same pieces in the same order) into acc.
     static __device__ void mac(const gemsops_sk_schedule &,
                                const tc_operands &, ring_t &ring, int64_t,
-                               int64_t k0, int64_t k1, float (&acc)[kAcc],
-                               smem_t &sm)
+                               int64_t k0, int64_t k1,
+                               float (&acc)[kAcc + kRowAcc], smem_t &sm)
     {
 #ifdef GEMSOPS_HAS_WGMMA
         const unsigned base = ring_base(sm);
         const int64_t steps = k1 - k0;
         const bool arrives = threadIdx.x % 32 == 0; // once a warp
 #pragma unroll
-        for (int e = 0; e < kAcc; e++) {
+        for (int e = 0; e < kAcc + kRowAcc; e++) {
             acc[e] = 0.f;
         }
+        // ROWS: every tile sums A's rows (those of C's first column keep
+        // them). Only there would be a branch around a wgmma, which ptxas
+        // cannot prove uniform: it then serializes every wgmma (C7520).
+        const uint64_t d1 = ROWS ? wgmma_desc(ones(sm), 16, 1024) : 0;
         const unsigned g = threadIdx.x / 128; // warpgroup: rows 64g..
         const uint64_t da0 =
             wgmma_desc(base + g * kAtom, AM ? kAtom : 16, 1024);
@@ -563,6 +618,10 @@ struct wgmma_mainloop {
                 const int bstep = BNM ? kk * 128 : kk * 2;
                 wgmma_m64k32bytes<T, BN, AM, BNM>(acc, da0 + slot + step,
                                                   db0 + slot + bstep);
+                if constexpr (ROWS) { // the ones' k as a K-major B's
+                    wgmma_m64n8k16<T, AM>(acc + kAcc, da0 + slot + step,
+                                          d1 + kk * 2);
+                }
             }
             wgmma_commit();
             wgmma_wait<1>(); // step i - 1 has read its slot: release it
@@ -624,7 +683,8 @@ struct wgmma_mainloop {
     template <typename E>
     static __device__ void store_staged(T *C, const CUtensorMap *map, int bt,
                                         int64_t m, int64_t n, int64_t r0,
-                                        int64_t c0, const float (&acc)[kAcc],
+                                        int64_t c0,
+                                        const float (&acc)[kAcc + kRowAcc],
                                         smem_t &sm, E epi, c_store how)
     {
         // C's elements as raw bits (the copy-out moves them unchanged)
@@ -703,6 +763,30 @@ struct wgmma_mainloop {
                 }
             }
             __syncwarp(); // the slice is rewritten by the next columns
+        }
+    }
+
+    // ROWS: the tile's row sums (rows r0.. of A, m in all) into rs, rounded
+    // once. Every column of the m64n8 accumulator holds them: a thread's
+    // first and third values are column 0 of its rows r and r + 8.
+    static __device__ void store_row_sums(T *rs, int64_t m, int64_t r0,
+                                          const float (&acc)[kAcc + kRowAcc])
+    {
+        if constexpr (ROWS) {
+            const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+            if (lane % 4 == 0) {
+                const int64_t r =
+                    r0 + (warp / 4) * 64 + (warp % 4) * 16 + lane / 4;
+                if (r < m) {
+                    rs[r] = from_acc<T>(acc[kAcc]);
+                }
+                if (r + 8 < m) {
+                    rs[r + 8] = from_acc<T>(acc[kAcc + 2]);
+                }
+            }
+        }
+        else {
+            (void)rs, (void)m, (void)r0, (void)acc;
         }
     }
 

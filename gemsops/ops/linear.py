@@ -6,13 +6,22 @@ over rows. Traced code (compile, export, modes) and calls the epilogue
 cannot take run the product, then torch's add. The products, forward and
 backward, run on gemsops' kernels on transposed views without copies."""
 
+import functools
 import math
 import numbers
 
 import torch
 
 from .._dispatch import eager, eager_apply
-from .matmul import SUPPORTED, _into, _mm, matmul, mm, product_grads
+from .matmul import (
+    SUPPORTED,
+    _into,
+    _mm,
+    matmul,
+    mm,
+    product_grads,
+    transposed,
+)
 
 
 def _rows(t):
@@ -52,16 +61,45 @@ class AddmmFunction(torch.autograd.Function):
         product = mm if torch.is_grad_enabled() else _mm  # create_graph
         ga = _rows(g * ctx.alpha if ctx.alpha != 1 else g)
         need = ctx.needs_input_grad
-        d1, d2 = product_grads(product, _rows(mat1), mat2, ga, need[1:])
+        di = None
+        if _bias_grad_fused(ctx, product, g, ga, mat2):
+            di = ga.new_empty(ga.shape[-1])
+        d1, d2 = product_grads(product, _rows(mat1), mat2, ga, need[1:], di)
         if d1 is not None and mat1.dim() != 2:
             d1 = d1.reshape(mat1.shape)
-        di = None
-        if need[0]:
+        if need[0] and di is None:
             gb = g * ctx.beta if ctx.beta not in (0, 1) else g
             di = gb.sum_to_size(ctx.input_shape)
             if ctx.beta == 0:  # as torch: input's gradient is zeros
                 di = torch.zeros_like(di)
         return di, d1, d2, None, None
+
+
+@functools.lru_cache(maxsize=None)
+def _has_wgmma(index):
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+def _bias_grad_fused(ctx, product, g, ga, mat2):
+    """nn.Linear's bias gradient (grad summed over rows) made by the weight
+    gradient's kernel: a [n] bias, both gradients asked, alpha = beta = 1
+    (so it is ga's column sums), the weight transposed (its gradient's
+    product then has ga^T for a), half types on a Hopper GPU (whose wgmma
+    kernels sum the rows; elsewhere torch's reduction is faster), eager."""
+    need = ctx.needs_input_grad
+    return (
+        need[0]
+        and need[2]
+        and product is _mm
+        and ctx.alpha == 1
+        and ctx.beta == 1
+        and len(ctx.input_shape) == 1
+        and ctx.input_shape[0] == ga.shape[-1]
+        and g.is_cuda
+        and g.dtype in (torch.float16, torch.bfloat16)
+        and transposed(mat2)
+        and _has_wgmma(g.device.index)
+    )
 
 
 _addmm_function = eager_apply(AddmmFunction)

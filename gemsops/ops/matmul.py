@@ -149,18 +149,22 @@ def _error_buffer(device):
     ).buf
 
 
-def _mm(a, b, bias=None, alpha=1, beta=1):
+def _mm(a, b, bias=None, alpha=1, beta=1, row_sums=None):
     """[m, k] x [k, n] -> [m, n], or [B, m, k] x [B, k, n] -> [B, m, n]: a
     new contiguous C (no autograd). One _C call; a Stream-K launch asks for
     its stream's workspace and flags and takes a second. With a bias (any
     tensor of C's dtype broadcasting to C) or alpha != 1, the kernel's
-    epilogue gives alpha * a @ b + beta * bias, rounded once."""
+    epilogue gives alpha * a @ b + beta * bias, rounded once. row_sums (C's
+    dtype, [m], 2-D a) receives the sums of a's rows over k, made beside
+    the product where the kernel can (nn.Linear's bias gradient)."""
     c = a.new_empty(a.shape[:-1] + b.shape[-1:])  # torch.empty's kwargs
     mode, two, ctas, loop, spin = _launch  # cost ~2 us more a call
     if a.dtype == torch.float32 and loop != _FFMA and not _tf32_allowed(a):
         loop = _FFMA  # exact fp32 unless torch allows TF32, as cuBLAS
     err = _error_buffer(a.device) if spin and a.is_cuda else None
     epi = () if bias is None and alpha == 1 else (bias, alpha, beta)
+    if row_sums is not None:
+        epi = (bias, alpha, beta, row_sums)
     need = _C.matmul(
         a, b, c, mode, two, ctas, loop, None, None, 0, spin, err, *epi
     )
@@ -202,15 +206,19 @@ def transposed(t):
     return t.dim() >= 2 and not t.is_contiguous() and t.mT.is_contiguous()
 
 
-def product_grads(mm, a, b, grad, need):
+def product_grads(mm, a, b, grad, need, col_sums=None):
     """The gradients of a @ b given grad, each made in its operand's layout:
     a transposed operand's as (other^T @ grad^T)^T, so that its
     AccumulateGrad keeps the tensor instead of copying it to the
-    parameter's strides (torch's mm backward does the same)."""
+    parameter's strides (torch's mm backward does the same). col_sums
+    (_mm only, b transposed: nn.Linear's weight): grad's column sums into
+    it, from b's gradient's product, whose a is grad^T."""
     da = db = None
     if need[0]:
         da = mm(b, grad.mT).mT if transposed(a) else mm(grad, b.mT)
-    if need[1]:
+    if col_sums is not None:
+        db = _mm(grad.mT, a, row_sums=col_sums).mT
+    elif need[1]:
         db = mm(grad.mT, a).mT if transposed(b) else mm(a.mT, grad)
     return da, db
 

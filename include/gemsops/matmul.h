@@ -64,6 +64,8 @@ struct gemsops_matmul_params {
                                  broadcasts (a bias vector: 0, 0, 1)      */
     float alpha, beta; /* the epilogue's scales (alpha also without   */
     /* a bias); the boundary sets 1, 1 by default */
+    void *row_sums; /* NULL, or [m] of `dtype` (batch 1): the sums  */
+    /* over k of A's rows, fp32 rounded once      */
     int device_id;
     void *stream;
 };
