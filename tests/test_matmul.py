@@ -184,16 +184,7 @@ def test_tensor_core_mainloops_every_layout(
     mainloop, a_major, b_major, dtype, sched
 ):
     for m, n, k in TC_SHAPES:
-        a = (
-            rand(m, k, dtype=dtype, device="cuda")
-            if a_major == "k"
-            else rand(k, m, dtype=dtype, device="cuda").t()
-        )
-        b = (
-            rand(k, n, dtype=dtype, device="cuda")
-            if b_major == "n"
-            else rand(n, k, dtype=dtype, device="cuda").t()
-        )
+        a, b = laid_out(m, n, k, a_major, b_major, dtype)
         used = plan_of(a, b, mainloop)["mainloop"]
         if is_sm90() and (m % 8 == 0 or a_major == "k"):
             assert used == mainloop or (
@@ -206,6 +197,22 @@ def test_tensor_core_mainloops_every_layout(
             second = gemsops.mm(a, b)
         assert_mm_close(first, a, b, dtype, name=f"{m}x{n}x{k} {used}")
         assert torch.equal(first, second)
+
+
+def laid_out(m, n, k, a_major, b_major, dtype):
+    """a [m, k] and b [k, n] on the GPU, each with unit stride along the
+    named dim (a: "k" or "m"; b: "n" or "k")."""
+    a = (
+        rand(m, k, dtype=dtype, device="cuda")
+        if a_major == "k"
+        else rand(k, m, dtype=dtype, device="cuda").t()
+    )
+    b = (
+        rand(k, n, dtype=dtype, device="cuda")
+        if b_major == "n"
+        else rand(n, k, dtype=dtype, device="cuda").t()
+    )
+    return a, b
 
 
 def cu(*shape, dtype):
@@ -850,16 +857,7 @@ def test_row_sums_every_kernel(mainloop, a_major, b_major, dtype, sched):
         (8, 8, 8),
         (264, 392, 64),
     ]:
-        a = (
-            rand(m, k, dtype=dtype, device="cuda")
-            if a_major == "k"
-            else rand(k, m, dtype=dtype, device="cuda").t()
-        )
-        b = (
-            rand(k, n, dtype=dtype, device="cuda")
-            if b_major == "n"
-            else rand(n, k, dtype=dtype, device="cuda").t()
-        )
+        a, b = laid_out(m, n, k, a_major, b_major, dtype)
         rs = [poisoned(m, dtype, "cuda") for _ in range(2)]
         with schedule(
             sched, mainloop=mainloop, ctas=7 if sched != "data-parallel" else 0
