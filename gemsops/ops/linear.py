@@ -62,9 +62,10 @@ class AddmmFunction(torch.autograd.Function):
         ga = _rows(g * ctx.alpha if ctx.alpha != 1 else g)
         need = ctx.needs_input_grad
         di = None
-        if _bias_grad_fused(ctx, product, g, ga, mat2):
+        x = _rows(mat1)
+        if _bias_grad_fused(ctx, product, g, ga, x, mat2):
             di = ga.new_empty(ga.shape[-1])
-        d1, d2 = product_grads(product, _rows(mat1), mat2, ga, need[1:], di)
+        d1, d2 = product_grads(product, x, mat2, ga, need[1:], di)
         if d1 is not None and mat1.dim() != 2:
             d1 = d1.reshape(mat1.shape)
         if need[0] and di is None:
@@ -80,12 +81,14 @@ def _has_wgmma(index):
     return torch.cuda.get_device_capability(index)[0] == 9
 
 
-def _bias_grad_fused(ctx, product, g, ga, mat2):
+def _bias_grad_fused(ctx, product, g, ga, x, mat2):
     """nn.Linear's bias gradient (grad summed over rows) made by the weight
     gradient's kernel: a [n] bias, both gradients asked, alpha = beta = 1
     (so it is ga's column sums), the weight transposed (its gradient's
-    product then has ga^T for a), half types on a Hopper GPU (whose wgmma
-    kernels sum the rows; elsewhere torch's reduction is faster), eager."""
+    product then has ga^T for a), eager. Only where a row-sum wgmma kernel
+    takes that product: half types on a Hopper GPU, ga and x (the input's
+    rows) row-major with rows of whole 16-byte chunks; elsewhere the row
+    sums would be a kernel of their own, slower than torch's reduction."""
     need = ctx.needs_input_grad
     return (
         need[0]
@@ -98,6 +101,11 @@ def _bias_grad_fused(ctx, product, g, ga, mat2):
         and g.is_cuda
         and g.dtype in (torch.float16, torch.bfloat16)
         and transposed(mat2)
+        and ga.shape[-1] % 8 == 0
+        and x.shape[-1] % 8 == 0
+        and ga.is_contiguous()
+        and x.stride(-1) == 1
+        and x.stride(0) % 8 == 0
         and _has_wgmma(g.device.index)
     )
 
