@@ -29,6 +29,11 @@
 // the CTA adds the partial read through L2 (ld.cg: L1 is not coherent).
 // Flags are never reset: the next launch uses a new epoch.
 //
+// Row sums (row_sums, batch 1: nn.Linear's bias gradient beside its weight
+// gradient): the ROWS wgmma kernels make them in their accumulators and
+// carry them through the fix-up; any other launch runs
+// matmul_row_sums_by_warp or _by_thread after the product.
+//
 // Bytes: A and B are read once per tile they feed (tiles_n and tiles_m
 // times), C written once; Stream-K adds 2 x 16 KB per split tile.
 //
