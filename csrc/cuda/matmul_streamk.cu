@@ -30,8 +30,9 @@
 // Flags are never reset: the next launch uses a new epoch.
 //
 // Row sums (row_sums, batch 1: nn.Linear's bias gradient beside its weight
-// gradient): the ROWS wgmma kernels make them in their accumulators and
-// carry them through the fix-up; any other launch runs
+// gradient): the ROWS wgmma kernels add them up from A's slots in the tiles
+// of C's first column and carry them through the fix-up in four more
+// accumulators; any other launch runs
 // matmul_row_sums_by_warp or _by_thread after the product.
 //
 // Bytes: A and B are read once per tile they feed (tiles_n and tiles_m

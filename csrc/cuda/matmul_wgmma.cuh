@@ -229,29 +229,6 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
                  : GEMSOPS_ACC64(0), GEMSOPS_ACC64(64)                        \
                  : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 
-// d (64 x 8, fp32) += A (64 x k16) * B (k16 x 8) for halves: the row sums'
-// product against a tile of ones (B K-major), A as the main product reads
-// it.
-template <typename T, int TA>
-__device__ __forceinline__ void wgmma_m64n8k16(float *d, uint64_t da,
-                                               uint64_t db)
-{
-    if constexpr (std::is_same_v<T, __half>) {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.f16.f16"
-                     " {%0,%1,%2,%3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "l"(da), "l"(db), "r"(1), "n"(TA));
-    }
-    else {
-        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16"
-                     " {%0,%1,%2,%3}, %4, %5, p, 1, 1, %7, 0;\n}\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "l"(da), "l"(db), "r"(1), "n"(TA));
-    }
-}
-
 // d (64 x N per warpgroup, fp32) += A (64 x k) * B (k x N) for the k of
 // 32 bytes (16 halves, 8 fp32 read as TF32); TA / TB: the operand is
 // MN-major in shared memory (halves only).
@@ -357,11 +334,14 @@ enum class c_store { tma, elements };
 // AM: A is M-contiguous (else K-contiguous); BNM: B is N-contiguous (else
 // K-contiguous). One kernel per layout: one body for the four costs
 // registers (it spilled at BN = 256). T = float: TF32, both K-contiguous.
-// ROWS (halves): the tiles also sum A's rows over k (nn.Linear's bias
-// gradient beside its weight gradient, A = grad^T), and those of C's first
-// column store them: one m64n8k16 wgmma per k16 against a tile of ones in
-// shared memory, into kRowAcc more accumulators, which the Stream-K fix-up
-// carries as it carries the tile's.
+// ROWS (halves, A M-contiguous): the tiles of C's first column also sum
+// A's rows over k (nn.Linear's bias gradient beside its weight gradient,
+// A = grad^T). The consumers add up each k-step's A slot from shared
+// memory on their CUDA cores while its wgmmas run; at the piece's end the
+// sums land in kRowAcc more accumulators, laid out as an m64n8 wgmma's, so
+// the Stream-K fix-up carries them as it carries the tile's. (A wgmma
+// against a tile of ones would do it in every tile: the same wgmma may not
+// sit behind a branch, or ptxas serializes them all.)
 template <typename T, int BN_, int STAGES, bool AM, bool BNM,
           bool ROWS = false>
 struct wgmma_mainloop {
@@ -372,10 +352,13 @@ struct wgmma_mainloop {
     static constexpr int BM = 128, BN = BN_, BK = 128 / kElem;
     static constexpr int kStages = STAGES;
     static constexpr bool kTma = true, kWarpSpecialized = true;
-    static_assert(!ROWS || sizeof(T) == 2, "row sums: half types");
+    static_assert(!ROWS || (sizeof(T) == 2 && AM),
+                  "row sums: half types, A M-contiguous");
     static constexpr int kConsumers = 256, kThreads = 384, kAcc = BN / 2;
-    // a m64n8 accumulator (4 a thread); the ones: 8 rows x 128 bytes of k
-    static constexpr int kRowAcc = ROWS ? 4 : 0, kOnesBytes = ROWS ? 1024 : 0;
+    // the row sums as an m64n8 accumulator (4 a thread; every column holds
+    // them), gathered through a row of BM floats in shared memory
+    static constexpr int kRowAcc = ROWS ? 4 : 0;
+    static constexpr int kRowSumBytes = ROWS ? BM * 4 : 0;
     // 128 x 40 + 256 x 232 <= 65536; the producer's walk fits in 40
     static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
     static constexpr int kABytes = BM * BK * kElem,
@@ -394,7 +377,7 @@ struct wgmma_mainloop {
     static constexpr int kSmemLimit = 232448; // a CTA's opt-in on sm_90
     static constexpr int kBuffers =
         (BN / kCols) % 2 == 0 && kStages * kStageBytes + 1024 + BN * 4 + 256 +
-                                         kOnesBytes +
+                                         kRowSumBytes +
                                          2 * (kConsumers / 32) * kSliceBytes <=
                                      kSmemLimit
             ? 2
@@ -404,11 +387,11 @@ struct wgmma_mainloop {
         uint64_t full[kStages], empty[kStages]; // mbarriers
         int abort; // the consumers gave up (debug wait): stop loading
         alignas(16) float bias_row[BN]; // beta * a row bias, the tile's
+        alignas(16) float row_sums[ROWS ? BM : 1]; // a piece's, for acc
         // the ring, the slices, and slack to align both to 1024 bytes (the
         // swizzle's period)
         unsigned char raw[kStages * kStageBytes +
-                          kBuffers * (kConsumers / 32) * kSliceBytes +
-                          kOnesBytes + 1024];
+                          kBuffers * (kConsumers / 32) * kSliceBytes + 1024];
     };
     static_assert(sizeof(smem_t) <= kSmemLimit, "shared memory");
     struct ring_t { // a consumer's cursor: slot of the next step, parity
@@ -426,12 +409,6 @@ struct wgmma_mainloop {
     {
         return ring_base(sm) + kStages * kStageBytes +
                (warp * kBuffers + buf) * kSliceBytes;
-    }
-    // the tile of ones (ROWS), after the slices: 1024-aligned
-    static __device__ __forceinline__ unsigned ones(smem_t &sm)
-    {
-        return ring_base(sm) + kStages * kStageBytes +
-               kBuffers * (kConsumers / 32) * kSliceBytes;
     }
     // byte b (0..127) of row r of a slice
     static __device__ __forceinline__ int slice_at(int r, int b)
@@ -485,17 +462,6 @@ struct wgmma_mainloop {
             }
             sm.abort = 0;
             mbar_init_fence();
-        }
-        if constexpr (ROWS) { // 1.0 in every element, seen by wgmma
-            if (threadIdx.x < kOnesBytes / 4) {
-                const unsigned one =
-                    std::is_same_v<T, __half> ? 0x3C003C00u : 0x3F803F80u;
-                asm volatile("st.shared.b32 [%0], %1;" ::"r"(ones(sm) +
-                                                             threadIdx.x * 4),
-                             "r"(one)
-                             : "memory");
-                fence_proxy_async_shared();
-            }
         }
         __syncthreads();
 #else
@@ -583,8 +549,8 @@ struct wgmma_mainloop {
 
     // The piece's k-steps (loaded by the producer's walk, which names the
     // same pieces in the same order) into acc.
-    static __device__ void mac(const gemsops_sk_schedule &,
-                               const tc_operands &, ring_t &ring, int64_t,
+    static __device__ void mac(const gemsops_sk_schedule &s,
+                               const tc_operands &, ring_t &ring, int64_t tile,
                                int64_t k0, int64_t k1,
                                float (&acc)[kAcc + kRowAcc], smem_t &sm)
     {
@@ -593,13 +559,19 @@ struct wgmma_mainloop {
         const int64_t steps = k1 - k0;
         const bool arrives = threadIdx.x % 32 == 0; // once a warp
 #pragma unroll
-        for (int e = 0; e < kAcc + kRowAcc; e++) {
+        for (int e = 0; e < kAcc; e++) {
             acc[e] = 0.f;
         }
-        // ROWS: every tile sums A's rows (those of C's first column keep
-        // them). Only there would be a branch around a wgmma, which ptxas
-        // cannot prove uniform: it then serializes every wgmma (C7520).
-        const uint64_t d1 = ROWS ? wgmma_desc(ones(sm), 16, 1024) : 0;
+        bool sums = false; // ROWS: this tile stores A's row sums
+        float rs[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (ROWS) {
+            int64_t bt, tm, tn;
+            gemsops_sk_tile_coords(&s, tile, &bt, &tm, &tn);
+            sums = tn == 0;
+        }
+        else {
+            (void)s, (void)tile;
+        }
         const unsigned g = threadIdx.x / 128; // warpgroup: rows 64g..
         const uint64_t da0 =
             wgmma_desc(base + g * kAtom, AM ? kAtom : 16, 1024);
@@ -618,12 +590,12 @@ struct wgmma_mainloop {
                 const int bstep = BNM ? kk * 128 : kk * 2;
                 wgmma_m64k32bytes<T, BN, AM, BNM>(acc, da0 + slot + step,
                                                   db0 + slot + bstep);
-                if constexpr (ROWS) { // the ones' k as a K-major B's
-                    wgmma_m64n8k16<T, AM>(acc + kAcc, da0 + slot + step,
-                                          d1 + kk * 2);
-                }
             }
             wgmma_commit();
+            if (sums) { // while the wgmmas read the same slot
+                add_rows(rs, base + ring.read * kStageBytes +
+                                 row_share(threadIdx.x));
+            }
             wgmma_wait<1>(); // step i - 1 has read its slot: release it
             if (i > 0 && arrives) {
                 mbar_arrive(smem_addr(&sm.empty[prev]));
@@ -638,10 +610,85 @@ struct wgmma_mainloop {
         if (steps > 0 && arrives) {
             mbar_arrive(smem_addr(&sm.empty[prev]));
         }
+        if (sums) {
+            gather_rows(rs, acc, sm);
+        }
+        else {
+#pragma unroll
+            for (int e = kAcc; e < kAcc + kRowAcc; e++) {
+                acc[e] = 0.f;
+            }
+        }
 #else
-        (void)ring, (void)k0, (void)k1, (void)acc, (void)sm;
+        (void)s, (void)ring, (void)tile, (void)k0, (void)k1, (void)acc,
+            (void)sm;
         __trap(); // the planner picks this mainloop only for sm_90a code
 #endif
+    }
+
+    // ROWS: consumer thread t's share of a k-step's A slot, whose two atoms
+    // hold 64 k-rows x 128 bytes (64 m each) in the 128-byte swizzle (chunk
+    // j of row r at chunk j ^ (r % 8)): 4 m (8 bytes) in rows q, q + 8, ...,
+    // q + 56, so the 8 threads of 4 m are neighbouring lanes and the row
+    // sums come out of 3 shuffles. The 8 lanes of an m-quad read 8 distinct
+    // chunks of 8 rows: every bank once.
+    static __device__ __forceinline__ unsigned row_share(int t)
+    {
+        const int quad = (t % kConsumers) / 8, q = t % 8; // m = 4 * quad ..
+        const int atom = quad / 16, j = (quad % 16) / 2;
+        return atom * kAtom + q * 128 + ((j ^ q) << 4) + (quad % 2) * 8;
+    }
+
+    static __device__ __forceinline__ void add_rows(float (&rs)[4],
+                                                    unsigned at)
+    {
+#pragma unroll
+        for (int i = 0; i < BK / 8; i++) {
+            vec_t<T, 4> x;
+            unsigned *w = reinterpret_cast<unsigned *>(&x);
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                         : "=r"(w[0]), "=r"(w[1])
+                         : "r"(at + i * 8 * 128));
+            float f[4];
+            widen_vec<float, T, 4>(x, f);
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                rs[v] += f[v];
+            }
+        }
+    }
+
+    // ROWS, at a piece's end: the 8 threads of each m-quad add their sums
+    // (a fixed tree: the sums repeat bit for bit), the first puts them in
+    // sm.row_sums, and every thread takes its accumulator rows' (coords).
+    static __device__ void gather_rows(float (&rs)[4],
+                                       float (&acc)[kAcc + kRowAcc],
+                                       smem_t &sm)
+    {
+        if constexpr (ROWS) {
+#pragma unroll
+            for (int d = 1; d < 8; d *= 2) {
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    rs[v] += __shfl_xor_sync(0xffffffffu, rs[v], d);
+                }
+            }
+            consumers_sync(); // the last piece's sums have been taken
+            if (threadIdx.x % 8 == 0) {
+                *reinterpret_cast<float4 *>(&sm.row_sums[threadIdx.x / 2]) =
+                    make_float4(rs[0], rs[1], rs[2], rs[3]);
+            }
+            consumers_sync();
+#pragma unroll
+            for (int e = 0; e < kRowAcc; e++) {
+                int r, c;
+                coords(kAcc + e, r, c);
+                acc[kAcc + e] = sm.row_sums[r];
+            }
+        }
+        else {
+            (void)rs, (void)acc, (void)sm;
+        }
     }
 
     // The pair (a, b) of columns 2 * q, 2 * q + 1 into row r of a slice
@@ -767,21 +814,17 @@ struct wgmma_mainloop {
     }
 
     // ROWS: the tile's row sums (rows r0.. of A, m in all) into rs, rounded
-    // once. Every column of the m64n8 accumulator holds them: a thread's
-    // first and third values are column 0 of its rows r and r + 8.
+    // once: column 0 of the m64n8 accumulator, a thread's values 0 and 2.
     static __device__ void store_row_sums(T *rs, int64_t m, int64_t r0,
                                           const float (&acc)[kAcc + kRowAcc])
     {
         if constexpr (ROWS) {
-            const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-            if (lane % 4 == 0) {
-                const int64_t r =
-                    r0 + (warp / 4) * 64 + (warp % 4) * 16 + lane / 4;
-                if (r < m) {
-                    rs[r] = from_acc<T>(acc[kAcc]);
-                }
-                if (r + 8 < m) {
-                    rs[r + 8] = from_acc<T>(acc[kAcc + 2]);
+#pragma unroll
+            for (int e = 0; e < kRowAcc; e += 2) {
+                int r, c;
+                coords(kAcc + e, r, c);
+                if (c % 8 == 0 && r0 + r < m) {
+                    rs[r0 + r] = from_acc<T>(acc[kAcc + e]);
                 }
             }
         }
