@@ -333,6 +333,35 @@ def test_wgmma_batched_broadcast_and_backward(mainloop):
     assert_mm_close(w.grad, x.detach().t(), g, torch.float16, name="dW")
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("sched,ctas", [("data-parallel", 0), ("stream-k", 7)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_back_to_back_launches_read_what_the_last_one_wrote(
+    sched, ctas, dtype
+):
+    # on sm_90 a launch may start while the kernel before it finishes
+    # (programmatic dependent launch): each product reads the output of the
+    # launch just before it, gemsops' or torch's, with no sync between
+    w = (rand(384, 384, device="cuda") / 20).to(dtype)
+    bias = rand(384, dtype=dtype, device="cuda")
+    steps = []  # (input, bias or None, output)
+    x = rand(640, 384, dtype=dtype, device="cuda")
+    with schedule(sched, ctas=ctas):
+        for i in range(6):
+            if i % 3 == 2:
+                x = x * 0.5  # a torch kernel in between
+            y = gemsops.addmm(bias, x, w) if i % 2 else gemsops.mm(x, w)
+            steps.append((x, bias if i % 2 else None, y))
+            x = y
+    for x, b, y in steps:
+        ref = x.double() @ w.double()
+        bound = x.double().abs() @ w.double().abs()
+        if b is not None:
+            ref, bound = ref + b.double(), bound + b.double().abs()
+        tol = OUT_RTOL[dtype] * ref.abs() + 4 * math.sqrt(384) * 2**-24 * bound
+        assert ((y.double() - ref).abs() <= tol).all()
+
+
 def test_stream_k_splits_tiles_and_still_matches_data_parallel(device):
     # one tile, many k-iterations, 5 CTAs: every CTA holds a piece of it
     a, b = rand(60, 2000, device=device), rand(2000, 50, device=device)

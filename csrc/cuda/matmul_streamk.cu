@@ -53,6 +53,7 @@
 #include "matmul_mma.cuh"
 #include "matmul_stage.cuh"
 #include "matmul_wgmma.cuh"
+#include "pdl.cuh"
 
 namespace gemsops {
 namespace {
@@ -548,6 +549,13 @@ __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
     typename L::smem_t &sm =
         *reinterpret_cast<typename L::smem_t *>(dynamic_smem);
     typename L::ring_t ring;
+    // launched as a programmatic dependent (sm_90): the grid before may still
+    // be finishing and writing A, B, a bias or the flags. The next launch
+    // may be scheduled at once: its CTAs wait in turn, and every CTA of this
+    // grid is resident by now, so a Stream-K owner never waits on a peer
+    // that a dependent keeps off an SM.
+    pdl_wait_primary();
+    pdl_launch_dependents();
     L::begin(p, blockIdx.x, ring, sm); // a TMA mainloop starts loading here
     if constexpr (L::kWarpSpecialized) {
         // one branch a role: setmaxnreg applies only so
@@ -723,15 +731,16 @@ struct kernel_choice {
     gemsops_mainloop mainloop;
     gemsops_sk_mode sk_mode; // the schedule: p->mode, or the cost model's
     tc_layout layout;
-    void (*launch)(unsigned grid, int smem, cudaStream_t s,
-                   const driver_args &a);
+    cudaError_t (*launch)(unsigned grid, int smem, cudaStream_t s, bool pdl,
+                          const driver_args &a);
 };
 
 template <typename T, typename L>
-void launch_kernel(unsigned grid, int smem, cudaStream_t s,
-                   const driver_args &a)
+cudaError_t launch_kernel(unsigned grid, int smem, cudaStream_t s, bool pdl,
+                          const driver_args &a)
 {
-    matmul_streamk_kernel<T, L><<<grid, L::kThreads, smem, s>>>(a);
+    return launch_dependent_smem(matmul_streamk_kernel<T, L>, dim3(grid),
+                                 dim3(L::kThreads), (size_t)smem, s, pdl, a);
 }
 
 template <typename T, typename L>
@@ -1254,8 +1263,12 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     a.epoch = p->epoch;
     a.spin_limit = p->spin_limit;
     a.error = p->error;
-    k.launch((unsigned)a.s.ctas, k.smem, (cudaStream_t)p->stream, a);
-    GEMSOPS_CUDA_CHECK_LAUNCH(st, "matmul_streamk_kernel");
+    // sm_90: a programmatic dependent of the kernel before it, whose tail
+    // then hides this launch and the CTAs' set-up (the kernel waits for it
+    // before touching global memory)
+    GEMSOPS_CUDA_CHECK(st,
+                       k.launch((unsigned)a.s.ctas, k.smem,
+                                (cudaStream_t)p->stream, f.cc_major >= 9, a));
     if (p->row_sums != nullptr && !k.row_sums) {
         return row_sums(p, st);
     }

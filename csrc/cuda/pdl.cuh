@@ -29,16 +29,18 @@ __device__ __forceinline__ void pdl_wait_primary()
 
 // Launches `kernel` as a programmatic dependent of the grid before it on
 // `stream` where `pdl` (sm_90 and later): it may be scheduled once that
-// grid's CTAs have called pdl_launch_dependents(), so its launch overlaps
-// their tail; it must call pdl_wait_primary() before reading what they
-// wrote. Without `pdl`, a plain launch.
+// grid's CTAs have called pdl_launch_dependents() or exited, so its launch
+// overlaps their tail; it must call pdl_wait_primary() before reading what
+// they wrote. Without `pdl`, a plain launch. smem: dynamic shared memory.
 template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block,
-                             cudaStream_t stream, bool pdl, Args... args)
+cudaError_t launch_dependent_smem(void (*kernel)(Params...), dim3 grid,
+                                  dim3 block, size_t smem, cudaStream_t stream,
+                                  bool pdl, Args... args)
 {
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cudaLaunchAttribute attr;
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -46,6 +48,13 @@ cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block,
     cfg.attrs = &attr;
     cfg.numAttrs = pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block,
+                             cudaStream_t stream, bool pdl, Args... args)
+{
+    return launch_dependent_smem(kernel, grid, block, 0, stream, pdl, args...);
 }
 
 } // namespace gemsops
