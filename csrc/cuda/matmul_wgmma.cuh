@@ -592,13 +592,15 @@ struct wgmma_mainloop {
                                                   db0 + slot + bstep);
             }
             wgmma_commit();
-            if (sums) { // while the wgmmas read the same slot
-                add_rows(rs, base + ring.read * kStageBytes +
-                                 row_share(threadIdx.x));
-            }
             wgmma_wait<1>(); // step i - 1 has read its slot: release it
             if (i > 0 && arrives) {
                 mbar_arrive(smem_addr(&sm.empty[prev]));
+            }
+            // while the wgmmas read the same slot, which the next step
+            // releases: the release of step i - 1's does not wait for this
+            if (sums) {
+                add_rows(rs, base + ring.read * kStageBytes +
+                                 row_share(threadIdx.x));
             }
             prev = ring.read;
             if (++ring.read == kStages) {
