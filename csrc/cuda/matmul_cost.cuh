@@ -48,13 +48,6 @@ constexpr wgmma_tile_cost kWgmmaThreeQuarter = {192, 0.618, 1.75};
 constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.450, 1.12};
 constexpr wgmma_tile_cost kWgmmaSlim = {64, 0.375, 0.213};
 constexpr double kStreamKUsPerMb = 0.0615;
-// The widest tile with a row-sum kernel: at 128 x 256 the fp16 one's four
-// more accumulators and the ones' descriptor spilled in the main loop
-// (24 bytes of loads; the bf16 one spills stores outside it only).
-constexpr int wgmma_rows_max_bn(gemsops_dtype dtype)
-{
-    return dtype == GEMSOPS_BFLOAT16 ? 256 : 192;
-}
 // A Stream-K split is taken only when predicted to take at most this
 // fraction of the best data-parallel plan's time: the terms above miss
 // part of a split's cost (an owner reads its peers' partials one after
@@ -121,10 +114,6 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
         const gemsops_mainloop w = wgmma_width(c->bn);
         if (width != GEMSOPS_MAINLOOP_AUTO && w != width) {
             continue;
-        }
-        if (width == GEMSOPS_MAINLOOP_AUTO && p->row_sums != nullptr &&
-            c->bn > wgmma_rows_max_bn(p->dtype)) {
-            continue; // no row-sum kernel that wide (matmul_streamk.cu)
         }
         for (int i = 0; i < n_modes; i++) {
             double us = wgmma_predicted_us(p, ctas, group_m, *c, modes[i]);

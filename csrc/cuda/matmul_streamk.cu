@@ -933,8 +933,8 @@ gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
 // TF32 (T = float): both operands K-contiguous (pick_mainloop saw to it).
 // rows: the launch asks for A's row sums; the ROWS kernels exist for
 // nn.Linear's weight gradient alone (A = grad^T M-contiguous, B = the
-// input N-contiguous) up to wgmma_rows_max_bn (the planner's widest for
-// them), the others leave them to matmul_row_sums_by_*.
+// input N-contiguous), at every width; the others leave them to
+// matmul_row_sums_by_*.
 template <typename T, int BN>
 kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l, bool rows)
 {
@@ -944,13 +944,8 @@ kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l, bool rows)
         return choice<T, wgmma_tc<T, BN, false, false>>(bk, m, l);
     }
     else {
-        constexpr gemsops_dtype dt = std::is_same_v<T, __nv_bfloat16>
-                                         ? GEMSOPS_BFLOAT16
-                                         : GEMSOPS_FLOAT16;
-        if constexpr (BN <= wgmma_rows_max_bn(dt)) {
-            if (rows && !l.a_k && !l.b_k) {
-                return choice<T, wgmma_tc<T, BN, true, true, true>>(bk, m, l);
-            }
+        if (rows && !l.a_k && !l.b_k) {
+            return choice<T, wgmma_tc<T, BN, true, true, true>>(bk, m, l);
         }
         if (!l.a_k) { // M-contiguous A
             return l.b_k ? choice<T, wgmma_tc<T, BN, true, false>>(bk, m, l)
