@@ -91,6 +91,8 @@ def gencode_flags():
     flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
     if "90a" in archs:  # the host may pick the wgmma kernels on sm_90
         flags.append("-DGEMSOPS_HAVE_SM90A=1")
+    if newest >= 90:  # what runs on sm_90 and later has griddepcontrol
+        flags.append("-DGEMSOPS_HAVE_PDL=1")
     return flags
 
 

@@ -32,11 +32,21 @@ __device__ __forceinline__ void pdl_wait_primary()
 // grid's CTAs have called pdl_launch_dependents() or exited, so its launch
 // overlaps their tail; it must call pdl_wait_primary() before reading what
 // they wrote. Without `pdl`, a plain launch. smem: dynamic shared memory.
+//
+// A build whose newest target is older than sm_90 runs on sm_90 and later
+// from JIT-compiled PTX in which both calls above are compiled out: its
+// launches stay plain (setup.py defines GEMSOPS_HAVE_PDL otherwise).
+#ifdef GEMSOPS_HAVE_PDL
+constexpr bool kPdlBuilt = true;
+#else
+constexpr bool kPdlBuilt = false;
+#endif
 template <typename... Params, typename... Args>
 cudaError_t launch_dependent_smem(void (*kernel)(Params...), dim3 grid,
                                   dim3 block, size_t smem, cudaStream_t stream,
                                   bool pdl, Args... args)
 {
+    pdl = pdl && kPdlBuilt;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
