@@ -877,8 +877,8 @@ def test_row_sums_beside_the_product(m, n, k, dtype, device):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("sched", ["data-parallel", "stream-k", "hybrid"])
 def test_row_sums_every_kernel(mainloop, a_major, b_major, dtype, sched):
-    # (m, n): the ROWS kernels (A M-contiguous, B N-contiguous) sum in the
-    # tiles of C's first column, split by Stream-K too; other layouts and
+    # (m, n): the ROWS kernels (A M-contiguous, B N-contiguous) sum a share
+    # of k in each tile of a row, split by Stream-K too; other layouts and
     # mma.sync take the row-sum kernels after the product
     for m, n, k in [
         (300, 520, 1000),
@@ -897,6 +897,49 @@ def test_row_sums_every_kernel(mainloop, a_major, b_major, dtype, sched):
         assert_mm_close(first, a, b, dtype, name=name)
         assert_row_sums(rs[0], a, dtype, name=name)
         assert torch.equal(first, second) and torch.equal(rs[0], rs[1])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "m,n,k,sched,mainloop,ctas",
+    [
+        (1000, 4000, 3000, "data-parallel", "wgmma-256", 0),
+        (1000, 4000, 3000, "data-parallel", "wgmma-256", 7),
+        (136, 2048, 8200, "data-parallel", "wgmma-128", 0),
+        (128, 3072, 64, "data-parallel", "wgmma-64", 0),
+        (520, 1152, 4000, "stream-k", "wgmma-192", 7),
+        (264, 3072, 64, "hybrid", "wgmma-64", 7),
+        (2056, 768, 8192, "auto", "auto", 0),
+    ],
+)
+def test_row_sums_across_a_row_of_tiles(m, n, k, sched, mainloop, ctas, dtype):
+    # one wave of whole tiles (ctas=0 and few tiles): each tile of a row sums
+    # its share of k (one k-step for 48 tiles at 3072 columns of 128 x 64)
+    # and the row's last tile to arrive adds the shares; otherwise the first
+    # column's tiles sum all of k. Right, the same bits launch after launch
+    # (a new epoch on the rows' counters each time), and the same again
+    # replayed from a CUDA graph (fresh counters, which the launch zeroes)
+    a, b = laid_out(m, n, k, "m", "n", dtype)
+    rs = [poisoned(m, dtype, "cuda") for _ in range(4)]
+    with schedule(sched, mainloop=mainloop, ctas=ctas):
+        outs = [gemsops.ops.matmul._mm(a, b, row_sums=r) for r in rs[:3]]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            captured = gemsops.ops.matmul._mm(a, b, row_sums=rs[3])
+    name = f"{m}x{n}x{k} {sched} {mainloop} ctas={ctas}"
+    assert_mm_close(outs[0], a, b, dtype, name=name)
+    assert_row_sums(rs[0], a, dtype, name=name)
+    for out, r in zip(outs[1:], rs[1:3]):
+        assert torch.equal(out, outs[0]) and torch.equal(r, rs[0]), name
+    for _ in range(2):
+        rs[3].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, outs[0]), name
+        assert torch.equal(rs[3], rs[0]), name
 
 
 def test_row_sums_refused_as_named(device):

@@ -30,10 +30,14 @@
 // Flags are never reset: the next launch uses a new epoch.
 //
 // Row sums (row_sums, batch 1: nn.Linear's bias gradient beside its weight
-// gradient): the ROWS wgmma kernels add them up from A's slots in the tiles
-// of C's first column and carry them through the fix-up in four more
-// accumulators; any other launch runs
-// matmul_row_sums_by_warp or _by_thread after the product.
+// gradient): the ROWS wgmma kernels add up A's slots over k-steps
+// [tn * row_chunk, (tn + 1) * row_chunk) and carry the sums through the
+// fix-up in four more accumulators. Mostly the tiles of C's first column
+// sum all of k and store the sums; in a launch of one wave of whole tiles
+// each tile of a row sums its share, leaves its part in the workspace and
+// counts itself in on its row's counter, and the last to arrive adds the
+// parts in column order. Any other launch runs matmul_row_sums_by_warp or
+// _by_thread after the product.
 //
 // Bytes: A and B are read once per tile they feed (tiles_n and tiles_m
 // times), C written once; Stream-K adds 2 x 16 KB per split tile.
@@ -78,9 +82,17 @@ struct driver_args {
     int64_t spin_limit; // 0: wait as long as it takes
     int *error;
     bool epilogue; // alpha != 1 or a bias: C = alpha * acc + beta * bias
-    // NULL, or A's row sums [m] (batch 1): written by the tiles of C's
-    // first column of a ROWS wgmma kernel, else by matmul_row_sums_by_*
+    // NULL, or A's row sums [m] (batch 1): written by a ROWS wgmma kernel,
+    // else by matmul_row_sums_by_*
     void *row_sums;
+    // ROWS: the k-steps a tile sums from tn * row_chunk: iters (the first
+    // column's tiles sum them all), or ceil(iters / tiles_n) with parts
+    int64_t row_chunk;
+    // ROWS, one wave over more than one column of tiles (else NULL): the
+    // tiles' parts [tiles_n][tiles_m * BM] and a counter a row of tiles,
+    // (epoch << 32) | tiles arrived
+    float *row_parts;
+    unsigned long long *row_counts;
     const void *bias;
     int64_t bias_bs, bias_rs, bias_cs;
     float alpha, beta;
@@ -352,9 +364,8 @@ struct tc_mainloop {
                 M::store_staged(C, &p.tc, (int)bt, p.s.m, p.s.n, tm * BM,
                                 tn * BN, acc, sm, no_epilogue(), p.c_how);
             }
-            if (kRowAcc > 0 && tn == 0 && p.row_sums != nullptr) {
-                M::store_row_sums(static_cast<T *>(p.row_sums), p.s.m, tm * BM,
-                                  acc);
+            if (kRowAcc > 0 && p.row_sums != nullptr) {
+                store_row_sums<T>(p, tm, tn, acc);
             }
             return true;
         }
@@ -365,7 +376,89 @@ struct tc_mainloop {
                                int64_t tile, int64_t k0, int64_t k1,
                                float (&acc)[kAcc + kRowAcc], smem_t &sm)
     {
-        M::mac(p.s, operands(p), ring, tile, k0, k1, acc, sm);
+        if constexpr (M::kTma) {
+            M::mac(p.s, operands(p), ring, tile, k0, k1,
+                   summed_steps(p, tile, k0, k1), acc, sm);
+        }
+        else {
+            M::mac(p.s, operands(p), ring, tile, k0, k1, acc, sm);
+        }
+    }
+
+    // ROWS: the steps of the piece [k0, k1) of `tile` in its share of k
+    static __device__ row_steps summed_steps(const driver_args &p,
+                                             int64_t tile, int64_t k0,
+                                             int64_t k1)
+    {
+        if (kRowAcc == 0 || p.row_sums == nullptr) {
+            return row_steps{0, 0};
+        }
+        int64_t bt, tm, tn;
+        gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
+        const int64_t lo = tn * p.row_chunk, hi = lo + p.row_chunk;
+        const auto in_piece = [&](int64_t k) {
+            return (int)((k < k0 ? k0 : k > k1 ? k1 : k) - k0);
+        };
+        return row_steps{in_piece(lo), in_piece(hi)};
+    }
+
+    // ROWS: the finished tile (tm, tn)'s row sums. Without parts, the tile
+    // of C's first column summed all of k and stores them. With parts, the
+    // tile's part goes to the workspace, and the row's last tile to arrive
+    // (whichever it is: the parts are added in column order, so the sums
+    // repeat bit for bit) stores their total.
+    template <typename T>
+    static __device__ void store_row_sums(const driver_args &p, int64_t tm,
+                                          int64_t tn,
+                                          const float (&acc)[kAcc + kRowAcc])
+    {
+        T *rs = static_cast<T *>(p.row_sums);
+        if (p.row_parts == nullptr) {
+            if (tn == 0) {
+                M::store_row_sums(rs, p.s.m, tm * BM, acc);
+            }
+            return;
+        }
+        const int64_t width = p.s.tiles_m * BM;
+        M::store_row_sums(p.row_parts + tn * width, width, tm * BM, acc);
+        __threadfence(); // every thread's part before the count
+        consumers_sync();
+        bool last = false;
+        if (threadIdx.x == 0) {
+            __threadfence();
+            last = last_to_arrive(p.row_counts + tm, p.epoch, p.s.tiles_n);
+        }
+        if (!consumers_sync_or(last)) {
+            return;
+        }
+        __threadfence(); // the count before the parts it covers
+        const int64_t r = tm * BM + threadIdx.x;
+        if (threadIdx.x < BM && r < p.s.m) {
+            float v = 0.f;
+            for (int64_t j = 0; j < p.s.tiles_n; j++) {
+                v += __ldcg(p.row_parts + j * width + r);
+            }
+            rs[r] = from_acc<T>(v);
+        }
+    }
+
+    // One more tile of `of` has arrived at counter c, whose high word is the
+    // epoch of its count (a count of an older launch counts as 0): true for
+    // the last.
+    static __device__ bool last_to_arrive(unsigned long long *c,
+                                          unsigned epoch, int64_t of)
+    {
+        const unsigned long long tag = (unsigned long long)epoch << 32;
+        unsigned long long seen = *(volatile unsigned long long *)c;
+        for (;;) {
+            const unsigned long long n =
+                (seen >> 32) == epoch ? seen & 0xffffffffull : 0;
+            const unsigned long long was = atomicCAS(c, seen, tag | (n + 1));
+            if (was == seen) {
+                return (int64_t)(n + 1) == of;
+            }
+            seen = was;
+        }
     }
 
     // the consumers, after their walk
@@ -1189,20 +1282,38 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     const int64_t staged = sg.bytes();
     const int64_t partials =
         a.s.sk_tiles > 0 ? a.s.ctas * (int64_t)k.partial_floats * 4 : 0;
-    if (staged + partials > 0) { // only these touch the workspace and flags
-        const int64_t bytes = staged + partials;
-        const int64_t flags = a.s.sk_tiles > 0 ? a.s.ctas : 1;
+    // Row sums: the tiles of C's first column sum all of k, unless the
+    // launch is one wave of whole tiles, where every tile is on the critical
+    // path, and the tiles narrower than 256, whose main loops the sums slow
+    // down most: then each tile of a row sums its share, with the tiles'
+    // parts after the partials and the rows' 8-byte counters after the
+    // CTAs' flags. (At 256 wide, and over several waves, the count's round
+    // trip in every tile costs about what spreading saves:
+    // docs/performance.md.)
+    const bool row_parts = k.row_sums && p->row_sums != nullptr &&
+                           a.s.tiles_n > 1 && a.s.sk_tiles == 0 &&
+                           a.s.dp_tiles <= a.s.ctas && k.bn < 256;
+    const int64_t parts =
+        row_parts ? a.s.tiles_n * a.s.tiles_m * (int64_t)k.bm * 4 : 0;
+    const int64_t sk_flags = a.s.sk_tiles > 0 ? a.s.ctas : 1;
+    const int64_t counts_at = (sk_flags + 1) / 2 * 2;
+    if (staged + partials + parts > 0) { // these touch the workspace, flags
+        const int64_t bytes = staged + partials + parts;
+        const int64_t flags =
+            row_parts ? counts_at + 2 * a.s.tiles_m : sk_flags;
         if (p->flags == nullptr) {
             need->workspace_bytes = bytes;
             need->flags = flags;
             return GEMSOPS_OK;
         }
         if (p->workspace_bytes < bytes || p->flag_count < flags ||
-            p->epoch == 0 || ws == nullptr) {
+            p->epoch == 0 || ws == nullptr ||
+            (row_parts && (uintptr_t)p->flags % 8 != 0)) {
             return gemsops_fail(st, GEMSOPS_ERR_VALUE,
                                 "matmul(): workspace %lld bytes (needs "
-                                "%lld), %lld flags (needs %lld), epoch %u "
-                                "(needs > 0)",
+                                "%lld), %lld flags (needs %lld, 8-byte "
+                                "aligned for row sums), epoch %u (needs "
+                                "> 0)",
                                 (long long)p->workspace_bytes,
                                 (long long)bytes, (long long)p->flag_count,
                                 (long long)flags, p->epoch);
@@ -1233,6 +1344,14 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     a.alpha = p->alpha;
     a.beta = p->beta;
     a.row_sums = k.row_sums ? p->row_sums : nullptr;
+    a.row_chunk =
+        row_parts ? gemsops_sk_cdiv(a.s.iters, a.s.tiles_n) : a.s.iters;
+    a.row_parts = row_parts ? reinterpret_cast<float *>(ws + staged + partials)
+                            : nullptr;
+    a.row_counts =
+        row_parts
+            ? reinterpret_cast<unsigned long long *>(p->flags + counts_at)
+            : nullptr;
     // 16-byte rows of C: the staged epilogue's TMA stores (with or without
     // a bias); else, or where the driver refuses C's map, element stores
     const int64_t esize = (int64_t)gemsops_dtype_size(p->dtype);

@@ -331,17 +331,25 @@ __device__ __forceinline__ B ld_shared_bits(unsigned a)
 // (wgmma_mainloop::store_staged).
 enum class c_store { tma, elements };
 
+// The k-steps of a piece (counted from its first) whose A slots a ROWS
+// mainloop adds into the row sums: from <= i < to.
+struct row_steps {
+    int from, to;
+};
+
 // AM: A is M-contiguous (else K-contiguous); BNM: B is N-contiguous (else
 // K-contiguous). One kernel per layout: one body for the four costs
 // registers (it spilled at BN = 256). T = float: TF32, both K-contiguous.
-// ROWS (halves, A M-contiguous): the tiles of C's first column also sum
-// A's rows over k (nn.Linear's bias gradient beside its weight gradient,
-// A = grad^T). The consumers add up each k-step's A slot from shared
-// memory on their CUDA cores while its wgmmas run; at the piece's end the
-// sums land in kRowAcc more accumulators, laid out as an m64n8 wgmma's, so
-// the Stream-K fix-up carries them as it carries the tile's. (A wgmma
-// against a tile of ones would do it in every tile: the same wgmma may not
-// sit behind a branch, or ptxas serializes them all.)
+// ROWS (halves, A M-contiguous): the tiles also sum A's rows over k
+// (nn.Linear's bias gradient beside its weight gradient, A = grad^T), each
+// tile of a row of tiles over its own share of the k-steps (the driver
+// names them: row_steps), so that no tile reads its A slots from shared
+// memory much more than the others. The consumers add up a k-step's A slot
+// on their CUDA cores while its wgmmas run; at the piece's end the sums
+// land in kRowAcc more accumulators, laid out as an m64n8 wgmma's, so the
+// Stream-K fix-up carries them as it carries the tile's. (A wgmma against a
+// tile of ones would do it: the same wgmma may not sit behind a branch, or
+// ptxas serializes them all, so it would read A again in every k-step.)
 template <typename T, int BN_, int STAGES, bool AM, bool BNM,
           bool ROWS = false>
 struct wgmma_mainloop {
@@ -548,10 +556,11 @@ struct wgmma_mainloop {
     }
 
     // The piece's k-steps (loaded by the producer's walk, which names the
-    // same pieces in the same order) into acc.
-    static __device__ void mac(const gemsops_sk_schedule &s,
-                               const tc_operands &, ring_t &ring, int64_t tile,
-                               int64_t k0, int64_t k1,
+    // same pieces in the same order) into acc; ROWS: A's rows summed over
+    // the piece's steps `rows` (none: the row accumulators are zeros).
+    static __device__ void mac(const gemsops_sk_schedule &,
+                               const tc_operands &, ring_t &ring, int64_t,
+                               int64_t k0, int64_t k1, row_steps rows,
                                float (&acc)[kAcc + kRowAcc], smem_t &sm)
     {
 #ifdef GEMSOPS_HAS_WGMMA
@@ -562,16 +571,8 @@ struct wgmma_mainloop {
         for (int e = 0; e < kAcc; e++) {
             acc[e] = 0.f;
         }
-        bool sums = false; // ROWS: this tile stores A's row sums
+        const bool sums = ROWS && rows.to > rows.from;
         float rs[4] = {0.f, 0.f, 0.f, 0.f};
-        if constexpr (ROWS) {
-            int64_t bt, tm, tn;
-            gemsops_sk_tile_coords(&s, tile, &bt, &tm, &tn);
-            sums = tn == 0;
-        }
-        else {
-            (void)s, (void)tile;
-        }
         const unsigned g = threadIdx.x / 128; // warpgroup: rows 64g..
         const uint64_t da0 =
             wgmma_desc(base + g * kAtom, AM ? kAtom : 16, 1024);
@@ -598,7 +599,7 @@ struct wgmma_mainloop {
             }
             // while the wgmmas read the same slot, which the next step
             // releases: the release of step i - 1's does not wait for this
-            if (sums) {
+            if (sums && i >= rows.from && i < rows.to) {
                 add_rows(rs, base + ring.read * kStageBytes +
                                  row_share(threadIdx.x));
             }
@@ -622,8 +623,7 @@ struct wgmma_mainloop {
             }
         }
 #else
-        (void)s, (void)ring, (void)tile, (void)k0, (void)k1, (void)acc,
-            (void)sm;
+        (void)ring, (void)k0, (void)k1, (void)rows, (void)acc, (void)sm;
         __trap(); // the planner picks this mainloop only for sm_90a code
 #endif
     }
@@ -815,9 +815,11 @@ struct wgmma_mainloop {
         }
     }
 
-    // ROWS: the tile's row sums (rows r0.. of A, m in all) into rs, rounded
-    // once: column 0 of the m64n8 accumulator, a thread's values 0 and 2.
-    static __device__ void store_row_sums(T *rs, int64_t m, int64_t r0,
+    // ROWS: the tile's row sums (rows r0.. of A, m in all) into rs (C's
+    // type: rounded once; float: a part, as summed): column 0 of the m64n8
+    // accumulator, a thread's values 0 and 2.
+    template <typename D>
+    static __device__ void store_row_sums(D *rs, int64_t m, int64_t r0,
                                           const float (&acc)[kAcc + kRowAcc])
     {
         if constexpr (ROWS) {
@@ -826,7 +828,7 @@ struct wgmma_mainloop {
                 int r, c;
                 coords(kAcc + e, r, c);
                 if (c % 8 == 0 && r0 + r < m) {
-                    rs[r0 + r] = from_acc<T>(acc[kAcc + e]);
+                    rs[r0 + r] = from_acc<D>(acc[kAcc + e]);
                 }
             }
         }
