@@ -567,6 +567,85 @@ __device__ __forceinline__ bool driver_sync_or(bool v)
     }
 }
 
+// Thread 0 waits for peer q's flag, then for q2's (none: q2 < 0), giving
+// up after spin_limit polls in debug mode (error = 1); true, for every
+// thread, when both are in.
+template <typename L>
+__device__ bool wait_for_peers(const driver_args &p, int64_t q, int64_t q2)
+{
+    int gave_up = 0;
+    if (threadIdx.x == 0) {
+        const int64_t peers[2] = {q, q2};
+        for (int i = 0; i < 2 && peers[i] >= 0 && !gave_up; i++) {
+            int64_t spins = 0;
+            while (acquire_load(p.flags + peers[i]) != p.epoch) {
+                if (p.spin_limit > 0 && ++spins > p.spin_limit) {
+                    gave_up = 1;
+                    atomicExch(p.error, 1);
+                    break;
+                }
+            }
+        }
+    }
+    return !driver_sync_or<L>(gave_up);
+}
+
+// The owner's fix-up of `tile`: its peers' partials into acc in decreasing
+// CTA order, each added once it is in while later peers may still run;
+// false when a debug wait gave up.
+template <typename L, int N>
+__device__ bool add_peers(const driver_args &p, int64_t tile, float (&acc)[N])
+{
+    for (int64_t q = gemsops_sk_next_peer(&p.s, tile, blockIdx.x); q >= 0;
+         q = gemsops_sk_next_peer(&p.s, tile, q)) {
+        if (!wait_for_peers<L>(p, q, -1)) {
+            return false;
+        }
+        const float *slot = p.partials + q * N * kConsumers;
+#pragma unroll
+        for (int e = 0; e < N; e++) {
+            acc[e] += __ldcg(slot + e * kConsumers + threadIdx.x);
+        }
+    }
+    return true;
+}
+
+// add_peers two peers at a time: both partials' loads in flight together
+// (the adds are the fix-up's cost, not the waits), added in the same order,
+// so the sums are the same bits.
+template <typename L, int N>
+__device__ bool add_peers_in_pairs(const driver_args &p, int64_t tile,
+                                   float (&acc)[N])
+{
+    for (int64_t q = gemsops_sk_next_peer(&p.s, tile, blockIdx.x); q >= 0;) {
+        const int64_t q2 = gemsops_sk_next_peer(&p.s, tile, q);
+        if (!wait_for_peers<L>(p, q, q2)) {
+            return false;
+        }
+        const float *slot = p.partials + q * N * kConsumers + threadIdx.x;
+        if (q2 < 0) {
+#pragma unroll
+            for (int e = 0; e < N; e++) {
+                acc[e] += __ldcg(slot + e * kConsumers);
+            }
+            break;
+        }
+        const float *slot2 = p.partials + q2 * N * kConsumers + threadIdx.x;
+        float v[N], v2[N];
+#pragma unroll
+        for (int e = 0; e < N; e++) {
+            v[e] = __ldcg(slot + e * kConsumers);
+            v2[e] = __ldcg(slot2 + e * kConsumers);
+        }
+#pragma unroll
+        for (int e = 0; e < N; e++) {
+            acc[e] = (acc[e] + v[e]) + v2[e];
+        }
+        q = gemsops_sk_next_peer(&p.s, tile, q2);
+    }
+    return true;
+}
+
 // The consumers' walk of CTA c: mainloop, fix-up, epilogue.
 template <typename T, typename L>
 __device__ __forceinline__ void drive(const driver_args &p,
@@ -576,7 +655,8 @@ __device__ __forceinline__ void drive(const driver_args &p,
     constexpr int kAll = L::kAcc + L::kRowAcc; // a partial's values a thread
     float acc[kAll];
     const int64_t c = blockIdx.x;
-    constexpr int kSlot = kAll * kConsumers;
+    // two peers' partials in registers at once: where they fit beside acc
+    constexpr bool kPeerPairs = L::kWarpSpecialized && kAll <= 68;
     // the order of gemsops_sk_walk (a TMA producer walks it ahead of this
     // loop): Stream-K pieces, then data-parallel tiles (apart: the mma.sync
     // kernel spills when one loop holds both)
@@ -587,7 +667,7 @@ __device__ __forceinline__ void drive(const driver_args &p,
         end = gemsops_sk_piece(&p.s, begin, end, &tile, &k0, &k1);
         L::mac(p, ring, tile, k0, k1, acc, sm);
         if (gemsops_sk_is_peer(&p.s, k1)) { // publish the partial
-            float *slot = p.partials + c * kSlot;
+            float *slot = p.partials + c * kAll * kConsumers;
 #pragma unroll
             for (int e = 0; e < kAll; e++) {
                 slot[e * kConsumers + threadIdx.x] = acc[e];
@@ -599,28 +679,16 @@ __device__ __forceinline__ void drive(const driver_args &p,
             }
             continue;
         }
-        for (int64_t q = gemsops_sk_next_peer(&p.s, tile, c); q >= 0;
-             q = gemsops_sk_next_peer(&p.s, tile, q)) {
-            int gave_up = 0;
-            if (threadIdx.x == 0) {
-                int64_t spins = 0;
-                while (acquire_load(p.flags + q) != p.epoch) {
-                    if (p.spin_limit > 0 && ++spins > p.spin_limit) {
-                        gave_up = 1;
-                        atomicExch(p.error, 1);
-                        break;
-                    }
-                }
-            }
-            if (driver_sync_or<L>(gave_up)) {
-                L::drain(ring, sm); // no load may land after the CTA exits
-                return; // the host raises: error = 1
-            }
-            const float *slot = p.partials + q * kSlot;
-#pragma unroll
-            for (int e = 0; e < kAll; e++) {
-                acc[e] += __ldcg(slot + e * kConsumers + threadIdx.x);
-            }
+        bool done;
+        if constexpr (kPeerPairs) {
+            done = add_peers_in_pairs<L>(p, tile, acc);
+        }
+        else {
+            done = add_peers<L>(p, tile, acc);
+        }
+        if (!done) {
+            L::drain(ring, sm); // no load may land after the CTA exits
+            return; // the host raises: error = 1
         }
         if (!L::template store<T>(p, tile, acc, sm)) {
             store_tile<T, L>(p, tile, acc);
