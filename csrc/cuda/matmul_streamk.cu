@@ -26,7 +26,9 @@
 // CTA's flag to this launch's epoch with a release store. The owner's
 // thread 0 waits for each peer's flag in decreasing CTA order with acquire
 // loads (giving up after spin_limit polls in debug mode: error = 1), and
-// the CTA adds the partial read through L2 (ld.cg: L1 is not coherent).
+// the CTA adds the partial read through L2 (ld.cg: L1 is not coherent);
+// where two partials fit in registers beside the tile's, two peers at a
+// time (add_peers_in_pairs), in the same order.
 // Flags are never reset: the next launch uses a new epoch.
 //
 // Row sums (row_sums, batch 1: nn.Linear's bias gradient beside its weight
