@@ -914,10 +914,11 @@ def test_row_sums_every_kernel(mainloop, a_major, b_major, dtype, sched):
     ],
 )
 def test_row_sums_across_a_row_of_tiles(m, n, k, sched, mainloop, ctas, dtype):
-    # one wave of whole tiles (ctas=0 and few tiles): each tile of a row sums
-    # its share of k (one k-step for 48 tiles at 3072 columns of 128 x 64)
-    # and the row's last tile to arrive adds the shares; otherwise the first
-    # column's tiles sum all of k. Right, the same bits launch after launch
+    # one wave of whole tiles narrower than 256 (ctas=0, few tiles): each
+    # tile of a row sums its share of k (one k-step for 48 tiles at 3072
+    # columns of 128 x 64) and the row's last tile to arrive adds the shares;
+    # otherwise (256 wide, several waves, Stream-K) the first column's tiles
+    # sum all of k. Right, the same bits launch after launch
     # (a new epoch on the rows' counters each time), and the same again
     # replayed from a CUDA graph (fresh counters, which the launch zeroes)
     a, b = laid_out(m, n, k, "m", "n", dtype)
