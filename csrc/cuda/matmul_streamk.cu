@@ -592,6 +592,18 @@ __device__ bool wait_for_peers(const driver_args &p, int64_t q, int64_t q2)
     return !driver_sync_or<L>(gave_up);
 }
 
+// acc += peer q's partial (this thread's values), read through L2
+template <int N>
+__device__ __forceinline__ void add_partial(const driver_args &p, int64_t q,
+                                            float (&acc)[N])
+{
+    const float *slot = p.partials + q * N * kConsumers + threadIdx.x;
+#pragma unroll
+    for (int e = 0; e < N; e++) {
+        acc[e] += __ldcg(slot + e * kConsumers);
+    }
+}
+
 // The owner's fix-up of `tile`: its peers' partials into acc in decreasing
 // CTA order, each added once it is in while later peers may still run;
 // false when a debug wait gave up.
@@ -603,11 +615,7 @@ __device__ bool add_peers(const driver_args &p, int64_t tile, float (&acc)[N])
         if (!wait_for_peers<L>(p, q, -1)) {
             return false;
         }
-        const float *slot = p.partials + q * N * kConsumers;
-#pragma unroll
-        for (int e = 0; e < N; e++) {
-            acc[e] += __ldcg(slot + e * kConsumers + threadIdx.x);
-        }
+        add_partial(p, q, acc);
     }
     return true;
 }
@@ -624,14 +632,11 @@ __device__ bool add_peers_in_pairs(const driver_args &p, int64_t tile,
         if (!wait_for_peers<L>(p, q, q2)) {
             return false;
         }
-        const float *slot = p.partials + q * N * kConsumers + threadIdx.x;
         if (q2 < 0) {
-#pragma unroll
-            for (int e = 0; e < N; e++) {
-                acc[e] += __ldcg(slot + e * kConsumers);
-            }
+            add_partial(p, q, acc);
             break;
         }
+        const float *slot = p.partials + q * N * kConsumers + threadIdx.x;
         const float *slot2 = p.partials + q2 * N * kConsumers + threadIdx.x;
         float v[N], v2[N];
 #pragma unroll
@@ -657,8 +662,9 @@ __device__ __forceinline__ void drive(const driver_args &p,
     constexpr int kAll = L::kAcc + L::kRowAcc; // a partial's values a thread
     float acc[kAll];
     const int64_t c = blockIdx.x;
-    // two peers' partials in registers at once: where they fit beside acc
-    constexpr bool kPeerPairs = L::kWarpSpecialized && kAll <= 68;
+    // two peers' partials in registers at once where they fit beside acc:
+    // the wgmma tiles up to 128 x 128
+    constexpr bool kPeerPairs = L::kWarpSpecialized && L::BN <= 128;
     // the order of gemsops_sk_walk (a TMA producer walks it ahead of this
     // loop): Stream-K pieces, then data-parallel tiles (apart: the mma.sync
     // kernel spills when one loop holds both)

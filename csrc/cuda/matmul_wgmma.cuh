@@ -340,14 +340,14 @@ struct row_steps {
 // AM: A is M-contiguous (else K-contiguous); BNM: B is N-contiguous (else
 // K-contiguous). One kernel per layout: one body for the four costs
 // registers (it spilled at BN = 256). T = float: TF32, both K-contiguous.
-// ROWS (halves, A M-contiguous): the tiles also sum A's rows over k
-// (nn.Linear's bias gradient beside its weight gradient, A = grad^T), each
-// tile of a row of tiles over its own share of the k-steps (the driver
-// names them: row_steps), so that no tile reads its A slots from shared
-// memory much more than the others. The consumers add up a k-step's A slot
-// on their CUDA cores while its wgmmas run; at the piece's end the sums
-// land in kRowAcc more accumulators, laid out as an m64n8 wgmma's, so the
-// Stream-K fix-up carries them as it carries the tile's. (A wgmma against a
+// ROWS (halves, A M-contiguous): the tiles also sum A's rows over the
+// k-steps the driver names (row_steps: all of k in the tiles of C's first
+// column, or in a launch of one wave a share of it in each tile of a row;
+// nn.Linear's bias gradient beside its weight gradient, A = grad^T). The
+// consumers add up a k-step's A slot on their CUDA cores while its wgmmas
+// run; at the piece's end the sums land in kRowAcc more accumulators, laid
+// out as an m64n8 wgmma's, so the Stream-K fix-up carries them as it
+// carries the tile's. (A wgmma against a
 // tile of ones would do it: the same wgmma may not sit behind a branch, or
 // ptxas serializes them all, so it would read A again in every k-step.)
 template <typename T, int BN_, int STAGES, bool AM, bool BNM,
