@@ -21,8 +21,9 @@
 //     16 widened to fp32 in shared memory (each element one bounds-checked
 //     load, mapped so that the unit-stride direction is coalesced).
 //
-// Fix-up: a peer writes its fp32 partial tile to its slot (element e of
-// thread t at e * 256 + t: coalesced), fences, and thread 0 raises the
+// Fix-up: a peer writes its fp32 partial tile to its slot (elements e .. e
+// + 3 of thread t as the 16-byte vector e / 4 * 256 + t: coalesced, a
+// quarter of the scalar accesses), fences, and thread 0 raises the
 // CTA's flag to this launch's epoch with a release store. The owner's
 // thread 0 waits for each peer's flag in decreasing CTA order with acquire
 // loads (giving up after spin_limit polls in debug mode: error = 1), and
@@ -592,15 +593,37 @@ __device__ bool wait_for_peers(const driver_args &p, int64_t q, int64_t q2)
     return !driver_sync_or<L>(gave_up);
 }
 
+// A partial in CTA q's slot: this thread's values e .. e + 3 as one
+// 16-byte vector, the vectors of the CTA's threads side by side (a warp's
+// access is 512 contiguous bytes). Every kernel's N is a multiple of 4 and
+// the slots start 16-byte aligned (launch checks).
+template <int N>
+__device__ __forceinline__ float4 *partial_vec(const driver_args &p,
+                                               int64_t q, int e)
+{
+    static_assert(N % 4 == 0, "a partial is whole 16-byte vectors");
+    return reinterpret_cast<float4 *>(p.partials + q * N * kConsumers) +
+           (e / 4) * kConsumers + threadIdx.x;
+}
+
+// acc[e .. e + 3] += v
+template <int N>
+__device__ __forceinline__ void add_vec(float (&acc)[N], int e, float4 v)
+{
+    acc[e] += v.x;
+    acc[e + 1] += v.y;
+    acc[e + 2] += v.z;
+    acc[e + 3] += v.w;
+}
+
 // acc += peer q's partial (this thread's values), read through L2
 template <int N>
 __device__ __forceinline__ void add_partial(const driver_args &p, int64_t q,
                                             float (&acc)[N])
 {
-    const float *slot = p.partials + q * N * kConsumers + threadIdx.x;
 #pragma unroll
-    for (int e = 0; e < N; e++) {
-        acc[e] += __ldcg(slot + e * kConsumers);
+    for (int e = 0; e < N; e += 4) {
+        add_vec(acc, e, __ldcg(partial_vec<N>(p, q, e)));
     }
 }
 
@@ -636,17 +659,16 @@ __device__ bool add_peers_in_pairs(const driver_args &p, int64_t tile,
             add_partial(p, q, acc);
             break;
         }
-        const float *slot = p.partials + q * N * kConsumers + threadIdx.x;
-        const float *slot2 = p.partials + q2 * N * kConsumers + threadIdx.x;
-        float v[N], v2[N];
+        float4 v[N / 4], v2[N / 4];
 #pragma unroll
-        for (int e = 0; e < N; e++) {
-            v[e] = __ldcg(slot + e * kConsumers);
-            v2[e] = __ldcg(slot2 + e * kConsumers);
+        for (int e = 0; e < N; e += 4) {
+            v[e / 4] = __ldcg(partial_vec<N>(p, q, e));
+            v2[e / 4] = __ldcg(partial_vec<N>(p, q2, e));
         }
 #pragma unroll
-        for (int e = 0; e < N; e++) {
-            acc[e] = (acc[e] + v[e]) + v2[e];
+        for (int e = 0; e < N; e += 4) {
+            add_vec(acc, e, v[e / 4]);
+            add_vec(acc, e, v2[e / 4]);
         }
         q = gemsops_sk_next_peer(&p.s, tile, q2);
     }
@@ -675,10 +697,10 @@ __device__ __forceinline__ void drive(const driver_args &p,
         end = gemsops_sk_piece(&p.s, begin, end, &tile, &k0, &k1);
         L::mac(p, ring, tile, k0, k1, acc, sm);
         if (gemsops_sk_is_peer(&p.s, k1)) { // publish the partial
-            float *slot = p.partials + c * kAll * kConsumers;
 #pragma unroll
-            for (int e = 0; e < kAll; e++) {
-                slot[e * kConsumers + threadIdx.x] = acc[e];
+            for (int e = 0; e < kAll; e += 4) {
+                *partial_vec<kAll>(p, c, e) =
+                    make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
             }
             __threadfence();
             driver_sync<L>();
@@ -1383,11 +1405,11 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
             return GEMSOPS_OK;
         }
         if (p->workspace_bytes < bytes || p->flag_count < flags ||
-            p->epoch == 0 || ws == nullptr ||
+            p->epoch == 0 || ws == nullptr || (uintptr_t)ws % 16 != 0 ||
             (row_parts && (uintptr_t)p->flags % 8 != 0)) {
             return gemsops_fail(st, GEMSOPS_ERR_VALUE,
                                 "matmul(): workspace %lld bytes (needs "
-                                "%lld), %lld flags (needs %lld, 8-byte "
+                                "%lld, 16-byte aligned), %lld flags (needs %lld, 8-byte "
                                 "aligned for row sums), epoch %u (needs "
                                 "> 0)",
                                 (long long)p->workspace_bytes,
