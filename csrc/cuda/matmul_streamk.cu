@@ -23,8 +23,9 @@
 //
 // Fix-up: a peer writes its fp32 partial tile to its slot (elements e .. e
 // + 3 of thread t as the 16-byte vector e / 4 * 256 + t: coalesced, a
-// quarter of the scalar accesses), fences, and thread 0 raises the
-// CTA's flag to this launch's epoch with a release store. The owner's
+// quarter of the scalar accesses), meets its other threads at a barrier,
+// and thread 0 raises the CTA's flag to this launch's epoch with a release
+// store, which releases the whole CTA's stores before it. The owner's
 // thread 0 waits for each peer's flag in decreasing CTA order with acquire
 // loads (giving up after spin_limit polls in debug mode: error = 1), and
 // the CTA adds the partial read through L2 (ld.cg: L1 is not coherent);
@@ -702,7 +703,11 @@ __device__ __forceinline__ void drive(const driver_args &p,
                 *partial_vec<kAll>(p, c, e) =
                     make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
             }
-            __threadfence();
+            // no fence a thread: the barrier orders every thread's stores
+            // before thread 0's release store, which releases them all
+            // (PTX memory model: causality runs through bar.sync into the
+            // release); a fence in every thread made each publish wait on
+            // its own stores' round trip first
             driver_sync<L>();
             if (threadIdx.x == 0) {
                 release_store(p.flags + c, p.epoch);
