@@ -650,6 +650,50 @@ def test_bounded_spin_mode_runs(device):
         assert_mm_close(gemsops.mm(a, b), a, b, torch.float32)
 
 
+@pytest.mark.parametrize(
+    "fn, ranks",
+    [("matmul", r) for r in ((2, 1), (3, 1), (1, 2), (2, 2), (3, 2), (1, 1))]
+    + [("matmul", r) for r in ((1, 3), (2, 3), (3, 3))]
+    + [("mm", (2, 2)), ("bmm", (3, 3))],
+)
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.int64, torch.float32),
+        (torch.int32, torch.float16),
+        (torch.bool, torch.bfloat16),
+        (torch.float32, torch.int64),
+    ],
+)
+@pytest.mark.parametrize(
+    "layout", ["contiguous", "transposed", "transposed, b needs grad"]
+)
+def test_mixed_dtype_errors_match_torch(device, fn, ranks, dtypes, layout):
+    # torch's bmm (and its CUDA mv) refuse a first operand's dtype they have
+    # no kernel for (NotImplementedError) before they compare dtypes; its mm
+    # and dot compare first (RuntimeError). Which one matmul runs depends on
+    # the ranks and, through torch's fold rule, on the strides.
+    def make(shape, dtype):
+        t = torch.ones(shape, dtype=dtype, device=device)
+        if layout == "transposed" and t.dim() > 1:
+            t = t.mT.contiguous().mT  # the same sizes, the last two swapped
+        return t
+
+    a = make({1: [4], 2: [3, 4], 3: [2, 3, 4]}[ranks[0]], dtypes[0])
+    b = make({1: [4], 2: [4, 3], 3: [2, 4, 3]}[ranks[1]], dtypes[1])
+    b.requires_grad_(layout.endswith("grad") and b.is_floating_point())
+    with pytest.raises(Exception) as theirs:
+        getattr(torch, fn)(a, b)
+    with pytest.raises(Exception) as ours:
+        getattr(gemsops, fn)(a, b)
+    assert type(ours.value) is type(theirs.value), (
+        f"torch raised {theirs.value!r}, gemsops {ours.value!r}"
+    )
+    assert str(a.dtype if ours.type is NotImplementedError else b.dtype) in (
+        str(ours.value)
+    )
+
+
 def test_errors(device):
     a = rand(3, 4, device=device)
     with pytest.raises(RuntimeError, match="cannot be multiplied"):

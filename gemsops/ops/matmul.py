@@ -286,6 +286,11 @@ def _operands(fn, a, b):
         raise _not_tensor(fn, "input", a)
     if not isinstance(b, torch.Tensor):
         raise _not_tensor(fn, "other", b)
+    if a.dtype != b.dtype and _kernel_refuses_first(fn, a, b):
+        raise NotImplementedError(
+            f"{fn}(): gemsops matmul takes float16, bfloat16 and float32, "
+            f"got {a.dtype}"
+        )
     if a.dtype != b.dtype and not _autocast_casts(a, b):
         raise RuntimeError(
             f"{fn}(): expected both arguments to have the same "
@@ -307,6 +312,50 @@ def _operands(fn, a, b):
         if b.is_neg():
             b = b.resolve_neg()
     return a, b
+
+
+def _kernel_refuses_first(fn, a, b):
+    """Where torch looks up a kernel for the first operand's dtype before it
+    compares the two dtypes, and finds none: NotImplementedError there. Its
+    bmm does so on CUDA for integer and bool operands and on the CPU for
+    bool, and its CUDA mv for both; its mm and dot compare first
+    (RuntimeError). matmul takes one of them by the ranks and, for a 3-D or
+    wider operand against a 1- or 2-D one, by torch's fold rule."""
+    if a.is_floating_point() or a.is_complex():
+        return False
+    cuda = a.device.type == "cuda"
+    if not (cuda or a.device.type == "cpu" and a.dtype == torch.bool):
+        return False
+    if fn != "matmul":
+        return fn == "bmm"
+    da, db = a.dim(), b.dim()
+    if da == 0 or db == 0 or da <= 2 and db <= 2:
+        return cuda and da == 2 and db == 1  # mv; the rest mm or dot
+    if _torch_folds(a, b):  # a folded against b: mv or mm; else mm
+        return cuda and da > db and db == 1
+    return True  # bmm
+
+
+def _torch_folds(a, b):
+    """torch.matmul's choice to run a 3-D or wider operand against a 1- or
+    2-D one as one mm or mv rather than a bmm (its should_fold, no out=):
+    when the smaller requires grad, or the larger (b transposed when it is
+    the larger) views as a matrix without a copy, a 2-D a never."""
+    larger_first = a.dim() >= b.dim()
+    t1 = a if larger_first else b.mT
+    small = b if larger_first else a
+    if t1.dim() < 3 or small.dim() > 2:
+        return False
+    if small.requires_grad:
+        return True
+    if a.dim() == 2:
+        return False
+    if t1.numel() == 0:
+        return True
+    size, stride = t1.shape, t1.stride()
+    return all(
+        stride[i] == stride[i + 1] * size[i + 1] for i in range(t1.dim() - 2)
+    )
 
 
 def _autocast_casts(a, b):
