@@ -286,10 +286,11 @@ def _operands(fn, a, b):
         raise _not_tensor(fn, "input", a)
     if not isinstance(b, torch.Tensor):
         raise _not_tensor(fn, "other", b)
-    if a.dtype != b.dtype and _kernel_refuses_first(fn, a, b):
+    refused = _kernel_refused(fn, a, b) if a.dtype != b.dtype else None
+    if refused is not None:
         raise NotImplementedError(
             f"{fn}(): gemsops matmul takes float16, bfloat16 and float32, "
-            f"got {a.dtype}"
+            f"got {refused.dtype}"
         )
     if a.dtype != b.dtype and not _autocast_casts(a, b):
         raise RuntimeError(
@@ -314,26 +315,39 @@ def _operands(fn, a, b):
     return a, b
 
 
-def _kernel_refuses_first(fn, a, b):
-    """Where torch looks up a kernel for the first operand's dtype before it
-    compares the two dtypes, and finds none: NotImplementedError there. Its
-    bmm does so on CUDA for integer and bool operands and on the CPU for
-    bool, and its CUDA mv for both; its mm and dot compare first
-    (RuntimeError). matmul takes one of them by the ranks and, for a 3-D or
-    wider operand against a 1- or 2-D one, by torch's fold rule."""
-    if a.is_floating_point() or a.is_complex():
-        return False
-    cuda = a.device.type == "cuda"
-    if not (cuda or a.device.type == "cpu" and a.dtype == torch.bool):
-        return False
+def _kernel_refused(fn, a, b):
+    """The operand whose dtype torch looks up a kernel for before it
+    compares the two dtypes, where that lookup finds none (torch raises
+    NotImplementedError); None where torch compares first (RuntimeError).
+    Its bmm looks up its first operand (no integer or bool kernels on CUDA,
+    no bool on the CPU), its CUDA mv its matrix (no integer or bool); its mm
+    and dot compare first."""
+    kernel = _torch_kernel(fn, a, b)
+    if kernel is None:
+        return None
+    name, t = kernel
+    if t.is_floating_point() or t.is_complex():
+        return None
+    cuda = t.device.type == "cuda"
+    cpu_bool = t.device.type == "cpu" and t.dtype == torch.bool
+    return t if cuda or name == "bmm" and cpu_bool else None
+
+
+def _torch_kernel(fn, a, b):
+    """The kernel torch runs for fn(a, b) when it is bmm or mv, with the
+    operand that kernel looks up: ("bmm", first) or ("mv", matrix); None for
+    mm and dot. matmul picks by the ranks and, for a 3-D or wider operand
+    against a 1- or 2-D one, by torch's fold rule."""
     if fn != "matmul":
-        return fn == "bmm"
+        return ("bmm", a) if fn == "bmm" else None
     da, db = a.dim(), b.dim()
     if da == 0 or db == 0 or da <= 2 and db <= 2:
-        return cuda and da == 2 and db == 1  # mv; the rest mm or dot
-    if _torch_folds(a, b):  # a folded against b: mv or mm; else mm
-        return cuda and da > db and db == 1
-    return True  # bmm
+        return ("mv", a) if da == 2 and db == 1 else None
+    if not _torch_folds(a, b):
+        return ("bmm", a)
+    if da > db:  # a folded against b
+        return ("mv", a) if db == 1 else None
+    return ("mv", b) if da == 1 else None  # b transposed, folded against a
 
 
 def _torch_folds(a, b):
