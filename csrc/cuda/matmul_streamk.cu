@@ -599,8 +599,8 @@ __device__ bool wait_for_peers(const driver_args &p, int64_t q, int64_t q2)
 // access is 512 contiguous bytes). Every kernel's N is a multiple of 4 and
 // the slots start 16-byte aligned (launch checks).
 template <int N>
-__device__ __forceinline__ float4 *partial_vec(const driver_args &p,
-                                               int64_t q, int e)
+__device__ __forceinline__ float4 *partial_vec(const driver_args &p, int64_t q,
+                                               int e)
 {
     static_assert(N % 4 == 0, "a partial is whole 16-byte vectors");
     return reinterpret_cast<float4 *>(p.partials + q * N * kConsumers) +
@@ -1414,9 +1414,9 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
             (row_parts && (uintptr_t)p->flags % 8 != 0)) {
             return gemsops_fail(st, GEMSOPS_ERR_VALUE,
                                 "matmul(): workspace %lld bytes (needs "
-                                "%lld, 16-byte aligned), %lld flags (needs %lld, 8-byte "
-                                "aligned for row sums), epoch %u (needs "
-                                "> 0)",
+                                "%lld, 16-byte aligned), %lld flags (needs "
+                                "%lld, 8-byte aligned for row sums), epoch "
+                                "%u (needs > 0)",
                                 (long long)p->workspace_bytes,
                                 (long long)bytes, (long long)p->flag_count,
                                 (long long)flags, p->epoch);
