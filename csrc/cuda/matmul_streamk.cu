@@ -30,7 +30,8 @@
 // loads (giving up after spin_limit polls in debug mode: error = 1), and
 // the CTA adds the partial read through L2 (ld.cg: L1 is not coherent);
 // where two partials fit in registers beside the tile's, two peers at a
-// time (add_peers_in_pairs), in the same order.
+// time (add_peers_in_pairs, thread 32 polling the second flag beside
+// thread 0), in the same order.
 // Flags are never reset: the next launch uses a new epoch.
 //
 // Row sums (row_sums, batch 1: nn.Linear's bias gradient beside its weight
@@ -571,23 +572,22 @@ __device__ __forceinline__ bool driver_sync_or(bool v)
     }
 }
 
-// Thread 0 waits for peer q's flag, then for q2's (none: q2 < 0), giving
-// up after spin_limit polls in debug mode (error = 1); true, for every
-// thread, when both are in.
+// Thread 0 waits for peer q's flag and, side by side, thread 32 for q2's
+// (none: q2 < 0), each giving up after spin_limit polls in debug mode
+// (error = 1); true, for every thread, when both are in. Two pollers: when
+// both flags are already up, one L2 round trip instead of two in a row.
 template <typename L>
 __device__ bool wait_for_peers(const driver_args &p, int64_t q, int64_t q2)
 {
     int gave_up = 0;
-    if (threadIdx.x == 0) {
-        const int64_t peers[2] = {q, q2};
-        for (int i = 0; i < 2 && peers[i] >= 0 && !gave_up; i++) {
-            int64_t spins = 0;
-            while (acquire_load(p.flags + peers[i]) != p.epoch) {
-                if (p.spin_limit > 0 && ++spins > p.spin_limit) {
-                    gave_up = 1;
-                    atomicExch(p.error, 1);
-                    break;
-                }
+    const int64_t peer = threadIdx.x == 0 ? q : threadIdx.x == 32 ? q2 : -1;
+    if (peer >= 0) {
+        int64_t spins = 0;
+        while (acquire_load(p.flags + peer) != p.epoch) {
+            if (p.spin_limit > 0 && ++spins > p.spin_limit) {
+                gave_up = 1;
+                atomicExch(p.error, 1);
+                break;
             }
         }
     }
