@@ -703,7 +703,7 @@ __device__ __forceinline__ void drive(const driver_args &p,
                 *partial_vec<kAll>(p, c, e) =
                     make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
             }
-            // no fence a thread: the barrier orders every thread's stores
+            // no fence in each thread: the barrier orders every thread's stores
             // before thread 0's release store, which releases them all
             // (PTX memory model: causality runs through bar.sync into the
             // release); a fence in every thread made each publish wait on
