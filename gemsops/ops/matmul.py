@@ -286,33 +286,35 @@ def _operands(fn, a, b):
         raise _not_tensor(fn, "input", a)
     if not isinstance(b, torch.Tensor):
         raise _not_tensor(fn, "other", b)
-    refused = _kernel_refused(fn, a, b) if a.dtype != b.dtype else None
-    if refused is not None:
-        raise NotImplementedError(
-            f"{fn}(): gemsops matmul takes float16, bfloat16 and float32, "
-            f"got {refused.dtype}"
-        )
-    if a.dtype != b.dtype and not _autocast_casts(a, b):
-        raise RuntimeError(
-            f"{fn}(): expected both arguments to have the same "
-            f"dtype, but got {a.dtype} and {b.dtype}"
-        )
+    if a.dtype != b.dtype:
+        refused = _kernel_refused(fn, a, b)
+        if refused is not None:
+            raise _unsupported(fn, refused.dtype)
+        if not _autocast_casts(a, b):
+            raise RuntimeError(
+                f"{fn}(): expected both arguments to have the same "
+                f"dtype, but got {a.dtype} and {b.dtype}"
+            )
     if a.get_device() != b.get_device():
         raise RuntimeError(
             f"{fn}(): expected both arguments on the same "
             f"device, but got {a.device} and {b.device}"
         )
     if a.dtype not in SUPPORTED:  # torch's type for a dtype without kernel
-        raise NotImplementedError(
-            f"{fn}(): gemsops matmul takes float16, bfloat16 and float32, "
-            f"got {a.dtype}"
-        )
+        raise _unsupported(fn, a.dtype)
     if not _compiling():  # Dynamo cannot ask; the ops resolve it
         if a.is_neg():
             a = a.resolve_neg()
         if b.is_neg():
             b = b.resolve_neg()
     return a, b
+
+
+def _unsupported(fn, dtype):
+    return NotImplementedError(
+        f"{fn}(): gemsops matmul takes float16, bfloat16 and float32, "
+        f"got {dtype}"
+    )
 
 
 def _kernel_refused(fn, a, b):
