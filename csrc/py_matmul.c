@@ -92,7 +92,7 @@ parse_problem(PyObject *const *args, const char *fn,
         check_operand(b, fn, "b") ||
         gemsops_output_from_object(args[2], fn, "out", c) ||
         check_layout(c, fn, "out") ||
-        parse_ll(args[3], fn, "schedule", 0, 3, &mode) ||
+        parse_ll(args[3], fn, "schedule", 0, 4, &mode) ||
         parse_ll(args[4], fn, "two_tiles", 0, 1, &two) ||
         parse_ll(args[5], fn, "ctas", 0, 1LL << 20, &ctas) ||
         parse_ll(args[6], fn, "mainloop", GEMSOPS_MAINLOOP_AUTO,
@@ -170,7 +170,7 @@ schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop,
                const char *staged)
 {
     return Py_BuildValue("{s:s,s:s,s:L,s:L,s:i,s:i,s:i,s:L,s:L,s:L,s:L,s:L,"
-                         "s:L,s:L}",
+                         "s:L,s:L,s:L}",
                          "mainloop", mainloop, "staged", staged, "ctas",
                          (long long)s->ctas, "sk_ctas", (long long)s->sk_ctas,
                          "bm", s->bm, "bn", s->bn, "bk", s->bk, "tiles",
@@ -179,7 +179,7 @@ schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop,
                          (long long)s->dp_tiles, "tiles_m",
                          (long long)s->tiles_m, "tiles_n",
                          (long long)s->tiles_n, "group_m",
-                         (long long)s->group_m);
+                         (long long)s->group_m, "split", (long long)s->split);
 }
 
 PyDoc_STRVAR(
@@ -191,7 +191,8 @@ PyDoc_STRVAR(
     "staged\n"
     "('', 'a', 'b' or 'ab': operands TMA cannot describe, copied into the\n"
     "workspace first), ctas, tile shape (bm, bn, bk), tiles, iters,\n"
-    "sk_tiles, dp_tiles, ... The workspace a CUDA launch needs is the\n"
+    "sk_tiles, dp_tiles, split (the pieces a tile when each sums a band of\n"
+    "it, else 0), ... The workspace a CUDA launch needs is the\n"
     "staged copies plus ctas * bm * bn * 4 bytes when sk_tiles > 0.");
 
 static PyObject *
@@ -233,7 +234,8 @@ PyDoc_STRVAR(
     "       epoch, spin_limit, error) -> None or (bytes, flags, stream)\n\n"
     "out[i] = a[i] @ b[i] for 3-D a [B, m, k], b [B, k, n] (any strides),\n"
     "out [B, m, n] contiguous, or the same without B; fp32 accumulation.\n"
-    "schedule: 0 auto, 1 data-parallel, 2 stream-k, 3 hybrid; ctas: 0 = from\n"
+    "schedule: 0 auto, 1 data-parallel, 2 stream-k, 3 hybrid, 4 split-k;\n"
+    "ctas: 0 = from\n"
     "the device; mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4\n"
     "wgmma-256, 5 wgmma-64, 6 wgmma-192, the most capable allowed (operands "
     "it cannot take "
@@ -510,7 +512,7 @@ streamk_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     static const long long lo[] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0};
     static const long long hi[] = {1LL << 40, 1LL << 40, 1LL << 40, 1LL << 30,
                                    1024,      1024,      1024,      1024,
-                                   1LL << 20, 3,         1};
+                                   1LL << 20, 4,         1};
     long long v[11];
     if (nargs != 11) {
         PyErr_Format(PyExc_TypeError,

@@ -89,6 +89,15 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
                             "[1, %lld]",
                             (long long)s->sk_ctas, (long long)s->ctas);
     }
+    if (s->split != 0 &&
+        (s->split < 2 || s->split > GEMSOPS_SK_MAX_SPLIT ||
+         s->sk_tiles != s->tiles || s->sk_ctas != s->tiles * s->split)) {
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                            "split-k: %lld pieces a tile, %lld of %lld "
+                            "tiles split over %lld CTAs",
+                            (long long)s->split, (long long)s->sk_tiles,
+                            (long long)s->tiles, (long long)s->sk_ctas);
+    }
     if (check_order(s, st) != GEMSOPS_OK ||
         check_divisors(s, st) != GEMSOPS_OK) {
         return st->code;
@@ -113,6 +122,13 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
                               "share of %lld iterations (< %d)",
                               (long long)c, (long long)(end - begin),
                               GEMSOPS_SK_MIN_ITERS);
+        }
+        if (s->split > 0 && end > begin &&
+            (end - 1) / s->iters != begin / s->iters) {
+            rc = gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                              "split-k: CTA %lld's share [%lld, %lld) "
+                              "crosses a tile",
+                              (long long)c, (long long)begin, (long long)end);
         }
         while (end > begin && rc == GEMSOPS_OK) {
             int64_t tile, k0, k1;

@@ -15,7 +15,7 @@ from gemsops.testing import assert_close, raised_type
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 OUT_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.3e-6}
-SCHEDULES = ["auto", "data-parallel", "stream-k", "hybrid"]
+SCHEDULES = ["auto", "data-parallel", "stream-k", "hybrid", "split-k"]
 
 
 @contextlib.contextmanager
@@ -331,6 +331,84 @@ def test_wgmma_batched_broadcast_and_backward(mainloop):
     # dA = g . W^T (B K-contiguous), dW = X^T . g (A M-contiguous)
     assert_mm_close(x.grad, g, w.detach().t(), torch.float16, name="dA")
     assert_mm_close(w.grad, x.detach().t(), g, torch.float16, name="dW")
+
+
+# (m, n, k, pieces a tile): ragged edges in every dimension; the grid
+# capped at tiles x pieces, so that each count of bands is taken
+SPLIT_CASES = [
+    (200, 136, 2000, 8),
+    (300, 520, 1000, 3),
+    (1, 8, 4096, 7),
+    (136, 300, 777, 2),
+    (64, 72, 8200, 5),
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "mainloop", ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64"]
+)
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float32]
+)
+def test_split_k_pieces_sum_their_bands(mainloop, dtype):
+    # split-k on wgmma: every piece publishes, waits for its tile's others
+    # and adds one band of columns of all the tile's partials; with the
+    # epilogue's row bias and full addend too, the same bits launch after
+    # launch, and a CUDA graph's replays
+    f32 = dtype == torch.float32
+    bn = int(mainloop.split("-")[1])
+    bk = 128 // (4 if f32 else 2)
+    for m, n, k, pieces in SPLIT_CASES:
+        a, b = cu(m, k, dtype=dtype), cu(k, n, dtype=dtype)
+        bias, full = cu(n, dtype=dtype), cu(m, n, dtype=dtype)
+        tiles = -(-m // 128) * -(-n // bn)
+        ctas = tiles * pieces
+        name = f"{m}x{n}x{k} {mainloop} {dtype} pieces={pieces}"
+        with tf32(f32), schedule("split-k", mainloop=mainloop, ctas=ctas):
+            c = torch.empty(1, m, n, dtype=dtype, device="cuda")
+            plan = gemsops._C.matmul_plan(
+                a[None],
+                b[None],
+                c,
+                4,
+                0,
+                ctas,
+                gemsops.ops.matmul.MAINLOOPS[mainloop],
+            )
+            outs = [gemsops.mm(a, b) for _ in range(2)]
+            row = gemsops.addmm(bias, a, b)
+            whole = gemsops.addmm(full, a, b, beta=0.5, alpha=2.0)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side):
+                captured = gemsops.mm(a, b)
+        if is_sm90():
+            assert plan["mainloop"] == mainloop, name
+            assert plan["split"] == min(pieces, -(-k // bk) // 4), name
+            assert plan["sk_ctas"] == tiles * plan["split"], name
+        else:
+            assert plan["split"] == 0, name
+        if f32:
+            assert_tf32(outs[0], a, b, name=name)
+        else:
+            assert_mm_close(outs[0], a, b, dtype, name=name)
+        assert torch.equal(outs[0], outs[1]), name
+        ref = a.double() @ b.double()
+        bound = a.double().abs() @ b.double().abs()
+        tol = OUT_RTOL[dtype] * 4 + (2**-9 if f32 else 2**-20)
+        for got, want, extra in [
+            (row, ref + bias.double(), bias.double().abs()),
+            (whole, 2 * ref + 0.5 * full.double(), full.double().abs()),
+        ]:
+            err = (got.double() - want).abs()
+            assert (err <= tol * (2 * bound + extra + want.abs())).all(), name
+        for _ in range(2):
+            captured.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(captured, outs[0]), name
 
 
 @pytest.mark.cuda

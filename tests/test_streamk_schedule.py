@@ -10,7 +10,13 @@ import pytest
 
 import gemsops
 
-MODES = {"auto": 0, "data-parallel": 1, "stream-k": 2, "hybrid": 3}
+MODES = {
+    "auto": 0,
+    "data-parallel": 1,
+    "stream-k": 2,
+    "hybrid": 3,
+    "split-k": 4,
+}
 
 
 def check(
@@ -52,6 +58,8 @@ def test_thousands_of_random_shapes_and_cta_counts():
             two_tiles=rng.choice([0, 1]),
         )
         assert s["sk_tiles"] + s["dp_tiles"] == s["tiles"]
+        if s["split"]:
+            assert s["sk_ctas"] == s["tiles"] * s["split"]
 
 
 @pytest.mark.parametrize("ctas", [1, 3, 132])
@@ -151,3 +159,23 @@ def test_short_stream_k_regions_go_to_fewer_ctas():
     assert big["sk_ctas"] == 132
     # fewer iterations than one share: a single CTA
     assert check(64, 64, 96, bk=64, ctas=132, mode="stream-k")["sk_ctas"] == 1
+
+
+def test_split_k_cuts_every_tile_into_equal_pieces():
+    # 8 tiles x 28 k-iterations on 132 CTAs: 16 CTAs a tile would fit, 7
+    # keep shares of 4 iterations; each CTA's share stays inside one tile
+    # (the C check refuses a split share that crosses one)
+    s = check(256, 512, 1792, bk=64, ctas=132, mode="split-k")
+    assert (s["tiles"], s["iters"], s["split"]) == (8, 28, 7)
+    assert s["sk_tiles"] == 8 and s["dp_tiles"] == 0 and s["sk_ctas"] == 56
+    # capped at 8 pieces (a tile of 4096 iterations, 132 CTAs)
+    assert check(128, 128, 4096 * 64, bk=64, mode="split-k")["split"] == 8
+    # 2 pieces a tile when only twice the tiles fit, for iterations not a
+    # multiple of the pieces
+    s = check(1024, 1024, 1200, bk=64, ctas=130, mode="split-k")
+    assert (s["tiles"], s["iters"], s["split"]) == (64, 19, 2)
+    assert s["sk_ctas"] == 128
+    # fewer than two pieces: whole tiles, no partials
+    for m, n, k, ctas in [(2048, 2048, 4096, 132), (256, 256, 448, 132)]:
+        s = check(m, n, k, bk=64, ctas=ctas, mode="split-k")
+        assert s["split"] == 0 and s["sk_tiles"] == 0, (m, n, k)

@@ -1,5 +1,5 @@
 """Every plan of a few shapes, timed: each wgmma tile width forced under
-the data-parallel, stream-k and hybrid schedules, kernels alone
+the data-parallel, stream-k, hybrid and split-k schedules, kernels alone
 (tools/mm_probe.py's kernel_us: torch.profiler, L2 flushed, the flush not
 counted), beside torch.matmul's kernel and the plan the planner picks on
 its own. Each forced result is first checked against a float64 product.
@@ -19,13 +19,14 @@ import gemsops
 from tools.mm_probe import kernel_us
 
 WIDTHS = ("wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64")
-SCHEDULES = ("data-parallel", "stream-k", "hybrid")
+SCHEDULES = ("data-parallel", "stream-k", "hybrid", "split-k")
 
 
 def plan_of(a, b):
     c = torch.empty(1, a.shape[0], b.shape[1], device="cuda", dtype=a.dtype)
     p = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, 0)
-    return f"{p['mainloop']} {p['tiles']}t {p['sk_tiles']}sk"
+    split = f" x{p['split']}" if p["split"] else ""
+    return f"{p['mainloop']} {p['tiles']}t {p['sk_tiles']}sk{split}"
 
 
 def main(cases):
@@ -53,7 +54,8 @@ def main(cases):
                             f"{width} {schedule}: relative error {err:.2e}"
                         )
                     us = kernel_us(lambda: gemsops.matmul(a, b))
-                    out.append(f"{width[6:]}/{schedule[:2]} {us:.1f}")
+                    tag = "sp" if schedule == "split-k" else schedule[:2]
+                    out.append(f"{width[6:]}/{tag} {us:.1f}")
         finally:
             gemsops.set_schedule()
         print(" ".join(out), flush=True)

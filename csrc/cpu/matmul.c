@@ -142,6 +142,7 @@ gemsops_matmul_plan_cpu(const struct gemsops_matmul_params *p,
         p->ctas_override > 0 ? p->ctas_override : 2 * gemsops_thread_count();
     gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, CPU_BM, CPU_BN, CPU_BK,
                     CPU_GROUP_M, ctas, p->mode, p->two_tiles);
+    s->split = 0; /* split-k's pieces: fixed up by their owners here */
     return GEMSOPS_OK;
 }
 

@@ -55,6 +55,11 @@ constexpr double kStreamKUsPerMb = 0.0615;
 // schedules in one run, 059ed6f) splits predicted less than ~1.4x faster
 // lost more often than they won.
 constexpr double kStreamKMargin = 0.7;
+// A split-k launch (every tile in `split` pieces, each piece's CTA summing
+// a band of its tile) costs its pieces' k-iterations, one tile's fill and
+// epilogue, and this much more: every piece's partial out through L2, the
+// wait for the tile's last piece, and the band's partials back in.
+constexpr double kSplitKUs = 2.0;
 
 inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
                                  int group_m, const wgmma_tile_cost &c,
@@ -64,6 +69,10 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
     const int bk = 128 / (int)gemsops_dtype_size(p->dtype);
     gemsops_sk_plan(&s, p->m, p->n, p->k, p->batch, 128, c.bn, bk, group_m,
                     ctas, mode, p->two_tiles);
+    if (s.split > 0) {
+        return c.iter_us * (double)gemsops_sk_cdiv(s.iters, s.split) +
+               c.tile_us + kSplitKUs;
+    }
     const int64_t waves = gemsops_sk_cdiv(s.dp_tiles, s.ctas);
     int64_t share = 0, pieces = 0;
     if (s.sk_tiles > 0) {
@@ -98,16 +107,21 @@ struct wgmma_plan {
 };
 
 // The width (when `width` is GEMSOPS_MAINLOOP_AUTO) and, under the auto
-// schedule, whether the planner's Stream-K split or whole data-parallel
-// waves: whichever the model predicts fastest (a split by kStreamKMargin).
+// schedule, whether the planner's Stream-K split, whole data-parallel waves
+// or split-k: whichever the model predicts fastest (the Stream-K split by
+// kStreamKMargin).
 inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
                                  gemsops_mainloop width, int64_t ctas,
                                  int group_m)
 {
     const wgmma_tile_cost *costs[4] = {&kWgmmaWide, &kWgmmaThreeQuarter,
                                        &kWgmmaNarrow, &kWgmmaSlim};
-    const gemsops_sk_mode modes[2] = {p->mode, GEMSOPS_SK_DATA_PARALLEL};
-    const int n_modes = p->mode == GEMSOPS_SK_AUTO ? 2 : 1;
+    const gemsops_sk_mode modes[3] = {p->mode, GEMSOPS_SK_DATA_PARALLEL,
+                                      GEMSOPS_SK_SPLIT_K};
+    // (split-k's banded fix-up does not carry row sums)
+    const int n_modes = p->mode != GEMSOPS_SK_AUTO ? 1
+                        : p->row_sums != nullptr   ? 2
+                                                   : 3;
     wgmma_plan best = {width, p->mode};
     double best_us = -1.0;
     for (const wgmma_tile_cost *c : costs) {
@@ -117,7 +131,7 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
         }
         for (int i = 0; i < n_modes; i++) {
             double us = wgmma_predicted_us(p, ctas, group_m, *c, modes[i]);
-            if (i == 0 && n_modes == 2) { // the auto schedule's split
+            if (i == 0 && n_modes > 1) { // the auto schedule's split
                 us /= kStreamKMargin;
             }
             if (best_us < 0 || us < best_us) {

@@ -506,6 +506,32 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16 *d, float a, float b)
     *reinterpret_cast<__nv_bfloat162 *>(d) = __floats2bfloat162_rn(a, b);
 }
 
+// C[gr, gc .. gc + 1] (at dst) from the accumulators v0, v1 of that place,
+// through the epilogue; what lies outside C is dropped.
+template <typename T>
+__device__ __forceinline__ void store_acc_pair(const driver_args &p,
+                                               const epilogue_op<T> &epi,
+                                               T *dst, int64_t gr, int64_t gc,
+                                               float v0, float v1)
+{
+    if (p.epilogue) {
+        float a0, a1;
+        epi.addends(gr, gc, a0, a1);
+        v0 = epi.apply(v0, a0);
+        v1 = epi.apply(v1, a1);
+    }
+    if (gr < p.s.m && gc + 1 < p.s.n && p.c_pairs) {
+        store_pair(dst, v0, v1);
+        return;
+    }
+    if (gr < p.s.m && gc < p.s.n) {
+        dst[0] = from_acc<T>(v0);
+    }
+    if (gr < p.s.m && gc + 1 < p.s.n) {
+        dst[1] = from_acc<T>(v1);
+    }
+}
+
 template <typename T, typename L>
 __device__ void store_tile(const driver_args &p, int64_t tile,
                            const float (&acc)[L::kAcc + L::kRowAcc])
@@ -515,31 +541,14 @@ __device__ void store_tile(const driver_args &p, int64_t tile,
     T *C = (T *)p.c + bt * p.s.m * p.s.n;
     // every mainloop's accumulators e, e + 1 (e even) are neighbours in a
     // row at an even column: one paired store when C's rows allow it
-    const bool pairs = p.c_pairs, epilogue = p.epilogue;
     const epilogue_op<T> epi(p, bt);
 #pragma unroll
     for (int e = 0; e < L::kAcc; e += 2) {
         int r, c;
         L::coords(e, r, c);
         const int64_t gr = tm * L::BM + r, gc = tn * L::BN + c;
-        T *dst = C + gr * p.s.n + gc;
-        float v0 = acc[e], v1 = acc[e + 1];
-        if (epilogue) {
-            float a0, a1;
-            epi.addends(gr, gc, a0, a1);
-            v0 = epi.apply(v0, a0);
-            v1 = epi.apply(v1, a1);
-        }
-        if (gr < p.s.m && gc + 1 < p.s.n && pairs) {
-            store_pair(dst, v0, v1);
-            continue;
-        }
-        if (gr < p.s.m && gc < p.s.n) {
-            dst[0] = from_acc<T>(v0);
-        }
-        if (gr < p.s.m && gc + 1 < p.s.n) {
-            dst[1] = from_acc<T>(v1);
-        }
+        store_acc_pair(p, epi, C + gr * p.s.n + gc, gr, gc, acc[e],
+                       acc[e + 1]);
     }
 }
 
@@ -572,15 +581,14 @@ __device__ __forceinline__ bool driver_sync_or(bool v)
     }
 }
 
-// Thread 0 waits for peer q's flag and, side by side, thread 32 for q2's
-// (none: q2 < 0), each giving up after spin_limit polls in debug mode
-// (error = 1); true, for every thread, when both are in. Two pollers: when
-// both flags are already up, one L2 round trip instead of two in a row.
+// Each thread waits for the flag of CTA `peer` (none: peer < 0), giving up
+// after spin_limit polls in debug mode (error = 1); true, for every thread,
+// when all are in. Pollers side by side: when their flags are already up,
+// one L2 round trip instead of one each in a row.
 template <typename L>
-__device__ bool wait_for_peers(const driver_args &p, int64_t q, int64_t q2)
+__device__ bool wait_for_flags(const driver_args &p, int64_t peer)
 {
     int gave_up = 0;
-    const int64_t peer = threadIdx.x == 0 ? q : threadIdx.x == 32 ? q2 : -1;
     if (peer >= 0) {
         int64_t spins = 0;
         while (acquire_load(p.flags + peer) != p.epoch) {
@@ -592,6 +600,15 @@ __device__ bool wait_for_peers(const driver_args &p, int64_t q, int64_t q2)
         }
     }
     return !driver_sync_or<L>(gave_up);
+}
+
+// Thread 0 waits for peer q's flag and thread 32 for q2's (none: q2 < 0).
+template <typename L>
+__device__ bool wait_for_peers(const driver_args &p, int64_t q, int64_t q2)
+{
+    return wait_for_flags<L>(p, threadIdx.x == 0    ? q
+                                : threadIdx.x == 32 ? q2
+                                                    : -1);
 }
 
 // A partial in CTA q's slot: this thread's values e .. e + 3 as one
@@ -676,6 +693,88 @@ __device__ bool add_peers_in_pairs(const driver_args &p, int64_t tile,
     return true;
 }
 
+// CTA c's partial into its slot, then its flag raised to the epoch. No fence
+// in each thread: the barrier orders every thread's stores before thread
+// 0's release store, which releases them all (PTX memory model: causality
+// runs through bar.sync into the release); a fence in every thread made
+// each publish wait on its own stores' round trip first.
+template <typename L, int N>
+__device__ __forceinline__ void publish(const driver_args &p, int64_t c,
+                                        const float (&acc)[N])
+{
+#pragma unroll
+    for (int e = 0; e < N; e += 4) {
+        *partial_vec<N>(p, c, e) =
+            make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
+    }
+    driver_sync<L>();
+    if (threadIdx.x == 0) {
+        release_store(p.flags + c, p.epoch);
+    }
+}
+
+// A split-k launch (p.s.split > 0; warp-specialized kernels without row
+// sums): CTA c computes piece j = c % split of tile c / split and publishes
+// it, waits for the tile's other pieces (thread i polls piece i's flag), and
+// adds the tile's `split` partials of its band, in piece order (the same
+// sums whichever piece comes last), then stores the band. A band is whole
+// 16-byte vectors of a partial, vectors [j V / split, (j + 1) V / split)
+// of V, which are strips of 8 columns across the tile's rows (coords).
+template <typename T, typename L>
+__device__ void drive_split(const driver_args &p, typename L::ring_t &ring,
+                            typename L::smem_t &sm, float (&acc)[L::kAcc])
+{
+    constexpr int V = L::kAcc / 4;
+    static_assert(V >= GEMSOPS_SK_MAX_SPLIT, "a band for every piece");
+    const int64_t c = blockIdx.x;
+    if (c >= p.s.sk_ctas) {
+        return;
+    }
+    int64_t begin, end, tile, k0, k1;
+    gemsops_sk_range(&p.s, c, &begin, &end);
+    gemsops_sk_piece(&p.s, begin, end, &tile, &k0, &k1);
+    L::mac(p, ring, tile, k0, k1, acc, sm);
+    publish<L>(p, c, acc);
+    const int split = (int)p.s.split, j = (int)(c % split);
+    const int64_t first = c - j;
+    const int i = (int)threadIdx.x;
+    if (!wait_for_flags<L>(p, i < split && i != j ? first + i : -1)) {
+        return; // the host raises: error = 1
+    }
+    int64_t bt, tm, tn;
+    gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
+    T *C = (T *)p.c + bt * p.s.m * p.s.n;
+    const epilogue_op<T> epi(p, bt);
+    for (int v = j * V / split; v < (j + 1) * V / split; v++) {
+        float4 part[GEMSOPS_SK_MAX_SPLIT];
+#pragma unroll
+        for (int q = 0; q < GEMSOPS_SK_MAX_SPLIT; q++) {
+            if (q < split) {
+                part[q] = __ldcg(partial_vec<L::kAcc>(p, first + q, 4 * v));
+            }
+        }
+        float4 sum = part[0];
+#pragma unroll
+        for (int q = 1; q < GEMSOPS_SK_MAX_SPLIT; q++) {
+            if (q < split) {
+                sum.x += part[q].x;
+                sum.y += part[q].y;
+                sum.z += part[q].z;
+                sum.w += part[q].w;
+            }
+        }
+        const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+        for (int e = 0; e < 4; e += 2) {
+            int r, col;
+            L::coords(4 * v + e, r, col);
+            const int64_t gr = tm * L::BM + r, gc = tn * L::BN + col;
+            store_acc_pair(p, epi, C + gr * p.s.n + gc, gr, gc, vals[e],
+                           vals[e + 1]);
+        }
+    }
+}
+
 // The consumers' walk of CTA c: mainloop, fix-up, epilogue.
 template <typename T, typename L>
 __device__ __forceinline__ void drive(const driver_args &p,
@@ -688,6 +787,12 @@ __device__ __forceinline__ void drive(const driver_args &p,
     // two peers' partials in registers at once where they fit beside acc:
     // the wgmma tiles up to 128 x 128
     constexpr bool kPeerPairs = L::kWarpSpecialized && L::BN <= 128;
+    if constexpr (L::kWarpSpecialized && L::kRowAcc == 0) {
+        if (p.s.split > 0) {
+            drive_split<T, L>(p, ring, sm, acc);
+            return;
+        }
+    }
     // the order of gemsops_sk_walk (a TMA producer walks it ahead of this
     // loop): Stream-K pieces, then data-parallel tiles (apart: the mma.sync
     // kernel spills when one loop holds both)
@@ -697,21 +802,8 @@ __device__ __forceinline__ void drive(const driver_args &p,
         int64_t tile, k0, k1;
         end = gemsops_sk_piece(&p.s, begin, end, &tile, &k0, &k1);
         L::mac(p, ring, tile, k0, k1, acc, sm);
-        if (gemsops_sk_is_peer(&p.s, k1)) { // publish the partial
-#pragma unroll
-            for (int e = 0; e < kAll; e += 4) {
-                *partial_vec<kAll>(p, c, e) =
-                    make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
-            }
-            // no fence in each thread: the barrier orders every thread's stores
-            // before thread 0's release store, which releases them all
-            // (PTX memory model: causality runs through bar.sync into the
-            // release); a fence in every thread made each publish wait on
-            // its own stores' round trip first
-            driver_sync<L>();
-            if (threadIdx.x == 0) {
-                release_store(p.flags + c, p.epoch);
-            }
+        if (gemsops_sk_is_peer(&p.s, k1)) {
+            publish<L>(p, c, acc);
             continue;
         }
         bool done;
@@ -1250,6 +1342,11 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
     }
     gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, k->bm, k->bn, k->bk,
                     kGroupM, ctas, k->sk_mode, p->two_tiles);
+    // the banded fix-up is the wgmma kernels' alone, and not with row sums
+    // (the ROWS kernels): elsewhere the split tiles' owners add them up
+    if (k->mainloop < GEMSOPS_MAINLOOP_WGMMA_128 || p->row_sums != nullptr) {
+        s->split = 0;
+    }
     return GEMSOPS_OK;
 }
 

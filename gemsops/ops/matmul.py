@@ -9,12 +9,13 @@ flags exist only for Stream-K launches and are kept per stream). The
 backward runs the same kernel on transposed views: dA = dC . B^T,
 dB = A^T . dC.
 
-Schedules: 'auto' (hybrid where Stream-K can help), 'data-parallel',
-'stream-k', 'hybrid'; set_schedule() or GEMSOPS_MATMUL_SCHEDULE picks one
-for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest the GPU and
-operands allow), or a cap: 'wgmma-256', 'wgmma-192', 'wgmma-128',
-'wgmma-64' (sm_90a, a forced tile width), 'mma' (sm_80+), 'ffma' (exact
-fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on wgmma as TF32
+Schedules: 'auto' (the cost model's pick), 'data-parallel', 'stream-k',
+'hybrid', 'split-k' (every tile in equal pieces, one a CTA; on wgmma each
+piece sums a band of its tile); set_schedule() or GEMSOPS_MATMUL_SCHEDULE
+picks one for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest
+the GPU and operands allow), or a cap: 'wgmma-256', 'wgmma-192',
+'wgmma-128', 'wgmma-64' (sm_90a, a forced tile width), 'mma' (sm_80+),
+'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on wgmma as TF32
 when torch allows TF32 for its own CUDA matmuls
 (torch.backends.cuda.matmul.fp32_precision or allow_tf32,
 torch.set_float32_matmul_precision) and exactly otherwise.
@@ -31,7 +32,13 @@ from .._dispatch import eager, eager_apply, register_autocast
 
 _compiling = torch.compiler.is_compiling
 
-SCHEDULES = {"auto": 0, "data-parallel": 1, "stream-k": 2, "hybrid": 3}
+SCHEDULES = {
+    "auto": 0,
+    "data-parallel": 1,
+    "stream-k": 2,
+    "hybrid": 3,
+    "split-k": 4,
+}
 MAINLOOPS = {
     "auto": 0,
     "ffma": 1,

@@ -20,7 +20,9 @@
  * Modes: data-parallel (sk_tiles = 0), stream-k (dp_tiles = 0), hybrid
  * (full waves of data-parallel tiles, the remainder tiles Stream-K; with
  * `two_tiles`, one full wave more joins the Stream-K region, the seeds'
- * "two tiles" option, which evens out the remainder wave's imbalance).
+ * "two tiles" option, which evens out the remainder wave's imbalance),
+ * split-k (every tile cut into `split` pieces, one a CTA: Stream-K with
+ * sk_ctas = tiles * split, whose shares then never cross a tile).
  *
  * Fix-up (deterministic): a Stream-K tile is OWNED by the CTA that computes
  * its last k-iteration; every other CTA touching it (its PEERS, lower CTA
@@ -35,7 +37,14 @@
  * GPU starts before it (it dispatches a grid's blocks in increasing index
  * order; CUDA does not promise that order, so the grid also stays within
  * the co-resident CTAs, the planner's job): a resident owner never waits
- * on a CTA still queued behind it, whatever else holds the GPU's SMs. */
+ * on a CTA still queued behind it, whatever else holds the GPU's SMs.
+ *
+ * A split-k schedule may be fixed up the other way (`split` > 0; the CUDA
+ * wgmma kernels do): every piece, the owner's too, publishes its partial,
+ * waits for the tile's other pieces, and piece j adds all `split` partials
+ * of the tile's j-th band of columns, in piece order, and stores that
+ * band. Nobody adds a whole tile alone. The same sums every run; every
+ * piece's CTA is resident at once (sk_ctas <= ctas), so the waits end. */
 #pragma once
 
 #include <stdint.h>
@@ -66,6 +75,7 @@ typedef enum gemsops_sk_mode {
     GEMSOPS_SK_DATA_PARALLEL,
     GEMSOPS_SK_STREAM_K,
     GEMSOPS_SK_HYBRID,
+    GEMSOPS_SK_SPLIT_K,
 } gemsops_sk_mode;
 
 struct gemsops_sk_schedule {
@@ -83,6 +93,8 @@ struct gemsops_sk_schedule {
     /* gemsops_sk_pieces_per_tile pieces)      */
     int64_t sk_tiles; /* the last sk_tiles tiles are Stream-K    */
     int64_t dp_tiles; /* tiles [0, dp_tiles) are data-parallel   */
+    int64_t split; /* split-k: pieces a tile (sk_ctas = tiles  */
+    /* * split), else 0                        */
     /* gemsops_sk_tile_coords' divisors, set when every tile number and
      * group size is below 2^31 (coords32): the tiles of a batch, of a
      * group, and the tile rows of a whole and of the last group */
@@ -94,6 +106,9 @@ struct gemsops_sk_schedule {
  * partial tile's round trip and its owner's serial wait than it saves: the
  * Stream-K region goes to fewer CTAs instead. */
 #define GEMSOPS_SK_MIN_ITERS 4
+
+/* split-k cuts a tile into at most this many pieces */
+#define GEMSOPS_SK_MAX_SPLIT 8
 
 /* One peer's partial costs its tile's owner about this many k-iterations
  * of the tile: a 4 x BM x BN-byte round trip through L2, read by the
@@ -195,6 +210,27 @@ gemsops_sk_plan(struct gemsops_sk_schedule *s, int64_t m, int64_t n, int64_t k,
         mode = (rem == 0 || s->iters < 2 || 2 * rem > p)
                    ? GEMSOPS_SK_DATA_PARALLEL
                    : GEMSOPS_SK_HYBRID;
+    }
+    s->split = 0;
+    if (mode == GEMSOPS_SK_SPLIT_K) {
+        /* as many equal pieces a tile as the grid holds, each at least
+         * MIN_ITERS long; fewer than two: whole tiles */
+        int64_t pieces = s->tiles > 0 ? p / s->tiles : 0;
+        if (pieces > s->iters / GEMSOPS_SK_MIN_ITERS) {
+            pieces = s->iters / GEMSOPS_SK_MIN_ITERS;
+        }
+        if (pieces > GEMSOPS_SK_MAX_SPLIT) {
+            pieces = GEMSOPS_SK_MAX_SPLIT;
+        }
+        if (pieces >= 2) {
+            s->split = pieces;
+            s->sk_tiles = s->tiles;
+            s->dp_tiles = 0;
+            s->ctas = p;
+            s->sk_ctas = s->tiles * pieces;
+            return;
+        }
+        mode = GEMSOPS_SK_DATA_PARALLEL;
     }
     if (mode == GEMSOPS_SK_DATA_PARALLEL || s->tiles == 0) {
         s->sk_tiles = 0;
