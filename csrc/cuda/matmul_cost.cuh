@@ -56,10 +56,17 @@ constexpr double kStreamKUsPerMb = 0.0615;
 // lost more often than they won.
 constexpr double kStreamKMargin = 0.7;
 // A split-k launch (every tile in `split` pieces, each piece's CTA summing
-// a band of its tile) costs its pieces' k-iterations, one tile's fill and
-// epilogue, and this much more: every piece's partial out through L2, the
-// wait for the tile's last piece, and the band's partials back in.
-constexpr double kSplitKUs = 2.0;
+// a band of its tile) is predicted as kSplitKIterScale times its pieces'
+// k-iterations, one tile's fill and epilogue, and kSplitKUs: every piece's
+// partial out through L2, the wait for the tile's last piece, the band's
+// partials back in. Not a fit of split-k's own times (those it
+// underestimates less than the terms above overestimate few tiles over
+// long k), but of the choice: replaying the planner over 33 shapes of at
+// most 66 tiles, each timed under every width and schedule
+// (tools/mm_plans.py, bf16, H100; docs/performance.md), these values
+// bring the chosen plan nearest the best measured one.
+constexpr double kSplitKUs = 9.5;
+constexpr double kSplitKIterScale = 1.5;
 
 inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
                                  int group_m, const wgmma_tile_cost &c,
@@ -70,7 +77,8 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
     gemsops_sk_plan(&s, p->m, p->n, p->k, p->batch, 128, c.bn, bk, group_m,
                     ctas, mode, p->two_tiles);
     if (s.split > 0) {
-        return c.iter_us * (double)gemsops_sk_cdiv(s.iters, s.split) +
+        return kSplitKIterScale * c.iter_us *
+                   (double)gemsops_sk_cdiv(s.iters, s.split) +
                c.tile_us + kSplitKUs;
     }
     const int64_t waves = gemsops_sk_cdiv(s.dp_tiles, s.ctas);

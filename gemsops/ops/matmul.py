@@ -15,8 +15,8 @@ piece sums a band of its tile); set_schedule() or GEMSOPS_MATMUL_SCHEDULE
 picks one for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest
 the GPU and operands allow), or a cap: 'wgmma-256', 'wgmma-192',
 'wgmma-128', 'wgmma-64' (sm_90a, a forced tile width), 'mma' (sm_80+),
-'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on wgmma as TF32
-when torch allows TF32 for its own CUDA matmuls
+'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on
+wgmma as TF32 when torch allows TF32 for its own CUDA matmuls
 (torch.backends.cuda.matmul.fp32_precision or allow_tf32,
 torch.set_float32_matmul_precision) and exactly otherwise.
 """
