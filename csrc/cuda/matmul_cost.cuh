@@ -56,8 +56,8 @@ constexpr double kStreamKUsPerMb = 0.0615;
 // lost more often than they won.
 constexpr double kStreamKMargin = 0.7;
 // A split-k launch (every tile in `split` pieces, each piece's CTA summing
-// a band of its tile) is predicted as kSplitKIterScale times its pieces'
-// k-iterations, one tile's fill and epilogue, and kSplitKUs: every piece's
+// a band of its tile) is predicted as kSplitKScale times its pieces'
+// k-iterations and one tile's fill and epilogue, plus kSplitKUs: every piece's
 // partial out through L2, the wait for the tile's last piece, the band's
 // partials back in. Not a fit of split-k's own times (those it
 // underestimates less than the terms above overestimate few tiles over
@@ -66,7 +66,7 @@ constexpr double kStreamKMargin = 0.7;
 // (tools/mm_plans.py, bf16, H100; docs/performance.md), these values
 // bring the chosen plan nearest the best measured one.
 constexpr double kSplitKUs = 9.5;
-constexpr double kSplitKIterScale = 1.5;
+constexpr double kSplitKScale = 1.5;
 
 inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
                                  int group_m, const wgmma_tile_cost &c,
@@ -77,9 +77,10 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
     gemsops_sk_plan(&s, p->m, p->n, p->k, p->batch, 128, c.bn, bk, group_m,
                     ctas, mode, p->two_tiles);
     if (s.split > 0) {
-        return kSplitKIterScale * c.iter_us *
-                   (double)gemsops_sk_cdiv(s.iters, s.split) +
-               c.tile_us + kSplitKUs;
+        return kSplitKScale *
+                   (c.iter_us * (double)gemsops_sk_cdiv(s.iters, s.split) +
+                    c.tile_us) +
+               kSplitKUs;
     }
     const int64_t waves = gemsops_sk_cdiv(s.dp_tiles, s.ctas);
     int64_t share = 0, pieces = 0;
