@@ -139,6 +139,13 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             continue;
         }
         for (int i = 0; i < n_modes; i++) {
+            // split-k at most 128 wide: a piece of a wider tile publishes
+            // and reads back 96-128 KB, more than kSplitKUs covers (the
+            // 128 x 192 and 128 x 256 splits the planner took lost 7-15%
+            // to the same shapes' 128 x 128 Stream-K or 128 x 64 tiles)
+            if (modes[i] == GEMSOPS_SK_SPLIT_K && c->bn > 128) {
+                continue;
+            }
             double us = wgmma_predicted_us(p, ctas, group_m, *c, modes[i]);
             if (i == 0 && n_modes > 1) { // the auto schedule's split
                 us /= kStreamKMargin;

@@ -1,0 +1,134 @@
+"""The split-k constants of the matmul cost model (kSplitKUs, kSplitKScale in
+csrc/cuda/matmul_cost.cuh), chosen by replaying the planner: for each pair
+on a grid, the header is copied with that pair, wgmma_cheapest is compiled
+for the host (g++) and asked for each shape's plan, and the plan's time is
+looked up in tools/mm_plans.py output, which times every width under every
+schedule. Printed: the geomean of the chosen plan's time over the best
+measured plan's, per file, best pairs first, and the header's own pair.
+
+usage: python -m tools.mm_split_fit PLANS.txt [PLANS.txt ...]
+(bf16 lines; the planner for 132 SMs, one wgmma CTA an SM)"""
+
+import math
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEADER = ROOT / "csrc" / "cuda" / "matmul_cost.cuh"
+LINE = re.compile(r"(\d+)x(\d+)x(\d+) torch\.bfloat16: torch [\d.]+ auto")
+PLAN = re.compile(r"(\d+)/(da|st|hy|sp) ([\d.]+)")
+
+HARNESS = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "gemsops/matmul.h"
+extern "C" size_t gemsops_dtype_size(gemsops_dtype d)
+{
+    return d == GEMSOPS_FLOAT32 ? 4 : 2;
+}
+#include "matmul_cost.cuh"
+using namespace gemsops;
+int main(int argc, char **argv)
+{
+    for (int i = 1; i + 2 < argc; i += 3) {
+        gemsops_matmul_params p{};
+        p.m = atoll(argv[i]);
+        p.n = atoll(argv[i + 1]);
+        p.k = atoll(argv[i + 2]);
+        p.batch = 1;
+        p.dtype = GEMSOPS_BFLOAT16;
+        p.mode = GEMSOPS_SK_AUTO;
+        const wgmma_plan w =
+            wgmma_cheapest(&p, GEMSOPS_MAINLOOP_AUTO, 132, 8);
+        gemsops_sk_schedule s;
+        gemsops_sk_plan(&s, p.m, p.n, p.k, 1, 128, wgmma_bn(w.width), 64, 8,
+                        132, w.mode, 0);
+        printf("%d/%s\n", wgmma_bn(w.width),
+               s.split ? "sp" : s.sk_tiles ? "hy" : "da");
+    }
+}
+"""
+
+
+def read_plans(path):
+    """{(m, n, k): {"128/sp": us, ...}} of one mm_plans output"""
+    shapes = {}
+    for line in Path(path).read_text().splitlines():
+        m = LINE.match(line)
+        if m:
+            key = tuple(int(v) for v in m.groups())
+            shapes[key] = {
+                f"{w}/{s}": float(t) for w, s, t in PLAN.findall(line)
+            }
+    return shapes
+
+
+def constant(text, name):
+    return float(re.search(rf"constexpr double {name} = ([\d.]+);", text)[1])
+
+
+def choices(text, shapes, tmp):
+    (tmp / "matmul_cost.cuh").write_text(text)
+    exe = tmp / "choose"
+    subprocess.run(
+        [
+            "g++",
+            "-std=c++17",
+            f"-I{tmp}",
+            f"-I{ROOT / 'include'}",
+            f"-I{ROOT / 'csrc' / 'cuda'}",
+            "-x",
+            "c++",
+            str(tmp / "h.cpp"),
+            "-o",
+            str(exe),
+        ],
+        check=True,
+    )
+    args = [str(v) for key in shapes for v in key]
+    out = subprocess.run(
+        [str(exe), *args], check=True, capture_output=True, text=True
+    ).stdout.split()
+    return dict(zip(shapes, out))
+
+
+def score(picks, shapes):
+    logs = [math.log(t[picks[k]] / min(t.values())) for k, t in shapes.items()]
+    return math.exp(sum(logs) / len(logs))
+
+
+def main(paths):
+    files = [read_plans(p) for p in paths]
+    shapes = {k: v for f in files for k, v in f.items()}
+    text = HEADER.read_text()
+    own = (constant(text, "kSplitKUs"), constant(text, "kSplitKScale"))
+    results = []
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        (tmp / "h.cpp").write_text(HARNESS)
+        for us in (6, 7, 8, 9, 9.5, 10, 11, 12, 13, own[0]):
+            for scale in (1.0, 1.25, 1.5, 1.75, 2.0, own[1]):
+                t = re.sub(r"(kSplitKUs = )[\d.]+;", rf"\g<1>{us};", text)
+                t = re.sub(r"(kSplitKScale = )[\d.]+;", rf"\g<1>{scale};", t)
+                picks = choices(t, shapes, tmp)
+                results.append(((us, scale), [score(picks, f) for f in files]))
+    results = sorted(
+        set((k, tuple(v)) for k, v in results), key=lambda r: r[1]
+    )
+    for (us, scale), per_file in results[:10]:
+        print(
+            f"kSplitKUs {us:5}  kSplitKScale {scale:4}  chosen/best "
+            + " ".join(f"{g:.4f}" for g in per_file)
+        )
+    mine = [r for r in results if r[0] == own][0]
+    print(
+        f"the header's ({own[0]}, {own[1]}): "
+        + " ".join(f"{g:.4f}" for g in mine[1])
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
