@@ -57,14 +57,14 @@ constexpr double kStreamKUsPerMb = 0.0615;
 constexpr double kStreamKMargin = 0.7;
 // A split-k launch (every tile in `split` pieces, each piece's CTA summing
 // a band of its tile) is predicted as kSplitKScale times its pieces'
-// k-iterations and one tile's fill and epilogue, plus kSplitKUs: every piece's
-// partial out through L2, the wait for the tile's last piece, the band's
-// partials back in. Not a fit of split-k's own times (those it
-// underestimates less than the terms above overestimate few tiles over
-// long k), but of the choice: replaying the planner over 33 shapes of at
-// most 66 tiles, each timed under every width and schedule
-// (tools/mm_plans.py, bf16, H100; docs/performance.md), these values
-// bring the chosen plan nearest the best measured one.
+// k-iterations and one tile's fill and epilogue, plus kSplitKUs for the
+// fix-up: every piece's partial out through L2, the wait for the tile's
+// last piece, the band's partials back in. The two are not split-k's own
+// costs (the terms above overestimate launches of few tiles over long k,
+// which split-k competes with) but what makes the planner's choice right:
+// replayed by tools/mm_split_fit.py over shapes of few tiles, each timed
+// under every width and schedule (benchmark/results/mm_plans_split_*.txt,
+// bf16, H100), they bring the chosen plan nearest the best measured one.
 constexpr double kSplitKUs = 9.5;
 constexpr double kSplitKScale = 1.5;
 
