@@ -682,7 +682,7 @@ def case_c_matmul(ctx):
         ),
         nonfinite=0.02,
     )
-    sched = ctx.choice([0, 1, 2, 3])
+    sched = ctx.choice([0, 1, 2, 3, 4])  # auto, dp, stream-k, hybrid, split-k
     two, ctas, loop = (
         ctx.chance(0.3),
         ctx.choice([0, 1, 2, 5]),
@@ -725,7 +725,7 @@ def case_c_matmul(ctx):
         epoch=0,
     )
     if mut == "sched-bad":
-        args["sched"] = ctx.choice([4, -1, 99])
+        args["sched"] = ctx.choice([5, -1, 99])
     elif mut == "ctas-neg":
         args["ctas"] = -3
     elif mut == "k-mismatch":
