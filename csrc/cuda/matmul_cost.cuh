@@ -146,6 +146,15 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             if (modes[i] == GEMSOPS_SK_SPLIT_K && c->bn > 128) {
                 continue;
             }
+            // nor where it would leave the tiles whole: the data-parallel
+            // candidate again
+            const int bk = 128 / (int)gemsops_dtype_size(p->dtype);
+            if (modes[i] == GEMSOPS_SK_SPLIT_K &&
+                gemsops_sk_split_pieces(p->batch * gemsops_sk_cdiv(p->m, 128) *
+                                            gemsops_sk_cdiv(p->n, c->bn),
+                                        gemsops_sk_cdiv(p->k, bk), ctas) < 2) {
+                continue;
+            }
             double us = wgmma_predicted_us(p, ctas, group_m, *c, modes[i]);
             if (i == 0 && n_modes > 1) { // the auto schedule's split
                 us /= kStreamKMargin;

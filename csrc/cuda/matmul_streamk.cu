@@ -326,12 +326,14 @@ struct tc_mainloop {
         M::drain(ring, sm);
     }
 
-    // warp-specialized mainloops: the producer role, the consumers' entry
+    // warp-specialized mainloops: the producer role (walking the CTA's work
+    // as its consumers do, Walk), the consumers' entry
+    template <typename Walk>
     static __device__ void produce(const driver_args &p, int64_t cta,
                                    smem_t &sm)
     {
         if constexpr (kWarpSpecialized) {
-            M::produce(p.s, operands(p), cta, sm);
+            M::template produce<Walk>(p.s, operands(p), cta, sm);
         }
     }
     static __device__ void consume()
@@ -753,17 +755,13 @@ __device__ void drive_split(const driver_args &p, typename L::ring_t &ring,
                 part[q] = __ldcg(partial_vec<L::kAcc>(p, first + q, 4 * v));
             }
         }
-        float4 sum = part[0];
+        float vals[4] = {part[0].x, part[0].y, part[0].z, part[0].w};
 #pragma unroll
         for (int q = 1; q < GEMSOPS_SK_MAX_SPLIT; q++) {
             if (q < split) {
-                sum.x += part[q].x;
-                sum.y += part[q].y;
-                sum.z += part[q].z;
-                sum.w += part[q].w;
+                add_vec(vals, 0, part[q]);
             }
         }
-        const float vals[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
         for (int e = 0; e < 4; e += 2) {
             int r, col;
@@ -775,11 +773,37 @@ __device__ void drive_split(const driver_args &p, typename L::ring_t &ring,
     }
 }
 
-// The consumers' walk of CTA c: mainloop, fix-up, epilogue.
+// The consumers' whole tiles c, c + ctas, ... (tiles_walk): mainloop and
+// epilogue. All of a launch without Stream-K tiles; the rest of a walk
+// after its Stream-K pieces.
+template <typename T, typename L>
+__device__ __forceinline__ void drive_tiles(const driver_args &p,
+                                            typename L::ring_t &ring,
+                                            typename L::smem_t &sm,
+                                            float (&acc)[L::kAcc + L::kRowAcc])
+{
+    for (int64_t t = blockIdx.x; t < p.s.dp_tiles; t += p.s.ctas) {
+        L::mac(p, ring, t, 0, p.s.iters, acc, sm);
+        if (!L::template store<T>(p, t, acc, sm)) {
+            store_tile<T, L>(p, t, acc);
+        }
+    }
+}
+
 template <typename T, typename L>
 __device__ __forceinline__ void drive(const driver_args &p,
                                       typename L::ring_t &ring,
-                                      typename L::smem_t &sm)
+                                      typename L::smem_t &sm, tiles_walk)
+{
+    float acc[L::kAcc + L::kRowAcc];
+    drive_tiles<T, L>(p, ring, sm, acc);
+}
+
+// The consumers' walk of CTA c (streamk_walk): mainloop, fix-up, epilogue.
+template <typename T, typename L>
+__device__ __forceinline__ void drive(const driver_args &p,
+                                      typename L::ring_t &ring,
+                                      typename L::smem_t &sm, streamk_walk)
 {
     constexpr int kAll = L::kAcc + L::kRowAcc; // a partial's values a thread
     float acc[kAll];
@@ -821,17 +845,13 @@ __device__ __forceinline__ void drive(const driver_args &p,
             store_tile<T, L>(p, tile, acc);
         }
     }
-    for (int64_t t = c; t < p.s.dp_tiles; t += p.s.ctas) {
-        L::mac(p, ring, t, 0, p.s.iters, acc, sm);
-        if (!L::template store<T>(p, t, acc, sm)) {
-            store_tile<T, L>(p, t, acc);
-        }
-    }
+    drive_tiles<T, L>(p, ring, sm, acc);
 }
 
-template <typename T, typename L>
-__global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
-    matmul_streamk_kernel(const __grid_constant__ driver_args p)
+// One CTA's roles: Walk (streamk_walk or tiles_walk) is the walk of its
+// producer and of its consumers alike.
+template <typename T, typename L, typename Walk>
+__device__ __forceinline__ void run_cta(const driver_args &p)
 {
     extern __shared__ __align__(128) unsigned char dynamic_smem[];
     typename L::smem_t &sm =
@@ -848,17 +868,33 @@ __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
     if constexpr (L::kWarpSpecialized) {
         // one branch a role: setmaxnreg applies only so
         if (threadIdx.x >= kConsumers) {
-            L::produce(p, blockIdx.x, sm);
+            L::template produce<Walk>(p, blockIdx.x, sm);
         }
         else {
             L::consume();
-            drive<T, L>(p, ring, sm);
+            drive<T, L>(p, ring, sm, Walk{});
             L::finish();
         }
     }
     else {
-        drive<T, L>(p, ring, sm);
+        drive<T, L>(p, ring, sm, Walk{});
     }
+}
+
+// Every schedule.
+template <typename T, typename L>
+__global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
+    matmul_streamk_kernel(const __grid_constant__ driver_args p)
+{
+    run_cta<T, L, streamk_walk>(p);
+}
+
+// Whole tiles alone (sk_tiles = 0, split = 0; warp-specialized mainloops).
+template <typename T, typename L>
+__global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
+    matmul_tiles_kernel(const __grid_constant__ driver_args p)
+{
+    run_cta<T, L, tiles_walk>(p);
 }
 
 // ---- A's row sums where the product's kernel does not make them ----------
@@ -1010,24 +1046,39 @@ tc_layout tma_layout_of(const gemsops_matmul_params *p)
     return l;
 }
 
+// A kernel and its launcher
+struct kernel_entry {
+    const void *fn;
+    cudaError_t (*launch)(unsigned grid, int smem, cudaStream_t s, bool pdl,
+                          const driver_args &a);
+};
+
 struct kernel_choice {
     CUtensorMap ta, tb; // wgmma only
-    const void *fn;
+    // every schedule; whole tiles alone (the warp-specialized mainloops'
+    // matmul_tiles_kernel, else streamk's); what the plan runs (plan())
+    kernel_entry streamk, tiles, run;
     int bm, bn, bk, smem, threads;
     int partial_floats; // a Stream-K partial's size (the row sums' too)
     bool row_sums; // the kernel writes A's row sums (a ROWS wgmma kernel)
     gemsops_mainloop mainloop;
     gemsops_sk_mode sk_mode; // the schedule: p->mode, or the cost model's
     tc_layout layout;
-    cudaError_t (*launch)(unsigned grid, int smem, cudaStream_t s, bool pdl,
-                          const driver_args &a);
 };
 
 template <typename T, typename L>
-cudaError_t launch_kernel(unsigned grid, int smem, cudaStream_t s, bool pdl,
-                          const driver_args &a)
+cudaError_t launch_streamk(unsigned grid, int smem, cudaStream_t s, bool pdl,
+                           const driver_args &a)
 {
     return launch_dependent_smem(matmul_streamk_kernel<T, L>, dim3(grid),
+                                 dim3(L::kThreads), (size_t)smem, s, pdl, a);
+}
+
+template <typename T, typename L>
+cudaError_t launch_tiles(unsigned grid, int smem, cudaStream_t s, bool pdl,
+                         const driver_args &a)
+{
+    return launch_dependent_smem(matmul_tiles_kernel<T, L>, dim3(grid),
                                  dim3(L::kThreads), (size_t)smem, s, pdl, a);
 }
 
@@ -1035,7 +1086,16 @@ template <typename T, typename L>
 kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
 {
     kernel_choice k{};
-    k.fn = (const void *)matmul_streamk_kernel<T, L>;
+    k.streamk = {(const void *)matmul_streamk_kernel<T, L>,
+                 launch_streamk<T, L>};
+    if constexpr (L::kWarpSpecialized) {
+        k.tiles = {(const void *)matmul_tiles_kernel<T, L>,
+                   launch_tiles<T, L>};
+    }
+    else {
+        k.tiles = k.streamk;
+    }
+    k.run = k.streamk;
     k.bm = L::BM;
     k.bn = L::BN;
     k.bk = bk;
@@ -1045,7 +1105,6 @@ kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
     k.row_sums = L::kRowAcc > 0;
     k.mainloop = m;
     k.layout = l;
-    k.launch = launch_kernel<T, L>;
     return k;
 }
 
@@ -1332,8 +1391,8 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
         return st->code;
     }
     int resident = 1;
-    if (resident_ctas(k->fn, p->device_id, k->threads, k->smem, &resident,
-                      st) != GEMSOPS_OK) {
+    if (resident_ctas(k->streamk.fn, p->device_id, k->threads, k->smem,
+                      &resident, st) != GEMSOPS_OK) {
         return st->code;
     }
     int64_t ctas = resident;
@@ -1346,6 +1405,16 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
     // (the ROWS kernels): elsewhere the split tiles' owners add them up
     if (k->mainloop < GEMSOPS_MAINLOOP_WGMMA_128 || p->row_sums != nullptr) {
         s->split = 0;
+    }
+    // whole tiles alone: the kernel without the Stream-K walk (its own
+    // shared-memory opt-in, which resident_ctas sets; the same residency)
+    if (s->sk_tiles == 0 && s->split == 0 && k->tiles.fn != k->streamk.fn) {
+        int same = 1;
+        if (resident_ctas(k->tiles.fn, p->device_id, k->threads, k->smem,
+                          &same, st) != GEMSOPS_OK) {
+            return st->code;
+        }
+        k->run = k->tiles;
     }
     return GEMSOPS_OK;
 }
@@ -1580,9 +1649,9 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     // sm_90: a programmatic dependent of the kernel before it, whose tail
     // then hides this launch and the CTAs' set-up (the kernel waits for it
     // before touching global memory)
-    GEMSOPS_CUDA_CHECK(st,
-                       k.launch((unsigned)a.s.ctas, k.smem,
-                                (cudaStream_t)p->stream, f.cc_major >= 9, a));
+    GEMSOPS_CUDA_CHECK(st, k.run.launch((unsigned)a.s.ctas, k.smem,
+                                        (cudaStream_t)p->stream,
+                                        f.cc_major >= 9, a));
     if (p->row_sums != nullptr && !k.row_sums) {
         return row_sums(p, st);
     }

@@ -7,8 +7,8 @@
 // Roles: 384 threads = 3 warpgroups. Warpgroups 0 and 1 consume: they run
 // the driver (the mainloop, the Stream-K fix-up, the epilogue) and grow to
 // kConsumerRegs registers (setmaxnreg). Warpgroup 2 produces and shrinks
-// to kProducerRegs: one of its threads walks the CTA's pieces
-// (gemsops_sk_walk, the consumers' order) and issues every load. No
+// to kProducerRegs: one of its threads walks the CTA's pieces (the
+// consumers' walk, streamk_walk or tiles_walk) and issues every load. No
 // consumer instruction goes to copies, and inside the mainloop the
 // consumers never meet at a CTA barrier: each waits for its step alone.
 //
@@ -331,6 +331,47 @@ __device__ __forceinline__ B ld_shared_bits(unsigned a)
 // (wgmma_mainloop::store_staged).
 enum class c_store { tma, elements };
 
+// How a CTA walks its work, producer and consumers alike. A Stream-K
+// launch walks gemsops_sk_walk: its Stream-K pieces, then its whole tiles.
+// A launch of whole tiles alone (no Stream-K share, no split) walks tiles
+// c, c + ctas, ... straight: its kernel (matmul_tiles_kernel) then holds no
+// piece arithmetic, no fix-up and no banded sums, and reaches its first
+// load and its first epilogue sooner.
+struct streamk_walk {
+    gemsops_sk_walk w;
+
+    __device__ void start(const gemsops_sk_schedule &s, int64_t cta)
+    {
+        gemsops_sk_walk_start(&s, cta, &w);
+    }
+    __device__ bool next(const gemsops_sk_schedule &s, int64_t *tile,
+                         int64_t *k0, int64_t *k1)
+    {
+        return gemsops_sk_walk_next(&s, &w, tile, k0, k1) != 0;
+    }
+};
+
+struct tiles_walk {
+    int64_t tile;
+
+    __device__ void start(const gemsops_sk_schedule &, int64_t cta)
+    {
+        tile = cta;
+    }
+    __device__ bool next(const gemsops_sk_schedule &s, int64_t *t, int64_t *k0,
+                         int64_t *k1)
+    {
+        if (tile >= s.dp_tiles) {
+            return false;
+        }
+        *t = tile;
+        *k0 = 0;
+        *k1 = s.iters;
+        tile += s.ctas;
+        return true;
+    }
+};
+
 // The k-steps of a piece (counted from its first) whose A slots a ROWS
 // mainloop adds into the row sums: from <= i < to.
 struct row_steps {
@@ -480,9 +521,10 @@ struct wgmma_mainloop {
     }
 
     // The producer warpgroup: one thread loads every k-step of the CTA's
-    // walk as its slot frees, then waits until the last loads have landed
-    // (none may land after the CTA exits). Stops loading when the
-    // consumers abort.
+    // walk (streamk_walk or tiles_walk, the consumers' own) as its slot
+    // frees, then waits until the last loads have landed (none may land
+    // after the CTA exits). Stops loading when the consumers abort.
+    template <typename Walk>
     static __device__ void produce(const gemsops_sk_schedule &s,
                                    const tc_operands &o, int64_t cta,
                                    smem_t &sm)
@@ -493,14 +535,14 @@ struct wgmma_mainloop {
             return;
         }
         const unsigned base = ring_base(sm);
-        gemsops_sk_walk walk;
-        gemsops_sk_walk_start(&s, cta, &walk);
+        Walk walk;
+        walk.start(s, cta);
         int slot = 0;
         unsigned phase = 0;
         int64_t loads = 0;
         int64_t tile, k0, k1;
         bool aborted = false;
-        while (!aborted && gemsops_sk_walk_next(&s, &walk, &tile, &k0, &k1)) {
+        while (!aborted && walk.next(s, &tile, &k0, &k1)) {
             int64_t bt, tm, tn;
             gemsops_sk_tile_coords(&s, tile, &bt, &tm, &tn);
             const int za = o.a_bs == 0 ? 0 : (int)bt;

@@ -165,6 +165,20 @@ gemsops_sk_pieces_per_tile(int64_t iters)
     return p;
 }
 
+/* Into how many pieces split-k cuts each of `tiles` tiles of `iters`
+ * k-iterations on `ctas` CTAs: as many equal pieces a tile as the grid
+ * holds, each at least MIN_ITERS long, at most MAX_SPLIT; fewer than two
+ * leave the tiles whole. */
+GEMSOPS_SK_FN int64_t
+gemsops_sk_split_pieces(int64_t tiles, int64_t iters, int64_t ctas)
+{
+    int64_t pieces = tiles > 0 ? ctas / tiles : 0;
+    if (pieces > iters / GEMSOPS_SK_MIN_ITERS) {
+        pieces = iters / GEMSOPS_SK_MIN_ITERS;
+    }
+    return pieces > GEMSOPS_SK_MAX_SPLIT ? GEMSOPS_SK_MAX_SPLIT : pieces;
+}
+
 /* Fills the derived fields. `ctas_resident`: CTAs that fit on the device at
  * once (SM count x occupancy), the Stream-K grid's ceiling. */
 GEMSOPS_SK_FN void
@@ -213,15 +227,7 @@ gemsops_sk_plan(struct gemsops_sk_schedule *s, int64_t m, int64_t n, int64_t k,
     }
     s->split = 0;
     if (mode == GEMSOPS_SK_SPLIT_K) {
-        /* as many equal pieces a tile as the grid holds, each at least
-         * MIN_ITERS long; fewer than two: whole tiles */
-        int64_t pieces = s->tiles > 0 ? p / s->tiles : 0;
-        if (pieces > s->iters / GEMSOPS_SK_MIN_ITERS) {
-            pieces = s->iters / GEMSOPS_SK_MIN_ITERS;
-        }
-        if (pieces > GEMSOPS_SK_MAX_SPLIT) {
-            pieces = GEMSOPS_SK_MAX_SPLIT;
-        }
+        const int64_t pieces = gemsops_sk_split_pieces(s->tiles, s->iters, p);
         if (pieces >= 2) {
             s->split = pieces;
             s->sk_tiles = s->tiles;
