@@ -7,7 +7,9 @@
 //
 // Work split: one driver (this file) walks the schedule and does the
 // fix-up; a mainloop computes a tile's k-iterations into per-thread fp32
-// accumulators and stores them:
+// accumulators and stores them. The warp-specialized mainloops have a
+// second kernel for plans of whole tiles alone (matmul_tiles_kernel:
+// tiles_walk, no Stream-K code). Mainloops:
 //   wgmma (matmul_wgmma.cuh, sm_90a): fp16/bf16 with A and B each K- or
 //     MN-contiguous, whole aligned 16-byte chunks (fp32 as TF32, both
 //     K-contiguous): 128 x 64, x 128, x 192 or x 256 tiles, warpgroup
