@@ -352,10 +352,11 @@ SPLIT_CASES = [
     "dtype", [torch.float16, torch.bfloat16, torch.float32]
 )
 def test_split_k_pieces_sum_their_bands(mainloop, dtype):
-    # split-k on wgmma: every piece publishes, waits for its tile's others
-    # and adds one band of columns of all the tile's partials; with the
-    # epilogue's row bias and full addend too, the same bits launch after
-    # launch, and a CUDA graph's replays
+    # split-k on wgmma: a tile's pieces are one cluster; each leaves its
+    # partial in shared memory and adds one band of columns of all the
+    # tile's partials; with the epilogue's row bias and full addend too,
+    # the same bits launch after launch, and a CUDA graph's replays; no
+    # workspace (the C call launches at once)
     f32 = dtype == torch.float32
     bn = int(mainloop.split("-")[1])
     bk = 128 // (4 if f32 else 2)
@@ -377,6 +378,21 @@ def test_split_k_pieces_sum_their_bands(mainloop, dtype):
                 gemsops.ops.matmul.MAINLOOPS[mainloop],
             )
             outs = [gemsops.mm(a, b) for _ in range(2)]
+            c.fill_(float("nan"))
+            need = gemsops._C.matmul(
+                a[None],
+                b[None],
+                c,
+                4,
+                0,
+                ctas,
+                gemsops.ops.matmul.MAINLOOPS[mainloop],
+                None,
+                None,
+                0,
+                0,
+                None,
+            )
             row = gemsops.addmm(bias, a, b)
             whole = gemsops.addmm(full, a, b, beta=0.5, alpha=2.0)
             side = torch.cuda.Stream()
@@ -388,6 +404,9 @@ def test_split_k_pieces_sum_their_bands(mainloop, dtype):
             assert plan["mainloop"] == mainloop, name
             assert plan["split"] == min(pieces, -(-k // bk) // 4), name
             assert plan["sk_ctas"] == tiles * plan["split"], name
+            assert plan["ctas"] == plan["sk_ctas"], name
+            assert need is None, name
+            assert torch.equal(c[0], outs[0]), name
         else:
             assert plan["split"] == 0, name
         if f32:

@@ -109,8 +109,8 @@ def main(paths):
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         (tmp / "h.cpp").write_text(HARNESS)
-        for us in (6, 7, 8, 9, 9.5, 10, 11, 12, 13, own[0]):
-            for scale in (1.0, 1.25, 1.5, 1.75, 2.0, own[1]):
+        for us in (1, 2, 3, 4, 5, 6, 7, 8, 9, 9.5, 10, 11, 12, own[0]):
+            for scale in (1.0, 1.1, 1.25, 1.5, 1.75, 2.0, own[1]):
                 t = re.sub(r"(kSplitKUs = )[\d.]+;", rf"\g<1>{us};", text)
                 t = re.sub(r"(kSplitKScale = )[\d.]+;", rf"\g<1>{scale};", t)
                 picks = choices(t, shapes, tmp)

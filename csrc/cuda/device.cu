@@ -54,32 +54,41 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st)
 namespace {
 struct resident_entry {
     const void *kernel;
-    int device, block, smem, ctas;
+    int device, block, smem, cluster, count;
 };
 constexpr int kMaxResident = 256;
 resident_entry g_resident[kMaxResident];
 int g_resident_count;
-} // namespace
 
-int resident_ctas(const void *kernel, int device, int block, int smem,
-                  int *out, gemsops_status *st)
+// What the occupancy calculator says of `kernel` with `cluster` CTAs a
+// cluster (0: none): CTAs on the whole device, or clusters at once.
+int ask_occupancy(const void *kernel, int device, int block, int smem,
+                  int cluster, int *out, gemsops_status *st)
 {
-    std::lock_guard<std::mutex> hold(g_lock);
-    for (int k = 0; k < g_resident_count; k++) {
-        const resident_entry &e = g_resident[k];
-        if (e.kernel == kernel && e.device == device && e.block == block &&
-            e.smem == smem) {
-            *out = e.ctas;
-            return GEMSOPS_OK;
-        }
-    }
-    int per_sm = 0, sms = 0;
     if (smem > 0) { // static + dynamic above 48 KB needs it; harmless below
         GEMSOPS_CUDA_CHECK(st, cudaFuncSetAttribute(
                                    kernel,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    smem));
     }
+    if (cluster > 0) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3((unsigned)cluster);
+        cfg.blockDim = dim3((unsigned)block);
+        cfg.dynamicSmemBytes = (size_t)smem;
+        cudaLaunchAttribute attr;
+        attr.id = cudaLaunchAttributeClusterDimension;
+        attr.val.clusterDim.x = (unsigned)cluster;
+        attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+        cfg.attrs = &attr;
+        cfg.numAttrs = 1;
+        int clusters = 0;
+        GEMSOPS_CUDA_CHECK(st, cudaOccupancyMaxActiveClusters(&clusters,
+                                                              kernel, &cfg));
+        *out = clusters;
+        return GEMSOPS_OK;
+    }
+    int per_sm = 0, sms = 0;
     GEMSOPS_CUDA_CHECK(st, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                                &per_sm, kernel, block, (size_t)smem));
     GEMSOPS_CUDA_CHECK(st,
@@ -87,10 +96,43 @@ int resident_ctas(const void *kernel, int device, int block, int smem,
                                               cudaDevAttrMultiProcessorCount,
                                               device));
     *out = per_sm * sms > 0 ? per_sm * sms : 1;
+    return GEMSOPS_OK;
+}
+
+int cached_occupancy(const void *kernel, int device, int block, int smem,
+                     int cluster, int *out, gemsops_status *st)
+{
+    std::lock_guard<std::mutex> hold(g_lock);
+    for (int k = 0; k < g_resident_count; k++) {
+        const resident_entry &e = g_resident[k];
+        if (e.kernel == kernel && e.device == device && e.block == block &&
+            e.smem == smem && e.cluster == cluster) {
+            *out = e.count;
+            return GEMSOPS_OK;
+        }
+    }
+    if (ask_occupancy(kernel, device, block, smem, cluster, out, st) !=
+        GEMSOPS_OK) {
+        return st->code;
+    }
     if (g_resident_count < kMaxResident) { // else: asked again next time
-        g_resident[g_resident_count++] = {kernel, device, block, smem, *out};
+        g_resident[g_resident_count++] = {kernel, device,  block,
+                                          smem,   cluster, *out};
     }
     return GEMSOPS_OK;
+}
+} // namespace
+
+int resident_ctas(const void *kernel, int device, int block, int smem,
+                  int *out, gemsops_status *st)
+{
+    return cached_occupancy(kernel, device, block, smem, 0, out, st);
+}
+
+int resident_clusters(const void *kernel, int device, int block, int smem,
+                      int cluster, int *out, gemsops_status *st)
+{
+    return cached_occupancy(kernel, device, block, smem, cluster, out, st);
 }
 
 } // namespace gemsops

@@ -26,4 +26,9 @@ int get_device_facts(int device, device_facts *out, gemsops_status *st);
 int resident_ctas(const void *kernel, int device, int block, int smem,
                   int *out, gemsops_status *st);
 
+// Clusters of `cluster` CTAs of `kernel` along x that fit on the device at
+// once (0: the kernel cannot run so); cached and limit-raising likewise.
+int resident_clusters(const void *kernel, int device, int block, int smem,
+                      int cluster, int *out, gemsops_status *st);
+
 } // namespace gemsops

@@ -131,6 +131,7 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
     const int n_modes = p->mode != GEMSOPS_SK_AUTO ? 1
                         : p->row_sums != nullptr   ? 2
                                                    : 3;
+    const int bk = 128 / (int)gemsops_dtype_size(p->dtype);
     wgmma_plan best = {width, p->mode};
     double best_us = -1.0;
     for (const wgmma_tile_cost *c : costs) {
@@ -148,7 +149,6 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             }
             // nor where it would leave the tiles whole: the data-parallel
             // candidate again
-            const int bk = 128 / (int)gemsops_dtype_size(p->dtype);
             if (modes[i] == GEMSOPS_SK_SPLIT_K &&
                 gemsops_sk_split_pieces(p->batch * gemsops_sk_cdiv(p->m, 128) *
                                             gemsops_sk_cdiv(p->n, c->bn),

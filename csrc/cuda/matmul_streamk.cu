@@ -9,7 +9,9 @@
 // fix-up; a mainloop computes a tile's k-iterations into per-thread fp32
 // accumulators and stores them. The warp-specialized mainloops have a
 // second kernel for plans of whole tiles alone (matmul_tiles_kernel:
-// tiles_walk, no Stream-K code). Mainloops:
+// tiles_walk, no Stream-K code) and a third for split-k
+// (matmul_splitk_kernel: split_walk, a tile's pieces one cluster, their
+// partials added through distributed shared memory). Mainloops:
 //   wgmma (matmul_wgmma.cuh, sm_90a): fp16/bf16 with A and B each K- or
 //     MN-contiguous, whole aligned 16-byte chunks (fp32 as TF32, both
 //     K-contiguous): 128 x 64, x 128, x 192 or x 256 tiles, warpgroup
@@ -34,7 +36,8 @@
 // where two partials fit in registers beside the tile's, two peers at a
 // time (add_peers_in_pairs, thread 32 polling the second flag beside
 // thread 0), in the same order.
-// Flags are never reset: the next launch uses a new epoch.
+// Flags are never reset: the next launch uses a new epoch. (Split-k on the
+// warp-specialized mainloops needs neither: its cluster's barrier.)
 //
 // Row sums (row_sums, batch 1: nn.Linear's bias gradient beside its weight
 // gradient): the ROWS wgmma kernels add up A's slots over k-steps
@@ -470,6 +473,12 @@ struct tc_mainloop {
         }
     }
 
+    // warp-specialized mainloops: where a split-k piece leaves its partial
+    static __device__ unsigned partial_base(smem_t &sm)
+    {
+        return M::partial_base(sm);
+    }
+
     // the consumers, after their walk
     static __device__ void finish()
     {
@@ -717,44 +726,61 @@ __device__ __forceinline__ void publish(const driver_args &p, int64_t c,
     }
 }
 
-// A split-k launch (p.s.split > 0; warp-specialized kernels without row
-// sums): CTA c computes piece j = c % split of tile c / split and publishes
-// it, waits for the tile's other pieces (thread i polls piece i's flag), and
-// adds the tile's `split` partials of its band, in piece order (the same
-// sums whichever piece comes last), then stores the band. A band is whole
-// 16-byte vectors of a partial, vectors [j V / split, (j + 1) V / split)
-// of V, which are strips of 8 columns across the tile's rows (coords).
+// A split-k launch (matmul_splitk_kernel, split_walk): the `split` CTAs of
+// a cluster are the pieces of one tile. Each leaves its partial in its own
+// shared memory (over the ring: elements e .. e + 3 of consumer thread t as
+// the 16-byte vector e / 4 * 256 + t), the cluster meets at its barrier,
+// and rank j adds band j of every rank's partial through distributed
+// shared memory, in rank order (the same sums whichever piece finished
+// last), then stores the band. A band is whole vectors of a partial,
+// [j V / split, (j + 1) V / split) of V, strips of 8 columns across the
+// tile's rows (coords). A second barrier keeps each CTA's shared memory
+// until every rank has read it. No workspace, no flags, no waits on CTAs
+// that may not be resident: a cluster's CTAs start together.
 template <typename T, typename L>
-__device__ void drive_split(const driver_args &p, typename L::ring_t &ring,
-                            typename L::smem_t &sm, float (&acc)[L::kAcc])
+__device__ __forceinline__ void drive(const driver_args &p,
+                                      typename L::ring_t &ring,
+                                      typename L::smem_t &sm, split_walk)
 {
     constexpr int V = L::kAcc / 4;
     static_assert(V >= GEMSOPS_SK_MAX_SPLIT, "a band for every piece");
-    const int64_t c = blockIdx.x;
-    if (c >= p.s.sk_ctas) {
-        return;
-    }
-    int64_t begin, end, tile, k0, k1;
-    gemsops_sk_range(&p.s, c, &begin, &end);
-    gemsops_sk_piece(&p.s, begin, end, &tile, &k0, &k1);
+    static_assert(L::kRowAcc == 0, "split-k carries no row sums");
+#ifdef GEMSOPS_HAS_WGMMA
+    float acc[L::kAcc];
+    split_walk w;
+    int64_t tile, k0, k1;
+    w.start(p.s, blockIdx.x);
+    w.next(p.s, &tile, &k0, &k1);
     L::mac(p, ring, tile, k0, k1, acc, sm);
-    publish<L>(p, c, acc);
-    const int split = (int)p.s.split, j = (int)(c % split);
-    const int64_t first = c - j;
-    const int i = (int)threadIdx.x;
-    if (!wait_for_flags<L>(p, i < split && i != j ? first + i : -1)) {
-        return; // the host raises: error = 1
+    consumers_sync(); // the other warpgroup's wgmmas have read the ring too
+    const unsigned mine = L::partial_base(sm) + threadIdx.x * 16;
+#pragma unroll
+    for (int e = 0; e < L::kAcc; e += 4) {
+        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
+                         mine + (e / 4) * kConsumers * 16),
+                     "f"(acc[e]), "f"(acc[e + 1]), "f"(acc[e + 2]),
+                     "f"(acc[e + 3])
+                     : "memory");
+    }
+    cluster_arrive();
+    cluster_wait();
+    const int split = (int)p.s.split, j = (int)w.rank;
+    unsigned from[GEMSOPS_SK_MAX_SPLIT];
+#pragma unroll
+    for (int q = 0; q < GEMSOPS_SK_MAX_SPLIT; q++) {
+        from[q] = cluster_addr(mine, q < split ? q : 0);
     }
     int64_t bt, tm, tn;
     gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
     T *C = (T *)p.c + bt * p.s.m * p.s.n;
     const epilogue_op<T> epi(p, bt);
     for (int v = j * V / split; v < (j + 1) * V / split; v++) {
+        const unsigned at = v * kConsumers * 16;
         float4 part[GEMSOPS_SK_MAX_SPLIT];
 #pragma unroll
         for (int q = 0; q < GEMSOPS_SK_MAX_SPLIT; q++) {
             if (q < split) {
-                part[q] = __ldcg(partial_vec<L::kAcc>(p, first + q, 4 * v));
+                part[q] = ld_cluster_v4(from[q] + at);
             }
         }
         float vals[4] = {part[0].x, part[0].y, part[0].z, part[0].w};
@@ -773,6 +799,11 @@ __device__ void drive_split(const driver_args &p, typename L::ring_t &ring,
                            vals[e + 1]);
         }
     }
+    cluster_arrive(); // this CTA has read its band of every partial
+    cluster_wait();
+#else
+    (void)p, (void)ring, (void)sm;
+#endif
 }
 
 // The consumers' whole tiles c, c + ctas, ... (tiles_walk): mainloop and
@@ -813,12 +844,6 @@ __device__ __forceinline__ void drive(const driver_args &p,
     // two peers' partials in registers at once where they fit beside acc:
     // the wgmma tiles up to 128 x 128
     constexpr bool kPeerPairs = L::kWarpSpecialized && L::BN <= 128;
-    if constexpr (L::kWarpSpecialized && L::kRowAcc == 0) {
-        if (p.s.split > 0) {
-            drive_split<T, L>(p, ring, sm, acc);
-            return;
-        }
-    }
     // the order of gemsops_sk_walk (a TMA producer walks it ahead of this
     // loop): Stream-K pieces, then data-parallel tiles (apart: the mma.sync
     // kernel spills when one loop holds both)
@@ -897,6 +922,15 @@ __global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
     matmul_tiles_kernel(const __grid_constant__ driver_args p)
 {
     run_cta<T, L, tiles_walk>(p);
+}
+
+// Split-k (split > 0; warp-specialized mainloops without row sums),
+// launched in clusters of `split` CTAs, one a tile.
+template <typename T, typename L>
+__global__ void __launch_bounds__(L::kThreads, L::kMinCtas)
+    matmul_splitk_kernel(const __grid_constant__ driver_args p)
+{
+    run_cta<T, L, split_walk>(p);
 }
 
 // ---- A's row sums where the product's kernel does not make them ----------
@@ -1058,8 +1092,9 @@ struct kernel_entry {
 struct kernel_choice {
     CUtensorMap ta, tb; // wgmma only
     // every schedule; whole tiles alone (the warp-specialized mainloops'
-    // matmul_tiles_kernel, else streamk's); what the plan runs (plan())
-    kernel_entry streamk, tiles, run;
+    // matmul_tiles_kernel, else streamk's); split-k in clusters (theirs
+    // without row sums, else none); what the plan runs (plan())
+    kernel_entry streamk, tiles, splitk, run;
     int bm, bn, bk, smem, threads;
     int partial_floats; // a Stream-K partial's size (the row sums' too)
     bool row_sums; // the kernel writes A's row sums (a ROWS wgmma kernel)
@@ -1085,6 +1120,15 @@ cudaError_t launch_tiles(unsigned grid, int smem, cudaStream_t s, bool pdl,
 }
 
 template <typename T, typename L>
+cudaError_t launch_splitk(unsigned grid, int smem, cudaStream_t s, bool pdl,
+                          const driver_args &a)
+{
+    return launch_dependent_cluster(matmul_splitk_kernel<T, L>, dim3(grid),
+                                    dim3(L::kThreads), (size_t)smem, s, pdl,
+                                    (unsigned)a.s.split, a);
+}
+
+template <typename T, typename L>
 kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
 {
     kernel_choice k{};
@@ -1096,6 +1140,11 @@ kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
     }
     else {
         k.tiles = k.streamk;
+    }
+    k.splitk = {nullptr, nullptr};
+    if constexpr (L::kWarpSpecialized && L::kRowAcc == 0) {
+        k.splitk = {(const void *)matmul_splitk_kernel<T, L>,
+                    launch_splitk<T, L>};
     }
     k.run = k.streamk;
     k.bm = L::BM;
@@ -1403,10 +1452,32 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
     }
     gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, k->bm, k->bn, k->bk,
                     kGroupM, ctas, k->sk_mode, p->two_tiles);
-    // the banded fix-up is the wgmma kernels' alone, and not with row sums
-    // (the ROWS kernels): elsewhere the split tiles' owners add them up
-    if (k->mainloop < GEMSOPS_MAINLOOP_WGMMA_128 || p->row_sums != nullptr) {
+    // split-k runs in clusters, a tile's pieces in one (the warp-specialized
+    // kernels without row sums; elsewhere the split tiles' owners add them
+    // up, as Stream-K's do), as many pieces as leave every tile's cluster
+    // room at once
+    if (s->split > 0 && k->splitk.fn == nullptr) {
         s->split = 0;
+    }
+    while (s->split >= 2) {
+        int fit = 0;
+        if (resident_clusters(k->splitk.fn, p->device_id, k->threads, k->smem,
+                              (int)s->split, &fit, st) != GEMSOPS_OK) {
+            return st->code;
+        }
+        if (s->tiles <= fit) {
+            break;
+        }
+        s->split--;
+    }
+    if (s->split == 1) {
+        gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, k->bm, k->bn, k->bk,
+                        kGroupM, ctas, GEMSOPS_SK_DATA_PARALLEL, 0);
+    }
+    if (s->split > 0) {
+        s->ctas = s->sk_ctas = s->tiles * s->split;
+        k->run = k->splitk;
+        return GEMSOPS_OK;
     }
     // whole tiles alone: the kernel without the Stream-K walk (its own
     // shared-memory opt-in, which resident_ctas sets; the same residency)
@@ -1551,8 +1622,10 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
         return p->row_sums != nullptr ? row_sums(p, st) : GEMSOPS_OK;
     }
     const int64_t staged = sg.bytes();
+    // owners' fix-ups (a split-k cluster adds its pieces in shared memory)
+    const bool fixup = a.s.sk_tiles > 0 && a.s.split == 0;
     const int64_t partials =
-        a.s.sk_tiles > 0 ? a.s.ctas * (int64_t)k.partial_floats * 4 : 0;
+        fixup ? a.s.ctas * (int64_t)k.partial_floats * 4 : 0;
     // Row sums: the tiles of C's first column sum all of k, unless the
     // launch is one wave of whole tiles, where every tile is on the critical
     // path, and the tiles narrower than 256, whose main loops the sums slow
@@ -1566,7 +1639,7 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
                            a.s.dp_tiles <= a.s.ctas && k.bn < 256;
     const int64_t parts =
         row_parts ? a.s.tiles_n * a.s.tiles_m * (int64_t)k.bm * 4 : 0;
-    const int64_t sk_flags = a.s.sk_tiles > 0 ? a.s.ctas : 1;
+    const int64_t sk_flags = fixup ? a.s.ctas : 1;
     const int64_t counts_at = (sk_flags + 1) / 2 * 2;
     if (staged + partials + parts > 0) { // these touch the workspace, flags
         const int64_t bytes = staged + partials + parts;

@@ -124,6 +124,48 @@ __device__ __forceinline__ void fence_proxy_async_shared()
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Thread block clusters (a split-k launch's pieces of one tile): this CTA's
+// rank in its cluster and the cluster's index in the grid (1-D grids).
+__device__ __forceinline__ unsigned cluster_rank()
+{
+    unsigned r;
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned cluster_index()
+{
+    unsigned r;
+    asm("mov.u32 %0, %%clusterid.x;" : "=r"(r));
+    return r;
+}
+// Every thread of the cluster that has not exited meets here; the writes
+// before the arrive are visible to every thread after the wait.
+__device__ __forceinline__ void cluster_arrive()
+{
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait()
+{
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+// The same shared-memory offset in the CTA of rank `rank`, and a 16-byte
+// load from such an address (distributed shared memory).
+__device__ __forceinline__ unsigned cluster_addr(unsigned a, unsigned rank)
+{
+    unsigned r;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float4 ld_cluster_v4(unsigned a)
+{
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(a)
+                 : "memory");
+    return v;
+}
+
 // Registers of this warpgroup from here on (the kernel starts with a cap:
 // __launch_bounds__(384, 1)); the roles' counts sum to at most 64K.
 template <int R>
@@ -372,6 +414,44 @@ struct tiles_walk {
     }
 };
 
+// A split-k launch (matmul_splitk_kernel, one cluster of `split` CTAs a
+// tile): the CTA of rank j computes piece j of its cluster's tile, k-steps
+// [j * iters / split, (j + 1) * iters / split) (gemsops_sk_range's cut of
+// sk_ctas = tiles * split shares), and nothing else. iters < 2^28 (k is an
+// int32 TMA coordinate): the cut in 32 bits.
+struct split_walk {
+    int64_t tile, k0, k1;
+    unsigned rank;
+    bool left;
+
+    __device__ void start(const gemsops_sk_schedule &s, int64_t)
+    {
+#ifdef GEMSOPS_HAS_WGMMA
+        rank = cluster_rank();
+        tile = cluster_index();
+#else
+        rank = 0;
+        tile = 0;
+#endif
+        const unsigned iters = (unsigned)s.iters, split = (unsigned)s.split;
+        k0 = rank * iters / split;
+        k1 = (rank + 1) * iters / split;
+        left = true;
+    }
+    __device__ bool next(const gemsops_sk_schedule &, int64_t *t, int64_t *kb,
+                         int64_t *ke)
+    {
+        if (!left) {
+            return false;
+        }
+        *t = tile;
+        *kb = k0;
+        *ke = k1;
+        left = false;
+        return true;
+    }
+};
+
 // The k-steps of a piece (counted from its first) whose A slots a ROWS
 // mainloop adds into the row sums: from <= i < to.
 struct row_steps {
@@ -458,6 +538,15 @@ struct wgmma_mainloop {
     {
         return ring_base(sm) + kStages * kStageBytes +
                (warp * kBuffers + buf) * kSliceBytes;
+    }
+    // A split-k piece's partial tile (kAcc floats a consumer thread) over
+    // the ring, which is free once both consumer warpgroups are past their
+    // piece's last wgmma (the producer loads nothing more).
+    static_assert(kAcc * kConsumers * 4 <= kStages * kStageBytes,
+                  "a partial fits in the ring");
+    static __device__ __forceinline__ unsigned partial_base(smem_t &sm)
+    {
+        return ring_base(sm);
     }
     // byte b (0..127) of row r of a slice
     static __device__ __forceinline__ int slice_at(int r, int b)

@@ -41,23 +41,45 @@ constexpr bool kPdlBuilt = true;
 #else
 constexpr bool kPdlBuilt = false;
 #endif
+// cluster > 0: in thread block clusters of `cluster` CTAs along x (sm_90;
+// grid.x a multiple of it).
 template <typename... Params, typename... Args>
-cudaError_t launch_dependent_smem(void (*kernel)(Params...), dim3 grid,
-                                  dim3 block, size_t smem, cudaStream_t stream,
-                                  bool pdl, Args... args)
+cudaError_t launch_dependent_cluster(void (*kernel)(Params...), dim3 grid,
+                                     dim3 block, size_t smem,
+                                     cudaStream_t stream, bool pdl,
+                                     unsigned cluster, Args... args)
 {
-    pdl = pdl && kPdlBuilt;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr;
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = pdl ? 1 : 0;
+    cudaLaunchAttribute attrs[2];
+    unsigned n = 0;
+    if (pdl && kPdlBuilt) {
+        attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
+    if (cluster > 0) {
+        attrs[n].id = cudaLaunchAttributeClusterDimension;
+        attrs[n].val.clusterDim.x = cluster;
+        attrs[n].val.clusterDim.y = 1;
+        attrs[n].val.clusterDim.z = 1;
+        n++;
+    }
+    cfg.attrs = attrs;
+    cfg.numAttrs = n;
     return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent_smem(void (*kernel)(Params...), dim3 grid,
+                                  dim3 block, size_t smem, cudaStream_t stream,
+                                  bool pdl, Args... args)
+{
+    return launch_dependent_cluster(kernel, grid, block, smem, stream, pdl, 0,
+                                    args...);
 }
 
 template <typename... Params, typename... Args>

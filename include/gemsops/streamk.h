@@ -40,11 +40,13 @@
  * on a CTA still queued behind it, whatever else holds the GPU's SMs.
  *
  * A split-k schedule may be fixed up the other way (`split` > 0; the CUDA
- * wgmma kernels do): every piece, the owner's too, publishes its partial,
- * waits for the tile's other pieces, and piece j adds all `split` partials
+ * wgmma kernels do, each tile's pieces one thread block cluster): every
+ * piece, the owner's too, leaves its partial in its CTA's shared memory,
+ * the cluster meets at a barrier, and piece j adds all `split` partials
  * of the tile's j-th band of columns, in piece order, and stores that
- * band. Nobody adds a whole tile alone. The same sums every run; every
- * piece's CTA is resident at once (sk_ctas <= ctas), so the waits end. */
+ * band. Nobody adds a whole tile alone, and nothing goes through global
+ * memory. The same sums every run; a cluster's CTAs run at once, so the
+ * barrier is always met. */
 #pragma once
 
 #include <stdint.h>
