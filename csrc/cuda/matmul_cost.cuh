@@ -55,17 +55,18 @@ constexpr double kStreamKUsPerMb = 0.0615;
 // schedules in one run, 059ed6f) splits predicted less than ~1.4x faster
 // lost more often than they won.
 constexpr double kStreamKMargin = 0.7;
-// A split-k launch (every tile in `split` pieces, each piece's CTA summing
-// a band of its tile) is predicted as kSplitKScale times its pieces'
-// k-iterations and one tile's fill and epilogue, plus kSplitKUs for the
-// fix-up: every piece's partial out through L2, the wait for the tile's
-// last piece, the band's partials back in. The two are not split-k's own
-// costs (the terms above overestimate launches of few tiles over long k,
-// which split-k competes with) but what makes the planner's choice right:
+// A split-k launch (every tile in `split` pieces, one cluster of CTAs a
+// tile, each piece's CTA summing a band of its tile) is predicted as
+// kSplitKScale times its pieces' k-iterations and one tile's fill and
+// epilogue, plus kSplitKUs for the fix-up: every piece's partial into its
+// shared memory, the cluster's barrier, the band's partials in through
+// distributed shared memory. The two are not split-k's own costs (the
+// terms above overestimate launches of few tiles over long k, which
+// split-k competes with) but what makes the planner's choice right:
 // replayed by tools/mm_split_fit.py over shapes of few tiles, each timed
 // under every width and schedule (benchmark/results/mm_plans_split_*.txt,
 // bf16, H100), they bring the chosen plan nearest the best measured one.
-constexpr double kSplitKUs = 9.5;
+constexpr double kSplitKUs = 6.0;
 constexpr double kSplitKScale = 1.5;
 
 inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
