@@ -728,22 +728,30 @@ __device__ __forceinline__ void publish(const driver_args &p, int64_t c,
 
 // A split-k launch (matmul_splitk_kernel, split_walk): the `split` CTAs of
 // a cluster are the pieces of one tile. Each leaves its partial in its own
-// shared memory (over the ring: elements e .. e + 3 of consumer thread t as
-// the 16-byte vector e / 4 * 256 + t), the cluster meets at its barrier,
-// and rank j adds band j of every rank's partial through distributed
-// shared memory, in rank order (the same sums whichever piece finished
-// last), then stores the band. A band is whole vectors of a partial,
-// [j V / split, (j + 1) V / split) of V, strips of 8 columns across the
-// tile's rows (coords). A second barrier keeps each CTA's shared memory
-// until every rank has read it. No workspace, no flags, no waits on CTAs
-// that may not be resident: a cluster's CTAs start together.
+// shared memory (split_partial_at), the cluster meets at its barrier, and
+// rank j adds rows [j BM / split, (j + 1) BM / split) of every rank's
+// partial through distributed shared memory, in rank order (the same sums
+// whichever piece finished last), and stores them: a warp's stores are
+// whole rows of C. A second barrier keeps each CTA's shared memory until
+// every rank has read it. No workspace, no flags, no waits on CTAs that
+// may not be resident: a cluster's CTAs start together.
+//
+// The partial lies row-major over the ring, BN floats a row, each 32-byte
+// group of 8 columns at its place XOR (r % 8) * 32: the accumulators' pair
+// writes (a warp's 8 rows x 32 bytes) and the 16-byte reads of 4 columns
+// hit every bank once.
+template <typename L>
+__device__ __forceinline__ unsigned split_partial_at(int r, int c)
+{
+    static_assert(L::BN * 4 >= 256, "a row spans the swizzle");
+    return r * (L::BN * 4) + ((c * 4) ^ ((r % 8) * 32));
+}
+
 template <typename T, typename L>
 __device__ __forceinline__ void drive(const driver_args &p,
                                       typename L::ring_t &ring,
                                       typename L::smem_t &sm, split_walk)
 {
-    constexpr int V = L::kAcc / 4;
-    static_assert(V >= GEMSOPS_SK_MAX_SPLIT, "a band for every piece");
     static_assert(L::kRowAcc == 0, "split-k carries no row sums");
 #ifdef GEMSOPS_HAS_WGMMA
     float acc[L::kAcc];
@@ -753,13 +761,14 @@ __device__ __forceinline__ void drive(const driver_args &p,
     w.next(p.s, &tile, &k0, &k1);
     L::mac(p, ring, tile, k0, k1, acc, sm);
     consumers_sync(); // the other warpgroup's wgmmas have read the ring too
-    const unsigned mine = L::partial_base(sm) + threadIdx.x * 16;
+    const unsigned base = L::partial_base(sm);
 #pragma unroll
-    for (int e = 0; e < L::kAcc; e += 4) {
-        asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(
-                         mine + (e / 4) * kConsumers * 16),
-                     "f"(acc[e]), "f"(acc[e + 1]), "f"(acc[e + 2]),
-                     "f"(acc[e + 3])
+    for (int e = 0; e < L::kAcc; e += 2) {
+        int r, c;
+        L::coords(e, r, c);
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(
+                         base + split_partial_at<L>(r, c)),
+                     "f"(acc[e]), "f"(acc[e + 1])
                      : "memory");
     }
     cluster_arrive();
@@ -768,14 +777,17 @@ __device__ __forceinline__ void drive(const driver_args &p,
     unsigned from[GEMSOPS_SK_MAX_SPLIT];
 #pragma unroll
     for (int q = 0; q < GEMSOPS_SK_MAX_SPLIT; q++) {
-        from[q] = cluster_addr(mine, q < split ? q : 0);
+        from[q] = cluster_addr(base, q < split ? q : 0);
     }
     int64_t bt, tm, tn;
     gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
     T *C = (T *)p.c + bt * p.s.m * p.s.n;
     const epilogue_op<T> epi(p, bt);
-    for (int v = j * V / split; v < (j + 1) * V / split; v++) {
-        const unsigned at = v * kConsumers * 16;
+    constexpr int kQuads = L::BN / 4; // 16-byte groups of a partial's row
+    const int r0 = j * L::BM / split, r1 = (j + 1) * L::BM / split;
+    for (int i = threadIdx.x; i < (r1 - r0) * kQuads; i += kConsumers) {
+        const int r = r0 + i / kQuads, c = i % kQuads * 4;
+        const unsigned at = split_partial_at<L>(r, c);
         float4 part[GEMSOPS_SK_MAX_SPLIT];
 #pragma unroll
         for (int q = 0; q < GEMSOPS_SK_MAX_SPLIT; q++) {
@@ -783,23 +795,19 @@ __device__ __forceinline__ void drive(const driver_args &p,
                 part[q] = ld_cluster_v4(from[q] + at);
             }
         }
-        float vals[4] = {part[0].x, part[0].y, part[0].z, part[0].w};
+        float v[4] = {part[0].x, part[0].y, part[0].z, part[0].w};
 #pragma unroll
         for (int q = 1; q < GEMSOPS_SK_MAX_SPLIT; q++) {
             if (q < split) {
-                add_vec(vals, 0, part[q]);
+                add_vec(v, 0, part[q]);
             }
         }
-#pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-            int r, col;
-            L::coords(4 * v + e, r, col);
-            const int64_t gr = tm * L::BM + r, gc = tn * L::BN + col;
-            store_acc_pair(p, epi, C + gr * p.s.n + gc, gr, gc, vals[e],
-                           vals[e + 1]);
-        }
+        const int64_t gr = tm * L::BM + r, gc = tn * L::BN + c;
+        T *dst = C + gr * p.s.n + gc;
+        store_acc_pair(p, epi, dst, gr, gc, v[0], v[1]);
+        store_acc_pair(p, epi, dst + 2, gr, gc + 2, v[2], v[3]);
     }
-    cluster_arrive(); // this CTA has read its band of every partial
+    cluster_arrive(); // this CTA has read its rows of every partial
     cluster_wait();
 #else
     (void)p, (void)ring, (void)sm;

@@ -43,8 +43,8 @@
  * wgmma kernels do, each tile's pieces one thread block cluster): every
  * piece, the owner's too, leaves its partial in its CTA's shared memory,
  * the cluster meets at a barrier, and piece j adds all `split` partials
- * of the tile's j-th band of columns, in piece order, and stores that
- * band. Nobody adds a whole tile alone, and nothing goes through global
+ * of the tile's j-th band of rows, in piece order, and stores that band.
+ * Nobody adds a whole tile alone, and nothing goes through global
  * memory. The same sums every run; a cluster's CTAs run at once, so the
  * barrier is always met. */
 #pragma once
