@@ -28,16 +28,24 @@ def _rows(t):
     """t [*, k] as [rows, k] (a view where the strides allow)."""
     if t.dim() == 2:
         return t
-    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])  # k may be 0
+    k = t.shape[-1]
+    if k == 0:  # -1 cannot be inferred beside a 0
+        return t.reshape(math.prod(t.shape[:-1]), 0)
+    return t.reshape(-1, k)
+
+
+def _unrows(out, shape):
+    """out [rows, n] viewed as shape[:-1] + [n] (shape: the rows' source)."""
+    if len(shape) == 2:
+        return out
+    return out.view(*shape[:-1], out.shape[-1])
 
 
 def _fused(input, mat1, mat2, alpha, beta):
     """alpha * mat1 @ mat2 + beta * input, one launch, no autograd; mat1's
     batch dims fold into the rows and come back on the result."""
     out = _mm(_rows(mat1), mat2, input if beta != 0 else None, alpha, beta)
-    if mat1.dim() == 2:
-        return out
-    return out.view(mat1.shape[:-1] + out.shape[-1:])
+    return _unrows(out, mat1.shape)
 
 
 class AddmmFunction(torch.autograd.Function):
@@ -85,10 +93,7 @@ def _bias_grad_fused(ctx, product, g, ga, x, mat2):
     """nn.Linear's bias gradient (grad summed over rows) made by the weight
     gradient's kernel: a [n] bias, both gradients asked, alpha = beta = 1
     (so it is ga's column sums), the weight transposed (its gradient's
-    product then has ga^T for a), eager. Only where a row-sum wgmma kernel
-    takes that product: half types on a Hopper GPU, ga and x (the input's
-    rows) row-major with rows of whole 16-byte chunks; elsewhere the row
-    sums would be a kernel of their own, slower than torch's reduction."""
+    product then has ga^T for a), eager, and a row-sum kernel for it."""
     need = ctx.needs_input_grad
     return (
         need[0]
@@ -98,12 +103,22 @@ def _bias_grad_fused(ctx, product, g, ga, x, mat2):
         and ctx.beta == 1
         and len(ctx.input_shape) == 1
         and ctx.input_shape[0] == ga.shape[-1]
-        and g.is_cuda
-        and g.dtype in (torch.float16, torch.bfloat16)
         and transposed(mat2)
-        and ga.shape[-1] % 8 == 0
+        and _row_sums_fit(ga, x)
+    )
+
+
+def _row_sums_fit(g, x):
+    """A wgmma kernel makes g^T x with g's column sums beside it (the
+    product's row sums, over k): half types on a Hopper GPU, g and x
+    row-major with rows of whole 16-byte chunks. Elsewhere the sums would
+    be a kernel of their own, slower than torch's reduction."""
+    return (
+        g.is_cuda
+        and g.dtype in (torch.float16, torch.bfloat16)
+        and g.shape[-1] % 8 == 0
         and x.shape[-1] % 8 == 0
-        and ga.is_contiguous()
+        and g.is_contiguous()
         and x.stride(-1) == 1
         and x.stride(0) % 8 == 0
         and _has_wgmma(g.device.index)
@@ -111,6 +126,90 @@ def _bias_grad_fused(ctx, product, g, ga, x, mat2):
 
 
 _addmm_function = eager_apply(AddmmFunction)
+
+
+def _linear(x, weight, bias):
+    """x [*, in] @ weight^T (+ bias), one launch, no autograd."""
+    return _unrows(_mm(_rows(x), weight.mT, bias), x.shape)
+
+
+class LinearFunction(torch.autograd.Function):
+    """nn.Linear's product with the weight as stored ([out, in]), so that
+    autograd records one node, not a transpose besides: one launch
+    forward (the bias in the epilogue); backward, dx = g W and the
+    weight's gradient g^T x made in the weight's layout, the bias's
+    gradient (g's column sums) from that kernel where it can."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        return _linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        if g.is_neg():  # C reads raw memory: give it the values
+            g = g.resolve_neg()
+        need_x, need_w, need_b = ctx.needs_input_grad
+        g2, x2 = _rows(g), _rows(x)
+        dx = dw = db = None
+        if torch.is_grad_enabled():  # create_graph: the differentiable ops
+            if need_x:
+                dx = mm(g2, weight)
+            if need_w:
+                dw = mm(g2.mT, x2)
+            if need_b:
+                db = g2.sum(0)
+        else:
+            if need_x:
+                dx = (
+                    _mm(weight.mT, g2.mT).mT
+                    if transposed(x2)
+                    else _mm(g2, weight)
+                )
+            if need_w and transposed(weight):
+                dw = _mm(x2.mT, g2).mT
+            elif need_w:
+                if need_b and _row_sums_fit(g2, x2):
+                    db = g2.new_empty(g2.shape[1])
+                    dw = _mm(g2.mT, x2, row_sums=db)
+                else:
+                    dw = _mm(g2.mT, x2)
+            if need_b and db is None:
+                db = g2.sum(0)
+        if dx is not None and x.dim() != 2:
+            dx = dx.view(x.shape)
+        return dx, dw, db
+
+
+_linear_function = eager_apply(LinearFunction)
+
+
+def _linear_ok(x, weight, bias):
+    """Eager, valid tensors that LinearFunction takes: one supported
+    dtype, one device, a 2-D weight, a [out] bias or none (every other
+    case, errors included, takes the general path). Spelled out: it runs
+    on every call."""
+    Tensor = torch.Tensor
+    return (
+        isinstance(x, Tensor)
+        and isinstance(weight, Tensor)
+        and (
+            bias is None
+            or isinstance(bias, Tensor)
+            and bias.dtype == x.dtype
+            and bias.device == x.device
+            and bias.dim() == 1
+            and bias.shape[0] == weight.shape[0]
+        )
+        and eager((x, weight, bias))
+        and x.dtype in SUPPORTED
+        and weight.dtype == x.dtype
+        and weight.device == x.device
+        and weight.dim() == 2
+        and x.dim() >= 1
+        and x.shape[-1] == weight.shape[1]
+    )
 
 
 def _epilogue_ok(bias, a, b):
@@ -266,6 +365,17 @@ class _BetaZero(torch.autograd.Function):
 def linear(input, weight, bias=None):
     """torch.nn.functional.linear: input [*, in] @ weight[out, in]^T
     (+ bias[out]). The batch dims fold into one product."""
+    if _linear_ok(input, weight, bias):
+        x, w = _plain(input), _plain(weight)
+        b = None if bias is None else _plain(bias)
+        if torch.is_grad_enabled() and (
+            x.requires_grad
+            or w.requires_grad
+            or b is not None
+            and b.requires_grad
+        ):
+            return _linear_function(x, w, b)
+        return _linear(x, w, b)
     for pos, name, t in ((2, "weight", weight), (3, "bias", bias)):
         if not isinstance(t, torch.Tensor) and (t is not None or pos == 2):
             raise TypeError(
@@ -278,15 +388,6 @@ def linear(input, weight, bias=None):
             + (", or 1-D without a bias" if bias is None else "")
             + f", got {weight.dim()}-D of shape {list(weight.shape)}"
         )
-    if (
-        bias is not None
-        and _epilogue_ok(bias, input, weight)
-        and weight.dim() == 2
-        and input.dim() >= 1
-        and input.shape[-1] == weight.shape[1]
-        and tuple(bias.shape) == (weight.shape[0],)
-    ):
-        return _addmm(_plain(bias), _plain(input), _plain(weight).t(), 1, 1)
     y = matmul(input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
         return y

@@ -59,6 +59,7 @@ _config = dict(
 )
 _launch = ()  # _C.matmul's (schedule, two_tiles, ctas, mainloop, spin_limit)
 _FFMA = MAINLOOPS["ffma"]
+_FLOAT32 = torch.float32
 _HAS_FP32_PRECISION = hasattr(torch.backends, "fp32_precision")
 
 
@@ -164,14 +165,17 @@ def _mm(a, b, bias=None, alpha=1, beta=1, row_sums=None):
     epilogue gives alpha * a @ b + beta * bias, rounded once. row_sums (C's
     dtype, [m], 2-D a) receives the sums of a's rows over k, made beside
     the product where the kernel can (nn.Linear's bias gradient)."""
-    c = a.new_empty(a.shape[:-1] + b.shape[-1:])  # torch.empty's kwargs
+    c = a.new_empty((*a.shape[:-1], b.shape[-1]))  # torch.empty's kwargs
     mode, two, ctas, loop, spin = _launch  # cost ~2 us more a call
-    if a.dtype == torch.float32 and loop != _FFMA and not _tf32_allowed(a):
+    if loop != _FFMA and a.dtype is _FLOAT32 and not _tf32_allowed(a):
         loop = _FFMA  # exact fp32 unless torch allows TF32, as cuBLAS
     err = _error_buffer(a.device) if spin and a.is_cuda else None
-    epi = () if bias is None and alpha == 1 else (bias, alpha, beta)
     if row_sums is not None:
         epi = (bias, alpha, beta, row_sums)
+    elif bias is not None or alpha != 1:
+        epi = (bias, alpha, beta)
+    else:
+        epi = ()
     need = _C.matmul(
         a, b, c, mode, two, ctas, loop, None, None, 0, spin, err, *epi
     )
