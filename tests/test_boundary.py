@@ -256,6 +256,37 @@ def test_cuda_streamk_flags_holding_the_epoch_are_reset():
 
 
 @pytest.mark.cuda
+def test_cuda_streamk_buffers_too_small_are_asked_for_again():
+    """A workspace or flags smaller than the launch needs (a caller's kept
+    buffers, offered before it knew the plan) launch nothing: C answers
+    with what it needs, as when offered none, and the output stays as it
+    was; with enough, the launch runs."""
+    a = torch.randn(3 * 128, 40 * 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(40 * 64, 2 * 128, device="cuda", dtype=torch.bfloat16)
+    out = torch.full(
+        (a.shape[0], b.shape[1]), 7.0, device="cuda", dtype=torch.bfloat16
+    )
+    need = _C.matmul(a, b, out, 2, 0, 0, 0, None, None, 0, 0, None)
+    assert need is not None, "a Stream-K launch must ask for flags"
+    nbytes, nflags, _ = need
+    flags = torch.zeros(nflags, dtype=torch.int32, device="cuda")
+    ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    small = (
+        (ws[: nbytes - 16], flags),
+        (ws, flags[: nflags - 1] if nflags > 1 else flags[:0]),
+    )
+    for epoch, (w, f) in enumerate(small, 1):
+        got = _C.matmul(a, b, out, 2, 0, 0, 0, w, f, epoch, 0, None)
+        assert got == need
+        torch.cuda.synchronize()
+        assert bool((out == 7.0).all()), "nothing may launch"
+    assert _C.matmul(a, b, out, 2, 0, 0, 0, ws, flags, 3, 0, None) is None
+    torch.testing.assert_close(
+        out.double(), a.double() @ b.double(), rtol=2e-2, atol=5e-1
+    )
+
+
+@pytest.mark.cuda
 def test_cuda_matmul_error_tensor_needs_an_element():
     a = torch.randn(64, 64, device="cuda")
     out = torch.full_like(a, float("nan"))

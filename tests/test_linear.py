@@ -263,3 +263,62 @@ def test_bias_gradient_beside_the_weight_gradient(
     lin(x).backward(g)
     for f, t in zip(first, (lin.bias, lin.weight, x)):
         assert torch.equal(f, t.grad)
+
+
+@pytest.mark.cuda
+def test_weight_gradient_is_offered_the_kept_buffers():
+    """nn.Linear's weight gradient with its row sums (Stream-K, forced here)
+    is offered its stream's kept workspace on the first _C call: once a
+    backward has made them, it launches in one call, with the bits of the
+    first backward's launch."""
+    from gemsops.ops import matmul as mm_module
+    from gemsops.ops.matmul import get_schedule
+
+    torch.manual_seed(2)
+    lin = gemsops.nn.Linear(256, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 1024, 256, device="cuda", dtype=torch.bfloat16)
+    x.requires_grad_(True)
+    g = torch.randn(4, 1024, 512, device="cuda", dtype=torch.bfloat16)
+    before = get_schedule()
+    gemsops.set_schedule("stream-k")
+    real = mm_module._C
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def matmul(self, *args):
+            need = real.matmul(*args)
+            if len(args) == 16:  # the products with row sums
+                calls.append(need is None)
+            return need
+
+    try:
+        mm_module._workspace.forget("mm_flags", x.get_device())
+        mm_module._workspace.forget("mm_ws", x.get_device())
+        mm_module._C = Counting()
+        grads, per_backward = [], []
+        for _ in range(2):
+            for t in (x, lin.weight, lin.bias):
+                t.grad = None
+            calls.clear()
+            lin(x).backward(g)
+            grads.append([t.grad.clone() for t in (x, lin.weight, lin.bias)])
+            per_backward.append(list(calls))
+    finally:
+        mm_module._C = real
+        gemsops.set_schedule(**before)
+    # the first may ask (no buffers kept, or dx's too small); then launch
+    assert per_backward[0][-1] is True, per_backward
+    assert per_backward[1] == [True], per_backward
+    for first, second in zip(*grads):
+        assert torch.equal(first, second)
+    gd = g.double().reshape(-1, 512)
+    assert_close(lin.bias.grad, gd.sum(0), torch.bfloat16, chain_len=4096)
+    assert_close(
+        lin.weight.grad,
+        gd.t() @ x.detach().double().reshape(-1, 256),
+        torch.bfloat16,
+        chain_len=4096,
+    )

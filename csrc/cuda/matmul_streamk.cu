@@ -1653,22 +1653,21 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
         const int64_t bytes = staged + partials + parts;
         const int64_t flags =
             row_parts ? counts_at + 2 * a.s.tiles_m : sk_flags;
-        if (p->flags == nullptr) {
+        // none, or too few: the caller offered its stream's kept buffers
+        // before it knew the plan, and supplies larger ones on a second call
+        if (p->flags == nullptr || p->workspace_bytes < bytes ||
+            p->flag_count < flags) {
             need->workspace_bytes = bytes;
             need->flags = flags;
             return GEMSOPS_OK;
         }
-        if (p->workspace_bytes < bytes || p->flag_count < flags ||
-            p->epoch == 0 || ws == nullptr || (uintptr_t)ws % 16 != 0 ||
+        if (p->epoch == 0 || ws == nullptr || (uintptr_t)ws % 16 != 0 ||
             (row_parts && (uintptr_t)p->flags % 8 != 0)) {
             return gemsops_fail(st, GEMSOPS_ERR_VALUE,
-                                "matmul(): workspace %lld bytes (needs "
-                                "%lld, 16-byte aligned), %lld flags (needs "
-                                "%lld, 8-byte aligned for row sums), epoch "
-                                "%u (needs > 0)",
-                                (long long)p->workspace_bytes,
-                                (long long)bytes, (long long)p->flag_count,
-                                (long long)flags, p->epoch);
+                                "matmul(): workspace at %p (needs 16-byte "
+                                "alignment), flags at %p (8-byte aligned "
+                                "for row sums), epoch %u (needs > 0)",
+                                (void *)ws, (void *)p->flags, p->epoch);
         }
     }
     if (sg.any() &&

@@ -23,6 +23,9 @@ from .matmul import (
     transposed,
 )
 
+_Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+
 
 def _rows(t):
     """t [*, k] as [rows, k] (a view where the strides allow)."""
@@ -186,29 +189,32 @@ _linear_function = eager_apply(LinearFunction)
 
 
 def _linear_ok(x, weight, bias):
-    """Eager, valid tensors that LinearFunction takes: one supported
-    dtype, one device, a 2-D weight, a [out] bias or none (every other
-    case, errors included, takes the general path). Spelled out: it runs
-    on every call."""
-    Tensor = torch.Tensor
+    """Eager, valid tensors that LinearFunction takes as they are: one
+    supported dtype, one device, a 2-D weight, a [out] bias or none, no
+    negative bit (every other case, errors included, takes the general
+    path). Spelled out, each attribute read once: it runs on every call."""
+    if not (isinstance(x, _Tensor) and isinstance(weight, _Tensor)):
+        return False
+    dtype, device = x.dtype, x.device
+    if bias is not None and not (
+        isinstance(bias, _Tensor)
+        and bias.dtype is dtype
+        and bias.device == device
+        and bias.dim() == 1
+        and bias.shape[0] == weight.shape[0]
+        and not bias.is_neg()
+    ):
+        return False
     return (
-        isinstance(x, Tensor)
-        and isinstance(weight, Tensor)
-        and (
-            bias is None
-            or isinstance(bias, Tensor)
-            and bias.dtype == x.dtype
-            and bias.device == x.device
-            and bias.dim() == 1
-            and bias.shape[0] == weight.shape[0]
-        )
-        and eager((x, weight, bias))
-        and x.dtype in SUPPORTED
-        and weight.dtype == x.dtype
-        and weight.device == x.device
+        weight.dtype is dtype
+        and dtype in SUPPORTED
+        and weight.device == device
         and weight.dim() == 2
         and x.dim() >= 1
         and x.shape[-1] == weight.shape[1]
+        and not x.is_neg()
+        and not weight.is_neg()
+        and eager((x, weight, bias))
     )
 
 
@@ -366,16 +372,14 @@ def linear(input, weight, bias=None):
     """torch.nn.functional.linear: input [*, in] @ weight[out, in]^T
     (+ bias[out]). The batch dims fold into one product."""
     if _linear_ok(input, weight, bias):
-        x, w = _plain(input), _plain(weight)
-        b = None if bias is None else _plain(bias)
-        if torch.is_grad_enabled() and (
-            x.requires_grad
-            or w.requires_grad
-            or b is not None
-            and b.requires_grad
+        if _grad_enabled() and (
+            input.requires_grad
+            or weight.requires_grad
+            or bias is not None
+            and bias.requires_grad
         ):
-            return _linear_function(x, w, b)
-        return _linear(x, w, b)
+            return _linear_function(input, weight, bias)
+        return _linear(input, weight, bias)
     for pos, name, t in ((2, "weight", weight), (3, "bias", bias)):
         if not isinstance(t, torch.Tensor) and (t is not None or pos == 2):
             raise TypeError(

@@ -60,6 +60,8 @@ _config = dict(
 _launch = ()  # _C.matmul's (schedule, two_tiles, ctas, mainloop, spin_limit)
 _FFMA = MAINLOOPS["ffma"]
 _FLOAT32 = torch.float32
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_capturing = torch.cuda.is_current_stream_capturing
 _HAS_FP32_PRECISION = hasattr(torch.backends, "fp32_precision")
 
 
@@ -151,6 +153,24 @@ def _stream_buffers(device, need):
     return flags.buf, flags.epoch, ws.buf
 
 
+def _offered_buffers(a):
+    """(workspace, flags, a new epoch) kept for a's current stream, when
+    it has both and no graph is being captured; else None. Offered to the
+    first _C call of launches that usually need them (nn.Linear's weight
+    gradient with its row sums runs Stream-K), so those take one call, not
+    two; C asks for more, as when offered none, if they are too small."""
+    device = a.get_device()
+    stream = _raw_stream(device)
+    flags = _workspace.lookup("mm_flags", device, stream)
+    ws = _workspace.lookup("mm_ws", device, stream)
+    if flags is None or ws is None or flags.epoch >= 0xFFFFFFFF:
+        return None
+    if _capturing():  # a captured launch gets fresh buffers
+        return None
+    flags.epoch += 1
+    return ws.buf, flags.buf, flags.epoch
+
+
 def _error_buffer(device):
     return _workspace.kept(
         "mm_error", device.index, -1, 1, dtype=torch.int32
@@ -176,9 +196,18 @@ def _mm(a, b, bias=None, alpha=1, beta=1, row_sums=None):
         epi = (bias, alpha, beta)
     else:
         epi = ()
-    need = _C.matmul(
-        a, b, c, mode, two, ctas, loop, None, None, 0, spin, err, *epi
-    )
+    offer = None
+    if row_sums is not None and a.is_cuda:
+        offer = _offered_buffers(a)
+    if offer is None:
+        need = _C.matmul(
+            a, b, c, mode, two, ctas, loop, None, None, 0, spin, err, *epi
+        )
+    else:
+        ws, flags, epoch = offer
+        need = _C.matmul(
+            a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err, *epi
+        )
     if need is not None:
         flags, epoch, ws = _stream_buffers(a.get_device(), need)
         _C.matmul(
