@@ -888,21 +888,16 @@ def test_stream_k_launch_asks_for_its_stream_buffers():
             nbytes, count, handle = need
             assert count == 5 and nbytes >= 5 * 64 * 64 * 4
             assert handle == stream.cuda_stream
-            with pytest.raises(ValueError, match="needs"):
-                gemsops._C.matmul(
-                    a,
-                    b,
-                    out,
-                    2,
-                    0,
-                    5,
-                    0,
-                    None,
-                    torch.zeros(5, dtype=torch.int32, device="cuda"),
-                    0,
-                    0,
-                    None,
-                )
+            flags = torch.zeros(count, dtype=torch.int32, device="cuda")
+            # flags without the workspace: asked again, nothing launched
+            again = gemsops._C.matmul(
+                a, b, out, 2, 0, 5, 0, None, flags, 1, 0, None
+            )
+            torch.cuda.synchronize()
+            assert again == need and out.isnan().all()
+            ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+            with pytest.raises(ValueError, match=r"epoch 0 \(needs > 0\)"):
+                gemsops._C.matmul(a, b, out, 2, 0, 5, 0, ws, flags, 0, 0, None)
             with pytest.raises(ValueError, match="needs an 'error' tensor"):
                 gemsops._C.matmul(
                     a, b, out, 2, 0, 5, 0, None, None, 0, 7, None
