@@ -158,22 +158,31 @@ def _second_order_linear(fn, x, w, b):
     return torch.autograd.grad(s, (x, w, b))
 
 
+@pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("sx", [(4, 5), (2, 3, 5)])
-def test_linear_second_order_matches_torch(sx, device):
-    """gemsops.linear with a bias (the fused launch's own Function): the
-    second order gradients of input, weight and bias as torch's, and
-    gradgradcheck in float32 (see above)."""
+def test_linear_second_order_matches_torch(sx, bias, device):
+    """gemsops.linear (its own Function, LinearFunction): the second order
+    gradients of input, weight and bias as torch's, and gradgradcheck in
+    float32 (see above)."""
     torch.manual_seed(5)
     x = torch.randn(*sx, device=device, requires_grad=True)
     w = torch.randn(3, 5, device=device, requires_grad=True)
     b = torch.randn(3, device=device, requires_grad=True)
-    got = _second_order_linear(gemsops.linear, x, w, b)
-    want = _second_order_linear(torch.nn.functional.linear, x, w, b)
+    if not bias:
+        b = torch.zeros(3, device=device, requires_grad=True)
+
+        def fn(x, w, b):  # b stays out of the product; its grads are 0
+            return gemsops.linear(x, w) + 0 * b
+
+        def ref_fn(x, w, b):
+            return torch.nn.functional.linear(x, w) + 0 * b
+    else:
+        fn, ref_fn = gemsops.linear, torch.nn.functional.linear
+    got = _second_order_linear(fn, x, w, b)
+    want = _second_order_linear(ref_fn, x, w, b)
     for g, ref in zip(got, want):
         torch.testing.assert_close(g, ref, rtol=1e-4, atol=1e-4)
-    assert gradgradcheck(
-        gemsops.linear, (x, w, b), eps=1e-2, atol=5e-2, rtol=5e-2
-    )
+    assert gradgradcheck(fn, (x, w, b), eps=1e-2, atol=5e-2, rtol=5e-2)
 
 
 def test_mm_bmm_ops_gradgrad_float32():

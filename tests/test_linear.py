@@ -87,6 +87,38 @@ def test_weight_gradient_comes_in_the_weights_layout(bias, device):
     )
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_transposed_operands_get_gradients_in_their_layout(bias, device):
+    """A weight stored transposed and an input that is a transpose: each
+    gradient arrives with its tensor's strides and the float64 values."""
+    torch.manual_seed(6)
+    w = torch.randn(24, 40, device=device).t().requires_grad_()  # [40, 24]
+    x = torch.randn(24, 9, device=device).t().requires_grad_()  # [9, 24]
+    b = torch.randn(40, device=device, requires_grad=True) if bias else None
+    arrived = {}
+
+    def seen(name):
+        def hook(t):
+            arrived[name] = t.stride()  # as the backward made it
+
+        return hook
+
+    w.register_hook(seen("w"))
+    x.register_hook(seen("x"))
+    y = gemsops.linear(x, w, b)
+    assert_close(y, _ref_linear(x, w, b), torch.float32, chain_len=24)
+    g = torch.randn_like(y)
+    y.backward(g)
+    assert arrived == {"w": w.stride(), "x": x.stride()}
+    gd = g.double()
+    assert_close(
+        w.grad, gd.t() @ x.detach().double(), torch.float32, chain_len=9
+    )
+    assert_close(x.grad, gd @ w.detach().double(), torch.float32, chain_len=40)
+    if bias:
+        assert_close(b.grad, gd.sum(0), torch.float32, chain_len=9)
+
+
 @pytest.mark.parametrize("bias_shape", [(7,), (1, 7), (3, 7), ()])
 @pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1), (2, 0)])
 def test_addmm_matches_torch(bias_shape, beta, alpha, device):
