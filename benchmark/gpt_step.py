@@ -73,7 +73,7 @@ def main():
     ap.add_argument("--heads", type=int, default=0, help="0: d / 64")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=10, help="per round")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", default="")
     ap.add_argument(
         "--profile", action="store_true", help="kernel table of one step each"

@@ -354,3 +354,57 @@ def test_weight_gradient_is_offered_the_kept_buffers():
         torch.bfloat16,
         chain_len=4096,
     )
+
+
+@pytest.mark.cuda
+def test_weight_gradient_captured_on_a_stream_with_kept_buffers():
+    """Eager backwards on a stream keep its Stream-K buffers; a graph
+    captured on that stream must not be offered them (each replay would
+    reuse the captured epoch): its row-sum launch asks for fresh ones, and
+    replays give the eager backward's bits."""
+    from gemsops.ops import matmul as mm_module
+    from gemsops.ops.matmul import get_schedule
+
+    torch.manual_seed(3)
+    lin = gemsops.nn.Linear(256, 512, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(2048, 256, device="cuda", dtype=torch.bfloat16)
+    g = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16)
+    before = get_schedule()
+    gemsops.set_schedule("stream-k")
+    real = mm_module._C
+    offered = []  # the row-sum calls in the capture: workspace passed?
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def matmul(self, *args):
+            if len(args) == 16:
+                offered.append(args[7] is not None)
+            return real.matmul(*args)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(side):
+            for _ in range(2):  # eager, on the stream: buffers kept there
+                lin.weight.grad = lin.bias.grad = None
+                lin(x).backward(g)
+        torch.cuda.synchronize()
+        eager = (lin.weight.grad.clone(), lin.bias.grad.clone())
+        lin.weight.grad = lin.bias.grad = None
+        mm_module._C = Recording()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            lin(x).backward(g)
+    finally:
+        mm_module._C = real
+        gemsops.set_schedule(**before)
+    assert offered[:1] == [False], offered
+    for _ in range(3):
+        lin.weight.grad.fill_(float("nan"))
+        lin.bias.grad.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(lin.weight.grad, eager[0])
+        assert torch.equal(lin.bias.grad, eager[1])
