@@ -66,6 +66,26 @@ def step_time(model, x, opt, steps):
     return (time.perf_counter() - t0) / steps
 
 
+def phase_times(model, x, opt, steps):
+    """Median host time of each phase of a step (zero_grad + forward +
+    loss, backward, SGD), no wait for the GPU inside a phase, and of the
+    whole step with the wait: where a host-bound step spends its time."""
+    rows = []
+    for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(x).float().square().mean()
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        torch.cuda.synchronize()
+        rows.append((t1 - t0, t2 - t1, t3 - t2, time.perf_counter() - t0))
+    return [statistics.median(r[i] for r in rows) for i in range(4)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", default="8x1024", help="batch x sequence")
@@ -77,6 +97,11 @@ def main():
     ap.add_argument("--json", default="")
     ap.add_argument(
         "--profile", action="store_true", help="kernel table of one step each"
+    )
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="host time of each phase of a step, each model",
     )
     a = ap.parse_args()
     b, t = (int(v) for v in a.tokens.split("x"))
@@ -113,6 +138,14 @@ def main():
                     row_limit=14,
                     max_name_column_width=230,
                 )
+            )
+    if a.phases:
+        for k, m in models.items():
+            fwd, bwd, sgd, step = phase_times(m, x, opts[k], 3 * a.steps)
+            print(
+                f"{k:8s} host ms a step: forward {fwd * 1e3:.3f}, backward "
+                f"{bwd * 1e3:.3f}, SGD {sgd * 1e3:.3f}; step with the "
+                f"GPU's wait {step * 1e3:.3f}"
             )
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["torch"] / med["gemsops"]
