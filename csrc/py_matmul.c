@@ -76,22 +76,130 @@ lift3(const struct gemsops_tensor *t, int64_t sizes[3], int64_t strides[3])
     }
 }
 
+/* How a product's three tensors are seen. matmul() takes them as they
+ * are; nn.Linear's products take the tensors as the layer holds them (an
+ * input [*, in], the weight [out, in], a gradient [*, out]) and view them
+ * here, where a view costs no torch object: leading dims fold into rows, a
+ * weight or gradient is read transposed. */
+enum operand_view {
+    AS_GIVEN,
+    ROWS, /* [*, c] -> [rows, c] (a 1-D [c] is one row) */
+    ROWS_T, /* [*, c] -> [c, rows] */
+    T, /* [r, c] -> [c, r] */
+};
+
+struct product_form {
+    const char *fn;
+    const char *names[3]; /* a, b and out as the caller calls them */
+    enum operand_view views[3];
+};
+
+static const struct product_form matmul_form = {"matmul",
+                                                {"a", "b", "out"},
+                                                {AS_GIVEN, AS_GIVEN,
+                                                 AS_GIVEN}};
+static const struct product_form matmul_plan_form = {"matmul_plan",
+                                                     {"a", "b", "out"},
+                                                     {AS_GIVEN, AS_GIVEN,
+                                                      AS_GIVEN}};
+/* out[*, out] = input[*, in] @ weight[out, in]^T */
+static const struct product_form linear_form = {"linear",
+                                                {"input", "weight", "out"},
+                                                {ROWS, T, ROWS}};
+/* out[*, in] = grad[*, out] @ weight[out, in] */
+static const struct product_form linear_grad_input_form =
+    {"linear_grad_input", {"grad", "weight", "out"}, {ROWS, AS_GIVEN, ROWS}};
+/* out[out, in] = grad[*, out]^T @ input[*, in] */
+static const struct product_form linear_grad_weight_form =
+    {"linear_grad_weight", {"grad", "input", "out"}, {ROWS_T, ROWS, AS_GIVEN}};
+
+/* t viewed as `view` says; -1 (RuntimeError) where its leading dims do not
+ * fold into rows of one stride. */
+static int
+view_operand(struct gemsops_tensor *t, enum operand_view view, const char *fn,
+             const char *arg)
+{
+    if (view == AS_GIVEN) {
+        return 0;
+    }
+    if (view == T) {
+        if (t->ndim != 2) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "%s(): argument '%s' must be 2-D, got %d dims", fn,
+                         arg, t->ndim);
+            return -1;
+        }
+    }
+    else {
+        if (t->ndim < 1) {
+            PyErr_Format(PyExc_RuntimeError,
+                         "%s(): argument '%s' must have at least 1 dim, "
+                         "got 0",
+                         fn, arg);
+            return -1;
+        }
+        const int last = t->ndim - 1;
+        int64_t rows = 1, rs = t->sizes[last] * t->strides[last], outer = -1;
+        int fold = 1;
+        for (int d = last - 1; d >= 0; d--) {
+            rows *= t->sizes[d];
+            if (t->sizes[d] == 1) {
+                continue; /* a size-1 dim's stride places nothing */
+            }
+            if (outer < 0) {
+                rs = t->strides[d]; /* the innermost dim that counts */
+            }
+            else if (t->strides[d] != outer) {
+                fold = 0;
+            }
+            outer = t->strides[d] * t->sizes[d];
+        }
+        if (!fold && rows > 0 && t->sizes[last] > 0) {
+            char sh[96];
+            gemsops_format_shape(t->sizes, t->ndim, sh, sizeof sh);
+            PyErr_Format(PyExc_RuntimeError,
+                         "%s(): argument '%s' of shape %s: its leading "
+                         "dims do not fold into rows of one stride",
+                         fn, arg, sh);
+            return -1;
+        }
+        const int64_t cols = t->sizes[last], cs = t->strides[last];
+        t->sizes[0] = rows;
+        t->strides[0] = rs;
+        t->sizes[1] = cols;
+        t->strides[1] = cs;
+        t->ndim = 2;
+        if (view == ROWS) {
+            return 0;
+        }
+    }
+    int64_t s = t->sizes[0], st = t->strides[0];
+    t->sizes[0] = t->sizes[1];
+    t->strides[0] = t->strides[1];
+    t->sizes[1] = s;
+    t->strides[1] = st;
+    return 0;
+}
+
 /* (a, b, c, mode, two_tiles, ctas, mainloop) -> params; all checked. */
 static int
-parse_problem(PyObject *const *args, const char *fn,
+parse_problem(PyObject *const *args, const struct product_form *form,
               struct gemsops_matmul_params *p, struct gemsops_tensor *a,
               struct gemsops_tensor *b, struct gemsops_tensor *c)
 {
+    const char *fn = form->fn;
+    const char *an = form->names[0], *bn = form->names[1];
+    const char *cn = form->names[2];
     long long mode, two, ctas, mainloop;
     memset(p, 0, sizeof *p);
     p->alpha = 1.0f; /* no epilogue unless matmul()'s extras ask */
     p->beta = 1.0f;
-    if (gemsops_tensor_from_object(args[0], fn, "a", a, &p->stream) ||
-        check_operand(a, fn, "a") ||
-        gemsops_tensor_from_object(args[1], fn, "b", b, NULL) ||
-        check_operand(b, fn, "b") ||
-        gemsops_output_from_object(args[2], fn, "out", c) ||
-        check_layout(c, fn, "out") ||
+    if (gemsops_tensor_from_object(args[0], fn, an, a, &p->stream) ||
+        view_operand(a, form->views[0], fn, an) || check_operand(a, fn, an) ||
+        gemsops_tensor_from_object(args[1], fn, bn, b, NULL) ||
+        view_operand(b, form->views[1], fn, bn) || check_operand(b, fn, bn) ||
+        gemsops_output_from_object(args[2], fn, cn, c) ||
+        view_operand(c, form->views[2], fn, cn) || check_layout(c, fn, cn) ||
         parse_ll(args[3], fn, "schedule", 0, 4, &mode) ||
         parse_ll(args[4], fn, "two_tiles", 0, 1, &two) ||
         parse_ll(args[5], fn, "ctas", 0, 1LL << 20, &ctas) ||
@@ -101,9 +209,9 @@ parse_problem(PyObject *const *args, const char *fn,
     }
     if (b->dtype != a->dtype || c->dtype != a->dtype) {
         PyErr_Format(PyExc_RuntimeError,
-                     "%s(): expected a, b and out to have "
+                     "%s(): expected %s, %s and %s to have "
                      "the same dtype, got %s, %s and %s",
-                     fn, gemsops_dtype_name(a->dtype),
+                     fn, an, bn, cn, gemsops_dtype_name(a->dtype),
                      gemsops_dtype_name(b->dtype),
                      gemsops_dtype_name(c->dtype));
         return -1;
@@ -119,18 +227,18 @@ parse_problem(PyObject *const *args, const char *fn,
         gemsops_format_shape(b->sizes, b->ndim, sb, sizeof sb);
         gemsops_format_shape(c->sizes, c->ndim, sc, sizeof sc);
         PyErr_Format(PyExc_RuntimeError,
-                     "%s(): shapes do not chain: a %s, b "
-                     "%s, out %s (want [B, m, k] x [B, k, n] -> [B, m, n], "
-                     "or the same without B)",
-                     fn, sa, sb, sc);
+                     "%s(): shapes do not chain: %s %s, %s "
+                     "%s, %s %s as seen (want [B, m, k] x [B, k, n] -> "
+                     "[B, m, n], or the same without B)",
+                     fn, an, sa, bn, sb, cn, sc);
         return -1;
     }
     const struct gemsops_tensor *w[] = {c};
     const struct gemsops_tensor *r[] = {a, b};
-    const char *wn[] = {"out"}, *rn[] = {"a", "b"};
-    if (gemsops_check_device(b, a, fn, "b", "a") ||
-        gemsops_check_device(c, a, fn, "out", "a") ||
-        gemsops_check_contiguous(c, fn, "out") ||
+    const char *wn[] = {cn}, *rn[] = {an, bn};
+    if (gemsops_check_device(b, a, fn, bn, an) ||
+        gemsops_check_device(c, a, fn, cn, an) ||
+        gemsops_check_contiguous(c, fn, cn) ||
         gemsops_check_no_overlap(w, wn, 1, r, rn, 2, fn)) {
         return -1;
     }
@@ -199,7 +307,6 @@ static PyObject *
 matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    const char *fn = "matmul_plan";
     if (nargs != 7) {
         PyErr_Format(PyExc_TypeError,
                      "matmul_plan() takes 7 arguments (%zd "
@@ -209,7 +316,7 @@ matmul_plan(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     }
     struct gemsops_matmul_params p;
     struct gemsops_tensor a, b, c;
-    if (parse_problem(args, fn, &p, &a, &b, &c)) {
+    if (parse_problem(args, &matmul_plan_form, &p, &a, &b, &c)) {
         return NULL;
     }
     struct gemsops_sk_schedule s;
@@ -260,12 +367,13 @@ PyDoc_STRVAR(
 /* (workspace, flags, epoch, spin_limit, error): spin_limit for both
  * backends, the rest checked and used on CUDA only. */
 static int
-parse_cuda_extras(PyObject *const *args, const char *fn,
+parse_cuda_extras(PyObject *const *args, const struct product_form *form,
                   const struct gemsops_tensor *a,
                   const struct gemsops_tensor *b,
                   const struct gemsops_tensor *c,
                   struct gemsops_matmul_params *p)
 {
+    const char *fn = form->fn;
     struct gemsops_tensor ws, fl, er;
     int has_ws = 0, has_fl = 0, has_er = 0;
     long long epoch, spin;
@@ -298,10 +406,11 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
                      fn, spin);
         return -1;
     }
-    if ((has_fl && (gemsops_check_device(&fl, a, fn, "flags", "a") ||
+    const char *an = form->names[0];
+    if ((has_fl && (gemsops_check_device(&fl, a, fn, "flags", an) ||
                     gemsops_check_contiguous(&fl, fn, "flags") ||
                     gemsops_check_aligned(&fl, fn, "flags"))) ||
-        (has_er && (gemsops_check_device(&er, a, fn, "error", "a") ||
+        (has_er && (gemsops_check_device(&er, a, fn, "error", an) ||
                     gemsops_check_aligned(&er, fn, "error")))) {
         return -1;
     }
@@ -316,8 +425,8 @@ parse_cuda_extras(PyObject *const *args, const char *fn,
                                         has_fl ? &fl : NULL,
                                         has_er ? &er : NULL};
     const struct gemsops_tensor *r[] = {a, b};
-    const char *wn[] = {"out", "workspace", "flags", "error"};
-    const char *rn[] = {"a", "b"};
+    const char *wn[] = {form->names[2], "workspace", "flags", "error"};
+    const char *rn[] = {an, form->names[1]};
     if (gemsops_check_no_overlap(w, wn, 4, r, rn, 2, fn)) {
         return -1;
     }
@@ -395,16 +504,17 @@ parse_epilogue(PyObject *const *args, const char *fn,
 /* row_sums: None, or out's dtype and device, [m] contiguous, for a
  * product without a batch (a 2-D a, or a batch of one). */
 static int
-parse_row_sums(PyObject *arg, const char *fn, const struct gemsops_tensor *a,
-               const struct gemsops_tensor *b, const struct gemsops_tensor *c,
-               struct gemsops_matmul_params *p)
+parse_row_sums(PyObject *arg, const struct product_form *form,
+               const struct gemsops_tensor *a, const struct gemsops_tensor *b,
+               const struct gemsops_tensor *c, struct gemsops_matmul_params *p)
 {
+    const char *fn = form->fn;
     if (arg == Py_None) {
         return 0;
     }
     struct gemsops_tensor t;
     if (gemsops_tensor_from_object(arg, fn, "row_sums", &t, NULL) ||
-        gemsops_check_device(&t, c, fn, "row_sums", "out") ||
+        gemsops_check_device(&t, c, fn, "row_sums", form->names[2]) ||
         gemsops_check_contiguous(&t, fn, "row_sums") ||
         gemsops_check_aligned(&t, fn, "row_sums")) {
         return -1;
@@ -423,7 +533,8 @@ parse_row_sums(PyObject *arg, const char *fn, const struct gemsops_tensor *a,
     }
     const struct gemsops_tensor *w[] = {c, &t};
     const struct gemsops_tensor *r[] = {a, b};
-    const char *wn[] = {"out", "row_sums"}, *rn[] = {"a", "b"};
+    const char *wn[] = {form->names[2], "row_sums"};
+    const char *rn[] = {form->names[0], form->names[1]};
     if (gemsops_check_no_overlap(w, wn, 2, r, rn, 2, fn)) {
         return -1;
     }
@@ -431,24 +542,26 @@ parse_row_sums(PyObject *arg, const char *fn, const struct gemsops_tensor *a,
     return 0;
 }
 
+/* matmul() and nn.Linear's products: one launch, the tensors seen as
+ * `form` says. */
 static PyObject *
-matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+run_product(PyObject *const *args, Py_ssize_t nargs,
+            const struct product_form *form)
 {
-    (void)module;
-    const char *fn = "matmul";
+    const char *fn = form->fn;
     if (nargs != 12 && nargs != 15 && nargs != 16) {
         PyErr_Format(PyExc_TypeError,
-                     "matmul() takes 12, 15 or 16 arguments (%zd "
+                     "%s() takes 12, 15 or 16 arguments (%zd "
                      "given)",
-                     nargs);
+                     fn, nargs);
         return NULL;
     }
     struct gemsops_matmul_params p;
     struct gemsops_tensor a, b, c;
-    if (parse_problem(args, fn, &p, &a, &b, &c) ||
-        parse_cuda_extras(args, fn, &a, &b, &c, &p) ||
+    if (parse_problem(args, form, &p, &a, &b, &c) ||
+        parse_cuda_extras(args, form, &a, &b, &c, &p) ||
         (nargs >= 15 && parse_epilogue(args + 12, fn, &c, &p)) ||
-        (nargs == 16 && parse_row_sums(args[15], fn, &a, &b, &c, &p))) {
+        (nargs == 16 && parse_row_sums(args[15], form, &a, &b, &c, &p))) {
         return NULL;
     }
     const int cuda = a.device_type == GEMSOPS_CUDA;
@@ -490,6 +603,57 @@ matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                              (unsigned long long)(uintptr_t)p.stream);
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *
+matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    return run_product(args, nargs, &matmul_form);
+}
+
+PyDoc_STRVAR(
+    linear_doc,
+    "linear(input, weight, out, ...) -> as matmul()\n\n"
+    "nn.Linear's forward product out[*, n] = input[*, k] @ weight[n, k]^T,\n"
+    "the tensors as the layer holds them: input's and out's leading dims\n"
+    "fold into rows (they must fold into one stride), the weight is read\n"
+    "transposed. The other arguments, the epilogue and the answer are\n"
+    "matmul()'s.");
+
+static PyObject *
+linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    return run_product(args, nargs, &linear_form);
+}
+
+PyDoc_STRVAR(
+    linear_grad_input_doc,
+    "linear_grad_input(grad, weight, out, ...) -> as matmul()\n\n"
+    "nn.Linear's input gradient out[*, k] = grad[*, n] @ weight[n, k], the\n"
+    "leading dims of grad and out folded into rows; otherwise matmul().");
+
+static PyObject *
+linear_grad_input(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    return run_product(args, nargs, &linear_grad_input_form);
+}
+
+PyDoc_STRVAR(
+    linear_grad_weight_doc,
+    "linear_grad_weight(grad, input, out, ...) -> as matmul()\n\n"
+    "nn.Linear's weight gradient out[n, k] = grad[*, n]^T @ input[*, k], the\n"
+    "leading dims of grad and input folded into rows (the product's k);\n"
+    "row_sums, where given, receives grad's column sums (the bias's\n"
+    "gradient); otherwise matmul().");
+
+static PyObject *
+linear_grad_weight(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    return run_product(args, nargs, &linear_grad_weight_form);
 }
 
 PyDoc_STRVAR(
@@ -543,6 +707,11 @@ streamk_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 
 PyMethodDef gemsops_matmul_methods[] = {
     {"matmul", (PyCFunction)(void (*)(void))matmul, METH_FASTCALL, matmul_doc},
+    {"linear", (PyCFunction)(void (*)(void))linear, METH_FASTCALL, linear_doc},
+    {"linear_grad_input", (PyCFunction)(void (*)(void))linear_grad_input,
+     METH_FASTCALL, linear_grad_input_doc},
+    {"linear_grad_weight", (PyCFunction)(void (*)(void))linear_grad_weight,
+     METH_FASTCALL, linear_grad_weight_doc},
     {"matmul_plan", (PyCFunction)(void (*)(void))matmul_plan, METH_FASTCALL,
      matmul_plan_doc},
     {"streamk_check", (PyCFunction)(void (*)(void))streamk_check,

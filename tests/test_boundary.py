@@ -2,6 +2,8 @@
 memory, never reads a tensor as other values than it holds, and depends on
 no unchecked precondition of the caller's buffers."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -306,3 +308,42 @@ def test_cuda_matmul_error_tensor_needs_an_element():
             torch.empty(0, dtype=torch.int32, device="cuda"),
         )
     assert out.isnan().all()
+
+
+@pytest.mark.parametrize(
+    "entry", ["linear", "linear_grad_input", "linear_grad_weight"]
+)
+def test_linear_products_refuse_what_matmul_refuses(entry, device):
+    """nn.Linear's three C products view their tensors before the checks:
+    an output over an input, a negative stride, mixed dtypes and a
+    read-only output are refused as matmul() refuses them (named as the
+    entry calls them), and nothing is written."""
+    call = getattr(_C, entry)
+    launch = (1, 0, 0, 1, None, None, 0, 0, None)
+    first = {"linear": "input", "linear_grad_input": "grad"}.get(entry, "grad")
+    second = "input" if entry == "linear_grad_weight" else "weight"
+    # the operands as the layer holds them: [*, in] or [*, out], [out, in]
+    shapes = {
+        "linear": ((2, 3, 8), (4, 8), (2, 3, 4)),
+        "linear_grad_input": ((2, 3, 4), (4, 8), (2, 3, 8)),
+        "linear_grad_weight": ((2, 3, 4), (2, 3, 8), (4, 8)),
+    }[entry]
+    buf = torch.randn(256, device=device)
+    a = buf[: math.prod(shapes[0])].view(shapes[0])
+    b = torch.randn(shapes[1], device=device)
+    out = buf[-math.prod(shapes[2]) :].view(shapes[2])
+    call(a, b, out, *launch)  # apart: fine
+    before = buf.clone()
+    over = buf[: math.prod(shapes[2])].view(shapes[2])  # over a
+    with pytest.raises(RuntimeError, match=f"'out' overlaps input '{first}'"):
+        call(a, b, over, *launch)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        call(a, b.half(), out, *launch)
+    assert torch.equal(buf, before)
+    if device == "cpu":  # torch makes no negative strides: NumPy does
+        with pytest.raises(ValueError, match=f"'{second}' has a negative"):
+            call(a, b.numpy()[::-1], out, *launch)
+        arr = np.full(math.prod(shapes[2]), np.nan, np.float32)
+        arr.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            call(a, b, arr.reshape(shapes[2]), *launch)

@@ -119,6 +119,105 @@ def test_transposed_operands_get_gradients_in_their_layout(bias, device):
         assert_close(b.grad, gd.sum(0), torch.float32, chain_len=9)
 
 
+def _layout(name, device):
+    """An input [*, 24] in one of the layouts linear meets."""
+    if name == "4-D with a size-1 dim":
+        return torch.randn(2, 1, 3, 24, device=device)
+    if name == "rows of a wider tensor":  # folds, row stride 40
+        return torch.randn(2, 5, 40, device=device)[:, :, 8:32]
+    if name == "batch and rows swapped":  # does not fold: copied
+        return torch.randn(5, 2, 24, device=device).transpose(0, 1)
+    return torch.randn(3, 4, 48, device=device)[..., ::2]  # column stride 2
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        "4-D with a size-1 dim",
+        "rows of a wider tensor",
+        "batch and rows swapped",
+        "strided columns",
+    ],
+)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_input_layouts(layout, bias, device):
+    """Inputs whose rows C folds, and ones it cannot, give torch's values
+    and gradients (float64 references) and an x.grad of x's shape."""
+    x = _layout(layout, device).requires_grad_()
+    w = torch.randn(40, 24, device=device, requires_grad=True)
+    b = torch.randn(40, device=device, requires_grad=True) if bias else None
+    y = gemsops.linear(x, w, b)
+    assert y.shape == (*x.shape[:-1], 40) and y.is_contiguous()
+    assert_close(y, _ref_linear(x, w, b), torch.float32, chain_len=24)
+    g = torch.randn_like(y)
+    y.backward(g)
+    gd = g.double().reshape(-1, 40)
+    xd = x.detach().double().reshape(-1, 24)
+    assert x.grad.shape == x.shape
+    wd = w.detach().double()
+    assert_close(x.grad, g.double() @ wd, torch.float32, chain_len=40)
+    assert_close(w.grad, gd.t() @ xd, torch.float32, chain_len=gd.shape[0])
+    if bias:
+        assert_close(b.grad, gd.sum(0), torch.float32, chain_len=gd.shape[0])
+
+
+def _data_parallel(dtype):
+    """_C's launch arguments: data-parallel (no workspace asked), fp32
+    exact (the ffma mainloop), others the most capable."""
+    return (
+        1,
+        0,
+        0,
+        1 if dtype is torch.float32 else 0,
+        None,
+        None,
+        0,
+        0,
+        None,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_products_view_the_layers_tensors_in_c(dtype, device):
+    """_C's three nn.Linear products fold an input's leading dims into rows
+    of one stride (here a slice: row stride 40) and read the weight or the
+    gradient transposed; every element of the poisoned outputs is
+    written, with the float64 reference's values."""
+    x = torch.randn(2, 5, 40, dtype=dtype, device=device)[:, :, 8:32]
+    w = torch.randn(16, 24, dtype=dtype, device=device)
+    g = torch.randn(2, 5, 16, dtype=dtype, device=device)
+    bias = torch.randn(16, dtype=dtype, device=device)
+    xd, wd, gd = x.double(), w.double(), g.double()
+    y = torch.full((2, 5, 16), float("nan"), dtype=dtype, device=device)
+    launch = _data_parallel(dtype)
+    gemsops._C.linear(x, w, y, *launch, bias, 1.0, 1.0)
+    assert_close(y, xd @ wd.t() + bias.double(), dtype, chain_len=24)
+    dx = torch.full((2, 5, 24), float("nan"), dtype=dtype, device=device)
+    gemsops._C.linear_grad_input(g, w, dx, *launch)
+    assert_close(dx, gd @ wd, dtype, chain_len=16)
+    dw = torch.full((16, 24), float("nan"), dtype=dtype, device=device)
+    gemsops._C.linear_grad_weight(g, x, dw, *launch)
+    ref = gd.reshape(10, 16).t() @ xd.reshape(10, 24)
+    assert_close(dw, ref, dtype, chain_len=10)
+
+
+def test_linear_products_refuse_what_does_not_fold(device):
+    """An input whose leading dims need two strides, or a product whose
+    sizes do not chain, is a RuntimeError naming the argument; the output
+    keeps its poison."""
+    x = torch.randn(5, 2, 24, device=device).transpose(0, 1)
+    w = torch.randn(16, 24, device=device)
+    y = torch.full((2, 5, 16), float("nan"), device=device)
+    launch = _data_parallel(torch.float32)
+    with pytest.raises(RuntimeError, match="'input' of shape .2, 5, 24.*fold"):
+        gemsops._C.linear(x, w, y, *launch)
+    with pytest.raises(RuntimeError, match="linear_grad_input.*do not chain"):
+        gemsops._C.linear_grad_input(
+            torch.randn(2, 5, 24, device=device), w, y, *launch
+        )
+    assert y.isnan().all()
+
+
 @pytest.mark.parametrize("bias_shape", [(7,), (1, 7), (3, 7), ()])
 @pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, 2.0), (0, 1), (2, 0)])
 def test_addmm_matches_torch(bias_shape, beta, alpha, device):
@@ -303,6 +402,7 @@ def test_weight_gradient_is_offered_the_kept_buffers():
     is offered its stream's kept workspace on the first _C call: once a
     backward has made them, it launches in one call, with the bits of the
     first backward's launch."""
+    from gemsops.ops import linear as lin_module
     from gemsops.ops import matmul as mm_module
     from gemsops.ops.matmul import get_schedule
 
@@ -313,15 +413,15 @@ def test_weight_gradient_is_offered_the_kept_buffers():
     g = torch.randn(4, 1024, 512, device="cuda", dtype=torch.bfloat16)
     before = get_schedule()
     gemsops.set_schedule("stream-k")
-    real = mm_module._C
+    real = lin_module._C
     calls = []
 
     class Counting:
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def matmul(self, *args):
-            need = real.matmul(*args)
+        def linear_grad_weight(self, *args):
+            need = real.linear_grad_weight(*args)
             if len(args) == 16:  # the products with row sums
                 calls.append(need is None)
             return need
@@ -329,7 +429,7 @@ def test_weight_gradient_is_offered_the_kept_buffers():
     try:
         mm_module._workspace.forget("mm_flags", x.get_device())
         mm_module._workspace.forget("mm_ws", x.get_device())
-        mm_module._C = Counting()
+        lin_module._C = Counting()
         grads, per_backward = [], []
         for _ in range(2):
             for t in (x, lin.weight, lin.bias):
@@ -339,7 +439,7 @@ def test_weight_gradient_is_offered_the_kept_buffers():
             grads.append([t.grad.clone() for t in (x, lin.weight, lin.bias)])
             per_backward.append(list(calls))
     finally:
-        mm_module._C = real
+        lin_module._C = real
         gemsops.set_schedule(**before)
     # the first may ask (no buffers kept, or dx's too small); then launch
     assert per_backward[0][-1] is True, per_backward
@@ -362,7 +462,7 @@ def test_weight_gradient_captured_on_a_stream_with_kept_buffers():
     captured on that stream must not be offered them (each replay would
     reuse the captured epoch): its row-sum launch asks for fresh ones, and
     replays give the eager backward's bits."""
-    from gemsops.ops import matmul as mm_module
+    from gemsops.ops import linear as lin_module
     from gemsops.ops.matmul import get_schedule
 
     torch.manual_seed(3)
@@ -371,17 +471,17 @@ def test_weight_gradient_captured_on_a_stream_with_kept_buffers():
     g = torch.randn(2048, 512, device="cuda", dtype=torch.bfloat16)
     before = get_schedule()
     gemsops.set_schedule("stream-k")
-    real = mm_module._C
+    real = lin_module._C
     offered = []  # the row-sum calls in the capture: workspace passed?
 
     class Recording:
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def matmul(self, *args):
+        def linear_grad_weight(self, *args):
             if len(args) == 16:
                 offered.append(args[7] is not None)
-            return real.matmul(*args)
+            return real.linear_grad_weight(*args)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -393,12 +493,12 @@ def test_weight_gradient_captured_on_a_stream_with_kept_buffers():
         torch.cuda.synchronize()
         eager = (lin.weight.grad.clone(), lin.bias.grad.clone())
         lin.weight.grad = lin.bias.grad = None
-        mm_module._C = Recording()
+        lin_module._C = Recording()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=side):
             lin(x).backward(g)
     finally:
-        mm_module._C = real
+        lin_module._C = real
         gemsops.set_schedule(**before)
     assert offered[:1] == [False], offered
     for _ in range(3):

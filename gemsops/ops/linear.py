@@ -12,10 +12,12 @@ import numbers
 
 import torch
 
+from .. import _C
 from .._dispatch import eager, eager_apply
 from .matmul import (
     SUPPORTED,
     _into,
+    _launch_product,
     _mm,
     matmul,
     mm,
@@ -131,9 +133,19 @@ def _row_sums_fit(g, x):
 _addmm_function = eager_apply(AddmmFunction)
 
 
+def _folds(t):
+    """C folds t's leading dims into rows of one stride (the views of
+    nn.Linear's products in _C)."""
+    return t.dim() <= 2 or t.is_contiguous()
+
+
 def _linear(x, weight, bias):
-    """x [*, in] @ weight^T (+ bias), one launch, no autograd."""
-    return _unrows(_mm(_rows(x), weight.mT, bias), x.shape)
+    """x [*, in] @ weight^T (+ bias), one launch, no autograd: C views x's
+    rows and the weight's transpose."""
+    if not _folds(x):
+        return _unrows(_mm(_rows(x), weight.mT, bias), x.shape)
+    c = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    return _launch_product(_C.linear, x, weight, c, bias)
 
 
 class LinearFunction(torch.autograd.Function):
@@ -153,36 +165,44 @@ class LinearFunction(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         if g.is_neg():  # C reads raw memory: give it the values
             g = g.resolve_neg()
-        need_x, need_w, need_b = ctx.needs_input_grad
-        g2, x2 = _rows(g), _rows(x)
-        dx = dw = db = None
         if torch.is_grad_enabled():  # create_graph: the differentiable ops
-            if need_x:
-                dx = mm(g2, weight)
-            if need_w:
-                dw = mm(g2.mT, x2)
-            if need_b:
-                db = g2.sum(0)
-        else:
-            if need_x:
-                dx = (
-                    _mm(weight.mT, g2.mT).mT
-                    if transposed(x2)
-                    else _mm(g2, weight)
-                )
-            if need_w and transposed(weight):
-                dw = _mm(x2.mT, g2).mT
-            elif need_w:
-                if need_b and _row_sums_fit(g2, x2):
-                    db = g2.new_empty(g2.shape[1])
-                    dw = _mm(g2.mT, x2, row_sums=db)
-                else:
-                    dw = _mm(g2.mT, x2)
-            if need_b and db is None:
-                db = g2.sum(0)
-        if dx is not None and x.dim() != 2:
-            dx = dx.view(x.shape)
+            return _linear_graph_grads(ctx, g, x, weight)
+        need_x, need_w, need_b = ctx.needs_input_grad
+        shape = x.shape
+        if not (_folds(g) and _folds(x)):
+            g, x = _rows(g), _rows(x)  # copies where the strides do not fold
+        dx = dw = db = None
+        if need_x and transposed(x):  # x's gradient in x's layout
+            dx = _mm(weight.mT, g.mT).mT
+        elif need_x:
+            dx = g.new_empty((*g.shape[:-1], weight.shape[1]))
+            _launch_product(_C.linear_grad_input, g, weight, dx)
+        if need_w and transposed(weight):  # (x^T g)^T, the weight's layout
+            dw = x.new_empty((x.shape[-1], g.shape[-1]))
+            dw = _launch_product(_C.linear_grad_weight, x, g, dw).mT
+        elif need_w:
+            if need_b and _row_sums_fit(g, x):
+                db = g.new_empty(g.shape[-1])
+            dw = g.new_empty(weight.shape)
+            _launch_product(_C.linear_grad_weight, g, x, dw, row_sums=db)
+        if need_b and db is None:
+            db = _rows(g).sum(0)
+        if dx is not None and dx.dim() != len(shape):
+            dx = dx.view(shape)
         return dx, dw, db
+
+
+def _linear_graph_grads(ctx, g, x, weight):
+    """LinearFunction's gradients through the differentiable ops, so that
+    their graph gives second order ones (create_graph)."""
+    need_x, need_w, need_b = ctx.needs_input_grad
+    g2 = _rows(g)
+    dx = mm(g2, weight) if need_x else None
+    if dx is not None and x.dim() != 2:
+        dx = dx.view(x.shape)
+    dw = mm(g2.mT, _rows(x)) if need_w else None
+    db = g2.sum(0) if need_b else None
+    return dx, dw, db
 
 
 _linear_function = eager_apply(LinearFunction)

@@ -179,13 +179,20 @@ def _error_buffer(device):
 
 def _mm(a, b, bias=None, alpha=1, beta=1, row_sums=None):
     """[m, k] x [k, n] -> [m, n], or [B, m, k] x [B, k, n] -> [B, m, n]: a
-    new contiguous C (no autograd). One _C call; a Stream-K launch asks for
-    its stream's workspace and flags and takes a second. With a bias (any
-    tensor of C's dtype broadcasting to C) or alpha != 1, the kernel's
-    epilogue gives alpha * a @ b + beta * bias, rounded once. row_sums (C's
-    dtype, [m], 2-D a) receives the sums of a's rows over k, made beside
-    the product where the kernel can (nn.Linear's bias gradient)."""
+    new contiguous C (no autograd). With a bias (any tensor of C's dtype
+    broadcasting to C) or alpha != 1, the kernel's epilogue gives alpha *
+    a @ b + beta * bias, rounded once. row_sums (C's dtype, [m], 2-D a)
+    receives the sums of a's rows over k, made beside the product where the
+    kernel can (nn.Linear's bias gradient)."""
     c = a.new_empty((*a.shape[:-1], b.shape[-1]))  # torch.empty's kwargs
+    return _launch_product(_C.matmul, a, b, c, bias, alpha, beta, row_sums)
+
+
+def _launch_product(call, a, b, c, bias=None, alpha=1, beta=1, row_sums=None):
+    """c <- call's product of a and b (_C.matmul, or one of nn.Linear's
+    products, which view the layer's tensors in C), through one _C call;
+    a Stream-K launch asks for its stream's workspace and flags and takes
+    a second, except a row-sum launch offered the stream's kept ones."""
     mode, two, ctas, loop, spin = _launch  # cost ~2 us more a call
     if loop != _FFMA and a.dtype is _FLOAT32 and not _tf32_allowed(a):
         loop = _FFMA  # exact fp32 unless torch allows TF32, as cuBLAS
@@ -200,19 +207,17 @@ def _mm(a, b, bias=None, alpha=1, beta=1, row_sums=None):
     if row_sums is not None and a.is_cuda:
         offer = _offered_buffers(a)
     if offer is None:
-        need = _C.matmul(
+        need = call(
             a, b, c, mode, two, ctas, loop, None, None, 0, spin, err, *epi
         )
     else:
         ws, flags, epoch = offer
-        need = _C.matmul(
+        need = call(
             a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err, *epi
         )
     if need is not None:
         flags, epoch, ws = _stream_buffers(a.get_device(), need)
-        _C.matmul(
-            a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err, *epi
-        )
+        call(a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err, *epi)
     if err is not None and err.item():
         err.zero_()
         raise RuntimeError(
