@@ -144,7 +144,7 @@ def _linear(x, weight, bias):
     rows and the weight's transpose."""
     if not _folds(x):
         return _unrows(_mm(_rows(x), weight.mT, bias), x.shape)
-    c = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    c = x.new_empty(*x.shape[:-1], weight.shape[0])  # sizes: see _mm
     return _launch_product(_C.linear, x, weight, c, bias)
 
 
@@ -175,15 +175,15 @@ class LinearFunction(torch.autograd.Function):
         if need_x and transposed(x):  # x's gradient in x's layout
             dx = _mm(weight.mT, g.mT).mT
         elif need_x:
-            dx = g.new_empty((*g.shape[:-1], weight.shape[1]))
+            dx = torch.empty_like(x)  # contiguous: x is, or is not dense
             _launch_product(_C.linear_grad_input, g, weight, dx)
         if need_w and transposed(weight):  # (x^T g)^T, the weight's layout
-            dw = x.new_empty((x.shape[-1], g.shape[-1]))
+            dw = x.new_empty(x.shape[-1], g.shape[-1])
             dw = _launch_product(_C.linear_grad_weight, x, g, dw).mT
         elif need_w:
             if need_b and _row_sums_fit(g, x):
                 db = g.new_empty(g.shape[-1])
-            dw = g.new_empty(weight.shape)
+            dw = torch.empty_like(weight)  # contiguous, as the weight
             _launch_product(_C.linear_grad_weight, g, x, dw, row_sums=db)
         if need_b and db is None:
             db = _rows(g).sum(0)
