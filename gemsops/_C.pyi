@@ -1,7 +1,7 @@
 """Typed stubs of the gemsops._C extension. Tensors are any DLPack
 producers (torch tensors, NumPy arrays, ...); outputs are written in place."""
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Protocol, Tuple
 
 Tensor = Any  # anything with __dlpack__
 
@@ -63,65 +63,35 @@ def prod_bwd(
 ) -> None: ...
 def prod_workspace(input: Tensor, dim: Optional[int]) -> int: ...
 def prod_bwd_workspace(input: Tensor, dim: Optional[int]) -> int: ...
-def matmul(
-    a: Tensor,
-    b: Tensor,
-    out: Tensor,
-    schedule: int,
-    two_tiles: bool,
-    ctas: int,
-    mainloop: int,
-    workspace: Optional[Tensor],
-    flags: Optional[Tensor],
-    epoch: int,
-    spin_limit: int,
-    error: Optional[Tensor],
-) -> Optional[Tuple[int, int, int]]: ...
-def linear(
-    input: Tensor,
-    weight: Tensor,
-    out: Tensor,
-    schedule: int,
-    two_tiles: bool,
-    ctas: int,
-    mainloop: int,
-    workspace: Optional[Tensor],
-    flags: Optional[Tensor],
-    epoch: int,
-    spin_limit: int,
-    error: Optional[Tensor],
-    *epilogue: Any,
-) -> Optional[Tuple[int, int, int]]: ...
-def linear_grad_input(
-    grad: Tensor,
-    weight: Tensor,
-    out: Tensor,
-    schedule: int,
-    two_tiles: bool,
-    ctas: int,
-    mainloop: int,
-    workspace: Optional[Tensor],
-    flags: Optional[Tensor],
-    epoch: int,
-    spin_limit: int,
-    error: Optional[Tensor],
-    *epilogue: Any,
-) -> Optional[Tuple[int, int, int]]: ...
-def linear_grad_weight(
-    grad: Tensor,
-    input: Tensor,
-    out: Tensor,
-    schedule: int,
-    two_tiles: bool,
-    ctas: int,
-    mainloop: int,
-    workspace: Optional[Tensor],
-    flags: Optional[Tensor],
-    epoch: int,
-    spin_limit: int,
-    error: Optional[Tensor],
-    *epilogue: Any,
-) -> Optional[Tuple[int, int, int]]: ...
+
+class _Product(Protocol):
+    """matmul(a, b, out, ...) and nn.Linear's three products over the
+    layer's tensors as held: linear(input, weight, out, ...),
+    linear_grad_input(grad, weight, out, ...), linear_grad_weight(grad,
+    input, out, ...). The epilogue: (bias, alpha, beta[, row_sums])."""
+
+    def __call__(
+        self,
+        a: Tensor,
+        b: Tensor,
+        out: Tensor,
+        schedule: int,
+        two_tiles: bool,
+        ctas: int,
+        mainloop: int,
+        workspace: Optional[Tensor],
+        flags: Optional[Tensor],
+        epoch: int,
+        spin_limit: int,
+        error: Optional[Tensor],
+        *epilogue: Any,
+    ) -> Optional[Tuple[int, int, int]]: ...
+
+matmul: _Product
+linear: _Product
+linear_grad_input: _Product
+linear_grad_weight: _Product
+
 def matmul_plan(
     a: Tensor,
     b: Tensor,
