@@ -2,13 +2,15 @@
 model with gemsops.nn.Linear in its place, timed in one run.
 
     python benchmark/gpt_step.py [--tokens 8x1024 --d 768 --layers 4]
+                                 [--layernorm] [--phases] [--json FILE]
 
 The block: LayerNorm, a fused qkv Linear, causal scaled-dot-product
 attention (torch's), the output projection, LayerNorm, a 4d MLP with GELU;
 residual adds. A step is zero_grad, forward, a mean-square loss, backward
 and an SGD update. Only the Linear layers differ between the two models
 (same weights: the gemsops model is a copy whose Linear modules are
-gemsops.nn.Linear, a subclass). Rounds alternate the two models; the
+gemsops.nn.Linear, a subclass); with --layernorm its LayerNorm modules
+are gemsops.nn.LayerNorm as well. Rounds alternate the two models; the
 figure is the median step time of each, and torch's over gemsops' (above
 1: gemsops' step is faster). --json FILE appends the result."""
 
@@ -46,11 +48,16 @@ class Block(torch.nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
-def with_gemsops_linear(model):
+def with_gemsops_linear(model, layer_norm=False):
+    """A copy of model whose Linear modules (and, with layer_norm, its
+    LayerNorm modules) are gemsops' subclasses."""
+    swap = {torch.nn.Linear: gemsops.nn.Linear}
+    if layer_norm:
+        swap[torch.nn.LayerNorm] = gemsops.nn.LayerNorm
     m = copy.deepcopy(model)
     for mod in m.modules():
-        if type(mod) is torch.nn.Linear:
-            mod.__class__ = gemsops.nn.Linear
+        if type(mod) in swap:
+            mod.__class__ = swap[type(mod)]
     return m
 
 
@@ -99,6 +106,11 @@ def main():
         "--profile", action="store_true", help="kernel table of one step each"
     )
     ap.add_argument(
+        "--layernorm",
+        action="store_true",
+        help="gemsops.nn.LayerNorm in place of torch's too",
+    )
+    ap.add_argument(
         "--phases",
         action="store_true",
         help="host time of each phase of a step, each model",
@@ -110,7 +122,7 @@ def main():
     dev = "cuda"
     ref = torch.nn.Sequential(*(Block(a.d, heads) for _ in range(a.layers)))
     ref = ref.to(dev, torch.bfloat16)
-    ours = with_gemsops_linear(ref)
+    ours = with_gemsops_linear(ref, a.layernorm)
     x = torch.randn(b, t, a.d, device=dev, dtype=torch.bfloat16)
     models = {"torch": ref, "gemsops": ours}
     opts = {
@@ -150,10 +162,11 @@ def main():
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["torch"] / med["gemsops"]
     name = torch.cuda.get_device_name()
+    swapped = "Linear, LayerNorm" if a.layernorm else "Linear"
     print(
         f"GPT step, bf16, {b}x{t} tokens, d={a.d}, {a.layers} layers, "
         f"{heads} heads on {name}: torch {med['torch'] * 1e3:.3f} ms, "
-        f"gemsops.nn.Linear {med['gemsops'] * 1e3:.3f} ms, "
+        f"gemsops ({swapped}) {med['gemsops'] * 1e3:.3f} ms, "
         f"ratio {ratio:.3f} (relative output difference {err:.1e})"
     )
     if a.json:
@@ -162,6 +175,7 @@ def main():
             "d": a.d,
             "layers": a.layers,
             "heads": heads,
+            "gemsops_modules": swapped,
             "gpu": name,
             "torch": torch.__version__,
             "torch_ms": med["torch"] * 1e3,
