@@ -27,8 +27,8 @@ def _forward(x, res, shape, weight, bias, eps, rms):
     h = torch.empty_like(x, memory_format=torch.contiguous_format)
     rows = math.prod(x.shape[: x.dim() - nd])
     sd = ln._stats_dtype(x.dtype)
-    mean = None if rms else torch.empty(rows, dtype=sd, device=x.device)
-    rstd = torch.empty(rows, dtype=sd, device=x.device)
+    mean = None if rms else x.new_empty(rows, dtype=sd)
+    rstd = x.new_empty(rows, dtype=sd)
     ws = ln.fwd_scratch(x, weight, bias, nd)
     _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd, ws)
     return y, h, mean, rstd

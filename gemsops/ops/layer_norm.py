@@ -131,8 +131,8 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
     if want_stats:  # two allocations cost less than one plus two views
         rows = math.prod(x.shape[: x.dim() - nd])
         sd = _stats_dtype(x.dtype)
-        mean = torch.empty(rows, dtype=sd, device=x.device)
-        rstd = torch.empty(rows, dtype=sd, device=x.device)
+        mean = x.new_empty(rows, dtype=sd)  # no device argument to parse
+        rstd = x.new_empty(rows, dtype=sd)
     if x.numel() == 0:
         # nothing to compute, but C checks the arguments as for any size
         _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, None)
@@ -226,11 +226,18 @@ def _backward(
 def grad_outputs(x, shape, weight, want_dx, want_dw, want_db=False):
     """(dx, dW, dB) as the norm backwards fill them (None where not
     wanted): dx contiguous in x's dtype, dW/dB in the weight's."""
+    contiguous = torch.contiguous_format
+    dx = torch.empty_like(x, memory_format=contiguous) if want_dx else None
+    if weight is not None and x.numel():
+        # like the weight: empty(shape, dtype=..., device=...) takes longer
+        # to parse
+        like = torch.empty_like
+        dw = like(weight, memory_format=contiguous) if want_dw else None
+        db = like(weight, memory_format=contiguous) if want_db else None
+        return dx, dw, db
     pdtype = weight.dtype if weight is not None else x.dtype
     # dW/dB over no rows are zeros, which a CUDA launch would not write
     empty = torch.zeros if x.numel() == 0 else torch.empty
-    contiguous = torch.contiguous_format
-    dx = torch.empty_like(x, memory_format=contiguous) if want_dx else None
     dw = empty(shape, dtype=pdtype, device=x.device) if want_dw else None
     db = empty(shape, dtype=pdtype, device=x.device) if want_db else None
     return dx, dw, db

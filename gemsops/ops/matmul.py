@@ -184,7 +184,7 @@ def _mm(a, b, bias=None, alpha=1, beta=1, row_sums=None):
     a @ b + beta * bias, rounded once. row_sums (C's dtype, [m], 2-D a)
     receives the sums of a's rows over k, made beside the product where the
     kernel can (nn.Linear's bias gradient)."""
-    # sizes as arguments: a tuple or a torch.Size costs ~1 us more to parse
+    # sizes as arguments: a tuple or a torch.Size takes longer to parse
     c = a.new_empty(*a.shape[:-1], b.shape[-1])
     return _launch_product(_C.matmul, a, b, c, bias, alpha, beta, row_sums)
 

@@ -61,9 +61,7 @@ def _forward(x, shape, weight, eps, want_rstd=True):
     rstd = None
     if want_rstd:
         rows = math.prod(x.shape[: x.dim() - nd])
-        rstd = torch.empty(
-            rows, dtype=ln._stats_dtype(x.dtype), device=x.device
-        )
+        rstd = x.new_empty(rows, dtype=ln._stats_dtype(x.dtype))
     ws = ln.fwd_scratch(x, weight, None, nd)
     _C.rms_norm_fwd(x, weight, nd, eps, out, rstd, ws)
     return out, rstd
