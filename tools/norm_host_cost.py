@@ -12,28 +12,14 @@ C call stubbed out (what the Python Function and autograd's engine cost).
 On CUDA, a profiler table of ten backwards of each counts the launches."""
 
 import argparse
-import time
 
 import torch
 import torch.nn.functional as F
 
 import gemsops
+from benchmark.host_cost import per_call_us
 from gemsops import _C
 from gemsops.ops import layer_norm as ln
-
-
-def per_call_us(fn, sync, n):
-    for _ in range(max(50, n // 10)):
-        fn()
-    sync()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        sync()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    return best
 
 
 def main():
@@ -64,7 +50,7 @@ def main():
     bwd_args = (g, xd, wd, 1, False, mean, rstd, dx, dw, db)
 
     def timed(fn):
-        return per_call_us(fn, sync, args.calls)
+        return per_call_us(fn, sync, args.calls, repeats=5)
 
     rows = {
         "torch forward, grad": timed(lambda: F.layer_norm(x, shape, w, b)),
