@@ -271,7 +271,7 @@ parse_problem(PyObject *const *args, const struct product_form *form,
 static const char *const mainloop_names[] = {"auto",      "ffma",
                                              "mma",       "wgmma-128",
                                              "wgmma-256", "wgmma-64",
-                                             "wgmma-192"};
+                                             "wgmma-192", "skinny"};
 
 static PyObject *
 schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop,
@@ -295,7 +295,8 @@ PyDoc_STRVAR(
     "matmul_plan(a, b, out, schedule, two_tiles, ctas, mainloop) -> dict\n\n"
     "The Stream-K schedule a matmul launch with these arguments uses: the\n"
     "mainloop ('ffma', 'mma', 'wgmma-128', 'wgmma-256', 'wgmma-64',\n"
-    "'wgmma-192'; 'cpu'),\n"
+    "'wgmma-192', 'skinny': at most 16 rows against a row-major b, a tile a\n"
+    "strip of C's columns; 'cpu'),\n"
     "staged\n"
     "('', 'a', 'b' or 'ab': operands TMA cannot describe, copied into the\n"
     "workspace first), ctas, tile shape (bm, bn, bk), tiles, iters,\n"
@@ -348,7 +349,8 @@ PyDoc_STRVAR(
     "it cannot take "
     "go lower;\n"
     "fp32 under auto or wgmma-* runs as TF32 where the GPU has wgmma, under\n"
-    "ffma or mma exactly).\n"
+    "ffma or mma exactly; at most 16 rows against an N-contiguous b under\n"
+    "auto take the skinny kernels, fp32 exactly).\n"
     "CUDA, Stream-K and staging launches only: workspace (uint8), flags\n"
     "(int32, zeroed\n"
     "once and kept per stream), epoch (this call's flag value, never reused\n"

@@ -97,7 +97,8 @@ def main(cases):
         plan = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, loop)
         plan = (
             f"{plan.get('mainloop')} {plan.get('tiles')} tiles "
-            f"{plan.get('sk_tiles')} split, staged '{plan.get('staged')}'"
+            f"{plan.get('sk_tiles')} split, k in {plan.get('split')}, "
+            f"staged '{plan.get('staged')}'"
         )
         tf = 2 * m * n * k / 1e9
         print(

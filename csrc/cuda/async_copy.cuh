@@ -42,6 +42,19 @@ __device__ __forceinline__ void cp_async_small(unsigned smem, const void *gmem)
                  : "memory");
 }
 
+// 4, 8 or 16 bytes through L1 of which the first `src_bytes` are read and
+// the rest zero-filled (nothing read when 0: gmem need only be a valid
+// address then).
+template <int BYTES>
+__device__ __forceinline__ void cp_async_zfill(unsigned smem, const void *gmem,
+                                               unsigned src_bytes)
+{
+    static_assert(BYTES == 4 || BYTES == 8 || BYTES == 16, "4, 8 or 16");
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(smem),
+                 "l"(gmem), "n"(BYTES), "r"(src_bytes)
+                 : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit()
 {
     asm volatile("cp.async.commit_group;" ::: "memory");

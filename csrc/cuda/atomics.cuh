@@ -1,8 +1,10 @@
 // Global-memory operations that other CTAs observe: reductions into global
-// accumulators (LayerNorm backward's dW/dB stripes) and the acquire load
-// that pairs with a writer's release (Stream-K's tile flags).
+// accumulators (LayerNorm backward's dW/dB stripes), the acquire load
+// that pairs with a writer's release (Stream-K's tile flags), and the
+// count of arrivals whose last does a group's final step.
 #pragma once
 
+#include <stdint.h>
 #include <type_traits>
 
 namespace gemsops {
@@ -45,6 +47,25 @@ __device__ __forceinline__ unsigned acquire_load(const unsigned *p)
                  : "l"(p)
                  : "memory");
     return v;
+}
+
+// One more of `of` arrivals at counter c, whose high word is the epoch of
+// its count (a count of an older launch counts as 0, so counters are never
+// reset): true for the last. The caller fences its own writes before.
+__device__ __forceinline__ bool last_to_arrive(unsigned long long *c,
+                                               unsigned epoch, int64_t of)
+{
+    const unsigned long long tag = (unsigned long long)epoch << 32;
+    unsigned long long seen = *(volatile unsigned long long *)c;
+    for (;;) {
+        const unsigned long long n =
+            (seen >> 32) == epoch ? seen & 0xffffffffull : 0;
+        const unsigned long long was = atomicCAS(c, seen, tag | (n + 1));
+        if (was == seen) {
+            return (int64_t)(n + 1) == of;
+        }
+        seen = was;
+    }
 }
 
 } // namespace gemsops

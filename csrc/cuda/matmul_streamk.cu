@@ -20,6 +20,9 @@
 //   mma (matmul_mma.cuh, sm_80+): fp16/bf16 with A K-contiguous, B either
 //     way, whole aligned 16-byte chunks: 128 x 128 tiles on tensor cores
 //     (mma.sync + ldmatrix + a 3-stage cp.async ring);
+//   skinny (matmul_skinny.cu, its own kernel): at most 16 rows against an
+//     N-contiguous B, asked for with every choice automatic; launch() hands
+//     such products over before planning tiles;
 //   ffma (below): everything else (fp32 exact, any strides, any
 //     alignment): 64 x 64 tiles, 256 threads of 4 x 4 outputs, k-steps of
 //     16 widened to fp32 in shared memory (each element one bounds-checked
@@ -64,7 +67,9 @@
 #include "common.cuh"
 #include "gemsops/matmul.h"
 #include "matmul_cost.cuh"
+#include "matmul_epilogue.cuh"
 #include "matmul_mma.cuh"
+#include "matmul_skinny.cuh"
 #include "matmul_stage.cuh"
 #include "matmul_wgmma.cuh"
 #include "pdl.cuh"
@@ -108,56 +113,14 @@ struct driver_args {
     float alpha, beta;
 };
 
-// C = alpha * acc + beta * bias in fp32 before the rounding. The launch's
-// parameters are read once a tile into this value. Per pair of columns
-// (c, c + 1) of row r: the two addends (0 outside C: nothing is loaded
-// there, and the store drops those values). A bias broadcast over the rows
-// (nn.Linear's) gives the same addends to every row: one lookup serves the
-// thread's two rows. The unrolled epilogue runs once a tile as straight
-// code, so its length is kept down.
+// The launch's epilogue for the tile's batch bt.
 template <typename T>
-struct epilogue_op {
-    const T *bias; // at the tile's batch; nullptr: alpha alone
-    int64_t rs, cs, m, n;
-    float alpha, beta;
-
-    __device__ __forceinline__ epilogue_op(const driver_args &p, int64_t bt)
-        : bias(p.bias == nullptr
-                   ? nullptr
-                   : static_cast<const T *>(p.bias) + bt * p.bias_bs),
-          rs(p.bias_rs),
-          cs(p.bias_cs),
-          m(p.s.m),
-          n(p.s.n),
-          alpha(p.alpha),
-          beta(p.beta)
-    {
-    }
-    __device__ __forceinline__ bool same_rows() const
-    {
-        return rs == 0 || bias == nullptr;
-    }
-    // v (an accumulator) with the addend a of its place
-    __device__ __forceinline__ float apply(float v, float a) const
-    {
-        return bias == nullptr ? v * alpha : v * alpha + a;
-    }
-    __device__ __forceinline__ void addends(int64_t r, int64_t c, float &a0,
-                                            float &a1) const
-    {
-        a0 = a1 = 0.f;
-        if (bias == nullptr || r >= m) {
-            return;
-        }
-        const T *b = bias + r * rs + c * cs;
-        if (c < n) {
-            a0 = beta * widen<float>(__ldg(b));
-        }
-        if (c + 1 < n) {
-            a1 = beta * widen<float>(__ldg(b + cs));
-        }
-    }
-};
+__device__ __forceinline__ epilogue_op<T> epilogue_of(const driver_args &p,
+                                                      int64_t bt)
+{
+    return epilogue_op<T>(p.bias, p.bias_bs, p.bias_rs, p.bias_cs, p.s.m,
+                          p.s.n, p.alpha, p.beta, bt);
+}
 
 // A bias broadcast over the rows (nn.Linear's), beta * bias staged for the
 // tile in shared memory (row[j]: column c0 + j; 0 past C's edge).
@@ -369,7 +332,7 @@ struct tc_mainloop {
             }
             else if (p.epilogue) {
                 M::store_staged(C, &p.tc, (int)bt, p.s.m, p.s.n, tm * BM,
-                                tn * BN, acc, sm, epilogue_op<T>(p, bt),
+                                tn * BN, acc, sm, epilogue_of<T>(p, bt),
                                 p.c_how);
             }
             else {
@@ -454,25 +417,6 @@ struct tc_mainloop {
         }
     }
 
-    // One more tile of `of` has arrived at counter c, whose high word is the
-    // epoch of its count (a count of an older launch counts as 0): true for
-    // the last.
-    static __device__ bool last_to_arrive(unsigned long long *c,
-                                          unsigned epoch, int64_t of)
-    {
-        const unsigned long long tag = (unsigned long long)epoch << 32;
-        unsigned long long seen = *(volatile unsigned long long *)c;
-        for (;;) {
-            const unsigned long long n =
-                (seen >> 32) == epoch ? seen & 0xffffffffull : 0;
-            const unsigned long long was = atomicCAS(c, seen, tag | (n + 1));
-            if (was == seen) {
-                return (int64_t)(n + 1) == of;
-            }
-            seen = was;
-        }
-    }
-
     // warp-specialized mainloops: where a split-k piece leaves its partial
     static __device__ unsigned partial_base(smem_t &sm)
     {
@@ -554,7 +498,7 @@ __device__ void store_tile(const driver_args &p, int64_t tile,
     T *C = (T *)p.c + bt * p.s.m * p.s.n;
     // every mainloop's accumulators e, e + 1 (e even) are neighbours in a
     // row at an even column: one paired store when C's rows allow it
-    const epilogue_op<T> epi(p, bt);
+    const epilogue_op<T> epi = epilogue_of<T>(p, bt);
 #pragma unroll
     for (int e = 0; e < L::kAcc; e += 2) {
         int r, c;
@@ -782,7 +726,7 @@ __device__ __forceinline__ void drive(const driver_args &p,
     int64_t bt, tm, tn;
     gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
     T *C = (T *)p.c + bt * p.s.m * p.s.n;
-    const epilogue_op<T> epi(p, bt);
+    const epilogue_op<T> epi = epilogue_of<T>(p, bt);
     constexpr int kQuads = L::BN / 4; // 16-byte groups of a partial's row
     const int r0 = j * L::BM / split, r1 = (j + 1) * L::BM / split;
     for (int i = threadIdx.x; i < (r1 - r0) * kQuads; i += kConsumers) {
@@ -1605,6 +1549,13 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
         return st->code;
     }
+    skinny_plan sp;
+    if (plan_skinny(p, f, &sp, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    if (sp.ctas > 0) {
+        return launch_skinny(p, f, sp, need, st);
+    }
     // The workspace holds the staged operands first, then the partials.
     staging sg = plan_staging(p, f);
     gemsops_matmul_params q = *p;
@@ -1753,6 +1704,16 @@ extern "C" int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
     gemsops::device_facts f;
     if (gemsops::get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
         return st->code;
+    }
+    gemsops::skinny_plan sp;
+    if (gemsops::plan_skinny(p, f, &sp, st) != GEMSOPS_OK) {
+        return st->code;
+    }
+    if (sp.ctas > 0) {
+        gemsops::skinny_schedule(p, sp, s);
+        *mainloop = GEMSOPS_MAINLOOP_SKINNY;
+        *staged = 0;
+        return GEMSOPS_OK;
     }
     gemsops::staging sg = gemsops::plan_staging(p, f);
     gemsops_matmul_params q = *p;

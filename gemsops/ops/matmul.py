@@ -18,7 +18,10 @@ the GPU and operands allow), or a cap: 'wgmma-256', 'wgmma-192',
 'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on
 wgmma as TF32 when torch allows TF32 for its own CUDA matmuls
 (torch.backends.cuda.matmul.fp32_precision or allow_tf32,
-torch.set_float32_matmul_precision) and exactly otherwise.
+torch.set_float32_matmul_precision) and exactly otherwise. Products of
+at most 16 rows against a row-major B take kernels of their own when
+everything is left automatic (C's plan names them 'skinny'): B read once,
+fp32 exactly on the CUDA cores.
 """
 
 import math
