@@ -47,9 +47,9 @@ struct epilogue_op {
     // the addend of (r, c), inside C
     __device__ __forceinline__ float addend(int64_t r, int64_t c) const
     {
-        return bias == nullptr ? 0.f
-                               : beta * widen<float>(__ldg(bias + r * rs +
-                                                           c * cs));
+        return bias == nullptr
+                   ? 0.f
+                   : beta * widen<float>(__ldg(bias + r * rs + c * cs));
     }
     __device__ __forceinline__ void addends(int64_t r, int64_t c, float &a0,
                                             float &a1) const

@@ -52,6 +52,7 @@ struct skinny_args {
     void *c; // [batch, m, n], contiguous
     int64_t m, n, k;
     int64_t a_bs, a_rs, a_cs; // A: any strides
+    bool a_vec; // A's rows unit-stride in aligned 16-byte chunks
     int64_t b_bs, b_rs; // B: columns unit-stride
     const void *bias; // NULL, or the addend over [batch, m, n]
     int64_t bias_bs, bias_rs, bias_cs;
@@ -73,35 +74,54 @@ struct skinny_shape {
     static constexpr int U = 64 / kVecBytes; // k rows a lane copies a step
     static constexpr int kStep = kWarps * U; // k rows a CTA's step
     static constexpr int kCols = 32 * V;
-    static constexpr int kChunk = 8192 / ROWS; // 32 KB of fp32 A
+    static constexpr int kChunk = 6144 / ROWS; // 24 KB of fp32 A
     static constexpr int kSteps = kChunk / kStep; // steps a chunk
     // the ring: kDepth steps of U rows a thread, each thread's own slots
     static constexpr int kDepth = 4;
     static constexpr int kStageBytes = U * kThreads * kVecBytes; // 16 KB
     static constexpr int kABytes = ROWS * kChunk * 4;
-    static constexpr int kSmemBytes = kDepth * kStageBytes + kABytes;
+    static constexpr int kSmemBytes = kDepth * kStageBytes + 2 * kABytes;
     static constexpr int kOut = ROWS * kCols / kThreads; // sums a thread ends
     static_assert(kWarps * ROWS * kCols * 4 <= kSmemBytes,
                   "the warps' sums fit over the ring");
     static_assert(kChunk % kStep == 0, "a chunk is whole steps");
+    static_assert(kDepth < kSteps, "a chunk's copies land within a chunk");
     static_assert(U % 4 == 0, "A's values read as 16-byte vectors");
     static_assert(kOut * kThreads == ROWS * kCols, "whole sums a thread");
 };
 
-// A's rows k = kc .. kc + kChunk - 1 into sm[r * kChunk + k - kc] as fp32:
-// zeros past m and at or past k1. Consecutive threads take consecutive k.
-template <typename T, int ROWS>
-__device__ __forceinline__ void stage_a(const skinny_args &p, const T *A,
-                                        int64_t kc, int64_t k1, float *sm)
+// A's rows 0 .. ROWS - 1 over k = kc .. kc + CHUNK - 1 into dst[r * PITCH
+// + k - kc]: zeros past m and at or past k1. With p.a_vec, cp.async copies
+// that join the thread's next commit group; else element by element. The
+// chunk may be read once those copies have landed and a CTA barrier has
+// passed (the kernels copy a chunk ahead of the one they read).
+template <typename T, int ROWS, int CHUNK, int PITCH>
+__device__ __forceinline__ void copy_a_chunk(const skinny_args &p, const T *A,
+                                             int64_t kc, int64_t k1, T *dst)
 {
-    constexpr int kChunk = skinny_shape<T, ROWS>::kChunk;
+    if (p.a_vec) {
+        constexpr int kVec = 16 / sizeof(T), kPerRow = CHUNK / kVec;
+        static_assert(ROWS * kPerRow % kThreads == 0, "whole copies a thread");
+#pragma unroll 1 // nothing waits on a copy: no registers for a batch
+        for (int j = 0; j < ROWS * kPerRow / kThreads; j++) {
+            const int i = threadIdx.x + j * kThreads;
+            const int r = i / kPerRow, c = i % kPerRow;
+            const int64_t k = kc + c * kVec;
+            const int64_t left = r < p.m ? (k1 - k) * (int64_t)sizeof(T) : 0;
+            const unsigned bytes =
+                left <= 0 ? 0u : (left >= 16 ? 16u : (unsigned)left);
+            cp_async_zfill<16>(smem_addr(dst + r * PITCH + c * kVec),
+                               bytes > 0 ? A + r * p.a_rs + k : A, bytes);
+        }
+        return;
+    }
 #pragma unroll 4
-    for (int j = 0; j < ROWS * kChunk / kThreads; j++) {
+    for (int j = 0; j < ROWS * CHUNK / kThreads; j++) {
         const int i = threadIdx.x + j * kThreads;
-        const int r = i / kChunk, kk = i % kChunk;
-        sm[i] = r < p.m && kc + kk < k1
-                    ? widen<float>(A[r * p.a_rs + (kc + kk) * p.a_cs])
-                    : 0.f;
+        const int r = i / CHUNK, kk = i % CHUNK;
+        dst[r * PITCH + kk] = r < p.m && kc + kk < k1
+                                  ? A[r * p.a_rs + (kc + kk) * p.a_cs]
+                                  : from_acc<T>(0.f);
     }
 }
 
@@ -153,7 +173,13 @@ __device__ __forceinline__ void sweep(
     using S = skinny_shape<T, ROWS>;
     using W = typename raw_word<S::kVecBytes>::type;
     constexpr int V = S::V, U = S::U, kRow = kThreads * S::kVecBytes;
+    static_assert(std::is_same_v<T, float>, "A staged as fp32 as it is");
+    // A's chunks c alternate between two buffers: chunk c + 1 is copied
+    // while chunk c is read
     float *As = reinterpret_cast<float *>(smem + S::kDepth * S::kStageBytes);
+    auto a_buffer = [As](int64_t c) {
+        return As + (c % 2) * (S::kABytes / 4);
+    };
     unsigned char *mine = smem + threadIdx.x * S::kVecBytes;
     const int warp = threadIdx.x / 32;
     const int64_t steps = (k1 - k0 + S::kStep - 1) / S::kStep;
@@ -174,19 +200,29 @@ __device__ __forceinline__ void sweep(
         }
         cp_async_commit();
     };
+    // chunk 0 with step 0's copies; chunk c + 1 with step c kSteps + 1's,
+    // which have landed by step (c + 1) kSteps (kDepth < kSteps)
+    copy_a_chunk<T, ROWS, S::kChunk, S::kChunk>(p, A, k0, k1, a_buffer(0));
 #pragma unroll
     for (int d = 0; d < S::kDepth - 1; d++) {
         copy_step(d);
     }
     for (int64_t st = 0; st < steps; st++) {
         const int in_chunk = (int)(st % S::kSteps);
-        if (in_chunk == 0) {
-            __syncthreads(); // every warp is done with the previous chunk
-            stage_a<T, ROWS>(p, A, k0 + st * S::kStep, k1, As);
-            __syncthreads();
-        }
+        const int64_t c = st / S::kSteps;
         copy_step(st + S::kDepth - 1);
         cp_async_wait<S::kDepth - 1>(); // step st has landed
+        if (in_chunk == 0) {
+            // chunk c has landed for every thread; chunk c - 1 is read
+            __syncthreads();
+            if ((c + 1) * S::kChunk < k1 - k0) {
+                copy_a_chunk<T, ROWS, S::kChunk, S::kChunk>(p, A,
+                                                            k0 + (c + 1) *
+                                                                     S::kChunk,
+                                                            k1,
+                                                            a_buffer(c + 1));
+            }
+        }
         const unsigned char *slot =
             mine + (int)(st % S::kDepth) * S::kStageBytes;
         vec_t<T, V> cur[U];
@@ -195,7 +231,8 @@ __device__ __forceinline__ void sweep(
             *reinterpret_cast<W *>(&cur[u]) =
                 *reinterpret_cast<const W *>(slot + u * kRow);
         }
-        multiply<T, ROWS>(cur, As + in_chunk * S::kStep + warp * U, acc);
+        multiply<T, ROWS>(cur, a_buffer(c) + in_chunk * S::kStep + warp * U,
+                          acc);
     }
     cp_async_wait<0>();
 }
@@ -225,10 +262,12 @@ __device__ __forceinline__ void finish_strip(const skinny_args &p,
     }
     // output q of this thread: row o / COLS, column c0 + o % COLS
     auto row = [](int q) { return (threadIdx.x + q * kThreads) / COLS; };
-    auto col = [c0](int q) { return c0 + (threadIdx.x + q * kThreads) % COLS; };
+    auto col = [c0](int q) {
+        return c0 + (threadIdx.x + q * kThreads) % COLS;
+    };
     T *C = static_cast<T *>(p.c) + bt * p.m * p.n;
-    const epilogue_op<T> epi(p.bias, p.bias_bs, p.bias_rs, p.bias_cs, p.m,
-                             p.n, p.alpha, p.beta, bt);
+    const epilogue_op<T> epi(p.bias, p.bias_bs, p.bias_rs, p.bias_cs, p.m, p.n,
+                             p.alpha, p.beta, bt);
     if (p.splits == 1) {
 #pragma unroll
         for (int q = 0; q < kOut; q++) {
@@ -282,8 +321,16 @@ struct skinny_cta {
         split = x % p.splits;
         strip = x / p.splits % p.strips;
         bt = x / p.splits / p.strips;
-        k0 = split * p.k / p.splits;
-        k1 = (split + 1) * p.k / p.splits;
+        k0 = bound(p, split);
+        k1 = bound(p, split + 1);
+    }
+    // where range j starts: a multiple of 16 rows (A's chunks start on
+    // 16-byte boundaries), range `splits` at k (each range keeps at least
+    // kMinSplitRows - 15 rows)
+    static __device__ __forceinline__ int64_t bound(const skinny_args &p,
+                                                    int64_t j)
+    {
+        return j == p.splits ? p.k : j * p.k / p.splits / 16 * 16;
     }
 };
 
@@ -303,8 +350,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int64_t col = x.strip * S::kCols + lane * V;
     const int valid = (int)(p.n - col < V ? (p.n > col ? p.n - col : 0) : V);
     const T *A = static_cast<const T *>(p.a) + x.bt * p.a_bs;
-    const T *B = static_cast<const T *>(p.b) + x.bt * p.b_bs +
-                 (valid > 0 ? col : 0);
+    const T *B =
+        static_cast<const T *>(p.b) + x.bt * p.b_bs + (valid > 0 ? col : 0);
     float acc[ROWS][V];
 #pragma unroll
     for (int r = 0; r < ROWS; r++) {
@@ -343,33 +390,17 @@ struct skinny_mma_shape {
     static constexpr int kDepth = 4; // B steps in a warp's ring
     static constexpr int kStageBytes = kStepRows * kCols * 2; // 2 KB
     static constexpr int kRingBytes = kWarps * kDepth * kStageBytes;
-    static constexpr int kChunk = 1024; // k of A staged at a time
+    static constexpr int kChunk = 640; // k of A a chunk (two buffers)
     // A's row pitch (elements): rows 16 bytes apart in the banks, so the 8
     // rows one ldmatrix reads hit distinct banks
     static constexpr int kAPitch = kChunk + 8;
-    static constexpr int kSmemBytes = kRingBytes + kRows * kAPitch * 2;
+    static constexpr int kABytes = kRows * kAPitch * 2;
+    static constexpr int kSmemBytes = kRingBytes + 2 * kABytes;
     static constexpr int kRounds = kChunk / (kWarps * kStepRows); // a chunk
+    static_assert(kDepth < kRounds, "a chunk's copies land within a chunk");
     static_assert(kWarps * kRows * kCols * 4 <= kSmemBytes,
                   "the warps' sums fit over the ring");
 };
-
-// A's rows k = kc .. kc + kChunk - 1 into As[r * kAPitch + k - kc] as T:
-// zeros past m and at or past k1.
-template <typename T>
-__device__ __forceinline__ void stage_a_rows(const skinny_args &p,
-                                             const T *A, int64_t kc,
-                                             int64_t k1, T *As)
-{
-    using S = skinny_mma_shape;
-#pragma unroll 8
-    for (int j = 0; j < S::kRows * S::kChunk / kThreads; j++) {
-        const int i = threadIdx.x + j * kThreads;
-        const int r = i / S::kChunk, kk = i % S::kChunk;
-        As[r * S::kAPitch + kk] = r < p.m && kc + kk < k1
-                                      ? A[r * p.a_rs + (kc + kk) * p.a_cs]
-                                      : from_acc<T>(0.f);
-    }
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 2)
@@ -379,7 +410,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     extern __shared__ float4 dynamic_smem[];
     unsigned char *smem = reinterpret_cast<unsigned char *>(dynamic_smem);
     float *red = reinterpret_cast<float *>(dynamic_smem);
+    // A's chunks c alternate between two buffers: chunk c + 1 is copied
+    // while chunk c is read
     T *As = reinterpret_cast<T *>(smem + S::kRingBytes);
+    auto a_buffer = [As](int64_t c) {
+        return As + (c % 2) * (S::kABytes / 2);
+    };
     __shared__ int last;
     const skinny_cta x(p);
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -391,10 +427,8 @@ __global__ void __launch_bounds__(kThreads, 2)
     const int ch = lane % 8;
     const int64_t left = (p.n - c0 - 8 * ch) * 2;
     const unsigned bytes = (unsigned)(left < 0 ? 0 : (left > 16 ? 16 : left));
-    const unsigned ring =
-        smem_addr(smem + warp * S::kDepth * S::kStageBytes);
-    const unsigned a_lane =
-        smem_addr(As) + ((lane % 16) * S::kAPitch + (lane / 16) * 8) * 2;
+    const unsigned ring = smem_addr(smem + warp * S::kDepth * S::kStageBytes);
+    const int a_lane = ((lane % 16) * S::kAPitch + (lane / 16) * 8) * 2;
     const int64_t rounds =
         (x.k1 - x.k0 + kWarps * S::kStepRows - 1) / (kWarps * S::kStepRows);
     // round r's step into slot r % kDepth (an empty group past the last
@@ -423,24 +457,34 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
     }
     pdl_wait_primary();
+    // chunk 0 with round 0's copies; chunk c + 1 with round c kRounds +
+    // 1's, which have landed by round (c + 1) kRounds (kDepth < kRounds)
+    copy_a_chunk<T, S::kRows, S::kChunk, S::kAPitch>(p, A, x.k0, x.k1,
+                                                     a_buffer(0));
 #pragma unroll
     for (int d = 0; d < S::kDepth - 1; d++) {
         copy_round(d);
     }
     for (int64_t r = 0; r < rounds; r++) {
         const int in_chunk = (int)(r % S::kRounds);
-        if (in_chunk == 0) {
-            __syncthreads(); // every warp is done with the previous chunk
-            stage_a_rows<T>(p, A, x.k0 + r * kWarps * S::kStepRows, x.k1, As);
-            __syncthreads();
-        }
+        const int64_t c = r / S::kRounds;
         __syncwarp(); // the warp has read the slot it refills now
         copy_round(r + S::kDepth - 1);
         cp_async_wait<S::kDepth - 1>();
         __syncwarp(); // every lane's copies of this step have landed
+        if (in_chunk == 0) {
+            // chunk c has landed for every thread; chunk c - 1 is read
+            __syncthreads();
+            if ((c + 1) * S::kChunk < x.k1 - x.k0) {
+                copy_a_chunk<T, S::kRows, S::kChunk,
+                             S::kAPitch>(p, A, x.k0 + (c + 1) * S::kChunk,
+                                         x.k1, a_buffer(c + 1));
+            }
+        }
         const unsigned slot = ring + (int)(r % S::kDepth) * S::kStageBytes;
         unsigned af[4];
-        ldmatrix_x4(af, a_lane + (in_chunk * kWarps + warp) * S::kStepRows * 2);
+        ldmatrix_x4(af, smem_addr(a_buffer(c)) + a_lane +
+                            (in_chunk * kWarps + warp) * S::kStepRows * 2);
 #pragma unroll
         for (int t = 0; t < 4; t++) { // n8 tiles 2t and 2t + 1
             const int kr = lane % 8 + ((lane / 8) % 2) * 8;
@@ -460,14 +504,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int t = 0; t < 8; t++) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            *reinterpret_cast<float2 *>(
-                mine + (lane / 4 + 8 * h) * S::kCols + 8 * t + 2 * (lane % 4)) =
+            *reinterpret_cast<float2 *>(mine + (lane / 4 + 8 * h) * S::kCols +
+                                        8 * t + 2 * (lane % 4)) =
                 make_float2(acc[t][2 * h], acc[t][2 * h + 1]);
         }
     }
     __syncthreads();
-    finish_strip<T, S::kRows, S::kCols>(p, red, x.bt, x.strip, x.split,
-                                        &last);
+    finish_strip<T, S::kRows, S::kCols>(p, red, x.bt, x.strip, x.split, &last);
 }
 
 // A kernel of the family and what planning needs of it: rows of C it
@@ -499,10 +542,10 @@ skinny_kernel ffma_kernel()
             S::V,
             S::kSmemBytes,
             [](unsigned grid, cudaStream_t s, bool pdl, const skinny_args &a) {
-                return launch_with<decltype(&matmul_skinny_ffma_kernel<
-                                            float, ROWS>),
-                                   S::kSmemBytes>(
-                    matmul_skinny_ffma_kernel<float, ROWS>, grid, s, pdl, a);
+                return launch_with<
+                    decltype(&matmul_skinny_ffma_kernel<float, ROWS>),
+                    S::kSmemBytes>(matmul_skinny_ffma_kernel<float, ROWS>,
+                                   grid, s, pdl, a);
             }};
 }
 
@@ -518,8 +561,8 @@ skinny_kernel mma_kernel()
             S::kSmemBytes,
             [](unsigned grid, cudaStream_t s, bool pdl, const skinny_args &a) {
                 return launch_with<decltype(&matmul_skinny_mma_kernel<T>),
-                                   S::kSmemBytes>(
-                    matmul_skinny_mma_kernel<T>, grid, s, pdl, a);
+                                   S::kSmemBytes>(matmul_skinny_mma_kernel<T>,
+                                                  grid, s, pdl, a);
             }};
 }
 
@@ -533,9 +576,7 @@ bool kernel_for(gemsops_dtype dtype, int64_t m, const device_facts &f,
         *k = m <= 4 ? ffma_kernel<4>()
                     : (m <= 8 ? ffma_kernel<8>() : ffma_kernel<16>());
         return true;
-    case GEMSOPS_FLOAT16:
-        *k = mma_kernel<__half>();
-        return f.cc_major >= 8;
+    case GEMSOPS_FLOAT16: *k = mma_kernel<__half>(); return f.cc_major >= 8;
     case GEMSOPS_BFLOAT16:
         *k = mma_kernel<__nv_bfloat16>();
         return f.cc_major >= 8;
@@ -577,8 +618,8 @@ int plan_skinny(const gemsops_matmul_params *p, const device_facts &f,
     // least kMinSplitRows long
     int64_t splits = 1;
     if (units < resident) {
-        splits = std::max<int64_t>(
-            1, std::min<int64_t>(resident / units, p->k / kMinSplitRows));
+        splits = std::max<int64_t>(1, std::min<int64_t>(resident / units,
+                                                        p->k / kMinSplitRows));
     }
     if (units > INT32_MAX / splits) {
         return GEMSOPS_OK;
@@ -626,10 +667,10 @@ int launch_skinny(const gemsops_matmul_params *p, const device_facts &f,
         }
         // flags the boundary cannot vouch for may hold this epoch already
         if (!p->flags_known) {
-            GEMSOPS_CUDA_CHECK(
-                st, cudaMemsetAsync(p->flags, 0,
-                                    p->flag_count * sizeof(unsigned),
-                                    (cudaStream_t)p->stream));
+            GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->flags, 0,
+                                                   p->flag_count *
+                                                       sizeof(unsigned),
+                                                   (cudaStream_t)p->stream));
         }
         a.partials = static_cast<float *>(p->workspace);
         a.counts = reinterpret_cast<unsigned long long *>(p->flags);
@@ -644,6 +685,12 @@ int launch_skinny(const gemsops_matmul_params *p, const device_facts &f,
     a.a_bs = p->a_bs;
     a.a_rs = p->a_rs;
     a.a_cs = p->a_cs;
+    {
+        const int64_t vec = 16 / (int64_t)gemsops_dtype_size(p->dtype);
+        a.a_vec = p->a_cs == 1 && (uintptr_t)p->a % 16 == 0 &&
+                  (p->m == 1 || p->a_rs % vec == 0) &&
+                  (p->batch == 1 || p->a_bs % vec == 0);
+    }
     a.b_bs = p->b_bs;
     a.b_rs = p->b_rs;
     a.bias = p->bias;
@@ -654,8 +701,7 @@ int launch_skinny(const gemsops_matmul_params *p, const device_facts &f,
     a.beta = p->beta;
     a.strips = sp.strips;
     a.splits = sp.splits;
-    GEMSOPS_CUDA_CHECK(st, k.launch((unsigned)sp.ctas,
-                                    (cudaStream_t)p->stream,
+    GEMSOPS_CUDA_CHECK(st, k.launch((unsigned)sp.ctas, (cudaStream_t)p->stream,
                                     f.cc_major >= 9, a));
     return GEMSOPS_OK;
 }
