@@ -204,7 +204,7 @@ parse_problem(PyObject *const *args, const struct product_form *form,
         parse_ll(args[4], fn, "two_tiles", 0, 1, &two) ||
         parse_ll(args[5], fn, "ctas", 0, 1LL << 20, &ctas) ||
         parse_ll(args[6], fn, "mainloop", GEMSOPS_MAINLOOP_AUTO,
-                 GEMSOPS_MAINLOOP_WGMMA_192, &mainloop)) {
+                 GEMSOPS_MAINLOOP_SKINNY, &mainloop)) {
         return -1;
     }
     if (b->dtype != a->dtype || c->dtype != a->dtype) {
@@ -345,7 +345,8 @@ PyDoc_STRVAR(
     "schedule: 0 auto, 1 data-parallel, 2 stream-k, 3 hybrid, 4 split-k;\n"
     "ctas: 0 = from\n"
     "the device; mainloop (CUDA): 0 auto, 1 ffma, 2 mma, 3 wgmma-128, 4\n"
-    "wgmma-256, 5 wgmma-64, 6 wgmma-192, the most capable allowed (operands "
+    "wgmma-256, 5 wgmma-64, 6 wgmma-192, 7 skinny (at most 16 rows against\n"
+    "a row-major b, whatever their size), the most capable allowed (operands "
     "it cannot take "
     "go lower;\n"
     "fp32 under auto or wgmma-* runs as TF32 where the GPU has wgmma, under\n"

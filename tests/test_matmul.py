@@ -747,10 +747,11 @@ def test_tf32_batches_bias_and_backward():
     torch.testing.assert_close(bias.grad, g2.sum(0), rtol=1e-5, atol=1e-4)
 
 
-# Products of at most 16 rows against an N-contiguous B take the skinny
-# kernel (csrc/cuda/matmul_skinny.cu) when everything is left automatic:
-# (m, n, k) across its row counts (4, 8, 16), ragged strips, k cut into
-# ranges or not
+# Products of at most 16 rows against an N-contiguous B have kernels of
+# their own (csrc/cuda/matmul_skinny.cu): fp32 takes them whenever the
+# schedule is automatic, fp16 and bf16 when B is large, any when asked for
+# by name ('skinny'). (m, n, k) across their row counts (fp32: 4, 8, 16),
+# ragged strips, k cut into ranges or not
 SKINNY_SHAPES = [
     (1, 8, 8),
     (3, 80, 1001),
@@ -768,32 +769,41 @@ SKINNY_SHAPES = [
 def test_skinny_rows_take_their_own_kernel(dtype):
     for m in (1, 4, 5, 8, 9, 16):
         a, b = cu(m, 512, dtype=dtype), cu(512, 384, dtype=dtype)
-        plan = plan_of(a, b)
+        plan = plan_of(a, b, "skinny")
         assert plan["mainloop"] == "skinny", (m, plan)
         rows = 4 if m <= 4 else 8 if m <= 8 else 16  # fp32: CUDA cores
         assert plan["bm"] == (rows if dtype == F32 else 16), plan
         assert plan["staged"] == "" and plan["sk_tiles"] == 0, plan
+        auto = plan_of(a, b)["mainloop"]
+        assert (auto == "skinny") == (dtype == F32), auto  # B of 384 KB
+        if dtype == F32:  # exact FFMA: the ffma cap takes it too
+            assert plan_of(a, b, "ffma")["mainloop"] == "skinny"
+    if dtype != F32:  # a large B: auto takes it, unless narrow
+        big = plan_of(cu(8, 4096, dtype=dtype), cu(4096, 4096, dtype=dtype))
+        assert big["mainloop"] == "skinny", big
+        narrow = plan_of(
+            cu(16, 8192, dtype=dtype), cu(8192, 2560, dtype=dtype)
+        )
+        assert narrow["mainloop"] != "skinny", narrow
     a = cu(17, 512, dtype=dtype)
-    assert plan_of(a, cu(512, 384, dtype=dtype))["mainloop"] != "skinny"
+    b = cu(512, 384, dtype=dtype)
+    assert plan_of(a, b, "skinny")["mainloop"] != "skinny"  # the tiles
     a = cu(8, 512, dtype=dtype)
     b_k = cu(384, 512, dtype=dtype).t()  # K-contiguous B: the tiles
-    assert plan_of(a, b_k)["mainloop"] != "skinny"
+    assert plan_of(a, b_k, "skinny")["mainloop"] != "skinny"
     b_off = odd_view(512, 384, dtype)  # off its vectors' alignment
-    assert plan_of(a, b_off)["mainloop"] != "skinny"
-    b = cu(512, 384, dtype=dtype)
-    for forced in ("ffma", "mma", "wgmma-128"):  # a cap: the tiles
+    assert plan_of(a, b_off, "skinny")["mainloop"] != "skinny"
+    for forced in ("mma", "wgmma-128"):  # a cap: the tiles
         assert plan_of(a, b, forced)["mainloop"] != "skinny"
     forced = gemsops._C.matmul_plan(  # a forced schedule: the tiles
-        a[None], b[None], cu(1, 8, 384, dtype=dtype), 1, 0, 0, 0
+        a[None], b[None], cu(1, 8, 384, dtype=dtype), 1, 0, 0, 7
     )
     assert forced["mainloop"] != "skinny"
     if dtype != F32:  # rows of 72 bytes: not whole 16-byte vectors
-        assert (
-            plan_of(cu(4, 64, dtype=dtype), cu(64, 36, dtype=dtype))[
-                "mainloop"
-            ]
-            != "skinny"
+        plan = plan_of(
+            cu(4, 64, dtype=dtype), cu(64, 36, dtype=dtype), "skinny"
         )
+        assert plan["mainloop"] != "skinny"
 
 
 @pytest.mark.cuda
@@ -804,27 +814,28 @@ def test_skinny_matches_float64_and_repeats(m, n, k, dtype):
     cores never round to TF32), the same bits twice (k ranges added in a
     fixed order), and nothing written beside C."""
     a, b = cu(m, k, dtype=dtype), cu(k, n, dtype=dtype)
-    assert plan_of(a, b)["mainloop"] == "skinny"
-    with tf32(True):
+    plan = plan_of(a, b, "skinny")
+    assert plan["mainloop"] == "skinny"
+    with tf32(True), schedule(mainloop="skinny"):
         first = gemsops.mm(a, b)
         second = gemsops.mm(a, b)
     assert_mm_close(first, a, b, dtype, name=f"{m}x{n}x{k}")
     assert torch.equal(first, second)
     buf = torch.full((m + 2, n), float("nan"), dtype=dtype, device="cuda")
     out = buf[1 : m + 1]
-    need = gemsops._C.matmul(a, b, out, 0, 0, 0, 0, None, None, 0, 0, None)
+    need = gemsops._C.matmul(a, b, out, 0, 0, 0, 7, None, None, 0, 0, None)
     if need is not None:  # k cut into ranges: partials and counts
         nbytes, count, _ = need
-        splits = plan_of(a, b)["split"]
-        assert splits > 1 and nbytes == splits * m * n * 4, (need, splits)
+        assert plan["split"] > 1, plan
+        assert nbytes == plan["split"] * m * n * 4, (need, plan)
         ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         flags = torch.empty(count, dtype=torch.int32, device="cuda")
         for epoch in (1, 2):  # fresh flags, zeroed by the launch
             out.fill_(float("nan"))
-            gemsops._C.matmul(a, b, out, 0, 0, 0, 0, ws, flags, epoch, 0, None)
+            gemsops._C.matmul(a, b, out, 0, 0, 0, 7, ws, flags, epoch, 0, None)
             assert torch.equal(out, first)
     else:
-        assert plan_of(a, b)["split"] == 0
+        assert plan["split"] == 0
         assert torch.equal(out, first)
     assert buf[0].isnan().all() and buf[m + 1].isnan().all()
 
@@ -837,31 +848,33 @@ def test_skinny_layouts_batches_and_epilogue(dtype):
     a_t = cu(700, 6, dtype=dtype).t()  # M-contiguous A
     a_s = cu(6, 1400, dtype=dtype)[:, ::2]  # no unit stride
     b = cu(700, 136, dtype=dtype)[:, :99]  # the last vector part-filled
-    for a in (a_t, a_s):
-        assert plan_of(a, b)["mainloop"] == "skinny"
-        assert_mm_close(gemsops.mm(a, b), a, b, dtype)
-    a3 = cu(3, 12, 520, dtype=dtype)
-    for b3 in (
-        cu(520, 264, dtype=dtype).expand(3, 520, 264),
-        cu(3, 520, 264, dtype=dtype),
-    ):
-        assert_mm_close(gemsops.bmm(a3, b3), a3, b3, dtype)
-    a, b = cu(7, 2048, dtype=dtype), cu(2048, 300, dtype=dtype)
-    ref = a.double() @ b.double()
-    bound = a.double().abs() @ b.double().abs()
-    for bias in (cu(300, dtype=dtype), cu(7, 300, dtype=dtype)):
-        got = gemsops.addmm(bias, a, b, beta=0.5, alpha=-2.0)
-        want = 0.5 * bias.double() - 2.0 * ref
-        tol = OUT_RTOL[dtype] * want.abs() + 8 * 2048**0.5 * 2**-24 * bound
-        err = (got.double() - want).abs()
-        assert not (err > tol).any(), err.max().item()
-    # nn.Linear's dX for a few rows: g [2, 3, 96] @ W [96, 64], W as stored
-    lin = gemsops.nn.Linear(64, 96, device="cuda", dtype=dtype)
-    x = cu(2, 3, 64, dtype=dtype).requires_grad_()
-    g = cu(2, 3, 96, dtype=dtype)
-    lin(x).backward(g)
+    with schedule(mainloop="skinny"):
+        for a in (a_t, a_s):
+            assert plan_of(a, b, "skinny")["mainloop"] == "skinny"
+            assert_mm_close(gemsops.mm(a, b), a, b, dtype)
+        a3 = cu(3, 12, 520, dtype=dtype)
+        for b3 in (
+            cu(520, 264, dtype=dtype).expand(3, 520, 264),
+            cu(3, 520, 264, dtype=dtype),
+        ):
+            assert_mm_close(gemsops.bmm(a3, b3), a3, b3, dtype)
+        a, b = cu(7, 2048, dtype=dtype), cu(2048, 304, dtype=dtype)
+        assert plan_of(a, b, "skinny")["mainloop"] == "skinny"
+        ref = a.double() @ b.double()
+        bound = a.double().abs() @ b.double().abs()
+        for bias in (cu(304, dtype=dtype), cu(7, 304, dtype=dtype)):
+            got = gemsops.addmm(bias, a, b, beta=0.5, alpha=-2.0)
+            want = 0.5 * bias.double() - 2.0 * ref
+            tol = OUT_RTOL[dtype] * want.abs() + 8 * 2048**0.5 * 2**-24 * bound
+            err = (got.double() - want).abs()
+            assert not (err > tol).any(), err.max().item()
+        # nn.Linear's dX for a few rows: g [2, 3, 96] @ W [96, 64] as stored
+        lin = gemsops.nn.Linear(64, 96, device="cuda", dtype=dtype)
+        x = cu(2, 3, 64, dtype=dtype).requires_grad_()
+        g = cu(2, 3, 96, dtype=dtype)
+        lin(x).backward(g)
     w = lin.weight.detach()
-    assert plan_of(g.reshape(6, 96), w)["mainloop"] == "skinny"
+    assert plan_of(g.reshape(6, 96), w, "skinny")["mainloop"] == "skinny"
     assert_mm_close(x.grad.reshape(6, 64), g.reshape(6, 96), w, dtype)
 
 

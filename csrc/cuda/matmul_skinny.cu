@@ -45,6 +45,15 @@ constexpr int kWarps = 8, kThreads = 32 * kWarps;
 // A CTA's range of k is at least this many rows when k is split: shorter,
 // its partial's round trip costs more than the rows it reads.
 constexpr int64_t kMinSplitRows = 128;
+// fp16 and bf16 take the mma kernel on their own only where it measured
+// faster than the wgmma tiles (H100, kernel times in one call, 60cd03's
+// kernels; docs/performance.md, matmul): a B of at least 32 MB over at
+// least 4096 columns (1 x 4096 x 4096: 23.0 against 25.7 us; 8 x 8192 x
+// 8192: 61.4 against 70.4). With less of B the tiles' split-k has less
+// fixed cost (16 x 2560 x 8192: 32.9 against 28.0; 16 x 1024 x 4096: 17.1
+// against 12.3). fp32 always: its tiles first copy B transposed for TF32.
+constexpr int64_t kMmaMinBBytes = int64_t(32) << 20;
+constexpr int64_t kMmaMinCols = 4096;
 
 // One launch's arguments.
 struct skinny_args {
@@ -600,10 +609,21 @@ int plan_skinny(const gemsops_matmul_params *p, const device_facts &f,
 {
     *sp = skinny_plan{};
     skinny_kernel k;
-    if (p->mainloop != GEMSOPS_MAINLOOP_AUTO || p->mode != GEMSOPS_SK_AUTO ||
-        p->ctas_override > 0 || p->row_sums != nullptr || p->m < 1 ||
-        p->m > 16 || p->n < 1 || p->k < 1 || p->batch < 1 ||
-        !kernel_for(p->dtype, p->m, f, &k) || !b_in_vectors(p, k.vec)) {
+    const bool asked = p->mainloop == GEMSOPS_MAINLOOP_SKINNY;
+    const bool exact = p->dtype == GEMSOPS_FLOAT32; // the FFMA kernel
+    // fp32 under auto or the ffma cap (the kernel is exact FFMA), any
+    // type when asked for by name; the grid and schedule left automatic
+    if (!(asked || p->mainloop == GEMSOPS_MAINLOOP_AUTO ||
+          (exact && p->mainloop == GEMSOPS_MAINLOOP_FFMA)) ||
+        p->mode != GEMSOPS_SK_AUTO || p->ctas_override > 0 ||
+        p->row_sums != nullptr || p->m < 1 || p->m > 16 || p->n < 1 ||
+        p->k < 1 || p->batch < 1 || !kernel_for(p->dtype, p->m, f, &k) ||
+        !b_in_vectors(p, k.vec)) {
+        return GEMSOPS_OK;
+    }
+    const int64_t b_bytes =
+        p->k * p->n * (int64_t)gemsops_dtype_size(p->dtype);
+    if (!exact && !asked && (b_bytes < kMmaMinBBytes || p->n < kMmaMinCols)) {
         return GEMSOPS_OK;
     }
     int resident = 1;

@@ -1556,9 +1556,13 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
     if (sp.ctas > 0) {
         return launch_skinny(p, f, sp, need, st);
     }
+    gemsops_matmul_params q = *p;
+    if (q.mainloop == GEMSOPS_MAINLOOP_SKINNY) { // not for these operands
+        q.mainloop = GEMSOPS_MAINLOOP_AUTO;
+        p = &q;
+    }
     // The workspace holds the staged operands first, then the partials.
     staging sg = plan_staging(p, f);
-    gemsops_matmul_params q = *p;
     unsigned char *ws = static_cast<unsigned char *>(p->workspace);
     const bool have_ws = ws != nullptr && p->flags != nullptr;
     if (sg.any()) {
@@ -1715,8 +1719,12 @@ extern "C" int gemsops_matmul_plan_cuda(const struct gemsops_matmul_params *p,
         *staged = 0;
         return GEMSOPS_OK;
     }
-    gemsops::staging sg = gemsops::plan_staging(p, f);
     gemsops_matmul_params q = *p;
+    if (q.mainloop == GEMSOPS_MAINLOOP_SKINNY) { // not for these operands
+        q.mainloop = GEMSOPS_MAINLOOP_AUTO;
+        p = &q;
+    }
+    gemsops::staging sg = gemsops::plan_staging(p, f);
     if (sg.any()) {
         sg.place(gemsops::kPlaceholder, &q);
     }

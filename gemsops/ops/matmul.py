@@ -15,13 +15,15 @@ piece sums a band of its tile); set_schedule() or GEMSOPS_MATMUL_SCHEDULE
 picks one for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest
 the GPU and operands allow), or a cap: 'wgmma-256', 'wgmma-192',
 'wgmma-128', 'wgmma-64' (sm_90a, a forced tile width), 'mma' (sm_80+),
-'ffma' (exact fp32); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on
+'ffma' (exact fp32), or 'skinny' (products of at most 16 rows against a
+row-major B on their own kernels whatever their size; auto takes them
+for fp32 and for a large B); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on
 wgmma as TF32 when torch allows TF32 for its own CUDA matmuls
 (torch.backends.cuda.matmul.fp32_precision or allow_tf32,
 torch.set_float32_matmul_precision) and exactly otherwise. Products of
-at most 16 rows against a row-major B take kernels of their own when
-everything is left automatic (C's plan names them 'skinny'): B read once,
-fp32 exactly on the CUDA cores.
+at most 16 rows against a row-major B take kernels of their own (C's plan
+names them 'skinny'; fp32 always, fp16 and bf16 when B is large): B read
+once, fp32 exactly on the CUDA cores.
 """
 
 import math
@@ -50,6 +52,7 @@ MAINLOOPS = {
     "wgmma-256": 4,
     "wgmma-64": 5,
     "wgmma-192": 6,
+    "skinny": 7,
 }
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
