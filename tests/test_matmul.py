@@ -967,7 +967,7 @@ def test_errors(device):
             0,
             None,
         )
-    with pytest.raises(ValueError, match="'mainloop'=7 is out of range"):
+    with pytest.raises(ValueError, match="'mainloop'=8 is out of range"):
         gemsops._C.matmul(
             a[None],
             a.t()[None],
@@ -975,7 +975,7 @@ def test_errors(device):
             0,
             0,
             0,
-            7,
+            8,
             None,
             None,
             1,
