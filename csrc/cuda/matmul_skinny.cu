@@ -602,6 +602,15 @@ bool b_in_vectors(const gemsops_matmul_params *p, int vec)
            (p->batch == 1 || p->b_bs % vec == 0);
 }
 
+// A's rows unit-stride in aligned 16-byte chunks (copy_a_chunk's cp.async)
+bool a_in_vectors(const gemsops_matmul_params *p)
+{
+    const int64_t vec = 16 / (int64_t)gemsops_dtype_size(p->dtype);
+    return p->a_cs == 1 && (uintptr_t)p->a % 16 == 0 &&
+           (p->m == 1 || p->a_rs % vec == 0) &&
+           (p->batch == 1 || p->a_bs % vec == 0);
+}
+
 } // namespace
 
 int plan_skinny(const gemsops_matmul_params *p, const device_facts &f,
@@ -705,12 +714,7 @@ int launch_skinny(const gemsops_matmul_params *p, const device_facts &f,
     a.a_bs = p->a_bs;
     a.a_rs = p->a_rs;
     a.a_cs = p->a_cs;
-    {
-        const int64_t vec = 16 / (int64_t)gemsops_dtype_size(p->dtype);
-        a.a_vec = p->a_cs == 1 && (uintptr_t)p->a % 16 == 0 &&
-                  (p->m == 1 || p->a_rs % vec == 0) &&
-                  (p->batch == 1 || p->a_bs % vec == 0);
-    }
+    a.a_vec = a_in_vectors(p);
     a.b_bs = p->b_bs;
     a.b_rs = p->b_rs;
     a.bias = p->bias;
