@@ -20,9 +20,9 @@
 //   mma (matmul_mma.cuh, sm_80+): fp16/bf16 with A K-contiguous, B either
 //     way, whole aligned 16-byte chunks: 128 x 128 tiles on tensor cores
 //     (mma.sync + ldmatrix + a 3-stage cp.async ring);
-//   skinny (matmul_skinny.cu, its own kernel): at most 16 rows against an
-//     N-contiguous B, asked for with every choice automatic; launch() hands
-//     such products over before planning tiles;
+//   skinny (matmul_skinny.cu, kernels of their own): at most 16 rows
+//     against an N-contiguous B, where plan_skinny takes them; launch()
+//     hands such products over before planning tiles;
 //   ffma (below): everything else (fp32 exact, any strides, any
 //     alignment): 64 x 64 tiles, 256 threads of 4 x 4 outputs, k-steps of
 //     16 widened to fp32 in shared memory (each element one bounds-checked
