@@ -90,13 +90,11 @@ struct skinny_shape {
     static constexpr int kStageBytes = U * kThreads * kVecBytes; // 16 KB
     static constexpr int kABytes = ROWS * kChunk * 4;
     static constexpr int kSmemBytes = kDepth * kStageBytes + 2 * kABytes;
-    static constexpr int kOut = ROWS * kCols / kThreads; // sums a thread ends
     static_assert(kWarps * ROWS * kCols * 4 <= kSmemBytes,
                   "the warps' sums fit over the ring");
     static_assert(kChunk % kStep == 0, "a chunk is whole steps");
     static_assert(kDepth < kSteps, "a chunk's copies land within a chunk");
     static_assert(U % 4 == 0, "A's values read as 16-byte vectors");
-    static_assert(kOut * kThreads == ROWS * kCols, "whole sums a thread");
 };
 
 // A's rows 0 .. ROWS - 1 over k = kc .. kc + CHUNK - 1 into dst[r * PITCH
