@@ -164,6 +164,12 @@ def test_tensor_core_path_is_taken_when_aligned(dtype):
         assert plan_of(a, b, "wgmma-192")["bn"] == 192
         assert plan_of(a, b, "wgmma-128")["bn"] == 128
         assert plan_of(a, b, "wgmma-64")["bn"] == 64
+        small = plan_of(a, b, "wgmma-64x64")
+        assert (small["mainloop"], small["bm"], small["bn"]) == (
+            "wgmma-64x64",
+            64,
+            64,
+        )
 
 
 # (m, n, k) with ragged edges in every dimension, and a K that is not a
@@ -173,7 +179,8 @@ TC_SHAPES = [(128, 256, 64), (200, 136, 520), (1, 8, 8), (264, 392, 1000)]
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "mainloop", ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "mma"]
+    "mainloop",
+    ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64", "mma"],
 )
 @pytest.mark.parametrize(
     "a_major,b_major", [("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")]
@@ -315,7 +322,8 @@ def test_staged_operands_batched_bias_and_backward(dtype):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "mainloop", ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64"]
+    "mainloop",
+    ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64"],
 )
 def test_wgmma_batched_broadcast_and_backward(mainloop):
     a = rand(3, 1, 136, 200, dtype=torch.bfloat16, device="cuda")
@@ -346,7 +354,8 @@ SPLIT_CASES = [
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "mainloop", ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64"]
+    "mainloop",
+    ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64"],
 )
 @pytest.mark.parametrize(
     "dtype", [torch.float16, torch.bfloat16, torch.float32]
@@ -358,12 +367,13 @@ def test_split_k_pieces_sum_their_bands(mainloop, dtype):
     # the same bits launch after launch, and a CUDA graph's replays; no
     # workspace unless an operand is staged (the C call launches at once)
     f32 = dtype == torch.float32
-    bn = int(mainloop.split("-")[1])
+    tile = mainloop.split("-")[1]
+    bm, bn = (64, 64) if tile == "64x64" else (128, int(tile))
     bk = 128 // (4 if f32 else 2)
     for m, n, k, pieces in SPLIT_CASES:
         a, b = cu(m, k, dtype=dtype), cu(k, n, dtype=dtype)
         bias, full = cu(n, dtype=dtype), cu(m, n, dtype=dtype)
-        tiles = -(-m // 128) * -(-n // bn)
+        tiles = -(-m // bm) * -(-n // bn)
         ctas = tiles * pieces
         name = f"{m}x{n}x{k} {mainloop} {dtype} pieces={pieces}"
         with tf32(f32), schedule("split-k", mainloop=mainloop, ctas=ctas):
@@ -631,7 +641,7 @@ F32 = torch.float32
 @pytest.mark.parametrize("layout", sorted(TF32_LAYOUTS))
 @pytest.mark.parametrize("sched", ["data-parallel", "stream-k"])
 @pytest.mark.parametrize(
-    "width", ["auto", "wgmma-64", "wgmma-192", "wgmma-256"]
+    "width", ["auto", "wgmma-64", "wgmma-64x64", "wgmma-192", "wgmma-256"]
 )
 def test_fp32_runs_tf32_when_torch_allows_it(layout, sched, width):
     make, staged = TF32_LAYOUTS[layout]
@@ -967,7 +977,7 @@ def test_errors(device):
             0,
             None,
         )
-    with pytest.raises(ValueError, match="'mainloop'=8 is out of range"):
+    with pytest.raises(ValueError, match="'mainloop'=9 is out of range"):
         gemsops._C.matmul(
             a[None],
             a.t()[None],
@@ -975,7 +985,7 @@ def test_errors(device):
             0,
             0,
             0,
-            8,
+            9,
             None,
             None,
             1,
@@ -1144,7 +1154,8 @@ def test_row_sums_beside_the_product(m, n, k, dtype, device):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize(
-    "mainloop", ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "mma"]
+    "mainloop",
+    ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64", "mma"],
 )
 @pytest.mark.parametrize(
     "a_major,b_major", [("m", "n"), ("k", "n"), ("m", "k")]

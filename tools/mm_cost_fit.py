@@ -2,15 +2,17 @@
 lines tools/mm_calibrate.py wrote, and says how well the model's tile
 choice does against the best measured one on those shapes.
 
-usage: python tools/mm_cost_fit.py FILE.jsonl [FILE.jsonl ...]
+usage: python tools/mm_cost_fit.py [--tile BMxBN] FILE.jsonl [...]
+--tile: fit that tile's two constants alone, to its data-parallel lines
+(the other tiles' constants as written down; no Stream-K term).
 A plan (shape, width, schedule) timed in several files counts once, at its
 least time: a slow outlier is a disturbed run, not the plan's cost.
 
-The model, for a wgmma launch of 128 x BN tiles and its Stream-K schedule
+The model, for a wgmma launch of BM x BN tiles and its Stream-K schedule
 (the counts come from the schedule; the constants are fitted):
 
-  t = iter_us[BN] * critical iterations      (the busiest CTA's k-steps)
-    + tile_us[BN] * critical tiles           (its epilogues and fills)
+  t = iter_us[tile] * critical iterations    (the busiest CTA's k-steps)
+    + tile_us[tile] * critical tiles         (its epilogues and fills)
     + sk_us_per_mb * Stream-K operand MB     (the split tiles' loads, which
                                               staggered CTAs take from DRAM)
 
@@ -24,7 +26,7 @@ import sys
 
 import numpy as np
 
-BM, BK = 128, 64
+BK = 64
 
 
 def counts(r):
@@ -34,23 +36,27 @@ def counts(r):
     share = math.ceil(sk * it / skc) if sk else 0
     crit_iters = waves * it + share
     crit_tiles = waves + (math.ceil(sk / skc) + 1 if sk else 0)
-    sk_mb = sk * it * (BM + r["bn"]) * BK * 2 / 1e6
+    sk_mb = sk * it * (tile_of(r)[0] + r["bn"]) * BK * 2 / 1e6
     return crit_iters, crit_tiles, sk_mb
 
 
-WIDTHS = (256, 192, 128, 64)
+TILES = ((128, 256), (128, 192), (128, 128), (128, 64), (64, 64))
+
+
+def tile_of(r):
+    return r.get("bm", 128), r["bn"]
 
 
 def features(r):
     ci, ct, sk_mb = counts(r)
     f = []
-    for bn in WIDTHS:
-        f += [ci * (r["bn"] == bn), ct * (r["bn"] == bn)]
+    for t in TILES:
+        f += [ci * (tile_of(r) == t), ct * (tile_of(r) == t)]
     return f + [sk_mb]
 
 
 NAMES = tuple(
-    f"{what}_us[{bn}]" for bn in WIDTHS for what in ("iter", "tile")
+    f"{what}_us[{bm}x{bn}]" for bm, bn in TILES for what in ("iter", "tile")
 ) + ("sk_us_per_mb",)
 
 
@@ -65,10 +71,30 @@ def old_rule(m, n, iters, sms):
 
 
 def plan_key(r):
-    return (r["m"], r["n"], r["k"], r["bn"], r["sk_tiles"], r["sk_ctas"])
+    return (r["m"], r["n"], r["k"], tile_of(r), r["sk_tiles"], r["sk_ctas"])
 
 
-def main(paths):
+def fit_one_tile(rows, tile):
+    """iter_us and tile_us of one tile, least squares over its
+    data-parallel lines."""
+    rows = [r for r in rows if tile_of(r) == tile and r["sk_tiles"] == 0]
+    x = np.array([counts(r)[:2] for r in rows], dtype=float)
+    y = np.array([r["us"] for r in rows])
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    err = np.abs(x @ coef / y - 1)
+    print(
+        f"{tile[0]}x{tile[1]} over {len(rows)} lines: iter_us {coef[0]:.4f}"
+        f", tile_us {coef[1]:.4f}; prediction error: median "
+        f"{np.median(err):.3f}, max {err.max():.3f}"
+    )
+
+
+def main(args):
+    tile = None
+    if args[:1] == ["--tile"]:
+        tile = tuple(int(v) for v in args[1].split("x"))
+        args = args[2:]
+    paths = args
     least = {}
     for path in paths:
         for line in open(path):
@@ -77,6 +103,9 @@ def main(paths):
             if old is None or r["us"] < old["us"]:
                 least[plan_key(r)] = r
     rows = list(least.values())
+    if tile is not None:
+        fit_one_tile(rows, tile)
+        return
     x = np.array([features(r) for r in rows])
     y = np.array([r["us"] for r in rows])
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
@@ -98,7 +127,7 @@ def main(paths):
         choice = min(d, key=lambda c: d[c][1])
         picked.append(d[choice][0] / best)
         fixed = old_rule(m, n, math.ceil(k / BK), sms)
-        same = [c for c in d if c[:2] == fixed]
+        same = [c for c in d if (c[0][1], c[1]) == fixed and c[0][0] == 128]
         if same:
             rule.append(d[same[0]][0] / best)
 

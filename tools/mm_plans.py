@@ -18,7 +18,7 @@ import torch
 import gemsops
 from tools.mm_probe import kernel_us
 
-WIDTHS = ("wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64")
+WIDTHS = ("wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64")
 SCHEDULES = ("data-parallel", "stream-k", "hybrid", "split-k")
 
 

@@ -1,9 +1,9 @@
-// The matmul planner's cost model: which wgmma tile width (128 x 256,
-// 128 x 192, 128 x 128 or 128 x 64, BK = 128 bytes of k) a problem runs, and whether
-// its last partial wave is split Stream-K or run as whole tiles, from the
-// time each is predicted to take.
+// The matmul planner's cost model: which wgmma tile (128 x 256, 128 x 192,
+// 128 x 128, 128 x 64 or 64 x 64, BK = 128 bytes of k) a problem runs, and
+// whether its last partial wave is split Stream-K or run as whole tiles,
+// from the time each is predicted to take.
 //
-// For one width and its schedule (gemsops_sk_plan), in microseconds:
+// For one tile and its schedule (gemsops_sk_plan), in microseconds:
 //
 //   t = iter_us  * the busiest CTA's k-iterations
 //     + tile_us  * the busiest CTA's tiles
@@ -24,8 +24,11 @@
 // 256-6016, bf16) on H100 SXMs, each plan at its least time over the
 // runs (128 x 64 tiles timed in two of them, 128 x 192 in one); the
 // timings are benchmark/results/mm_calibration_NVIDIA_H100_80GB_HBM3.jsonl
-// and the fit's quality is in docs/performance.md. They are per SM, so the
-// SM count carries them to other Hopper parts.
+// and the fit's quality is in docs/performance.md. They are per CTA slot
+// of an SM (one for 128-row tiles, two for 64 x 64), so the SM count
+// carries them to other Hopper parts. The 64 x 64 tile's two constants
+// were fitted alone, to its own timings on the same grid and on the
+// benchmark's small shapes (H200, the other widths' constants held).
 #pragma once
 
 #include <stdint.h>
@@ -36,17 +39,19 @@
 namespace gemsops {
 
 struct wgmma_tile_cost {
-    int bn;
-    // one 128 x BN x BK k-iteration on one SM (the same for TF32: its
+    int bm, bn;
+    int ctas_per_sm; // resident CTAs an SM (shared memory, threads)
+    // one BM x BN x BK k-iteration of one CTA (the same for TF32: its
     // half-rate k8 takes the cycles of a half type's k16)
     double iter_us;
     double tile_us; // a tile's epilogue and pipeline fill
 };
 
-constexpr wgmma_tile_cost kWgmmaWide = {256, 0.742, 2.69};
-constexpr wgmma_tile_cost kWgmmaThreeQuarter = {192, 0.618, 1.75};
-constexpr wgmma_tile_cost kWgmmaNarrow = {128, 0.450, 1.12};
-constexpr wgmma_tile_cost kWgmmaSlim = {64, 0.375, 0.213};
+constexpr wgmma_tile_cost kWgmmaWide = {128, 256, 1, 0.742, 2.69};
+constexpr wgmma_tile_cost kWgmmaThreeQuarter = {128, 192, 1, 0.618, 1.75};
+constexpr wgmma_tile_cost kWgmmaNarrow = {128, 128, 1, 0.450, 1.12};
+constexpr wgmma_tile_cost kWgmmaSlim = {128, 64, 1, 0.375, 0.213};
+constexpr wgmma_tile_cost kWgmmaSmall = {64, 64, 2, 0.250, 0.150};
 constexpr double kStreamKUsPerMb = 0.0615;
 // A Stream-K split is taken only when predicted to take at most this
 // fraction of the best data-parallel plan's time: the terms above miss
@@ -75,7 +80,7 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
 {
     gemsops_sk_schedule s;
     const int bk = 128 / (int)gemsops_dtype_size(p->dtype);
-    gemsops_sk_plan(&s, p->m, p->n, p->k, p->batch, 128, c.bn, bk, group_m,
+    gemsops_sk_plan(&s, p->m, p->n, p->k, p->batch, c.bm, c.bn, bk, group_m,
                     ctas, mode, p->two_tiles);
     if (s.split > 0) {
         return kSplitKScale *
@@ -90,42 +95,53 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
         pieces = gemsops_sk_cdiv(s.sk_tiles, s.sk_ctas) + 1;
     }
     const double sk_mb =
-        (double)s.sk_tiles * s.iters * (128 + c.bn) * 128 / 1e6;
+        (double)s.sk_tiles * s.iters * (c.bm + c.bn) * 128 / 1e6;
     return c.iter_us * (double)(waves * s.iters + share) +
            c.tile_us * (double)(waves + pieces) + kStreamKUsPerMb * sk_mb;
 }
 
-// A wgmma mainloop value and its tile width, both ways
+// A wgmma mainloop value and its tile, both ways
 constexpr int wgmma_bn(gemsops_mainloop m)
 {
     return m == GEMSOPS_MAINLOOP_WGMMA_256   ? 256
            : m == GEMSOPS_MAINLOOP_WGMMA_192 ? 192
-           : m == GEMSOPS_MAINLOOP_WGMMA_64  ? 64
-                                             : 128;
+           : m == GEMSOPS_MAINLOOP_WGMMA_64 ||
+                   m == GEMSOPS_MAINLOOP_WGMMA_64X64
+               ? 64
+               : 128;
 }
-constexpr gemsops_mainloop wgmma_width(int bn)
+constexpr int wgmma_bm(gemsops_mainloop m)
 {
-    return bn == 256   ? GEMSOPS_MAINLOOP_WGMMA_256
+    return m == GEMSOPS_MAINLOOP_WGMMA_64X64 ? 64 : 128;
+}
+constexpr gemsops_mainloop wgmma_width(int bm, int bn)
+{
+    return bm == 64    ? GEMSOPS_MAINLOOP_WGMMA_64X64
+           : bn == 256 ? GEMSOPS_MAINLOOP_WGMMA_256
            : bn == 192 ? GEMSOPS_MAINLOOP_WGMMA_192
            : bn == 128 ? GEMSOPS_MAINLOOP_WGMMA_128
                        : GEMSOPS_MAINLOOP_WGMMA_64;
 }
 
 struct wgmma_plan {
-    gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256, _192, _128, _64
+    gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256, _192, _128, _64,
+    // _64X64
     gemsops_sk_mode mode;
 };
 
-// The width (when `width` is GEMSOPS_MAINLOOP_AUTO) and, under the auto
+// The tile (when `width` is GEMSOPS_MAINLOOP_AUTO) and, under the auto
 // schedule, whether the planner's Stream-K split, whole data-parallel waves
 // or split-k: whichever the model predicts fastest (the Stream-K split by
-// kStreamKMargin).
+// kStreamKMargin). sms: the SMs the launch may fill (a CTA count asked
+// for caps every tile's CTAs). The 64 x 64 tiles have no row-sum kernel,
+// so a launch that asks for row sums takes them only when forced.
 inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
-                                 gemsops_mainloop width, int64_t ctas,
+                                 gemsops_mainloop width, int64_t sms,
                                  int group_m)
 {
-    const wgmma_tile_cost *costs[4] = {&kWgmmaWide, &kWgmmaThreeQuarter,
-                                       &kWgmmaNarrow, &kWgmmaSlim};
+    const wgmma_tile_cost *costs[5] = {&kWgmmaWide, &kWgmmaThreeQuarter,
+                                       &kWgmmaNarrow, &kWgmmaSlim,
+                                       &kWgmmaSmall};
     const gemsops_sk_mode modes[3] = {p->mode, GEMSOPS_SK_DATA_PARALLEL,
                                       GEMSOPS_SK_SPLIT_K};
     // (split-k's banded fix-up does not carry row sums)
@@ -136,9 +152,17 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
     wgmma_plan best = {width, p->mode};
     double best_us = -1.0;
     for (const wgmma_tile_cost *c : costs) {
-        const gemsops_mainloop w = wgmma_width(c->bn);
+        const gemsops_mainloop w = wgmma_width(c->bm, c->bn);
         if (width != GEMSOPS_MAINLOOP_AUTO && w != width) {
             continue;
+        }
+        if (width == GEMSOPS_MAINLOOP_AUTO && c->bm == 64 &&
+            p->row_sums != nullptr) {
+            continue;
+        }
+        int64_t ctas = sms * c->ctas_per_sm;
+        if (p->ctas_override > 0 && p->ctas_override < ctas) {
+            ctas = p->ctas_override;
         }
         for (int i = 0; i < n_modes; i++) {
             // split-k at most 128 wide: a piece of a wider tile publishes
@@ -151,7 +175,8 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             // nor where it would leave the tiles whole: the data-parallel
             // candidate again
             if (modes[i] == GEMSOPS_SK_SPLIT_K &&
-                gemsops_sk_split_pieces(p->batch * gemsops_sk_cdiv(p->m, 128) *
+                gemsops_sk_split_pieces(p->batch *
+                                            gemsops_sk_cdiv(p->m, c->bm) *
                                             gemsops_sk_cdiv(p->n, c->bn),
                                         gemsops_sk_cdiv(p->k, bk), ctas) < 2) {
                 continue;

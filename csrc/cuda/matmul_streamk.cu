@@ -77,8 +77,7 @@
 namespace gemsops {
 namespace {
 
-// kConsumers: the threads that run the driver (a partial's layout)
-constexpr int kConsumers = 256, kGroupM = 8;
+constexpr int kGroupM = 8;
 
 struct driver_args {
     CUtensorMap ta, tb; // wgmma: TMA maps of A and B (else unused)
@@ -169,7 +168,7 @@ template <typename T>
 struct ffma_mainloop {
     static constexpr int BM = 64, BN = 64, BK = 16, kAcc = 16, kMinCtas = 1;
     static constexpr int kRowAcc = 0;
-    static constexpr int kThreads = kConsumers;
+    static constexpr int kThreads = 256, kConsumers = kThreads;
     static constexpr bool kWarpSpecialized = false;
     struct smem_t {
         float a[BK][BM + 4];
@@ -262,6 +261,8 @@ struct tc_mainloop {
     static constexpr int BM = M::BM, BN = M::BN, kAcc = M::kAcc;
     static constexpr int kRowAcc = M::kRowAcc;
     static constexpr int kMinCtas = MIN_CTAS, kThreads = M::kThreads;
+    // the threads that run the driver (a partial's layout)
+    static constexpr int kConsumers = M::kConsumers;
     static constexpr bool kWarpSpecialized = M::kWarpSpecialized;
     using smem_t = typename M::smem_t;
     static constexpr int kSmemBytes = sizeof(smem_t);
@@ -397,13 +398,13 @@ struct tc_mainloop {
         const int64_t width = p.s.tiles_m * BM;
         M::store_row_sums(p.row_parts + tn * width, width, tm * BM, acc);
         __threadfence(); // every thread's part before the count
-        consumers_sync();
+        consumers_sync<kConsumers>();
         bool last = false;
         if (threadIdx.x == 0) {
             __threadfence();
             last = last_to_arrive(p.row_counts + tm, p.epoch, p.s.tiles_n);
         }
-        if (!consumers_sync_or(last)) {
+        if (!consumers_sync_or<kConsumers>(last)) {
             return;
         }
         __threadfence(); // the count before the parts it covers
@@ -436,18 +437,21 @@ struct tc_mainloop {
         M::coords(e, r, c);
     }
 };
-// mma.sync: 128 registers, two CTAs per SM; wgmma: one CTA holds the
-// ring of up to 201 KB (8 stages of 128 x 64 x 128 bytes, 6 of 128 x 128,
-// 5 of 128 x 192, 4 of 128 x 256).
+// mma.sync: 128 registers, two CTAs per SM; wgmma, 128-row tiles: one CTA
+// holds the ring of up to 201 KB (8 stages of 128 x 64 x 128 bytes, 6 of
+// 128 x 128, 5 of 128 x 192, 4 of 128 x 256); 64 x 64 tiles: two CTAs of
+// 6 stages of 16 KB (and their slices) an SM.
 template <typename T>
 using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
-constexpr int wgmma_stages(int bn)
+constexpr int wgmma_stages(int bm, int bn)
 {
-    return bn == 64 ? 8 : bn == 128 ? 6 : bn == 192 ? 5 : 4;
+    return bm == 64 ? 6 : bn == 64 ? 8 : bn == 128 ? 6 : bn == 192 ? 5 : 4;
 }
-template <typename T, int BN, bool AM, bool BNM, bool ROWS = false>
+template <typename T, int BN, bool AM, bool BNM, bool ROWS = false,
+          int BM = 128>
 using wgmma_tc =
-    tc_mainloop<wgmma_mainloop<T, BN, wgmma_stages(BN), AM, BNM, ROWS>, 1>;
+    tc_mainloop<wgmma_mainloop<T, BN, wgmma_stages(BM, BN), AM, BNM, ROWS, BM>,
+                BM == 64 ? 2 : 1>;
 
 // ---- the driver: schedule walk, fix-up, epilogue ---------------------------
 __device__ __forceinline__ void store_pair(float *d, float a, float b)
@@ -521,7 +525,7 @@ template <typename L>
 __device__ __forceinline__ void driver_sync()
 {
     if constexpr (L::kWarpSpecialized) {
-        consumers_sync();
+        consumers_sync<L::kConsumers>();
     }
     else {
         __syncthreads();
@@ -531,7 +535,7 @@ template <typename L>
 __device__ __forceinline__ bool driver_sync_or(bool v)
 {
     if constexpr (L::kWarpSpecialized) {
-        return consumers_sync_or(v);
+        return consumers_sync_or<L::kConsumers>(v);
     }
     else {
         return __syncthreads_or(v) != 0;
@@ -572,13 +576,13 @@ __device__ bool wait_for_peers(const driver_args &p, int64_t q, int64_t q2)
 // 16-byte vector, the vectors of the CTA's threads side by side (a warp's
 // access is 512 contiguous bytes). Every kernel's N is a multiple of 4 and
 // the slots start 16-byte aligned (launch checks).
-template <int N>
+template <typename L, int N>
 __device__ __forceinline__ float4 *partial_vec(const driver_args &p, int64_t q,
                                                int e)
 {
     static_assert(N % 4 == 0, "a partial is whole 16-byte vectors");
-    return reinterpret_cast<float4 *>(p.partials + q * N * kConsumers) +
-           (e / 4) * kConsumers + threadIdx.x;
+    return reinterpret_cast<float4 *>(p.partials + q * N * L::kConsumers) +
+           (e / 4) * L::kConsumers + threadIdx.x;
 }
 
 // acc[e .. e + 3] += v
@@ -592,13 +596,13 @@ __device__ __forceinline__ void add_vec(float (&acc)[N], int e, float4 v)
 }
 
 // acc += peer q's partial (this thread's values), read through L2
-template <int N>
+template <typename L, int N>
 __device__ __forceinline__ void add_partial(const driver_args &p, int64_t q,
                                             float (&acc)[N])
 {
 #pragma unroll
     for (int e = 0; e < N; e += 4) {
-        add_vec(acc, e, __ldcg(partial_vec<N>(p, q, e)));
+        add_vec(acc, e, __ldcg(partial_vec<L, N>(p, q, e)));
     }
 }
 
@@ -613,7 +617,7 @@ __device__ bool add_peers(const driver_args &p, int64_t tile, float (&acc)[N])
         if (!wait_for_peers<L>(p, q, -1)) {
             return false;
         }
-        add_partial(p, q, acc);
+        add_partial<L>(p, q, acc);
     }
     return true;
 }
@@ -631,14 +635,14 @@ __device__ bool add_peers_in_pairs(const driver_args &p, int64_t tile,
             return false;
         }
         if (q2 < 0) {
-            add_partial(p, q, acc);
+            add_partial<L>(p, q, acc);
             break;
         }
         float4 v[N / 4], v2[N / 4];
 #pragma unroll
         for (int e = 0; e < N; e += 4) {
-            v[e / 4] = __ldcg(partial_vec<N>(p, q, e));
-            v2[e / 4] = __ldcg(partial_vec<N>(p, q2, e));
+            v[e / 4] = __ldcg(partial_vec<L, N>(p, q, e));
+            v2[e / 4] = __ldcg(partial_vec<L, N>(p, q2, e));
         }
 #pragma unroll
         for (int e = 0; e < N; e += 4) {
@@ -661,7 +665,7 @@ __device__ __forceinline__ void publish(const driver_args &p, int64_t c,
 {
 #pragma unroll
     for (int e = 0; e < N; e += 4) {
-        *partial_vec<N>(p, c, e) =
+        *partial_vec<L, N>(p, c, e) =
             make_float4(acc[e], acc[e + 1], acc[e + 2], acc[e + 3]);
     }
     driver_sync<L>();
@@ -704,7 +708,7 @@ __device__ __forceinline__ void drive(const driver_args &p,
     w.start(p.s, blockIdx.x);
     w.next(p.s, &tile, &k0, &k1);
     L::mac(p, ring, tile, k0, k1, acc, sm);
-    consumers_sync(); // the other warpgroup's wgmmas have read the ring too
+    consumers_sync<L::kConsumers>(); // every warpgroup's wgmmas read the ring
     const unsigned base = L::partial_base(sm);
 #pragma unroll
     for (int e = 0; e < L::kAcc; e += 2) {
@@ -729,7 +733,7 @@ __device__ __forceinline__ void drive(const driver_args &p,
     const epilogue_op<T> epi = epilogue_of<T>(p, bt);
     constexpr int kQuads = L::BN / 4; // 16-byte groups of a partial's row
     const int r0 = j * L::BM / split, r1 = (j + 1) * L::BM / split;
-    for (int i = threadIdx.x; i < (r1 - r0) * kQuads; i += kConsumers) {
+    for (int i = threadIdx.x; i < (r1 - r0) * kQuads; i += L::kConsumers) {
         const int r = r0 + i / kQuads, c = i % kQuads * 4;
         const unsigned at = split_partial_at<L>(r, c);
         float4 part[GEMSOPS_SK_MAX_SPLIT];
@@ -846,7 +850,7 @@ __device__ __forceinline__ void run_cta(const driver_args &p)
     L::begin(p, blockIdx.x, ring, sm); // a TMA mainloop starts loading here
     if constexpr (L::kWarpSpecialized) {
         // one branch a role: setmaxnreg applies only so
-        if (threadIdx.x >= kConsumers) {
+        if (threadIdx.x >= L::kConsumers) {
             L::template produce<Walk>(p, blockIdx.x, sm);
         }
         else {
@@ -1104,7 +1108,7 @@ kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
     k.bk = bk;
     k.smem = L::kSmemBytes;
     k.threads = L::kThreads;
-    k.partial_floats = (L::kAcc + L::kRowAcc) * kConsumers;
+    k.partial_floats = (L::kAcc + L::kRowAcc) * L::kConsumers;
     k.row_sums = L::kRowAcc > 0;
     k.mainloop = m;
     k.layout = l;
@@ -1223,13 +1227,13 @@ int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,
     return GEMSOPS_OK;
 }
 
-// The two operands of a wgmma launch with BN-wide tiles, as TMA sees them.
-void tma_operands(const gemsops_matmul_params *p, const tc_layout &l, int bn,
-                  tma_operand *a, tma_operand *b)
+// The two operands of a wgmma launch with BM x BN tiles, as TMA sees them.
+void tma_operands(const gemsops_matmul_params *p, const tc_layout &l, int bm,
+                  int bn, tma_operand *a, tma_operand *b)
 {
     const int es = (int)gemsops_dtype_size(p->dtype);
     *a = l.a_k ? tma_operand{p->a,     p->k,    p->m, p->a_rs,
-                             p->batch, p->a_bs, 128,  es}
+                             p->batch, p->a_bs, bm,   es}
                : tma_operand{p->a,     p->m,    p->k, p->a_cs,
                              p->batch, p->a_bs, 64,   es};
     *b = l.b_k ? tma_operand{p->b,     p->k,    p->n, p->b_cs,
@@ -1262,11 +1266,7 @@ gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
     gemsops_mainloop want = p->mainloop;
     *mode = p->mode;
     if (wgmma_allowed(p, f) && (tl.a_k || tl.a_m) && (tl.b_k || tl.b_n)) {
-        int64_t ctas = f.sm_count; // a wgmma CTA fills an SM
-        if (p->ctas_override > 0 && p->ctas_override < ctas) {
-            ctas = p->ctas_override;
-        }
-        const wgmma_plan w = wgmma_cheapest(p, want, ctas, kGroupM);
+        const wgmma_plan w = wgmma_cheapest(p, want, f.sm_count, kGroupM);
         *mode = w.mode;
         return w.width;
     }
@@ -1283,26 +1283,36 @@ gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
 // TF32 (T = float): both operands K-contiguous (pick_mainloop saw to it).
 // rows: the launch asks for A's row sums; the ROWS kernels exist for
 // nn.Linear's weight gradient alone (A = grad^T M-contiguous, B = the
-// input N-contiguous), at every width; the others leave them to
-// matmul_row_sums_by_*.
-template <typename T, int BN>
+// input N-contiguous), at every width of 128-row tiles; the others leave
+// them to matmul_row_sums_by_*.
+template <typename T, int BN, int BM = 128>
 kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l, bool rows)
 {
     constexpr int bk = 128 / sizeof(T);
     if constexpr (std::is_same_v<T, float>) {
         (void)rows;
-        return choice<T, wgmma_tc<T, BN, false, false>>(bk, m, l);
+        return choice<T, wgmma_tc<T, BN, false, false, false, BM>>(bk, m, l);
     }
     else {
-        if (rows && !l.a_k && !l.b_k) {
-            return choice<T, wgmma_tc<T, BN, true, true, true>>(bk, m, l);
+        if constexpr (BM == 128) {
+            if (rows && !l.a_k && !l.b_k) {
+                return choice<T, wgmma_tc<T, BN, true, true, true>>(bk, m, l);
+            }
         }
         if (!l.a_k) { // M-contiguous A
-            return l.b_k ? choice<T, wgmma_tc<T, BN, true, false>>(bk, m, l)
-                         : choice<T, wgmma_tc<T, BN, true, true>>(bk, m, l);
+            return l.b_k
+                       ? choice<T, wgmma_tc<T, BN, true, false, false, BM>>(bk,
+                                                                            m,
+                                                                            l)
+                       : choice<T, wgmma_tc<T, BN, true, true, false, BM>>(bk,
+                                                                           m,
+                                                                           l);
         }
-        return l.b_k ? choice<T, wgmma_tc<T, BN, false, false>>(bk, m, l)
-                     : choice<T, wgmma_tc<T, BN, false, true>>(bk, m, l);
+        return l.b_k
+                   ? choice<T, wgmma_tc<T, BN, false, false, false, BM>>(bk, m,
+                                                                         l)
+                   : choice<T, wgmma_tc<T, BN, false, true, false, BM>>(bk, m,
+                                                                        l);
     }
 }
 
@@ -1314,6 +1324,8 @@ kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l, bool rows)
     case GEMSOPS_MAINLOOP_WGMMA_192: return wgmma_choice<T, 192>(m, l, rows);
     case GEMSOPS_MAINLOOP_WGMMA_128: return wgmma_choice<T, 128>(m, l, rows);
     case GEMSOPS_MAINLOOP_WGMMA_64: return wgmma_choice<T, 64>(m, l, rows);
+    case GEMSOPS_MAINLOOP_WGMMA_64X64:
+        return wgmma_choice<T, 64, 64>(m, l, rows);
     case GEMSOPS_MAINLOOP_MMA:
         if constexpr (!std::is_same_v<T, float>) {
             return choice<T, mma_tc<T>>(32, m, l);
@@ -1356,7 +1368,7 @@ int choose(const gemsops_matmul_params *p, const device_facts &f, bool encode,
     gemsops_matmul_params lower = *p;
     lower.mainloop = GEMSOPS_MAINLOOP_MMA;
     tma_operand oa, ob;
-    tma_operands(p, tl, wgmma_bn(m), &oa, &ob);
+    tma_operands(p, tl, wgmma_bm(m), wgmma_bn(m), &oa, &ob);
     if (m >= GEMSOPS_MAINLOOP_WGMMA_128 &&
         (tensor_map_encoder() == nullptr || !tma_describes(oa) ||
          !tma_describes(ob))) {
@@ -1493,7 +1505,7 @@ staging plan_staging(const gemsops_matmul_params *p, const device_facts &f)
     }
     const tc_layout tl = tma_layout_of(p);
     tma_operand oa, ob;
-    tma_operands(p, tl, 128, &oa, &ob);
+    tma_operands(p, tl, 128, 128, &oa, &ob);
     sg.on_a = !((tl.a_k || tl.a_m) && tma_describes(oa));
     sg.on_b = !((tl.b_k || tl.b_n) && tma_describes(ob));
     const int es = (int)gemsops_dtype_size(p->dtype);

@@ -4,18 +4,22 @@
 // tensor cores read the top 19 bits of each fp32 element) when torch
 // allows it.
 //
-// Roles: 384 threads = 3 warpgroups. Warpgroups 0 and 1 consume: they run
-// the driver (the mainloop, the Stream-K fix-up, the epilogue) and grow to
-// kConsumerRegs registers (setmaxnreg). Warpgroup 2 produces and shrinks
-// to kProducerRegs: one of its threads walks the CTA's pieces (the
+// Roles: BM / 64 consumer warpgroups and one producer. The consumers run
+// the driver (the mainloop, the Stream-K fix-up, the epilogue); warpgroup
+// BM / 64 produces: one of its threads walks the CTA's pieces (the
 // consumers' walk, streamk_walk or tiles_walk) and issues every load. No
 // consumer instruction goes to copies, and inside the mainloop the
 // consumers never meet at a CTA barrier: each waits for its step alone.
+// The consumers grow to kConsumerRegs registers (setmaxnreg) and the
+// producer shrinks to kProducerRegs. BM = 128: 384 threads, one CTA an SM.
+// BM = 64 (64 x 64 tiles, for outputs of few 128-row tiles: twice the
+// CTAs, each half the k-step's bytes): 256 threads, two CTAs an SM, so one
+// CTA's epilogue runs beside the other's mainloop.
 //
-// Tile: BM = 128 rows x BN (64, 128, 192 or 256) columns x BK per k-step, BK
-// the k of 128 bytes (64 half elements, 32 fp32); consumer g computes rows
-// 64g..64g+63 with one wgmma per 32 bytes of k (m64nBNk16 for halves,
-// m64nBNk8 for TF32; fp32 accumulators, BN / 2 registers per thread). A
+// Tile: BM (128 or 64) rows x BN (64, 128, 192 or 256) columns x BK per
+// k-step, BK the k of 128 bytes (64 half elements, 32 fp32); consumer g
+// computes rows 64g..64g+63 with one wgmma per 32 bytes of k (m64nBNk16 for
+// halves, m64nBNk8 for TF32; fp32 accumulators, BN / 2 registers per thread). A
 // half k-step is 2 * 128 * BN * 64 FLOP: ~512 tensor-core cycles of one SM
 // at BN = 128, ~1024 at BN = 256, while the copies of the next steps fly;
 // a TF32 k-step is half the FLOP at half the rate, so the same cycles on
@@ -336,19 +340,21 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
 #undef GEMSOPS_OPS_0_63
 #endif
 
-// The consumers' own barrier (named barrier 1): the producer warpgroup
-// never joins it.
+// The consumers' own barrier (named barrier 1) over their N threads: the
+// producer warpgroup never joins it.
+template <int N>
 __device__ __forceinline__ void consumers_sync()
 {
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory");
 }
+template <int N>
 __device__ __forceinline__ bool consumers_sync_or(bool v)
 {
     unsigned r;
     asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\n"
-                 "bar.red.or.pred q, 1, 256, p;\nselp.u32 %0, 1, 0, q;\n}\n"
+                 "bar.red.or.pred q, 1, %2, p;\nselp.u32 %0, 1, 0, q;\n}\n"
                  : "=r"(r)
-                 : "r"((unsigned)v)
+                 : "r"((unsigned)v), "n"(N)
                  : "memory");
     return r != 0;
 }
@@ -472,24 +478,28 @@ struct row_steps {
 // tile of ones would do it: the same wgmma may not sit behind a branch, or
 // ptxas serializes them all, so it would read A again in every k-step.)
 template <typename T, int BN_, int STAGES, bool AM, bool BNM,
-          bool ROWS = false>
+          bool ROWS = false, int BM_ = 128>
 struct wgmma_mainloop {
     static_assert(BN_ == 64 || BN_ == 128 || BN_ == 192 || BN_ == 256,
                   "BN: 64, 128, 192 or 256");
+    static_assert(BM_ == 128 || (BM_ == 64 && BN_ == 64), "BM x BN");
     static_assert(sizeof(T) == 2 || !(AM || BNM), "TF32 operands: K-major");
     static constexpr int kElem = sizeof(T); // bytes
-    static constexpr int BM = 128, BN = BN_, BK = 128 / kElem;
+    static constexpr int BM = BM_, BN = BN_, BK = 128 / kElem;
     static constexpr int kStages = STAGES;
     static constexpr bool kTma = true, kWarpSpecialized = true;
-    static_assert(!ROWS || (sizeof(T) == 2 && AM),
-                  "row sums: half types, A M-contiguous");
-    static constexpr int kConsumers = 256, kThreads = 384, kAcc = BN / 2;
+    static_assert(!ROWS || (sizeof(T) == 2 && AM && BM == 128),
+                  "row sums: half types, A M-contiguous, 128-row tiles");
+    static constexpr int kConsumers = BM * 2, kThreads = kConsumers + 128,
+                         kAcc = BN / 2;
     // the row sums as an m64n8 accumulator (4 a thread; every column holds
     // them), gathered through a row of BM floats in shared memory
     static constexpr int kRowAcc = ROWS ? 4 : 0;
     static constexpr int kRowSumBytes = ROWS ? BM * 4 : 0;
-    // 128 x 40 + 256 x 232 <= 65536; the producer's walk fits in 40
-    static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+    // the producer's walk fits in 40; BM = 128: 128 x 40 + 256 x 232 <=
+    // 65536 (one CTA an SM); BM = 64: 128 x 40 + 128 x 216 = 256 x 128 (two)
+    static constexpr int kProducerRegs = 40,
+                         kConsumerRegs = BM == 128 ? 232 : 216;
     static constexpr int kABytes = BM * BK * kElem,
                          kStageBytes = (BM + BN) * BK * kElem;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
@@ -500,15 +510,16 @@ struct wgmma_mainloop {
     // tensor map. With two, a slice's TMA store reads one while the warp
     // fills the other (slice cc % 2 for columns cc, so a tile uses them an
     // even number of times); one where two do not fit beside the ring
-    // (BN = 192) or a tile has one slice of columns (BN = 64, halves).
+    // (BN = 192), a tile has one slice of columns (BN = 64, halves), or two
+    // CTAs share the SM (BM = 64).
     static constexpr int kCols = 128 / kElem;
     static constexpr int kSliceBytes = 16 * 128;
     static constexpr int kSmemLimit = 232448; // a CTA's opt-in on sm_90
     static constexpr int kBuffers =
-        (BN / kCols) % 2 == 0 && kStages * kStageBytes + 1024 + BN * 4 + 256 +
-                                         kRowSumBytes +
-                                         2 * (kConsumers / 32) * kSliceBytes <=
-                                     kSmemLimit
+        BM == 128 && (BN / kCols) % 2 == 0 &&
+                kStages * kStageBytes + 1024 + BN * 4 + 256 + kRowSumBytes +
+                        2 * (kConsumers / 32) * kSliceBytes <=
+                    kSmemLimit
             ? 2
             : 1;
     static_assert(kStageBytes % 1024 == 0, "slices start 1024-aligned");
@@ -566,9 +577,11 @@ struct wgmma_mainloop {
         mbar_expect_tx(bar, kStageBytes);
         if constexpr (AM) { // boxes of 64 m x 64 k
             tma_load_3d(stage, o.ta, r0, kb, za, bar);
-            tma_load_3d(stage + kAtom, o.ta, r0 + 64, kb, za, bar);
+            if constexpr (BM == 128) {
+                tma_load_3d(stage + kAtom, o.ta, r0 + 64, kb, za, bar);
+            }
         }
-        else { // one box of 64 k x 128 m
+        else { // one box of 64 k x BM m
             tma_load_3d(stage, o.ta, kb, r0, za, bar);
         }
         if constexpr (BNM) {
@@ -806,12 +819,13 @@ struct wgmma_mainloop {
                     rs[v] += __shfl_xor_sync(0xffffffffu, rs[v], d);
                 }
             }
-            consumers_sync(); // the last piece's sums have been taken
+            consumers_sync<
+                kConsumers>(); // the last piece's sums have been taken
             if (threadIdx.x % 8 == 0) {
                 *reinterpret_cast<float4 *>(&sm.row_sums[threadIdx.x / 2]) =
                     make_float4(rs[0], rs[1], rs[2], rs[3]);
             }
-            consumers_sync();
+            consumers_sync<kConsumers>();
 #pragma unroll
             for (int e = 0; e < kRowAcc; e++) {
                 int r, c;
@@ -988,12 +1002,12 @@ struct wgmma_mainloop {
                                           int64_t c0, int64_t n, float beta,
                                           smem_t &sm)
     {
-        consumers_sync(); // the previous tile's epilogue has read the row
+        consumers_sync<kConsumers>(); // the previous tile's epilogue read it
         for (int j = threadIdx.x; j < BN; j += kConsumers) {
             sm.bias_row[j] =
                 c0 + j < n ? beta * widen<float>(bias[(c0 + j) * cs]) : 0.f;
         }
-        consumers_sync();
+        consumers_sync<kConsumers>();
     }
 
     // acc element e of this thread -> (row, col) in the tile

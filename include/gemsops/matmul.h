@@ -32,11 +32,13 @@ typedef enum gemsops_mainloop {
     GEMSOPS_MAINLOOP_WGMMA_256 = 4, /* wgmma 128 x 256 tiles, sm_90a       */
     GEMSOPS_MAINLOOP_WGMMA_64 = 5, /* wgmma 128 x 64 tiles, sm_90a        */
     GEMSOPS_MAINLOOP_WGMMA_192 = 6, /* wgmma 128 x 192 tiles, sm_90a       */
-    /* (every value from WGMMA_128 to WGMMA_192 is a wgmma width)        */
-    GEMSOPS_MAINLOOP_SKINNY = 7 /* m <= 16 rows against an N-contiguous */
+    /* (every value from WGMMA_128 up, SKINNY aside, is a wgmma width)   */
+    GEMSOPS_MAINLOOP_SKINNY = 7, /* m <= 16 rows against an N-contiguous */
     /* B (matmul_skinny.cu) whatever their size; AUTO takes it for fp32  */
     /* and for halves with a large B, FFMA for fp32 (exact too); else    */
     /* it means AUTO. Schedule and grid must be left automatic.          */
+    GEMSOPS_MAINLOOP_WGMMA_64X64 = 8 /* wgmma 64 x 64 tiles, sm_90a:     */
+    /* one consumer warpgroup, two CTAs an SM                           */
 } gemsops_mainloop;
 
 struct gemsops_matmul_params {
