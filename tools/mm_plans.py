@@ -7,10 +7,12 @@ Where tools/mm_calibrate.py times a fixed grid for the cost model's fit,
 this answers "is there a better plan for this shape than the one taken?".
 
 usage: python tools/mm_plans.py M,N,K[:dtype] [...]
+  GEMSOPS_PLANS_WIDTHS=wgmma-64x64,wgmma-64: those tiles alone
   dtype: bfloat16 (default) or float16
 One line a shape: torch's time, the planner's own (width, tiles split),
 then width/schedule time for each plan."""
 
+import os
 import sys
 
 import torch
@@ -19,6 +21,8 @@ import gemsops
 from tools.mm_probe import kernel_us
 
 WIDTHS = ("wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64")
+if os.environ.get("GEMSOPS_PLANS_WIDTHS"):  # a comma-separated subset
+    WIDTHS = tuple(os.environ["GEMSOPS_PLANS_WIDTHS"].split(","))
 SCHEDULES = ("data-parallel", "stream-k", "hybrid", "split-k")
 
 

@@ -7,8 +7,18 @@ schedule. Printed: the geomean of the chosen plan's time over the best
 measured plan's, per file, best pairs first, and the header's own pair.
 
 usage: python -m tools.mm_split_fit PLANS.txt [PLANS.txt ...]
-(bf16 lines; the planner for 132 SMs, one wgmma CTA an SM)"""
+       python -m tools.mm_split_fit --small-tile CAL.jsonl PLANS.txt [...]
+(bf16 lines; the planner for 132 SMs, one wgmma CTA an SM)
 
+--small-tile: the 64 x 64 tile's iter_us and tile_us (kWgmmaSmall) on a
+grid instead, the split-k pair held, each pair scored on the calibration
+lines (tools/mm_calibrate.py: the whole-tile and hybrid plans) and on the
+plans files (every schedule, split-k included); shapes whose chosen plan
+was not timed are left out of a score and counted."""
+
+import collections
+import itertools
+import json
 import math
 import re
 import subprocess
@@ -19,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "csrc" / "cuda" / "matmul_cost.cuh"
 LINE = re.compile(r"(\d+)x(\d+)x(\d+) torch\.bfloat16: torch [\d.]+ auto")
-PLAN = re.compile(r"(\d+)/(da|st|hy|sp) ([\d.]+)")
+PLAN = re.compile(r"(\d+(?:x64)?)/(da|st|hy|sp) ([\d.]+)")
 
 HARNESS = r"""
 #include <cstdio>
@@ -44,9 +54,10 @@ int main(int argc, char **argv)
         const wgmma_plan w =
             wgmma_cheapest(&p, GEMSOPS_MAINLOOP_AUTO, 132, 8);
         gemsops_sk_schedule s;
-        gemsops_sk_plan(&s, p.m, p.n, p.k, 1, 128, wgmma_bn(w.width), 64, 8,
-                        132, w.mode, 0);
-        printf("%d/%s\n", wgmma_bn(w.width),
+        gemsops_sk_plan(&s, p.m, p.n, p.k, 1, wgmma_bm(w.width),
+                        wgmma_bn(w.width), 64, 8, 132, w.mode, 0);
+        printf("%d%s/%s\n", wgmma_bn(w.width),
+               wgmma_bm(w.width) == 64 ? "x64" : "",
                s.split ? "sp" : s.sk_tiles ? "hy" : "da");
     }
 }
@@ -100,7 +111,59 @@ def score(picks, shapes):
     return math.exp(sum(logs) / len(logs))
 
 
+def read_calibration(path):
+    """{(m, n, k): {"128/da": us, "64x64/hy": us, ...}}, each plan at its
+    least time"""
+    shapes = collections.defaultdict(dict)
+    for line in Path(path).read_text().splitlines():
+        r = json.loads(line)
+        tile = f"{r['bn']}{'x64' if r.get('bm', 128) == 64 else ''}"
+        key = f"{tile}/{'hy' if r['sk_tiles'] else 'da'}"
+        t = shapes[(r["m"], r["n"], r["k"])]
+        t[key] = min(t.get(key, math.inf), r["us"])
+    return dict(shapes)
+
+
+def score_timed(picks, shapes):
+    """score() over the shapes whose pick was timed, and how many were
+    not"""
+    timed = {k: t for k, t in shapes.items() if picks[k] in t}
+    return score(picks, timed), len(shapes) - len(timed)
+
+
+def fit_small_tile(cal_path, plan_paths):
+    sets = [read_calibration(cal_path)] + [read_plans(p) for p in plan_paths]
+    shapes = {k: v for f in sets for k, v in f.items()}
+    text = HEADER.read_text()
+    small = re.compile(r"(kWgmmaSmall = \{64, 64, 1, )[\d.e+]+, [\d.e+]+\}")
+    results = []
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        (tmp / "h.cpp").write_text(HARNESS)
+        its = [round(0.15 + 0.02 * i, 2) for i in range(8)]
+        tls = [0.5 * i for i in range(1, 13)]
+        for it, tl in list(itertools.product(its, tls)) + [(1e9, 0.0)]:
+            t = small.sub(rf"\g<1>{it}, {tl}}}", text)
+            picks = choices(t, shapes, tmp)
+            per = [score_timed(picks, f) for f in sets]
+            total = math.prod(g for g, _ in per)
+            n = sum(v.startswith("64x64") for v in picks.values())
+            results.append((total, it, tl, per, n))
+    results.sort()
+    none = [r for r in results if r[1] == 1e9]
+    for _total, it, tl, per, n in results[:8] + none:
+        name = "without it" if it == 1e9 else f"{it:.2f} {tl:.1f}"
+        print(
+            f"64 x 64 {name}: chosen/best "
+            + " ".join(f"{g:.4f} ({miss} untimed)" for g, miss in per)
+            + f"; {n} of {len(shapes)} shapes take it"
+        )
+
+
 def main(paths):
+    if paths[:1] == ["--small-tile"]:
+        fit_small_tile(paths[1], paths[2:])
+        return
     files = [read_plans(p) for p in paths]
     shapes = {k: v for f in files for k, v in f.items()}
     text = HEADER.read_text()
@@ -114,7 +177,9 @@ def main(paths):
                 t = re.sub(r"(kSplitKUs = )[\d.]+;", rf"\g<1>{us};", text)
                 t = re.sub(r"(kSplitKScale = )[\d.]+;", rf"\g<1>{scale};", t)
                 picks = choices(t, shapes, tmp)
-                results.append(((us, scale), [score(picks, f) for f in files]))
+                results.append(
+                    ((us, scale), [score_timed(picks, f)[0] for f in files])
+                )
     results = sorted(
         set((k, tuple(v)) for k, v in results), key=lambda r: r[1]
     )

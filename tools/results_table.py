@@ -222,7 +222,13 @@ def bandwidth_summary(title, docs):
 
 
 def mm_docs(docs):
-    return {s: newest(f"mm_{s}", "fwd", docs) for s in SCHEDULES}
+    """The newest run of each schedule on the GPU of the newest auto run
+    (a ratio between schedules means one GPU)."""
+    auto = newest("mm_auto", "fwd", docs)
+    if auto is None:
+        return {s: None for s in SCHEDULES}
+    same = [d for d in docs if d["gpu"] == auto["gpu"]]
+    return {s: newest(f"mm_{s}", "fwd", same) for s in SCHEDULES}
 
 
 def gflop(shape):
@@ -230,11 +236,21 @@ def gflop(shape):
     return 2 * b * m * n * k / 1e9
 
 
+def ratio(v, digits=3):
+    """A ratio for a table cell, "–" where the run is missing."""
+    return "–" if v is None else f"{v:.{digits}f}"
+
+
+def speedup(rows, shape):
+    row = rows.get(shape)
+    return ratio(row["speedup"] if row else None, 2)
+
+
 def matmul_summary(docs):
     """Geomean speedup over torch.matmul (cuBLAS) per dtype and schedule,
     over all shapes and over the large and the small ones."""
     runs = mm_docs(docs)
-    if not all(runs.values()):
+    if runs["auto"] is None:
         return []
     ref = runs["auto"]
     out = [
@@ -251,26 +267,29 @@ def matmul_summary(docs):
         ("< 2 GFLOP", lambda s: gflop(s) < 2),
     ]
     # the runs' commits, each once (a schedule's run may predate another's)
-    commits = " / ".join(dict.fromkeys(d["commit"] for d in runs.values()))
+    commits = " / ".join(
+        dict.fromkeys(d["commit"] for d in runs.values() if d)
+    )
     for dtype in dict.fromkeys(r["dtype"] for r in ref["rows"]):
         for label, keep in subsets:
             g = {}
             for s, doc in runs.items():
                 sp = [
                     r["speedup"]
-                    for r in doc["rows"]
+                    for r in (doc["rows"] if doc else [])
                     if r["dtype"] == dtype and keep(r["shape"])
                 ]
-                g[s] = geomean(sp)
+                g[s] = geomean(sp) if sp else None
             n = sum(
                 1
                 for r in ref["rows"]
                 if r["dtype"] == dtype and keep(r["shape"])
             )
+            dp, hy = g["data-parallel"], g["hybrid"]
             out.append(
-                f"| {dtype} | {label} ({n}) | {g['data-parallel']:.3f} | "
-                f"{g['auto']:.3f} | {g['hybrid']:.3f} | "
-                f"{g['hybrid'] / g['data-parallel']:.3f} | "
+                f"| {dtype} | {label} ({n}) | {ratio(dp)} | "
+                f"{g['auto']:.3f} | {ratio(hy)} | "
+                f"{ratio(hy / dp if dp and hy else None)} | "
                 f"{gpu_name(ref)}, {commits}, {timing(ref)} |"
             )
     return out
@@ -279,13 +298,13 @@ def matmul_summary(docs):
 def matmul_named(docs):
     """The named shapes one by one, fp16 (bf16 is within a few percent)."""
     runs = mm_docs(docs)
-    if not all(runs.values()):
+    if runs["auto"] is None:
         return []
     ref = runs["auto"]
     by = {
         s: {
             tuple(r["shape"]): r
-            for r in doc["rows"]
+            for r in (doc["rows"] if doc else [])
             if r["dtype"] == "float16"
         }
         for s, doc in runs.items()
@@ -307,8 +326,8 @@ def matmul_named(docs):
             f"| {name} | {r['torch_ms'] * 1e3:.1f} | "
             f"{r['gems_ms'] * 1e3:.1f} | {r['speedup']:.2f} | "
             f"{r['gems_tflops']:.0f} | "
-            f"{by['data-parallel'][shape]['speedup']:.2f} | "
-            f"{by['hybrid'][shape]['speedup']:.2f} |"
+            f"{speedup(by['data-parallel'], shape)} | "
+            f"{speedup(by['hybrid'], shape)} |"
         )
     return out
 

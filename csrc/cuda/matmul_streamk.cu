@@ -439,19 +439,20 @@ struct tc_mainloop {
 };
 // mma.sync: 128 registers, two CTAs per SM; wgmma, 128-row tiles: one CTA
 // holds the ring of up to 201 KB (8 stages of 128 x 64 x 128 bytes, 6 of
-// 128 x 128, 5 of 128 x 192, 4 of 128 x 256); 64 x 64 tiles: two CTAs of
-// 6 stages of 16 KB (and their slices) an SM.
+// 128 x 128, 5 of 128 x 192, 4 of 128 x 256); 64 x 64 tiles: 12 stages of
+// 16 KB (a launch of them is one wave over long k: bytes in flight, not
+// more CTAs an SM, is what its k-steps wait for).
 template <typename T>
 using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
 constexpr int wgmma_stages(int bm, int bn)
 {
-    return bm == 64 ? 6 : bn == 64 ? 8 : bn == 128 ? 6 : bn == 192 ? 5 : 4;
+    return bm == 64 ? 12 : bn == 64 ? 8 : bn == 128 ? 6 : bn == 192 ? 5 : 4;
 }
 template <typename T, int BN, bool AM, bool BNM, bool ROWS = false,
           int BM = 128>
 using wgmma_tc =
     tc_mainloop<wgmma_mainloop<T, BN, wgmma_stages(BM, BN), AM, BNM, ROWS, BM>,
-                BM == 64 ? 2 : 1>;
+                1>;
 
 // ---- the driver: schedule walk, fix-up, epilogue ---------------------------
 __device__ __forceinline__ void store_pair(float *d, float a, float b)

@@ -11,10 +11,9 @@
 // consumer instruction goes to copies, and inside the mainloop the
 // consumers never meet at a CTA barrier: each waits for its step alone.
 // The consumers grow to kConsumerRegs registers (setmaxnreg) and the
-// producer shrinks to kProducerRegs. BM = 128: 384 threads, one CTA an SM.
-// BM = 64 (64 x 64 tiles, for outputs of few 128-row tiles: twice the
-// CTAs, each half the k-step's bytes): 256 threads, two CTAs an SM, so one
-// CTA's epilogue runs beside the other's mainloop.
+// producer shrinks to kProducerRegs; one CTA an SM. BM = 128: 384
+// threads. BM = 64 (64 x 64 tiles, for outputs of few 128-row tiles: twice
+// the CTAs, each loading half the bytes a k-step, a deeper ring): 256.
 //
 // Tile: BM (128 or 64) rows x BN (64, 128, 192 or 256) columns x BK per
 // k-step, BK the k of 128 bytes (64 half elements, 32 fp32); consumer g
@@ -497,7 +496,7 @@ struct wgmma_mainloop {
     static constexpr int kRowAcc = ROWS ? 4 : 0;
     static constexpr int kRowSumBytes = ROWS ? BM * 4 : 0;
     // the producer's walk fits in 40; BM = 128: 128 x 40 + 256 x 232 <=
-    // 65536 (one CTA an SM); BM = 64: 128 x 40 + 128 x 216 = 256 x 128 (two)
+    // 65536; BM = 64: 128 x 40 + 128 x 216 (no more than its launch holds)
     static constexpr int kProducerRegs = 40,
                          kConsumerRegs = BM == 128 ? 232 : 216;
     static constexpr int kABytes = BM * BK * kElem,
@@ -510,8 +509,8 @@ struct wgmma_mainloop {
     // tensor map. With two, a slice's TMA store reads one while the warp
     // fills the other (slice cc % 2 for columns cc, so a tile uses them an
     // even number of times); one where two do not fit beside the ring
-    // (BN = 192), a tile has one slice of columns (BN = 64, halves), or two
-    // CTAs share the SM (BM = 64).
+    // (BN = 192), a tile has one slice of columns (BN = 64, halves), or the
+    // ring takes the room (BM = 64).
     static constexpr int kCols = 128 / kElem;
     static constexpr int kSliceBytes = 16 * 128;
     static constexpr int kSmemLimit = 232448; // a CTA's opt-in on sm_90
