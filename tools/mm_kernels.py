@@ -4,8 +4,8 @@ shapes, each kernel's name, launch grid and block, and its mean GPU time
 counted). cuBLAS's kernel names carry its tile, cluster and split-k
 choices: the answer to "what does the peer run where we lose?".
 
-usage: python tools/mm_kernels.py M,N,K[:dtype] [...]
-  dtype: bfloat16 (default), float16"""
+usage: python -m tools.mm_kernels M,N,K[:dtype[:layout]] [...]
+  (tools/mm_probe.py's cases: dtype bfloat16 by default, layout nn)"""
 
 import json
 import sys
@@ -14,21 +14,13 @@ import tempfile
 import torch
 
 import gemsops
+from tools.mm_probe import operands, profile_flushed
 
 
 def kernels(fn, reps=20):
     """[(name, mean us a call, launches a call, grid, block)] of the kernels
     fn() launches, from the profiler's trace."""
-    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    cuda = torch.profiler.ProfilerActivity.CUDA
-    with torch.profiler.profile(activities=[cuda]) as prof:
-        for _ in range(reps):
-            cache.zero_()
-            fn()
-        torch.cuda.synchronize()
+    prof = profile_flushed(fn, reps)
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         trace = json.load(open(f.name))
@@ -48,14 +40,11 @@ def kernels(fn, reps=20):
 
 def main(cases):
     for case in cases:
-        dims, _, dt = case.partition(":")
-        m, n, k = (int(v) for v in dims.split(","))
-        dtype = getattr(torch, dt or "bfloat16")
-        a = torch.randn(m, k, device="cuda", dtype=dtype)
-        b = torch.randn(k, n, device="cuda", dtype=dtype)
-        c = torch.empty(1, m, n, device="cuda", dtype=dtype)
+        (m, n, k, dt, _), a, b, _ = operands(case)
+        torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
+        c = torch.empty(1, m, n, device="cuda", dtype=a.dtype)
         p = gemsops._C.matmul_plan(a[None], b[None], c, 0, 0, 0, 0)
-        print(f"{m}x{n}x{k} {dt or 'bfloat16'}", flush=True)
+        print(f"{m}x{n}x{k} {dt}", flush=True)
         sides = (
             ("torch", lambda: a @ b),
             ("gemsops", lambda: gemsops.matmul(a, b)),

@@ -51,9 +51,9 @@ def operands(case):
     return (m, n, k, dt, layout + (" +bias" if bias else "")), a, b, c
 
 
-def kernel_us(fn, reps=20):
-    """Mean GPU time (us) of the kernels one fn() launches, L2 flushed by
-    a zero_() before each call as do_bench does; the flush not counted."""
+def profile_flushed(fn, reps):
+    """torch.profiler over reps calls of fn(), L2 flushed by a zero_()
+    before each call as do_bench does (the flush is a FillFunctor kernel)."""
     cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     for _ in range(3):
         fn()
@@ -64,6 +64,13 @@ def kernel_us(fn, reps=20):
             cache.zero_()
             fn()
         torch.cuda.synchronize()
+    return prof
+
+
+def kernel_us(fn, reps=20):
+    """Mean GPU time (us) of the kernels one fn() launches, L2 flushed by
+    a zero_() before each call as do_bench does; the flush not counted."""
+    prof = profile_flushed(fn, reps)
     total = 0.0
     for e in prof.key_averages():
         if "FillFunctor" in e.key:
