@@ -194,6 +194,26 @@ def test_few_tiles_over_long_k_take_64x64_tiles():
     assert plan_of(big, big)["bm"] == 128
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_at_most_64_rows_take_64x64_tiles(dtype):
+    # one row of 64 x 64 tiles reads what a 128-row tile reads of B, without
+    # the zero-filled rows: the planner takes them (fp32 above the skinny
+    # kernels' 16 rows, as TF32)
+    if not is_sm90():
+        pytest.skip("the wgmma tiles need sm_90")
+    with tf32(dtype == F32):
+        for m, n, k in [(17, 4096, 1024), (40, 12288, 4096), (64, 1024, 4096)]:
+            a, b = cu(m, k, dtype=dtype), cu(k, n, dtype=dtype)
+            plan = plan_of(a, b)
+            assert plan["mainloop"] == "wgmma-64x64", (m, n, k, plan)
+            out = gemsops.mm(a, b)
+            if dtype == F32:
+                assert_tf32(out, a, b, name=f"{m}x{n}x{k}")
+            else:
+                assert_mm_close(out, a, b, dtype, name=f"{m}x{n}x{k}")
+
+
 # (m, n, k) with ragged edges in every dimension, and a K that is not a
 # multiple of the 64-deep k-step
 TC_SHAPES = [(128, 256, 64), (200, 136, 520), (1, 8, 8), (264, 392, 1000)]
@@ -818,8 +838,12 @@ def test_skinny_rows_take_their_own_kernel(dtype):
         if dtype == F32:  # exact FFMA: the ffma cap takes it too
             assert plan_of(a, b, "ffma")["mainloop"] == "skinny"
     if dtype != F32:  # a large B: auto takes it, unless narrow
-        big = plan_of(cu(8, 4096, dtype=dtype), cu(4096, 4096, dtype=dtype))
+        big = plan_of(cu(4, 4096, dtype=dtype), cu(4096, 4096, dtype=dtype))
         assert big["mainloop"] == "skinny", big
+        # above 4 rows the 64 x 64 wgmma tiles where they run
+        eight = plan_of(cu(8, 4096, dtype=dtype), cu(4096, 4096, dtype=dtype))
+        want = "wgmma-64x64" if is_sm90() else "skinny"
+        assert eight["mainloop"] == want, eight
         narrow = plan_of(
             cu(16, 8192, dtype=dtype), cu(8192, 2560, dtype=dtype)
         )

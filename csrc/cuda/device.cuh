@@ -16,6 +16,17 @@ struct device_facts {
     int l2_bytes; // L2 cache size
 };
 int get_device_facts(int device, device_facts *out, gemsops_status *st);
+// The wgmma kernels run here: this build holds sm_90a code and the GPU is
+// an sm_90.
+inline bool wgmma_runs(const device_facts &f)
+{
+#ifdef GEMSOPS_HAVE_SM90A
+    return f.cc_major == 9 && f.cc_minor == 0;
+#else
+    (void)f;
+    return false;
+#endif
+}
 
 // CTAs of `kernel` (launched with `block` threads and `smem` bytes of
 // dynamic shared memory) that fit on the whole device at once, from the

@@ -168,6 +168,16 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             p->row_sums != nullptr) {
             continue;
         }
+        // at most 64 rows (without row sums): the 64 x 64 tiles. A 128-row
+        // tile reads the same B and pays for rows TMA fills with zeros,
+        // which the model's per-tile costs do not see (H200, kernels alone,
+        // bf16, us, the planner's 128-row pick / 64 x 64 with its own
+        // schedule: 16 x 12288 x 4096 46.3 / 39.8, 8 x 4096 x 16384 63.1 /
+        // 50.5, 16 x 1024 x 4096 11.1 / 8.2, 8 x 16384 x 4096 49.0 / 45.7)
+        if (width == GEMSOPS_MAINLOOP_AUTO && c->bm == 128 && p->m <= 64 &&
+            p->row_sums == nullptr) {
+            continue;
+        }
         int64_t ctas = sms * c->ctas_per_sm;
         if (p->ctas_override > 0 && p->ctas_override < ctas) {
             ctas = p->ctas_override;

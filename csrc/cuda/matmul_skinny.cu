@@ -52,8 +52,14 @@ constexpr int64_t kMinSplitRows = 128;
 // 8192: 61.4 against 70.4). With less of B the tiles' split-k has less
 // fixed cost (16 x 2560 x 8192: 32.9 against 28.0; 16 x 1024 x 4096: 17.1
 // against 12.3). fp32 always: its tiles first copy B transposed for TF32.
+// Where the wgmma tiles run, their 64 x 64 tiles beat it above 4 rows
+// (H200, 2987c31's kernels, bf16, us, skinny / 64 x 64: 8 x 8192 x 8192
+// 50.1 / 46.8, 16 x 12288 x 4096 47.8 / 39.8, 8 x 8192 x 2048 19.7 /
+// 15.2, 8 x 4096 x 16384 49.8 / 50.5; 1 x 4096 x 4096 19.1 / 21.0, 4 x
+// 8192 x 8192 49.0 / 48.6).
 constexpr int64_t kMmaMinBBytes = int64_t(32) << 20;
 constexpr int64_t kMmaMinCols = 4096;
+constexpr int64_t kMmaMaxRowsBesideWgmma = 4;
 
 // One launch's arguments.
 struct skinny_args {
@@ -630,7 +636,9 @@ int plan_skinny(const gemsops_matmul_params *p, const device_facts &f,
     }
     const int64_t b_bytes =
         p->k * p->n * (int64_t)gemsops_dtype_size(p->dtype);
-    if (!exact && !asked && (b_bytes < kMmaMinBBytes || p->n < kMmaMinCols)) {
+    if (!exact && !asked &&
+        (b_bytes < kMmaMinBBytes || p->n < kMmaMinCols ||
+         (p->m > kMmaMaxRowsBesideWgmma && wgmma_runs(f)))) {
         return GEMSOPS_OK;
     }
     int resident = 1;

@@ -1245,15 +1245,9 @@ void tma_operands(const gemsops_matmul_params *p, const tc_layout &l, int bm,
 
 bool wgmma_allowed(const gemsops_matmul_params *p, const device_facts &f)
 {
-#ifdef GEMSOPS_HAVE_SM90A
     return (p->mainloop == GEMSOPS_MAINLOOP_AUTO ||
             p->mainloop >= GEMSOPS_MAINLOOP_WGMMA_128) &&
-           wgmma_dtype(p) && f.cc_major == 9 && f.cc_minor == 0;
-#else
-    (void)p;
-    (void)f;
-    return false;
-#endif
+           wgmma_dtype(p) && wgmma_runs(f);
 }
 
 // The mainloop for these operands on this device: the most capable one the
