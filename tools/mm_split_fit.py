@@ -140,7 +140,7 @@ def fit_small_tile(cal_path, plan_paths):
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         (tmp / "h.cpp").write_text(HARNESS)
-        its = [round(0.15 + 0.02 * i, 2) for i in range(8)]
+        its = [round(0.07 + 0.02 * i, 2) for i in range(12)]
         tls = [0.5 * i for i in range(1, 13)]
         for it, tl in list(itertools.product(its, tls)) + [(1e9, 0.0)]:
             t = small.sub(rf"\g<1>{it}, {tl}}}", text)

@@ -33,9 +33,9 @@
 // grid and a grid of small outputs (tools/mm_calibrate.py --small,
 // benchmark/results/mm_calibration_NVIDIA_H200.jsonl) and every tile and
 // schedule, split-k included, on small shapes of the benchmark's corpus
-// (benchmark/results/mm_plans_small_NVIDIA_H200.txt). The pairs on a
-// ridge (iter_us + tile_us / 20 about 0.41) did best; the replay's
-// numbers are in docs/performance.md. A least-squares fit gave a negative
+// (benchmark/results/mm_plans_small_NVIDIA_H200.txt), timed again once
+// four threads issued the tile's loads; the replay's numbers are in
+// docs/performance.md. A least-squares fit gave a negative
 // tile cost: eager times carry a host window the model has no term for.
 #pragma once
 
@@ -59,7 +59,7 @@ constexpr wgmma_tile_cost kWgmmaWide = {128, 256, 1, 0.742, 2.69};
 constexpr wgmma_tile_cost kWgmmaThreeQuarter = {128, 192, 1, 0.618, 1.75};
 constexpr wgmma_tile_cost kWgmmaNarrow = {128, 128, 1, 0.450, 1.12};
 constexpr wgmma_tile_cost kWgmmaSlim = {128, 64, 1, 0.375, 0.213};
-constexpr wgmma_tile_cost kWgmmaSmall = {64, 64, 1, 0.21, 4.0};
+constexpr wgmma_tile_cost kWgmmaSmall = {64, 64, 1, 0.19, 0.5};
 constexpr double kStreamKUsPerMb = 0.0615;
 // A Stream-K split is taken only when predicted to take at most this
 // fraction of the best data-parallel plan's time: the terms above miss

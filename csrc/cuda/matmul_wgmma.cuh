@@ -6,10 +6,11 @@
 //
 // Roles: BM / 64 consumer warpgroups and one producer. The consumers run
 // the driver (the mainloop, the Stream-K fix-up, the epilogue); warpgroup
-// BM / 64 produces: one of its threads walks the CTA's pieces (the
-// consumers' walk, streamk_walk or tiles_walk) and issues every load. No
-// consumer instruction goes to copies, and inside the mainloop the
-// consumers never meet at a CTA barrier: each waits for its step alone.
+// BM / 64 produces: one thread (four, taking turns, for BM = 64) walks
+// the CTA's pieces (the consumers' walk, streamk_walk or tiles_walk) and
+// issues the loads. No consumer instruction goes to copies, and inside the
+// mainloop the consumers never meet at a CTA barrier: each waits for its
+// step alone.
 // The consumers grow to kConsumerRegs registers (setmaxnreg) and the
 // producer shrinks to kProducerRegs; one CTA an SM. BM = 128: 384
 // threads. BM = 64 (64 x 64 tiles, for outputs of few 128-row tiles: twice
@@ -621,10 +622,20 @@ struct wgmma_mainloop {
         ring.phase = 0;
     }
 
-    // The producer warpgroup: one thread loads every k-step of the CTA's
-    // walk (streamk_walk or tiles_walk, the consumers' own) as its slot
-    // frees, then waits until the last loads have landed (none may land
-    // after the CTA exits). Stops loading when the consumers abort.
+    // Threads that issue loads, each the first lane of its own producer
+    // warp, taking the k-steps in turn (issuer i those in slots i, i +
+    // kIssuers, ...). One thread's turn of the loop (wait for a free slot,
+    // arm the full barrier, issue the copies) is a chain of ~300 cycles of
+    // latency, longer than the 64 x 64 tile's k-step on the tensor cores
+    // (the 128 x 64 tile's gained nothing from four).
+    static constexpr int kIssuers = BM == 64 ? 4 : 1;
+    static_assert(kStages % kIssuers == 0, "an issuer keeps its own slots");
+
+    // The producer warpgroup: its issuers walk the CTA's pieces
+    // (streamk_walk or tiles_walk, the consumers' own), each loading its
+    // k-steps as their slots free, then waiting until those loads have
+    // landed (none may land after the CTA exits). They stop loading when
+    // the consumers abort.
     template <typename Walk>
     static __device__ void produce(const gemsops_sk_schedule &s,
                                    const tc_operands &o, int64_t cta,
@@ -632,7 +643,10 @@ struct wgmma_mainloop {
     {
 #ifdef GEMSOPS_HAS_WGMMA
         regs_shrink<kProducerRegs>();
-        if (threadIdx.x != kConsumers) {
+        const int issuer =
+            kIssuers == 1 ? 0 : (int)(threadIdx.x - kConsumers) / 32;
+        if (kIssuers == 1 ? threadIdx.x != kConsumers
+                          : threadIdx.x % 32 != 0 || issuer >= kIssuers) {
             return;
         }
         const unsigned base = ring_base(sm);
@@ -649,20 +663,23 @@ struct wgmma_mainloop {
             const int za = o.a_bs == 0 ? 0 : (int)bt;
             const int zb = o.b_bs == 0 ? 0 : (int)bt;
             for (int64_t k = k0; k < k1; k++) {
-                // a fresh barrier's preceding phase (parity 1) counts as
-                // complete: the first pass over the ring does not wait
-                const unsigned empty = smem_addr(&sm.empty[slot]);
-                while (!mbar_try_wait(empty, phase ^ 1)) {
-                    if (*(volatile int *)&sm.abort) {
-                        aborted = true;
+                if (slot % kIssuers == issuer) {
+                    // a fresh barrier's preceding phase (parity 1) counts as
+                    // complete: the first pass over the ring does not wait
+                    const unsigned empty = smem_addr(&sm.empty[slot]);
+                    while (!mbar_try_wait(empty, phase ^ 1)) {
+                        if (*(volatile int *)&sm.abort) {
+                            aborted = true;
+                            break;
+                        }
+                    }
+                    if (aborted) {
                         break;
                     }
+                    load(o, base + slot * kStageBytes,
+                         smem_addr(&sm.full[slot]), (int)(tm * BM),
+                         (int)(tn * BN), za, zb, k);
                 }
-                if (aborted) {
-                    break;
-                }
-                load(o, base + slot * kStageBytes, smem_addr(&sm.full[slot]),
-                     (int)(tm * BM), (int)(tn * BN), za, zb, k);
                 loads++;
                 if (++slot == kStages) {
                     slot = 0;
@@ -671,8 +688,8 @@ struct wgmma_mainloop {
             }
         }
         // slot st last held load j (the largest j < loads with j % S = st),
-        // whose full phase has parity (j / S) % 2
-        for (int st = 0; st < kStages && st < loads; st++) {
+        // whose full phase has parity (j / S) % 2; this issuer's slots
+        for (int st = issuer; st < kStages && st < loads; st += kIssuers) {
             const int64_t j = (loads - 1 - st) / kStages * kStages + st;
             mbar_wait(smem_addr(&sm.full[st]), (unsigned)(j / kStages) & 1);
         }
