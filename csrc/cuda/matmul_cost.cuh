@@ -183,6 +183,13 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             ctas = p->ctas_override;
         }
         for (int i = 0; i < n_modes; i++) {
+            // the 64 x 64 tiles whole or split-k, not Stream-K: over the
+            // small plans timed (benchmark/results/mm_plans_small_*.txt)
+            // their Stream-K and hybrid plans took 1.2-1.6x their best
+            // whole-tile or split-k plan's time, on every shape
+            if (i == 0 && n_modes > 1 && c->bm == 64) {
+                continue;
+            }
             // split-k at most 128 wide: a piece of a wider tile publishes
             // and reads back 96-128 KB, more than kSplitKUs covers (the
             // 128 x 192 and 128 x 256 splits the planner took lost 7-15%
