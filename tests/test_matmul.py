@@ -195,6 +195,31 @@ def test_few_tiles_over_long_k_take_64x64_tiles():
 
 
 @pytest.mark.cuda
+def test_auto_runs_64x64_tiles_whole_or_split_k():
+    # their Stream-K and hybrid plans lost to their whole-tile and split-k
+    # plans on every small shape timed: under auto a 64 x 64 plan has no
+    # Stream-K tiles unless it is split-k's
+    if not is_sm90():
+        pytest.skip("wgmma tiles: sm_90a")
+    took = 0
+    for m, n, k in [
+        (256, 768, 4352),
+        (512, 256, 4096),
+        (256, 256, 1792),
+        (256, 512, 2560),
+        (768, 512, 2560),
+        (16, 2560, 8192),
+    ]:
+        a, b = cu(m, k, dtype=torch.bfloat16), cu(k, n, dtype=torch.bfloat16)
+        plan = plan_of(a, b)
+        if plan["mainloop"] == "wgmma-64x64":
+            took += 1
+            assert plan["sk_tiles"] == 0 or plan["split"] > 0, (m, n, k, plan)
+            assert_mm_close(gemsops.mm(a, b), a, b, torch.bfloat16)
+    assert took >= 3
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_at_most_64_rows_take_64x64_tiles(dtype):
     # one row of 64 x 64 tiles reads what a 128-row tile reads of B, without
