@@ -35,8 +35,8 @@
 // schedule, split-k included, on small shapes of the benchmark's corpus
 // (benchmark/results/mm_plans_small_NVIDIA_H200.txt), timed again once
 // four threads issued the tile's loads; the replay's numbers are in
-// docs/performance.md. A least-squares fit gave a negative
-// tile cost: eager times carry a host window the model has no term for.
+// docs/performance.md. A least-squares fit gave a negative tile cost:
+// eager times carry a host window the model has no term for.
 #pragma once
 
 #include <stdint.h>
