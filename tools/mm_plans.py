@@ -8,6 +8,7 @@ this answers "is there a better plan for this shape than the one taken?".
 
 usage: python tools/mm_plans.py M,N,K[:dtype] [...]
   GEMSOPS_PLANS_WIDTHS=wgmma-64x64,wgmma-64: those tiles alone
+  GEMSOPS_PLANS_SCHEDULES=data-parallel,stream-k: those schedules alone
   dtype: bfloat16 (default) or float16
 One line a shape: torch's time, the planner's own (width, tiles split),
 then width/schedule time for each plan."""
@@ -24,6 +25,8 @@ WIDTHS = ("wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64")
 if os.environ.get("GEMSOPS_PLANS_WIDTHS"):  # a comma-separated subset
     WIDTHS = tuple(os.environ["GEMSOPS_PLANS_WIDTHS"].split(","))
 SCHEDULES = ("data-parallel", "stream-k", "hybrid", "split-k")
+if os.environ.get("GEMSOPS_PLANS_SCHEDULES"):
+    SCHEDULES = tuple(os.environ["GEMSOPS_PLANS_SCHEDULES"].split(","))
 
 
 def plan_of(a, b):
