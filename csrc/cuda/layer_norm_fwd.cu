@@ -422,6 +422,8 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
     constexpr int STEP = kLoopedBlock * VEC; // columns between accesses
     constexpr int CHUNK = STEP * U;
     constexpr int WARPS = kLoopedBlock / 32;
+    static_assert(WARPS <= 32 && (WARPS & (WARPS - 1)) == 0,
+                  "the warps' merge: a power of two, one warp's lanes");
     __shared__ A part[4][WARPS];
     __shared__ A stats[3];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -485,8 +487,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             chan_merge(n, mean, mean_lo, m2, cnt, cm, cm_lo,
                        cm2 < A(0) ? A(0) : cm2);
         }
-        // warp: merge down to lane 0 in a fixed order; then warp 0's thread
-        // 0 merges the warps in order (deterministic)
+        // warp: merge down to lane 0 in a fixed order (deterministic)
 #pragma unroll
         for (int off = 16; off > 0; off /= 2) {
             const A nb = __shfl_down_sync(0xffffffffu, n, off);
@@ -502,15 +503,31 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             part[3][warp] = m2;
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
+        // warp 0 merges the warps' triples as a tree in a fixed order
+        // (lane w holds warp w's): one thread merging them one after
+        // another was a chain of 16 or 32 dependent merges, each with a
+        // division, while the CTA waited at the barrier
+        if (warp == 0) {
             A tn = 0, tm = 0, tmc = 0, tm2 = 0;
-            for (int w = 0; w < WARPS; w++) {
-                chan_merge(tn, tm, tmc, tm2, part[0][w], part[1][w],
-                           part[2][w], part[3][w]);
+            if (lane < WARPS) {
+                tn = part[0][lane];
+                tm = part[1][lane];
+                tmc = part[2][lane];
+                tm2 = part[3][lane];
             }
-            stats[0] = tm;
-            stats[1] = tmc;
-            stats[2] = A(1) / sqrt(tm2 / (A)a.cols + a.eps);
+#pragma unroll
+            for (int off = WARPS / 2; off > 0; off /= 2) {
+                const A nb = __shfl_down_sync(0xffffffffu, tn, off);
+                const A mb = __shfl_down_sync(0xffffffffu, tm, off);
+                const A mbc = __shfl_down_sync(0xffffffffu, tmc, off);
+                const A m2b = __shfl_down_sync(0xffffffffu, tm2, off);
+                chan_merge(tn, tm, tmc, tm2, nb, mb, mbc, m2b);
+            }
+            if (lane == 0) {
+                stats[0] = tm;
+                stats[1] = tmc;
+                stats[2] = A(1) / sqrt(tm2 / (A)a.cols + a.eps);
+            }
         }
         __syncthreads();
         // x - mu is exact for x near a large mu; the low part follows
