@@ -6,17 +6,21 @@
 // layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2 or 4 of them; 8
 // for the fused add): G = N / VEC lanes a row, each thread one vector of
 // four rows, so that a warp's access covers whole consecutive rows.
-// Statistics as below.
+// Statistics: the corrected two-pass step below.
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
 // a row, each holding E elements in registers, so x is read from memory
-// exactly once. Statistics are two-pass over the registers: the row sum
-// gives the mean, then the sum of squared deviations gives the variance (no
-// E[x^2] - mean^2 cancellation). The second pass also sums the deviations
-// themselves and corrects the mean and the variance by them (the corrected
-// two-pass algorithm): the first mean's rounding error would otherwise stay
-// in every x - mean, and with a small eps a constant row would normalize
-// to +-1 instead of 0. Short rows pack several per CTA. One CTA
+// exactly once. Statistics in one pass and one reduction (stats_shifted):
+// the sums of d = x - K and of d^2, K the mean of the row's first vector,
+// near the row's mean, so that sum(d^2) - sum(d)^2 / N keeps the
+// variance's digits; a row whose mean lies far from K against its spread,
+// or whose sums are not finite, takes a second pass around the mean found.
+// That second pass, and the fused add's variant (stats_two_pass, a row sum
+// first), are the corrected two-pass step: the squared deviations from a
+// first mean, summed with the deviations themselves, which correct the
+// mean and the variance (the first mean's rounding error would otherwise
+// stay in every x - mean, and with a small eps a constant row would
+// normalize to +-1 instead of 0). Short rows pack several per CTA. One CTA
 // per row group, not persistent: the SM overlaps one CTA's reductions with
 // another's loads.
 //
@@ -132,6 +136,118 @@ __device__ __forceinline__ A corrected_stats(const fwd_args<T, P> &a, A mean0,
     return A(1) / sqrt(m2 / (A)a.cols + a.eps);
 }
 
+// The register kernel's shift: the mean of the row's first vector, a value
+// near the row's mean, so that the sums of x - K and (x - K)^2 keep the
+// variance's digits.
+template <typename T, int VEC, typename P>
+__device__ __forceinline__ acc_t<T> row_shift(const fwd_args<T, P> &a,
+                                              int64_t row)
+{
+    using A = acc_t<T>;
+    const vec_t<T, VEC> v = load_vec<T, VEC>(a.x + row * a.x_stride);
+    A k = 0;
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        k += widen<A>(v.v[i]);
+    }
+    return k / (A)VEC;
+}
+
+// The register kernel's statistics, two passes: the row sum gives a first
+// mean, then the corrected two-pass step (corrected_stats). RMSNorm has no
+// first pass: its deviations are from 0. Returns rstd.
+template <int TPR, int STEP, typename T, typename P, int VEC, int ITEMS>
+__device__ __forceinline__ acc_t<T> stats_two_pass(
+    const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], int lim,
+    acc_t<T> *red, int &parity, acc_t<T> &mean)
+{
+    using A = acc_t<T>;
+    A s[1] = {0};
+    if (!a.rms) {
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                s[0] += widen<A>(xv[i].v[v]);
+            }
+        }
+        row_sum<TPR, 1>(s, red, parity);
+    }
+    // dev[0] sums the squared deviations, dev[1] the deviations themselves
+    const A mean0 = s[0] / (A)a.cols;
+    A dev[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        // an item is whole or absent: cols and every row start are
+        // multiples of VEC
+        if (i * STEP < lim) {
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                const A d = widen<A>(xv[i].v[v]) - mean0;
+                dev[0] += d * d;
+                dev[1] += d;
+            }
+        }
+    }
+    row_sum<TPR, 2>(dev, red, parity);
+    return corrected_stats(a, mean0, dev, mean);
+}
+
+// The register kernel's statistics in one pass and one reduction: the sums
+// of d = x - center and of d^2, center first the mean K of the row's first
+// vector (RMSNorm: 0). Where the mean lies far from K against the spread
+// (the difference below would cancel digits: m2 under a quarter of the sum
+// of squares), or a sum is not finite, the pass runs once more around the
+// mean found: the corrected two-pass step. Returns rstd.
+template <int TPR, int ROWS_PER_CTA, int STEP, typename T, typename P, int VEC,
+          int ITEMS>
+__device__ __forceinline__ acc_t<T> stats_shifted(
+    const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], int lim,
+    bool row_ok, int64_t row, acc_t<T> *red, int &parity, acc_t<T> &mean)
+{
+    using A = acc_t<T>;
+    A center = a.rms || !row_ok ? A(0) : row_shift<T, VEC>(a, row);
+    A sums[2], off, m2;
+#pragma unroll 1
+    for (int pass = 0;; pass++) {
+        sums[0] = sums[1] = A(0);
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (i * STEP < lim) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    const A d = widen<A>(xv[i].v[v]) - center;
+                    sums[0] += d;
+                    sums[1] += d * d;
+                }
+            }
+        }
+        row_sum<TPR, 2>(sums, red, parity);
+        off = sums[0] / (A)a.cols;
+        m2 = sums[1] - sums[0] * off;
+        bool again = pass == 0 && !a.rms &&
+                     !(m2 >= A(0.25) * sums[1] && isfinite(sums[1]));
+        // the same choice across the threads that meet in the next pass's
+        // shuffles (a warp of rows) or barrier (two rows a CTA)
+        if constexpr (TPR <= 32) {
+            again = __any_sync(0xffffffffu, again);
+        }
+        else if constexpr (ROWS_PER_CTA > 1) {
+            again = __syncthreads_or(again);
+        }
+        if (!again) {
+            break;
+        }
+        center += off;
+    }
+    // a row holding inf or NaN, or overflowing, keeps the plain values
+    const bool fix = !a.rms && isfinite(off);
+    mean = fix ? center + off : center;
+    m2 = a.rms || !fix ? sums[1] : m2;
+    m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
+    return A(1) / sqrt(m2 / (A)a.cols + a.eps);
+}
+
 template <typename T, typename P, int TPR, int VEC, bool ADD>
 __global__ void __launch_bounds__(
     layer_norm_block_threads(TPR),
@@ -188,37 +304,18 @@ __global__ void __launch_bounds__(
                 }
             }
         }
-        A s[1] = {0};
-        if (!a.rms) { // RMSNorm: deviations from 0, no first pass
-#pragma unroll
-            for (int i = 0; i < ITEMS; i++) {
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    s[0] += widen<A>(xv[i].v[v]);
-                }
-            }
-            row_sum<TPR, 1>(s, red, parity);
+        // the fused add's kernel holds x and res in flight at its register
+        // bound: there the shifted pass's extra values spilled and lost
+        // (16384 x 3072 bf16 3% slower), so it keeps the two passes
+        A mean, rstd;
+        if constexpr (ADD) {
+            rstd = stats_two_pass<TPR, STEP>(a, xv, lim, red, parity, mean);
         }
-        // two-pass: deviations from the first mean, not E[x^2] - mean^2;
-        // dev[0] sums their squares, dev[1] the deviations themselves
-        const A mean0 = s[0] / (A)slab_cols;
-        A dev[2] = {0, 0};
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            // an item is whole or absent: cols and every row start are
-            // multiples of VEC
-            if (i * STEP < lim) {
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    const A d = widen<A>(xv[i].v[v]) - mean0;
-                    dev[0] += d * d;
-                    dev[1] += d;
-                }
-            }
+        else {
+            rstd =
+                stats_shifted<TPR, ROWS_PER_CTA, STEP>(a, xv, lim, row_ok, row,
+                                                       red, parity, mean);
         }
-        row_sum<TPR, 2>(dev, red, parity);
-        A mean;
-        const A rstd = corrected_stats(a, mean0, dev, mean);
 
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
