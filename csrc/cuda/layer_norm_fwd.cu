@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(
         }
         // the fused add's kernel holds x and res in flight at its register
         // bound: there the shifted pass's extra values spilled and lost
-        // (16384 x 3072 bf16 3% slower), so it keeps the two passes
+        // time (docs/performance.md), so it keeps the two passes
         A mean, rstd;
         if constexpr (ADD) {
             rstd = stats_two_pass<TPR, STEP>(a, xv, lim, red, parity, mean);
