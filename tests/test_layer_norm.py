@@ -432,10 +432,12 @@ def test_cuda_more_than_2_31_elements():
 
 
 # Widths whose rows take a thread group between the powers of two (64, 96,
-# 160, 192, 320, 384, 640, 768 threads at 16 or 32 elements a thread), one
-# whose last thread holds a part of its elements, one without 16-byte
+# 160, 192, 320, 384, 640, 768 threads at 16 or 32 elements a thread; rows
+# past 256 such threads take 160 to 512 threads of twice the elements),
+# one whose last thread holds a part of its elements, one without 16-byte
 # vectors.
-GROUP_WIDTHS = [768, 1536, 2560, 3072, 5120, 6144, 10240, 12288, 20480, 24576]
+GROUP_WIDTHS = [768, 1536, 2560, 3072, 5120, 6144, 8192, 10240, 12288, 16384]
+GROUP_WIDTHS += [20480, 24576, 32768]
 
 
 @pytest.mark.cuda

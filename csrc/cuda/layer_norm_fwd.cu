@@ -9,8 +9,8 @@
 // Statistics: the corrected two-pass step below.
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
-// a row, each holding E elements in registers, so x is read from memory
-// exactly once. Statistics in one pass and one reduction (stats_shifted):
+// a row, each holding E elements in registers (four 16-byte accesses;
+// eight for fp32 rows past 5120), so x is read from memory exactly once. Statistics in one pass and one reduction (stats_shifted):
 // the sums of d = x - K and of d^2, K the mean of the row's first vector,
 // near the row's mean, so that sum(d^2) - sum(d)^2 / N keeps the
 // variance's digits; a row whose mean lies far from K against its spread,
@@ -45,6 +45,7 @@
 // A/B a change with tools/ab.sh. Measurements behind the choices below:
 // docs/performance.md.
 #include <algorithm>
+#include <type_traits>
 
 #include "convert.cuh"
 #include "cuda_check.cuh"
@@ -58,11 +59,13 @@
 namespace gemsops {
 namespace {
 
-// Elements per thread in the forward: four 16-byte accesses in flight.
-template <typename T>
+// Elements per thread in the forward: ACC 16-byte accesses in flight,
+// four, or eight for the register kernel's long fp32 rows
+// (fwd_fp32_long_tpr).
+template <typename T, int ACC = 4>
 __host__ __device__ constexpr int fwd_elems()
 {
-    return 4 * 16 / sizeof(T);
+    return ACC * 16 / sizeof(T);
 }
 
 // Widest thread group per row. Half types and fp32: 1024 threads hold
@@ -117,6 +120,13 @@ constexpr int fwd_min_ctas(int block)
 {
     const int resident = sizeof(T) <= 4 && VEC > 1 ? 1024 : 768;
     return block > 512 ? 1 : block == 512 ? 2 : resident / block;
+}
+
+// Eight accesses a thread (32 registers of x): 768 resident threads
+// (<= 85 registers), a lone CTA at 512.
+constexpr int fwd_eight_access_min_ctas(int block)
+{
+    return block >= 512 ? 1 : 768 / block;
 }
 
 // The corrected two-pass step of a row held in registers: from the first
@@ -248,14 +258,15 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
     return A(1) / sqrt(m2 / (A)a.cols + a.eps);
 }
 
-template <typename T, typename P, int TPR, int VEC, bool ADD>
+template <typename T, typename P, int TPR, int VEC, bool ADD, int ACC>
 __global__ void __launch_bounds__(
     layer_norm_block_threads(TPR),
-    fwd_min_ctas<T, VEC>(layer_norm_block_threads(TPR)))
+    ACC == 4 ? fwd_min_ctas<T, VEC>(layer_norm_block_threads(TPR))
+             : fwd_eight_access_min_ctas(layer_norm_block_threads(TPR)))
     layer_norm_fwd_registers(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
-    constexpr int E = fwd_elems<T>();
+    constexpr int E = fwd_elems<T, ACC>();
     constexpr int ITEMS = E / VEC;
     constexpr int BLOCK = layer_norm_block_threads(TPR);
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
@@ -714,7 +725,7 @@ inline unsigned fwd_grid(int64_t row_groups)
 // The fused add (x's partner res given) is its own instantiation of each
 // kernel: it loads twice the bytes a step, and sharing one body with a
 // run-time branch spilled the looped kernel under its register bound.
-template <typename T, typename P, int TPR, int VEC>
+template <typename T, typename P, int TPR, int VEC, int ACC = 4>
 int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     const int64_t rows_per_cta = layer_norm_block_threads(TPR) / TPR;
@@ -723,11 +734,11 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     const int block = layer_norm_block_threads(TPR);
     cudaStream_t stream = (cudaStream_t)p->stream;
     if (p->residual) {
-        layer_norm_fwd_registers<T, P, TPR, VEC, true>
+        layer_norm_fwd_registers<T, P, TPR, VEC, true, ACC>
             <<<grid, block, 0, stream>>>(make_args<T, P>(p));
     }
     else {
-        layer_norm_fwd_registers<T, P, TPR, VEC, false>
+        layer_norm_fwd_registers<T, P, TPR, VEC, false, ACC>
             <<<grid, block, 0, stream>>>(make_args<T, P>(p));
     }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_registers");
@@ -851,6 +862,44 @@ int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, int tpr,
     }
 }
 
+// fp32 rows past 320 threads of 16 elements (N > 5120) take 32 elements a
+// thread, as the half types' rows do: at 16 a thread their groups of 384
+// to 1024 threads leave one or two CTAs an SM, each idle through its own
+// barriers; eight accesses a thread take half the threads, twice the CTAs
+// an SM. The half types at 64 elements a thread and the fused add (x and
+// res in flight at once) ran slower (docs/performance.md). Returns the
+// group, 0 for the rows that keep four accesses.
+template <typename T>
+int fwd_fp32_long_tpr(int64_t cols, bool add)
+{
+    constexpr int choices[] = {192, 256, 320, 384, 512};
+    if (!std::is_same_v<T, float> || add ||
+        cols <= 320 * (int64_t)fwd_elems<T>()) {
+        return 0;
+    }
+    return layer_norm_choose_shape(cols, fwd_elems<T, 8>(), 512, choices).tpr;
+}
+
+template <typename T, typename P, int VEC>
+int dispatch_fp32_long(const gemsops_layer_norm_fwd_params *p, int tpr,
+                       gemsops_status *st)
+{
+    if constexpr (std::is_same_v<T, float>) {
+        switch (tpr) {
+        case 192: return run<T, P, 192, VEC, 8>(p, st);
+        case 256: return run<T, P, 256, VEC, 8>(p, st);
+        case 320: return run<T, P, 320, VEC, 8>(p, st);
+        case 384: return run<T, P, 384, VEC, 8>(p, st);
+        case 512: return run<T, P, 512, VEC, 8>(p, st);
+        default: break;
+        }
+    }
+    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                        "layer_norm_fwd: no eight-access kernel for %d "
+                        "threads/row",
+                        tpr);
+}
+
 template <typename T, typename P>
 int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
@@ -865,6 +914,11 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     if (vec && (p->residual ? run_short_rows<T, P, V, true>(p, &rc, st)
                             : run_short_rows<T, P, V, false>(p, &rc, st))) {
         return rc;
+    }
+    const int long_tpr =
+        vec ? fwd_fp32_long_tpr<T>(p->cols, p->residual != nullptr) : 0;
+    if (long_tpr > 0) {
+        return dispatch_fp32_long<T, P, V>(p, long_tpr, st);
     }
     const int tpr =
         layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>(),
