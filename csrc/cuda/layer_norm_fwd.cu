@@ -734,8 +734,16 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     const int block = layer_norm_block_threads(TPR);
     cudaStream_t stream = (cudaStream_t)p->stream;
     if (p->residual) {
-        layer_norm_fwd_registers<T, P, TPR, VEC, true, ACC>
-            <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+        // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr)
+        if constexpr (ACC != 4) {
+            return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                                "layer_norm_fwd: no eight-access kernel for "
+                                "the fused add");
+        }
+        else {
+            layer_norm_fwd_registers<T, P, TPR, VEC, true, ACC>
+                <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+        }
     }
     else {
         layer_norm_fwd_registers<T, P, TPR, VEC, false, ACC>
