@@ -10,15 +10,16 @@
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
 // a row, each holding E elements in registers (four 16-byte accesses;
-// eight for fp32 rows past 5120), so x is read from memory exactly once. Statistics in one pass and one reduction (stats_shifted):
-// the sums of d = x - K and of d^2, K the mean of the row's first vector,
-// near the row's mean, so that sum(d^2) - sum(d)^2 / N keeps the
-// variance's digits; a row whose mean lies far from K against its spread,
-// or whose sums are not finite, takes a second pass around the mean found.
-// That second pass, and the fused add's variant (stats_two_pass, a row sum
-// first), are the corrected two-pass step: the squared deviations from a
-// first mean, summed with the deviations themselves, which correct the
-// mean and the variance (the first mean's rounding error would otherwise
+// eight for fp32 rows past 5120), so x is read from memory exactly once.
+// Statistics in one pass and one reduction (stats_shifted): the sums of
+// d = x - K and of d^2, K the mean of the row's first vector, near the
+// row's mean, so that sum(d^2) - sum(d)^2 / N keeps the variance's digits;
+// a row whose mean lies far from K against its spread, or whose sums are
+// not finite, takes a second pass around the mean found. That second
+// pass, and the fused add's variant (stats_two_pass, a row sum first),
+// are the corrected two-pass step: the squared deviations from a first
+// mean, summed with the deviations themselves, which correct the mean and
+// the variance (the first mean's rounding error would otherwise
 // stay in every x - mean, and with a small eps a constant row would
 // normalize to +-1 instead of 0). Short rows pack several per CTA. One CTA
 // per row group, not persistent: the SM overlaps one CTA's reductions with
