@@ -168,29 +168,42 @@ __device__ __forceinline__ void store_vec(T *p, const vec_t<T, VEC> &v)
     *reinterpret_cast<W *>(p) = *reinterpret_cast<const W *>(&v);
 }
 
+// Half types whose vectors are rounded a pair at a time.
+template <typename T, int VEC>
+__host__ __device__ constexpr bool rounds_in_pairs()
+{
+    return (std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, __half>) &&
+           VEC % 2 == 0;
+}
+
+// VEC accumulator values of a half type rounded in pairs into 32-bit words
+// (the paired conversion instructions).
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void round_pairs(const A (&o)[VEC],
+                                            unsigned (&w)[VEC / 2])
+{
+#pragma unroll
+    for (int k = 0; k < VEC / 2; k++) {
+        if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+            __nv_bfloat162 h = __floats2bfloat162_rn(o[2 * k], o[2 * k + 1]);
+            w[k] = *reinterpret_cast<unsigned *>(&h);
+        }
+        else {
+            __half2 h = __floats2half2_rn(o[2 * k], o[2 * k + 1]);
+            w[k] = *reinterpret_cast<unsigned *>(&h);
+        }
+    }
+}
+
 // Rounds VEC accumulator values to T and stores them as one access. Half
-// types are packed in pairs into 32-bit words first (the paired conversion
-// instructions); element-by-element construction would be stored as 2-byte
-// pieces.
+// types are packed in pairs into 32-bit words first; element-by-element
+// construction would be stored as 2-byte pieces.
 template <typename T, int VEC, typename A>
 __device__ __forceinline__ void store_rounded(T *p, const A (&o)[VEC])
 {
-    if constexpr ((std::is_same_v<T, __nv_bfloat16> ||
-                   std::is_same_v<T, __half>) &&
-                  VEC % 2 == 0) {
+    if constexpr (rounds_in_pairs<T, VEC>()) {
         unsigned w[VEC / 2];
-#pragma unroll
-        for (int k = 0; k < VEC / 2; k++) {
-            if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-                __nv_bfloat162 h =
-                    __floats2bfloat162_rn(o[2 * k], o[2 * k + 1]);
-                w[k] = *reinterpret_cast<unsigned *>(&h);
-            }
-            else {
-                __half2 h = __floats2half2_rn(o[2 * k], o[2 * k + 1]);
-                w[k] = *reinterpret_cast<unsigned *>(&h);
-            }
-        }
+        round_pairs<T, VEC>(o, w);
         // one explicit 16-byte store: the compiler otherwise splits the
         // packed words into separate 4-byte stores
         if constexpr (VEC == 8) {

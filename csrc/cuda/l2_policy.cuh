@@ -1,4 +1,5 @@
-// L2 cache policies (createpolicy) and the last-read load that uses one.
+// L2 cache policies (createpolicy) and the last-read load and last-write
+// store that use one.
 // Where a policy pays is measured per use (docs/performance.md), so each
 // caller says why it takes one.
 #pragma once
@@ -71,6 +72,41 @@ __device__ __forceinline__ vec_t<T, VEC> load_vec_own_last(const T *p)
     }
     else {
         return load_vec<T, VEC>(p);
+    }
+}
+
+// store_rounded for output the kernel does not read back, written while it
+// still needs other lines from L2: 16-byte vectors stored evict-first, so
+// that they, not those lines, are the first victims of their sets; other
+// widths as store_rounded.
+template <typename T, int VEC, typename A>
+__device__ __forceinline__ void store_rounded_last(T *p, const A (&o)[VEC])
+{
+    if constexpr (sizeof(T) * VEC == 16) {
+        unsigned w[4];
+        if constexpr (rounds_in_pairs<T, VEC>()) {
+            round_pairs<T, VEC>(o, w);
+        }
+        else {
+            vec_t<T, VEC> out;
+#pragma unroll
+            for (int v = 0; v < VEC; v++) {
+                out.v[v] = from_acc<T>(o[v]);
+            }
+            const uint4 r = *reinterpret_cast<const uint4 *>(&out);
+            w[0] = r.x;
+            w[1] = r.y;
+            w[2] = r.z;
+            w[3] = r.w;
+        }
+        asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, "
+                     "%5;" ::"l"(p),
+                     "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]),
+                     "l"(l2_evict_first_policy())
+                     : "memory");
+    }
+    else {
+        store_rounded<T, VEC>(p, o);
     }
 }
 

@@ -123,6 +123,20 @@ constexpr int fwd_min_ctas(int block)
     return block > 512 ? 1 : block == 512 ? 2 : resident / block;
 }
 
+// The register kernel's bound: fwd_min_ctas, but three 384-thread CTAs an
+// SM (1152 threads, <= 56 registers) rather than two (768), where 56
+// registers hold the kernel with at most 8 bytes of spill (ptxas): the half
+// types' fused add, and fp16 with fp16 parameters. The plain bf16 and
+// mixed-precision kernels spilled 32-36 bytes there and ran slower.
+template <typename T, typename P, int VEC, bool ADD>
+constexpr int fwd_register_min_ctas(int block)
+{
+    constexpr bool three =
+        sizeof(T) == 2 && VEC > 1 &&
+        (ADD || (std::is_same_v<T, __half> && std::is_same_v<P, __half>));
+    return block == 384 && three ? 3 : fwd_min_ctas<T, VEC>(block);
+}
+
 // Eight accesses a thread (32 registers of x): 768 resident threads
 // (<= 85 registers), a lone CTA at 512.
 constexpr int fwd_eight_access_min_ctas(int block)
@@ -262,8 +276,9 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
 template <typename T, typename P, int TPR, int VEC, bool ADD, int ACC>
 __global__ void __launch_bounds__(
     layer_norm_block_threads(TPR),
-    ACC == 4 ? fwd_min_ctas<T, VEC>(layer_norm_block_threads(TPR))
-             : fwd_eight_access_min_ctas(layer_norm_block_threads(TPR)))
+    ACC == 4
+        ? fwd_register_min_ctas<T, P, VEC, ADD>(layer_norm_block_threads(TPR))
+        : fwd_eight_access_min_ctas(layer_norm_block_threads(TPR)))
     layer_norm_fwd_registers(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
@@ -641,8 +656,12 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
         __syncthreads();
         // x - mu is exact for x near a large mu; the low part follows
         const A mu = stats[0], mu_lo = stats[1], rstd = stats[2];
+        // Pass 2 walks the row backwards: where the rows in flight overflow
+        // L2, pass 1's last chunks are the likeliest still there. y is
+        // stored evict-first, so that it does not push out the x (or h)
+        // lines pass 2 has still to read.
         T *yr = a.y + row * a.y_stride + threadIdx.x * VEC;
-        for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
+        for (int64_t c0 = (a.cols - 1) / CHUNK * CHUNK; c0 >= 0; c0 -= CHUNK) {
             const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
 #pragma unroll
             for (int u = 0; u < U; u++) {
@@ -680,7 +699,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                     }
                     out[v] = y;
                 }
-                store_rounded<T, VEC>(yr + c0 + u * STEP, out);
+                store_rounded_last<T, VEC>(yr + c0 + u * STEP, out);
             }
         }
         if (threadIdx.x == 0 && a.rstd) {
