@@ -26,11 +26,10 @@
 // another's loads.
 //
 // layer_norm_fwd_looped (longer rows): one CTA per row streams it twice.
-// Pass 1 takes chunks of 4 accesses per thread; each thread sums its
-// columns' deviations from a center of its own and their squares, as the
-// register kernel does, and turns them into its (count, mean, M2) at the
-// end; the CTA merges the threads' triples with Chan's formula in a fixed
-// order. Pass 2 re-reads x (mostly from L2: the rows in flight
+// Pass 1 takes chunks of 4 accesses per thread, computes each chunk's mean
+// and squared deviations in registers and merges them into a running
+// (count, mean, M2) with Chan's formula; the CTA merges the threads' triples
+// in a fixed order. Pass 2 re-reads x (mostly from L2: the rows in flight
 // fit in it up to ~64K half elements; pass 2's reads are evict-first, so
 // they do not push out rows still waiting for theirs) and writes y. The
 // fused add reads x and res once and h back in pass 2 (each thread its own
@@ -538,13 +537,12 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
 {
     constexpr int kLoopedBlock = BLOCK;
     using A = acc_t<T>;
-    // Four 16-byte accesses a chunk, 64 B in flight a thread while pass 1
-    // streams from DRAM (two for the half types were slower; six for fp32
-    // gained nothing). The fused add loads two operands an access: two
-    // accesses keep the same bytes in flight, and four spilled. fp64 takes
-    // two as well: four spilled under the same bound (its sums and center
-    // are register pairs).
-    constexpr int U = ADD || sizeof(T) == 8 ? 2 : 4;
+    // Four 16-byte accesses a chunk for every type, 64 B in flight a
+    // thread while pass 1 streams from DRAM (two for the half types were
+    // slower; six for fp32 gained nothing). The fused add loads two
+    // operands an access: two accesses keep the same bytes in flight, and
+    // four spilled.
+    constexpr int U = ADD ? 2 : 4;
     constexpr int STEP = kLoopedBlock * VEC; // columns between accesses
     constexpr int CHUNK = STEP * U;
     constexpr int WARPS = kLoopedBlock / 32;
@@ -556,97 +554,62 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
 
     for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
         const T *xr = a.x + row * a.x_stride + threadIdx.x * VEC;
-        // Pass 1: each thread sums d = x - center and d^2 over its columns,
-        // center the mean of its first vector (RMSNorm: 0), and turns the
-        // sums into its (count, mean, M2) once, at the end: no division or
-        // merge a chunk. A thread whose mean lies far from its center
-        // against its spread (m2 under a quarter of the sum of squares), or
-        // whose sums are not finite, sums its columns once more around the
-        // mean found (the register kernel's rule, stats_shifted).
         A n = 0, mean = 0, mean_lo = 0, m2 = 0;
-        A center = 0;
-        if (!a.rms && threadIdx.x * VEC < a.cols) {
-            vec_t<T, VEC> f;
-            if constexpr (ADD) {
-                f = load_vec_last<T, VEC>(xr);
-                add_rounded(f,
-                            load_vec_last<T, VEC>(a.res + row * a.res_stride +
-                                                  threadIdx.x * VEC));
-            }
-            else {
-                f = load_vec<T, VEC>(xr);
-            }
+        for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
+            const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
+            vec_t<T, VEC> xv[U];
+            A s = 0, cnt = 0;
 #pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                center += widen<A>(f.v[v]);
-            }
-            center /= (A)VEC;
-        }
-#pragma unroll 1
-        for (int sweep = 0;; sweep++) {
-            A s = 0, q = 0, cnt = 0;
-            for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
-                const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
-                vec_t<T, VEC> xv[U];
-#pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (u * STEP >= lim) {
-                        continue;
-                    }
-                    const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
+            for (int u = 0; u < U; u++) {
+                if (u * STEP < lim) {
                     // the fused add: x and res are read once, h written
                     // here and read back in pass 2 (one tensor waiting in
-                    // L2 for it, not two) and by a second sweep
+                    // L2 for it, not two)
                     if constexpr (ADD) {
-                        if (sweep == 0) {
-                            xv[u] = load_vec_last<T, VEC>(xr + c0 + u * STEP);
-                            add_rounded(xv[u],
-                                        load_vec_last<T, VEC>(
-                                            a.res + row * a.res_stride + c));
-                            store_vec(a.h + row * a.h_stride + c, xv[u]);
-                        }
-                        else {
-                            xv[u] =
-                                load_vec<T, VEC>(a.h + row * a.h_stride + c);
-                        }
+                        const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
+                        xv[u] = load_vec_last<T, VEC>(xr + c0 + u * STEP);
+                        add_rounded(xv[u],
+                                    load_vec_last<T, VEC>(
+                                        a.res + row * a.res_stride + c));
+                        store_vec(a.h + row * a.h_stride + c, xv[u]);
                     }
                     else {
                         xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
                     }
-                }
 #pragma unroll
-                for (int u = 0; u < U; u++) {
-                    if (u * STEP < lim) {
-#pragma unroll
-                        for (int v = 0; v < VEC; v++) {
-                            const A d = widen<A>(xv[u].v[v]) - center;
-                            s += d;
-                            q += d * d;
-                        }
-                        cnt += VEC;
+                    for (int v = 0; v < VEC; v++) {
+                        s += widen<A>(xv[u].v[v]);
                     }
+                    cnt += VEC;
                 }
             }
             if (cnt == A(0)) {
-                break;
-            }
-            // the mean kept as the pair center + sh
-            const A sh = s / cnt;
-            const bool fix = !a.rms && isfinite(sh);
-            A m = center, m_lo = 0;
-            if (fix) {
-                two_sum_into(m, m_lo, sh);
-            }
-            const A d2 = fix ? q - s * sh : q;
-            if (sweep == 0 && !a.rms && !(d2 >= A(0.25) * q && isfinite(q))) {
-                center = m;
                 continue;
             }
-            n = cnt;
-            mean = m;
-            mean_lo = m_lo;
-            m2 = d2 < A(0) ? A(0) : d2; // NaN stays NaN
-            break;
+            const A cm0 = a.rms ? A(0) : s / cnt;
+            A cm2 = 0, cd = 0;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                if (u * STEP < lim) {
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        const A d = widen<A>(xv[u].v[v]) - cm0;
+                        cm2 += d * d;
+                        cd += d;
+                    }
+                }
+            }
+            // the corrected two-pass step (see the registers kernel), the
+            // chunk's mean kept as the pair cm0 + sh
+            const A sh = cd / cnt;
+            const bool fix = !a.rms && isfinite(sh);
+            A cm = cm0, cm_lo = 0;
+            if (fix) {
+                two_sum_into(cm, cm_lo, sh);
+            }
+            cm2 = fix ? cm2 - cd * sh : cm2;
+            chan_merge(n, mean, mean_lo, m2, cnt, cm, cm_lo,
+                       cm2 < A(0) ? A(0) : cm2);
         }
         // warp: merge down to lane 0 in a fixed order (deterministic)
 #pragma unroll
@@ -727,10 +690,14 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 A out[VEC];
 #pragma unroll
                 for (int v = 0; v < VEC; v++) {
-                    const A scale = a.w ? rstd * to_acc<A>(wv.v[v]) : rstd;
-                    const A d = (widen<A>(xv.v[v]) - mu) - mu_lo;
-                    out[v] =
-                        a.b ? fma(d, scale, to_acc<A>(bv.v[v])) : d * scale;
+                    A y = (widen<A>(xv.v[v]) - mu - mu_lo) * rstd;
+                    if (a.w) {
+                        y *= to_acc<A>(wv.v[v]);
+                    }
+                    if (a.b) {
+                        y += to_acc<A>(bv.v[v]);
+                    }
+                    out[v] = y;
                 }
                 store_rounded_last<T, VEC>(yr + c0 + u * STEP, out);
             }
