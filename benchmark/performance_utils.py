@@ -314,11 +314,14 @@ class Benchmark:
                     line += f"  (eager: {', '.join(eager)})"
                 print(line, flush=True)
                 _rows.append(row)
+                # written after every case, so that a run cut short by a
+                # time limit keeps the cases it finished
+                self._save(gpu, copy, complete=False)
                 del args
                 torch.cuda.empty_cache()
-        self._save(gpu, copy)
+        self._save(gpu, copy, complete=True)
 
-    def _save(self, gpu, copy):
+    def _save(self, gpu, copy, complete):
         RESULTS.mkdir(exist_ok=True)
         tag = gpu.replace(" ", "_").replace("/", "_")
         flush = "" if FLUSH == "zero" else f"_{FLUSH}flush"
@@ -335,6 +338,7 @@ class Benchmark:
             date=datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"
             ),
+            complete=complete,
             rows=[r for r in _rows if r["op"] == self.op_name],
         )
         path.write_text(json.dumps(doc, indent=1))

@@ -68,11 +68,13 @@ def default_flush(doc):
 
 def newest(op, pass_, docs):
     """The newest default-flush run that holds rows of op/pass_ (over the
-    benchmark's cases: sweeps, in their own files, are not summarised)."""
+    benchmark's cases: sweeps, in their own files, are not summarised;
+    runs that did not finish, written as far as they got, neither)."""
     found = [
         d
         for d in docs
         if default_flush(d)
+        and d.get("complete", True)  # a run cut short: not the table
         and "_sweep" not in d["path"].name
         and d["rows"]
         and d["rows"][0]["op"] == op
