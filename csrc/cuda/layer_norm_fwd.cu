@@ -127,7 +127,8 @@ constexpr int fwd_min_ctas(int block)
 // SM (1152 threads, <= 56 registers) rather than two (768), where 56
 // registers hold the kernel with at most 8 bytes of spill (ptxas): the half
 // types' fused add, and fp16 with fp16 parameters. The plain bf16 and
-// mixed-precision kernels spilled 32-36 bytes there and ran slower.
+// mixed-precision kernels spilled 32-36 bytes there (bf16 ran 3% slower:
+// docs/performance.md), so they keep two.
 template <typename T, typename P, int VEC, bool ADD>
 constexpr int fwd_register_min_ctas(int block)
 {
