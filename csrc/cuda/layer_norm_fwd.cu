@@ -124,17 +124,16 @@ constexpr int fwd_min_ctas(int block)
 }
 
 // The register kernel's bound: fwd_min_ctas, but three 384-thread CTAs an
-// SM (1152 threads, <= 56 registers) rather than two (768), where 56
-// registers hold the kernel with at most 8 bytes of spill (ptxas): the half
-// types' fused add, and fp16 with fp16 parameters. The plain bf16 and
-// mixed-precision kernels spilled 32-36 bytes there (bf16 ran 3% slower:
-// docs/performance.md), so they keep two.
+// SM (1152 threads, <= 56 registers) rather than two (768) for the half
+// types, where 56 registers hold the kernel without spilling (ptxas). The
+// plain fp16 kernel with fp32 parameters spilled 32 bytes there, so it
+// keeps two.
 template <typename T, typename P, int VEC, bool ADD>
 constexpr int fwd_register_min_ctas(int block)
 {
     constexpr bool three =
         sizeof(T) == 2 && VEC > 1 &&
-        (ADD || (std::is_same_v<T, __half> && std::is_same_v<P, __half>));
+        (ADD || !(std::is_same_v<T, __half> && std::is_same_v<P, float>));
     return block == 384 && three ? 3 : fwd_min_ctas<T, VEC>(block);
 }
 
@@ -274,6 +273,42 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
     return A(1) / sqrt(m2 / (A)a.cols + a.eps);
 }
 
+// The register kernel's output for one row's items: (x - mean) *
+// (rstd * w) + b, one multiply and one fma after the exact difference, with
+// w and b present or absent at compile time. Tested in the element loop,
+// their presence had each element's arithmetic issued both ways under
+// predicates, and w and b were split into 16-bit registers before
+// widening: about four instructions an element more than these.
+template <bool HAS_W, bool HAS_B, int STEP, typename T, typename P, int VEC,
+          int ITEMS, typename A>
+__device__ __forceinline__ void normalize_items(
+    const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], int lim,
+    int64_t col0, T *yr, A mean, A rstd)
+{
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        if (i * STEP >= lim) {
+            continue;
+        }
+        A wf[VEC], bf[VEC], xf[VEC];
+        if constexpr (HAS_W) {
+            widen_vec<A>(load_vec<P, VEC>(a.w + col0 + i * STEP), wf);
+        }
+        if constexpr (HAS_B) {
+            widen_vec<A>(load_vec<P, VEC>(a.b + col0 + i * STEP), bf);
+        }
+        widen_vec<A>(xv[i], xf);
+        A out[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            const A scale = HAS_W ? rstd * wf[v] : rstd;
+            const A d = xf[v] - mean;
+            out[v] = HAS_B ? fma(d, scale, bf[v]) : d * scale;
+        }
+        store_rounded<T, VEC>(yr + i * STEP, out);
+    }
+}
+
 template <typename T, typename P, int TPR, int VEC, bool ADD, int ACC>
 __global__ void __launch_bounds__(
     layer_norm_block_threads(TPR),
@@ -326,10 +361,7 @@ __global__ void __launch_bounds__(
                 }
             }
             else {
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    xv[i].v[v] = from_acc<T>(A(0));
-                }
+                xv[i] = zero_vec<T, VEC>();
             }
         }
         // the fused add's kernel holds x and res in flight at its register
@@ -345,32 +377,24 @@ __global__ void __launch_bounds__(
                                                        red, parity, mean);
         }
 
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            if (i * STEP >= lim) {
-                continue;
+        if (row_ok) {
+            T *yr = a.y + row * a.y_stride + col0;
+            if (a.w && a.b) {
+                normalize_items<true, true, STEP>(a, xv, lim, col0, yr, mean,
+                                                  rstd);
             }
-            vec_t<P, VEC> wv, bv;
-            if (a.w) {
-                wv = load_vec<P, VEC>(a.w + col0 + i * STEP);
+            else if (a.w) {
+                normalize_items<true, false, STEP>(a, xv, lim, col0, yr, mean,
+                                                   rstd);
             }
-            if (a.b) {
-                bv = load_vec<P, VEC>(a.b + col0 + i * STEP);
+            else if (a.b) {
+                normalize_items<false, true, STEP>(a, xv, lim, col0, yr, mean,
+                                                   rstd);
             }
-            if (!row_ok) {
-                continue;
+            else {
+                normalize_items<false, false, STEP>(a, xv, lim, col0, yr, mean,
+                                                    rstd);
             }
-            A out[VEC];
-#pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                // (x - mean) * (rstd * w) + b: one multiply and one fma
-                // after the exact difference
-                const A scale = a.w ? rstd * to_acc<A>(wv.v[v]) : rstd;
-                const A d = widen<A>(xv[i].v[v]) - mean;
-                out[v] = a.b ? fma(d, scale, to_acc<A>(bv.v[v])) : d * scale;
-            }
-            store_rounded<T, VEC>(a.y + row * a.y_stride + col0 + i * STEP,
-                                  out);
         }
         if (lane == 0 && row_ok && a.rstd) {
             if (a.mean) {
