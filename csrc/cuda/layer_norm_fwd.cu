@@ -273,12 +273,46 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
     return A(1) / sqrt(m2 / (A)a.cols + a.eps);
 }
 
-// The register kernel's output for one row's items: (x - mean) *
-// (rstd * w) + b, one multiply and one fma after the exact difference, with
-// w and b present or absent at compile time. Tested in the element loop,
-// their presence had each element's arithmetic issued both ways under
-// predicates, and w and b were split into 16-bit registers before
-// widening: about four instructions an element more than these.
+// y = (x - mean) * (rstd * w) + b for one vector: one multiply and one fma
+// after the exact difference, with w and b present or absent at compile
+// time. Tested in the element loop, their presence had each element's
+// arithmetic issued both ways under predicates (a quarter of the register
+// kernel's instructions: docs/performance.md).
+template <bool HAS_W, bool HAS_B, typename A, int VEC>
+__device__ __forceinline__ void affine(const A (&x)[VEC], A mean, A rstd,
+                                       const A (&w)[VEC], const A (&b)[VEC],
+                                       A (&out)[VEC])
+{
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        const A scale = HAS_W ? rstd * w[v] : rstd;
+        const A d = x[v] - mean;
+        out[v] = HAS_B ? fma(d, scale, b[v]) : d * scale;
+    }
+}
+
+// Calls f(has_w, has_b), each a std::bool_constant: the presence of w and
+// b tested once, outside the element loops that affine() unrolls.
+template <typename F>
+__device__ __forceinline__ void with_affine(const void *w, const void *b,
+                                            F &&f)
+{
+    if (w && b) {
+        f(std::true_type{}, std::true_type{});
+    }
+    else if (w) {
+        f(std::true_type{}, std::false_type{});
+    }
+    else if (b) {
+        f(std::false_type{}, std::true_type{});
+    }
+    else {
+        f(std::false_type{}, std::false_type{});
+    }
+}
+
+// The register kernel's output for one row's items, w and b widened from
+// their words.
 template <bool HAS_W, bool HAS_B, int STEP, typename T, typename P, int VEC,
           int ITEMS, typename A>
 __device__ __forceinline__ void normalize_items(
@@ -290,7 +324,7 @@ __device__ __forceinline__ void normalize_items(
         if (i * STEP >= lim) {
             continue;
         }
-        A wf[VEC], bf[VEC], xf[VEC];
+        A wf[VEC], bf[VEC], xf[VEC], out[VEC];
         if constexpr (HAS_W) {
             widen_vec<A>(load_vec<P, VEC>(a.w + col0 + i * STEP), wf);
         }
@@ -298,13 +332,7 @@ __device__ __forceinline__ void normalize_items(
             widen_vec<A>(load_vec<P, VEC>(a.b + col0 + i * STEP), bf);
         }
         widen_vec<A>(xv[i], xf);
-        A out[VEC];
-#pragma unroll
-        for (int v = 0; v < VEC; v++) {
-            const A scale = HAS_W ? rstd * wf[v] : rstd;
-            const A d = xf[v] - mean;
-            out[v] = HAS_B ? fma(d, scale, bf[v]) : d * scale;
-        }
+        affine<HAS_W, HAS_B>(xf, mean, rstd, wf, bf, out);
         store_rounded<T, VEC>(yr + i * STEP, out);
     }
 }
@@ -379,22 +407,11 @@ __global__ void __launch_bounds__(
 
         if (row_ok) {
             T *yr = a.y + row * a.y_stride + col0;
-            if (a.w && a.b) {
-                normalize_items<true, true, STEP>(a, xv, lim, col0, yr, mean,
-                                                  rstd);
-            }
-            else if (a.w) {
-                normalize_items<true, false, STEP>(a, xv, lim, col0, yr, mean,
-                                                   rstd);
-            }
-            else if (a.b) {
-                normalize_items<false, true, STEP>(a, xv, lim, col0, yr, mean,
-                                                   rstd);
-            }
-            else {
-                normalize_items<false, false, STEP>(a, xv, lim, col0, yr, mean,
-                                                    rstd);
-            }
+            with_affine(a.w, a.b, [&](auto has_w, auto has_b) {
+                constexpr bool W = decltype(has_w)::value;
+                constexpr bool B = decltype(has_b)::value;
+                normalize_items<W, B, STEP>(a, xv, lim, col0, yr, mean, rstd);
+            });
         }
         if (lane == 0 && row_ok && a.rstd) {
             if (a.mean) {
@@ -485,12 +502,18 @@ __global__ void __launch_bounds__(128, fwd_min_ctas<T, VEC>(128))
             }
             widen_vec<A>(xv[k], f);
             A out[VEC];
-#pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                const A scale = a.w ? rstd * to_acc<A>(wv.v[v]) : rstd;
-                const A d = f[v] - mean;
-                out[v] = a.b ? fma(d, scale, to_acc<A>(bv.v[v])) : d * scale;
-            }
+            with_affine(a.w, a.b, [&](auto has_w, auto has_b) {
+                constexpr bool W = decltype(has_w)::value;
+                constexpr bool B = decltype(has_b)::value;
+                A wf[VEC], bf[VEC];
+                if constexpr (W) {
+                    widen_vec<A>(wv, wf);
+                }
+                if constexpr (B) {
+                    widen_vec<A>(bv, bf);
+                }
+                affine<W, B>(f, mean, rstd, wf, bf, out);
+            });
             store_rounded<T, VEC>(a.y + row * a.y_stride + col, out);
             if (lane % G == 0 && a.rstd) {
                 if (a.mean) {
