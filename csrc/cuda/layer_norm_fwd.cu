@@ -91,6 +91,10 @@ struct fwd_args {
     acc_t<T> *rstd;
     int64_t rows, cols, x_stride, y_stride;
     acc_t<T> eps;
+    // 1 / cols, rounded once on the host: the register and short-row
+    // kernels, near issue-bound on an H200, multiply by it where each row
+    // took IEEE divisions, and take rstd by rsqrt, as torch's kernels do
+    acc_t<T> inv_cols;
     bool rms; // RMSNorm: no centring (the mean is 0), no bias
     const T *res; // the fused add: NULL, or x's partner (h = x + res)
     T *h; // with res: h written, in the dtype (torch's add rounds so)
@@ -153,12 +157,12 @@ template <typename T, typename P, typename A>
 __device__ __forceinline__ A corrected_stats(const fwd_args<T, P> &a, A mean0,
                                              const A (&dev)[2], A &mean)
 {
-    const A shift = dev[1] / (A)a.cols;
+    const A shift = dev[1] * a.inv_cols;
     const bool fix = !a.rms && isfinite(shift);
     mean = fix ? mean0 + shift : mean0;
     A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
     m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
-    return A(1) / sqrt(m2 / (A)a.cols + a.eps);
+    return rsqrt(m2 * a.inv_cols + a.eps);
 }
 
 // The register kernel's shift: the mean of the row's first vector, a value
@@ -199,7 +203,7 @@ __device__ __forceinline__ acc_t<T> stats_two_pass(
         row_sum<TPR, 1>(s, red, parity);
     }
     // dev[0] sums the squared deviations, dev[1] the deviations themselves
-    const A mean0 = s[0] / (A)a.cols;
+    const A mean0 = s[0] * a.inv_cols;
     A dev[2] = {0, 0};
 #pragma unroll
     for (int i = 0; i < ITEMS; i++) {
@@ -248,7 +252,7 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
             }
         }
         row_sum<TPR, 2>(sums, red, parity);
-        off = sums[0] / (A)a.cols;
+        off = sums[0] * a.inv_cols;
         m2 = sums[1] - sums[0] * off;
         bool again = pass == 0 && !a.rms &&
                      !(m2 >= A(0.25) * sums[1] && isfinite(sums[1]));
@@ -270,7 +274,7 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
     mean = fix ? center + off : center;
     m2 = a.rms || !fix ? sums[1] : m2;
     m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
-    return A(1) / sqrt(m2 / (A)a.cols + a.eps);
+    return rsqrt(m2 * a.inv_cols + a.eps);
 }
 
 // y = (x - mean) * (rstd * w) + b for one vector: one multiply and one fma
@@ -484,7 +488,7 @@ __global__ void __launch_bounds__(128, fwd_min_ctas<T, VEC>(128))
                 }
                 warp_sum<G, 1>(s);
             }
-            const A mean0 = s[0] / (A)a.cols;
+            const A mean0 = s[0] * a.inv_cols;
             A dev[2] = {0, 0};
             widen_vec<A>(xv[k], f);
 #pragma unroll
@@ -781,6 +785,7 @@ fwd_args<T, P> make_args(const gemsops_layer_norm_fwd_params *p)
     a.x_stride = p->x_row_stride;
     a.y_stride = p->y_row_stride;
     a.eps = (A)p->eps;
+    a.inv_cols = (A)(1.0 / (double)p->cols);
     return a;
 }
 
