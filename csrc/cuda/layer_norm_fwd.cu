@@ -396,9 +396,9 @@ __global__ void __launch_bounds__(
                 xv[i] = zero_vec<T, VEC>();
             }
         }
-        // the fused add's kernel holds x and res in flight at its register
-        // bound: there the shifted pass's extra values spilled and lost
-        // time (docs/performance.md), so it keeps the two passes
+        // the fused add's kernel holds x and res in flight: there the
+        // shifted pass's extra values cost registers (spills, then 56 -> 63)
+        // and time (docs/performance.md), so it keeps the two passes
         A mean, rstd;
         if constexpr (ADD) {
             rstd = stats_two_pass<TPR, STEP>(a, xv, lim, red, parity, mean);
