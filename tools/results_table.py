@@ -16,9 +16,11 @@ usage:
   --check writes nothing and exits 1 when the file differs from what it
   would write.
 
-Which run a table shows: for each op and pass, the newest JSON (by its
-`date`) measured with the default L2 flush (`flush` absent or "zero");
-read-flush runs and older runs stay in benchmark/results/ as data."""
+Which runs a table shows: for each op and pass, the newest JSON (by its
+`date`) measured with the default L2 flush (`flush` absent or "zero"),
+and the newest measured under the read-only flush where that one is newer
+(the bandwidth bars are read under it: docs/performance.md, Method);
+older runs stay in benchmark/results/ as data."""
 
 import json
 import math
@@ -34,6 +36,9 @@ PERFORMANCE = ROOT / "docs" / "performance.md"
 # (op as the JSON names it, pass) in table order
 BANDWIDTH_OPS = {
     "LayerNorm": [("layer_norm", "fwd"), ("layer_norm_backward", "bwd")],
+    "RMSNorm": [("rms_norm", "fwd")],
+    "fused add + LayerNorm": [("fused_add_layer_norm", "fwd")],
+    "fused add + RMSNorm": [("fused_add_rms_norm", "fwd")],
     "prod": [("prod", "fwd"), ("prod_backward", "bwd")],
 }
 SCHEDULES = ["data-parallel", "auto", "hybrid"]
@@ -62,18 +67,18 @@ def load(path):
     return doc
 
 
-def default_flush(doc):
-    return doc.get("flush", "zero") == "zero"
+def flush_of(doc):
+    return doc.get("flush") or "zero"
 
 
-def newest(op, pass_, docs):
-    """The newest default-flush run that holds rows of op/pass_ (over the
+def newest(op, pass_, docs, flush="zero"):
+    """The newest run under `flush` that holds rows of op/pass_ (over the
     benchmark's cases: sweeps, in their own files, are not summarised;
     runs that did not finish, written as far as they got, neither)."""
     found = [
         d
         for d in docs
-        if default_flush(d)
+        if flush_of(d) == flush
         and d.get("complete", True)  # a run cut short: not the table
         and "_sweep" not in d["path"].name
         and d["rows"]
@@ -81,6 +86,17 @@ def newest(op, pass_, docs):
         and d["rows"][0]["pass_"] == pass_
     ]
     return max(found, key=lambda d: d["date"]) if found else None
+
+
+def shown(op, pass_, docs):
+    """The runs a table shows for op/pass_: the newest default-flush run,
+    and the newest read-flush run where it is newer."""
+    zero = newest(op, pass_, docs)
+    read = newest(op, pass_, docs, "read")
+    runs = [zero] if zero else []
+    if read and (zero is None or read["date"] > zero["date"]):
+        runs.append(read)
+    return runs
 
 
 def all_docs():
@@ -128,7 +144,8 @@ def gpu_name(doc):
 
 
 def timing(doc):
-    return "graph replays" if doc.get("graph") else "eager"
+    t = "graph replays" if doc.get("graph") else "eager"
+    return t + (", read flush" if flush_of(doc) == "read" else "")
 
 
 def geomean(values):
@@ -183,9 +200,9 @@ def case_table(doc):
 
 
 def bandwidth_summary(title, docs):
-    """One row per pass and dtype: speedup over torch (geomean and range),
-    gemsops' fraction of the copy bandwidth (median and best) and the
-    speedup over the fastest peer measured on each case."""
+    """One row per pass, run shown and dtype: speedup over torch (geomean
+    and range), gemsops' fraction of the copy bandwidth (median and best)
+    and the speedup over the fastest peer measured on each case."""
     out = [
         f"**{title}**",
         "",
@@ -195,31 +212,36 @@ def bandwidth_summary(title, docs):
         "|---|---|---|---|---|---|---|",
     ]
     for op, pass_ in BANDWIDTH_OPS[title]:
-        doc = newest(op, pass_, docs)
-        if doc is None:
-            continue
-        peers = peers_of(doc["rows"])
-        for dtype in dict.fromkeys(r["dtype"] for r in doc["rows"]):
-            rows = [r for r in doc["rows"] if r["dtype"] == dtype]
-            sp = [r["speedup"] for r in rows]
-            frac = [r["gems_copy_fraction"] for r in rows]
-            vs_peer = []
-            for r in rows:
-                times = [r[f"{p}_ms"] for p in peers if r.get(f"{p}_ms")]
-                if times:
-                    vs_peer.append(min(times) / r["gems_ms"])
-            peer = (
-                f"{geomean(vs_peer):.2f} "
-                f"({sum(v > 1 for v in vs_peer)}/{len(vs_peer)})"
-                if vs_peer
-                else "–"
-            )
-            out.append(
-                f"| {pass_} | {dtype} | {len(rows)} | {geomean(sp):.2f} "
-                f"({min(sp):.2f}–{max(sp):.2f}) | "
-                f"{statistics.median(frac):.0%} ({max(frac):.0%}) | {peer} | "
-                f"{gpu_name(doc)}, {doc['commit']}, {timing(doc)} |"
-            )
+        for doc in shown(op, pass_, docs):
+            out += bandwidth_rows(pass_, doc)
+    return out
+
+
+def bandwidth_rows(pass_, doc):
+    """bandwidth_summary's rows of one run, a row per dtype."""
+    out = []
+    peers = peers_of(doc["rows"])
+    for dtype in dict.fromkeys(r["dtype"] for r in doc["rows"]):
+        rows = [r for r in doc["rows"] if r["dtype"] == dtype]
+        sp = [r["speedup"] for r in rows]
+        frac = [r["gems_copy_fraction"] for r in rows]
+        vs_peer = []
+        for r in rows:
+            times = [r[f"{p}_ms"] for p in peers if r.get(f"{p}_ms")]
+            if times:
+                vs_peer.append(min(times) / r["gems_ms"])
+        peer = (
+            f"{geomean(vs_peer):.2f} "
+            f"({sum(v > 1 for v in vs_peer)}/{len(vs_peer)})"
+            if vs_peer
+            else "–"
+        )
+        out.append(
+            f"| {pass_} | {dtype} | {len(rows)} | {geomean(sp):.2f} "
+            f"({min(sp):.2f}–{max(sp):.2f}) | "
+            f"{statistics.median(frac):.0%} ({max(frac):.0%}) | {peer} | "
+            f"{gpu_name(doc)}, {doc['commit']}, {timing(doc)} |"
+        )
     return out
 
 
@@ -347,8 +369,7 @@ def cases(docs):
     out = []
     for passes in BANDWIDTH_OPS.values():
         for op, pass_ in passes:
-            doc = newest(op, pass_, docs)
-            if doc is not None:
+            for doc in shown(op, pass_, docs):
                 out += case_table(doc) + [""]
     out += matmul_named(docs)
     return out
