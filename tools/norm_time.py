@@ -1,0 +1,63 @@
+"""gemsops' forward time of the norms, one line a case, each timed by the
+benchmark's own method (Benchmark._timed: do_bench over a CUDA-graph
+replay, L2 flushed; GEMSOPS_BENCH_FLUSH=read for the read flush). For A/B
+runs of modules built elsewhere (tools/ab_modules.sh); tools/ln_time.py
+times LayerNorm beside its peers.
+
+usage: python -m tools.norm_time case ...
+  case = op,M,N,dtype[,fp32]; op one of ln, rms, addln, addrms (LayerNorm,
+  RMSNorm and their fused residual adds); fp32: fp32 weight and bias
+  e.g. ln,16384,4096,bfloat16  addrms,4096,12288,float16,fp32"""
+
+import os
+import sys
+
+
+def ops():
+    import gemsops
+
+    return {
+        "ln": lambda x, r, s, w, b: gemsops.layer_norm(x, s, w, b),
+        "rms": lambda x, r, s, w, b: gemsops.rms_norm(x, s, w, 1e-6),
+        "addln": lambda x, r, s, w, b: gemsops.fused_add_layer_norm(
+            x, r, s, w, b, 1e-6
+        ),
+        "addrms": lambda x, r, s, w, b: gemsops.fused_add_rms_norm(
+            x, r, s, w, 1e-6
+        ),
+    }
+
+
+def time_case(spec, table):
+    import torch
+
+    from benchmark.performance_utils import Benchmark
+
+    op, m, n, dt, *params = spec.split(",")
+    if op not in table or params not in ([], ["fp32"]):
+        raise SystemExit(f"norm_time: bad case {spec!r}\n{__doc__}")
+    m, n, dtype = int(m), int(n), getattr(torch, dt)
+    pdtype = torch.float32 if params else dtype
+    x, r = (torch.randn(m, n, dtype=dtype, device="cuda") for _ in "xr")
+    w, b = (torch.randn(n, dtype=pdtype, device="cuda") for _ in "wb")
+    fn = table[op]
+    args = (x, r, (n,), w, b)
+    bench = Benchmark("norm_time", fn, fn, None, [dtype], [(m, n)])
+    ms = bench._timed(fn, args)[0]
+    print(f"{spec:30s} gems {ms * 1e3:9.2f}us", flush=True)
+
+
+def main(argv):
+    if not argv:
+        print(__doc__)
+        return 2
+    # before the harness is imported: it reads the switch at import time
+    os.environ.setdefault("GEMSOPS_BENCH_GRAPH", "1")
+    table = ops()
+    for spec in argv:
+        time_case(spec, table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
