@@ -1,5 +1,7 @@
 // LayerNorm forward: y = (x - mean) * rstd * w + b, per row of N elements;
-// RMSNorm (a.rms) the same with mean = 0 and no bias.
+// RMSNorm the same with mean = 0 and no bias. Each kernel is compiled apart
+// for RMSNorm (template RMS): its statistic is the sum of squares alone
+// (rms_rstd), and its output has no centring and no bias.
 //
 // Three kernels, chosen by N:
 //
@@ -29,7 +31,7 @@
 // Pass 1 takes chunks of 4 accesses per thread, computes each chunk's mean
 // and squared deviations in registers and merges them into a running
 // (count, mean, M2) with Chan's formula; the CTA merges the threads' triples
-// in a fixed order. Pass 2 re-reads x (mostly from L2: the rows in flight
+// in a fixed order (RMSNorm: a running sum of squares). Pass 2 re-reads x (mostly from L2: the rows in flight
 // fit in it up to ~64K half elements; pass 2's reads are evict-first, so
 // they do not push out rows still waiting for theirs) and writes y. The
 // fused add reads x and res once and h back in pass 2 (each thread its own
@@ -95,7 +97,6 @@ struct fwd_args {
     // kernels, near issue-bound on an H200, multiply by it where each row
     // took IEEE divisions, and take rstd by rsqrt, as torch's kernels do
     acc_t<T> inv_cols;
-    bool rms; // RMSNorm: no centring (the mean is 0), no bias
     const T *res; // the fused add: NULL, or x's partner (h = x + res)
     T *h; // with res: h written, in the dtype (torch's add rounds so)
     int64_t res_stride, h_stride;
@@ -158,7 +159,7 @@ __device__ __forceinline__ A corrected_stats(const fwd_args<T, P> &a, A mean0,
                                              const A (&dev)[2], A &mean)
 {
     const A shift = dev[1] * a.inv_cols;
-    const bool fix = !a.rms && isfinite(shift);
+    const bool fix = isfinite(shift);
     mean = fix ? mean0 + shift : mean0;
     A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
     m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
@@ -183,8 +184,7 @@ __device__ __forceinline__ acc_t<T> row_shift(const fwd_args<T, P> &a,
 }
 
 // The register kernel's statistics, two passes: the row sum gives a first
-// mean, then the corrected two-pass step (corrected_stats). RMSNorm has no
-// first pass: its deviations are from 0. Returns rstd.
+// mean, then the corrected two-pass step (corrected_stats). Returns rstd.
 template <int TPR, int STEP, typename T, typename P, int VEC, int ITEMS>
 __device__ __forceinline__ acc_t<T> stats_two_pass(
     const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], int lim,
@@ -192,16 +192,16 @@ __device__ __forceinline__ acc_t<T> stats_two_pass(
 {
     using A = acc_t<T>;
     A s[1] = {0};
-    if (!a.rms) {
 #pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
+    for (int i = 0; i < ITEMS; i++) {
+        if (i * STEP < lim) {
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
                 s[0] += widen<A>(xv[i].v[v]);
             }
         }
-        row_sum<TPR, 1>(s, red, parity);
     }
+    row_sum<TPR, 1>(s, red, parity);
     // dev[0] sums the squared deviations, dev[1] the deviations themselves
     const A mean0 = s[0] * a.inv_cols;
     A dev[2] = {0, 0};
@@ -224,7 +224,7 @@ __device__ __forceinline__ acc_t<T> stats_two_pass(
 
 // The register kernel's statistics in one pass and one reduction: the sums
 // of d = x - center and of d^2, center first the mean K of the row's first
-// vector (RMSNorm: 0). Where the mean lies far from K against the spread
+// vector. Where the mean lies far from K against the spread
 // (the difference below would cancel digits: m2 under a quarter of the sum
 // of squares), or a sum is not finite, the pass runs once more around the
 // mean found: the corrected two-pass step. Returns rstd.
@@ -235,7 +235,7 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
     bool row_ok, int64_t row, acc_t<T> *red, int &parity, acc_t<T> &mean)
 {
     using A = acc_t<T>;
-    A center = a.rms || !row_ok ? A(0) : row_shift<T, VEC>(a, row);
+    A center = row_ok ? row_shift<T, VEC>(a, row) : A(0);
     A sums[2], off, m2;
 #pragma unroll 1
     for (int pass = 0;; pass++) {
@@ -254,8 +254,8 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
         row_sum<TPR, 2>(sums, red, parity);
         off = sums[0] * a.inv_cols;
         m2 = sums[1] - sums[0] * off;
-        bool again = pass == 0 && !a.rms &&
-                     !(m2 >= A(0.25) * sums[1] && isfinite(sums[1]));
+        bool again =
+            pass == 0 && !(m2 >= A(0.25) * sums[1] && isfinite(sums[1]));
         // the same choice across the threads that meet in the next pass's
         // shuffles (a warp of rows) or barrier (two rows a CTA)
         if constexpr (TPR <= 32) {
@@ -270,11 +270,49 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
         center += off;
     }
     // a row holding inf or NaN, or overflowing, keeps the plain values
-    const bool fix = !a.rms && isfinite(off);
+    const bool fix = isfinite(off);
     mean = fix ? center + off : center;
-    m2 = a.rms || !fix ? sums[1] : m2;
+    m2 = fix ? m2 : sums[1];
     m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
     return rsqrt(m2 * a.inv_cols + a.eps);
+}
+
+// RMSNorm's statistic from a row's sum of squares: 1 / sqrt(mean(x^2) +
+// eps), with no mean to find and no cancellation to guard against.
+template <typename T, typename P, typename A>
+__device__ __forceinline__ A rms_rstd(const fwd_args<T, P> &a, A sum_sq)
+{
+    return rsqrt(sum_sq * a.inv_cols + a.eps);
+}
+
+// x's squares summed into acc, VEC elements of one access.
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ void add_squares(const vec_t<T, VEC> &x, A &acc)
+{
+    A f[VEC];
+    widen_vec<A>(x, f);
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        acc = fma(f[v], f[v], acc);
+    }
+}
+
+// The register kernel's RMSNorm statistic: one pass, one reduction.
+template <int TPR, int STEP, typename T, typename P, int VEC, int ITEMS>
+__device__ __forceinline__ acc_t<T> stats_rms(const fwd_args<T, P> &a,
+                                              const vec_t<T, VEC> (&xv)[ITEMS],
+                                              int lim, acc_t<T> *red,
+                                              int &parity)
+{
+    acc_t<T> sum_sq[1] = {0};
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        if (i * STEP < lim) {
+            add_squares(xv[i], sum_sq[0]);
+        }
+    }
+    row_sum<TPR, 1>(sum_sq, red, parity);
+    return rms_rstd(a, sum_sq[0]);
 }
 
 // y = (x - mean) * (rstd * w) + b for one vector: one multiply and one fma
@@ -296,12 +334,21 @@ __device__ __forceinline__ void affine(const A (&x)[VEC], A mean, A rstd,
 }
 
 // Calls f(has_w, has_b), each a std::bool_constant: the presence of w and
-// b tested once, outside the element loops that affine() unrolls.
-template <typename F>
+// b tested once, outside the element loops that affine() unrolls. RMSNorm
+// has no bias (launch() refuses one).
+template <bool RMS, typename F>
 __device__ __forceinline__ void with_affine(const void *w, const void *b,
                                             F &&f)
 {
-    if (w && b) {
+    if constexpr (RMS) {
+        if (w) {
+            f(std::true_type{}, std::false_type{});
+        }
+        else {
+            f(std::false_type{}, std::false_type{});
+        }
+    }
+    else if (w && b) {
         f(std::true_type{}, std::true_type{});
     }
     else if (w) {
@@ -341,7 +388,8 @@ __device__ __forceinline__ void normalize_items(
     }
 }
 
-template <typename T, typename P, int TPR, int VEC, bool ADD, int ACC>
+template <typename T, typename P, int TPR, int VEC, bool RMS, bool ADD,
+          int ACC>
 __global__ void __launch_bounds__(
     layer_norm_block_threads(TPR),
     ACC == 4
@@ -399,8 +447,11 @@ __global__ void __launch_bounds__(
         // the fused add's kernel holds x and res in flight: there the
         // shifted pass's extra values cost registers (spills, then 56 -> 63)
         // and time (docs/performance.md), so it keeps the two passes
-        A mean, rstd;
-        if constexpr (ADD) {
+        A mean = 0, rstd;
+        if constexpr (RMS) {
+            rstd = stats_rms<TPR, STEP>(a, xv, lim, red, parity);
+        }
+        else if constexpr (ADD) {
             rstd = stats_two_pass<TPR, STEP>(a, xv, lim, red, parity, mean);
         }
         else {
@@ -411,7 +462,7 @@ __global__ void __launch_bounds__(
 
         if (row_ok) {
             T *yr = a.y + row * a.y_stride + col0;
-            with_affine(a.w, a.b, [&](auto has_w, auto has_b) {
+            with_affine<RMS>(a.w, a.b, [&](auto has_w, auto has_b) {
                 constexpr bool W = decltype(has_w)::value;
                 constexpr bool B = decltype(has_b)::value;
                 normalize_items<W, B, STEP>(a, xv, lim, col0, yr, mean, rstd);
@@ -426,6 +477,35 @@ __global__ void __launch_bounds__(
     }
 }
 
+// The short-rows kernel's LayerNorm statistics for a row of G lanes, one
+// vector each: the register kernel's corrected two-pass step. Returns rstd.
+template <int G, typename T, typename P, int VEC>
+__device__ __forceinline__ acc_t<T> short_row_stats(const fwd_args<T, P> &a,
+                                                    const vec_t<T, VEC> &x,
+                                                    acc_t<T> &mean)
+{
+    using A = acc_t<T>;
+    A f[VEC];
+    A s[1] = {0};
+    widen_vec<A>(x, f);
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        s[0] += f[v];
+    }
+    warp_sum<G, 1>(s);
+    const A mean0 = s[0] * a.inv_cols;
+    A dev[2] = {0, 0};
+    widen_vec<A>(x, f);
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        const A d = f[v] - mean0;
+        dev[0] += d * d;
+        dev[1] += d;
+    }
+    warp_sum<G, 2>(dev);
+    return corrected_stats(a, mean0, dev, mean);
+}
+
 // layer_norm_fwd_short_rows: rows of G vectors exactly (G = 1, 2, 4 or 8
 // lanes of one 16-byte access each). Each thread holds one vector of R
 // rows, so one warp instruction covers 32 / G whole consecutive rows (512
@@ -435,7 +515,7 @@ __global__ void __launch_bounds__(
 // stores, fared worst. Rows are normalized one at a time, so one row's
 // statistics are live at a time; lanes of a row meet in xor shuffles,
 // never a barrier.
-template <typename T, typename P, int G, int VEC, bool ADD>
+template <typename T, typename P, int G, int VEC, bool RMS, bool ADD>
 __global__ void __launch_bounds__(128, fwd_min_ctas<T, VEC>(128))
     layer_norm_fwd_short_rows(const fwd_args<T, P> a)
 {
@@ -472,41 +552,34 @@ __global__ void __launch_bounds__(128, fwd_min_ctas<T, VEC>(128))
         if (a.w) {
             wv = load_vec<P, VEC>(a.w + col);
         }
-        if (a.b) {
+        if (!RMS && a.b) {
             bv = load_vec<P, VEC>(a.b + col);
         }
 #pragma unroll
         for (int k = 0; k < R; k++) {
-            // the register kernel's statistics (corrected two-pass)
-            A f[VEC];
-            A s[1] = {0};
-            if (!a.rms) {
-                widen_vec<A>(xv[k], f);
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    s[0] += f[v];
-                }
-                warp_sum<G, 1>(s);
+            // fp32 parameters beside half x: a fence between rows, without
+            // which the compiler hoists every row's statistics above the
+            // first row's output and spills x's halves (ptxas)
+            if constexpr (!RMS && sizeof(P) > sizeof(T)) {
+                __syncwarp();
             }
-            const A mean0 = s[0] * a.inv_cols;
-            A dev[2] = {0, 0};
-            widen_vec<A>(xv[k], f);
-#pragma unroll
-            for (int v = 0; v < VEC; v++) {
-                const A d = f[v] - mean0;
-                dev[0] += d * d;
-                dev[1] += d;
+            A mean = 0, rstd;
+            if constexpr (RMS) {
+                A sum_sq[1] = {0};
+                add_squares(xv[k], sum_sq[0]);
+                warp_sum<G, 1>(sum_sq);
+                rstd = rms_rstd(a, sum_sq[0]);
             }
-            warp_sum<G, 2>(dev);
-            A mean;
-            const A rstd = corrected_stats(a, mean0, dev, mean);
+            else {
+                rstd = short_row_stats<G>(a, xv[k], mean);
+            }
             const int64_t row = row0 + k * ROW_STEP;
             if (row >= a.rows) {
                 continue;
             }
+            A f[VEC], out[VEC];
             widen_vec<A>(xv[k], f);
-            A out[VEC];
-            with_affine(a.w, a.b, [&](auto has_w, auto has_b) {
+            with_affine<RMS>(a.w, a.b, [&](auto has_w, auto has_b) {
                 constexpr bool W = decltype(has_w)::value;
                 constexpr bool B = decltype(has_b)::value;
                 A wf[VEC], bf[VEC];
@@ -583,135 +656,208 @@ int looped_block_for(int64_t cols, const device_facts &f)
     return overflows && one_fits ? 1024 : 512;
 }
 
-template <typename T, typename P, int VEC, int BLOCK, bool ADD>
-__global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
-    layer_norm_fwd_looped(const fwd_args<T, P> a)
+// The looped kernel's accesses a chunk: four 16-byte accesses for every
+// type, 64 B in flight a thread while pass 1 streams from DRAM (two for
+// the half types were slower; six for fp32 gained nothing). The fused add
+// loads two operands an access: two accesses keep the same bytes in
+// flight, and four spilled.
+template <bool ADD>
+__host__ __device__ constexpr int looped_accesses()
 {
-    constexpr int kLoopedBlock = BLOCK;
+    return ADD ? 2 : 4;
+}
+
+// Pass 1's loads of one chunk (columns c0 on; this thread's accesses u
+// with u * STEP < lim). The fused add reads x and res once and writes h
+// here, read back in pass 2 (one tensor waiting in L2 for it, not two).
+template <bool ADD, int STEP, int U, typename T, typename P, int VEC>
+__device__ __forceinline__ void looped_load_chunk(const fwd_args<T, P> &a,
+                                                  int64_t row, int64_t c0,
+                                                  int64_t lim,
+                                                  vec_t<T, VEC> (&xv)[U])
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        if (u * STEP >= lim) {
+            continue;
+        }
+        const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
+        if constexpr (ADD) {
+            xv[u] = load_vec_last<T, VEC>(a.x + row * a.x_stride + c);
+            add_rounded(xv[u],
+                        load_vec_last<T, VEC>(a.res + row * a.res_stride + c));
+            store_vec(a.h + row * a.h_stride + c, xv[u]);
+        }
+        else {
+            xv[u] = load_vec<T, VEC>(a.x + row * a.x_stride + c);
+        }
+    }
+}
+
+// Pass 1 of LayerNorm: each chunk's mean and squared deviations (the
+// corrected two-pass step, see the register kernel) merged into a running
+// (count, mean, M2) with Chan's formula, then the threads' triples merged
+// in a fixed order. Returns rstd; the mean as the pair mu + mu_lo.
+template <int BLOCK, int VEC, bool ADD, typename T, typename P>
+__device__ __forceinline__ acc_t<T> looped_stats_layer(const fwd_args<T, P> &a,
+                                                       int64_t row,
+                                                       acc_t<T> &mu,
+                                                       acc_t<T> &mu_lo)
+{
     using A = acc_t<T>;
-    // Four 16-byte accesses a chunk for every type, 64 B in flight a
-    // thread while pass 1 streams from DRAM (two for the half types were
-    // slower; six for fp32 gained nothing). The fused add loads two
-    // operands an access: two accesses keep the same bytes in flight, and
-    // four spilled.
-    constexpr int U = ADD ? 2 : 4;
-    constexpr int STEP = kLoopedBlock * VEC; // columns between accesses
+    constexpr int U = looped_accesses<ADD>();
+    constexpr int STEP = BLOCK * VEC; // columns between accesses
     constexpr int CHUNK = STEP * U;
-    constexpr int WARPS = kLoopedBlock / 32;
+    constexpr int WARPS = BLOCK / 32;
     static_assert(WARPS <= 32 && (WARPS & (WARPS - 1)) == 0,
                   "the warps' merge: a power of two, one warp's lanes");
     __shared__ A part[4][WARPS];
     __shared__ A stats[3];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-
-    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
-        const T *xr = a.x + row * a.x_stride + threadIdx.x * VEC;
-        A n = 0, mean = 0, mean_lo = 0, m2 = 0;
-        for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
-            const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
-            vec_t<T, VEC> xv[U];
-            A s = 0, cnt = 0;
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (u * STEP < lim) {
-                    // the fused add: x and res are read once, h written
-                    // here and read back in pass 2 (one tensor waiting in
-                    // L2 for it, not two)
-                    if constexpr (ADD) {
-                        const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
-                        xv[u] = load_vec_last<T, VEC>(xr + c0 + u * STEP);
-                        add_rounded(xv[u],
-                                    load_vec_last<T, VEC>(
-                                        a.res + row * a.res_stride + c));
-                        store_vec(a.h + row * a.h_stride + c, xv[u]);
-                    }
-                    else {
-                        xv[u] = load_vec<T, VEC>(xr + c0 + u * STEP);
-                    }
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) {
-                        s += widen<A>(xv[u].v[v]);
-                    }
-                    cnt += VEC;
-                }
-            }
-            if (cnt == A(0)) {
-                continue;
-            }
-            const A cm0 = a.rms ? A(0) : s / cnt;
-            A cm2 = 0, cd = 0;
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (u * STEP < lim) {
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) {
-                        const A d = widen<A>(xv[u].v[v]) - cm0;
-                        cm2 += d * d;
-                        cd += d;
-                    }
-                }
-            }
-            // the corrected two-pass step (see the registers kernel), the
-            // chunk's mean kept as the pair cm0 + sh
-            const A sh = cd / cnt;
-            const bool fix = !a.rms && isfinite(sh);
-            A cm = cm0, cm_lo = 0;
-            if (fix) {
-                two_sum_into(cm, cm_lo, sh);
-            }
-            cm2 = fix ? cm2 - cd * sh : cm2;
-            chan_merge(n, mean, mean_lo, m2, cnt, cm, cm_lo,
-                       cm2 < A(0) ? A(0) : cm2);
+    A n = 0, mean = 0, mean_lo = 0, m2 = 0;
+    for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
+        const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
+        if (lim <= 0) {
+            continue;
         }
-        // warp: merge down to lane 0 in a fixed order (deterministic)
+        vec_t<T, VEC> xv[U];
+        looped_load_chunk<ADD, STEP>(a, row, c0, lim, xv);
+        A s = 0, cnt = 0;
 #pragma unroll
-        for (int off = 16; off > 0; off /= 2) {
-            const A nb = __shfl_down_sync(0xffffffffu, n, off);
-            const A mb = __shfl_down_sync(0xffffffffu, mean, off);
-            const A mbc = __shfl_down_sync(0xffffffffu, mean_lo, off);
-            const A m2b = __shfl_down_sync(0xffffffffu, m2, off);
-            chan_merge(n, mean, mean_lo, m2, nb, mb, mbc, m2b);
+        for (int u = 0; u < U; u++) {
+            if (u * STEP < lim) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    s += widen<A>(xv[u].v[v]);
+                }
+                cnt += VEC;
+            }
+        }
+        const A cm0 = s / cnt;
+        A cm2 = 0, cd = 0;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (u * STEP < lim) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) {
+                    const A d = widen<A>(xv[u].v[v]) - cm0;
+                    cm2 += d * d;
+                    cd += d;
+                }
+            }
+        }
+        // the chunk's mean kept as the pair cm0 + sh
+        const A sh = cd / cnt;
+        const bool fix = isfinite(sh);
+        A cm = cm0, cm_lo = 0;
+        if (fix) {
+            two_sum_into(cm, cm_lo, sh);
+        }
+        cm2 = fix ? cm2 - cd * sh : cm2;
+        chan_merge(n, mean, mean_lo, m2, cnt, cm, cm_lo,
+                   cm2 < A(0) ? A(0) : cm2);
+    }
+    // warp: merge down to lane 0 in a fixed order (deterministic)
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+        const A nb = __shfl_down_sync(0xffffffffu, n, off);
+        const A mb = __shfl_down_sync(0xffffffffu, mean, off);
+        const A mbc = __shfl_down_sync(0xffffffffu, mean_lo, off);
+        const A m2b = __shfl_down_sync(0xffffffffu, m2, off);
+        chan_merge(n, mean, mean_lo, m2, nb, mb, mbc, m2b);
+    }
+    if (lane == 0) {
+        part[0][warp] = n;
+        part[1][warp] = mean;
+        part[2][warp] = mean_lo;
+        part[3][warp] = m2;
+    }
+    __syncthreads();
+    // warp 0 merges the warps' triples as a tree in a fixed order (lane w
+    // holds warp w's): one thread merging them one after another was a
+    // chain of 16 or 32 dependent merges, each with a division, while the
+    // CTA waited at the barrier
+    if (warp == 0) {
+        A tn = 0, tm = 0, tmc = 0, tm2 = 0;
+        if (lane < WARPS) {
+            tn = part[0][lane];
+            tm = part[1][lane];
+            tmc = part[2][lane];
+            tm2 = part[3][lane];
+        }
+#pragma unroll
+        for (int off = WARPS / 2; off > 0; off /= 2) {
+            const A nb = __shfl_down_sync(0xffffffffu, tn, off);
+            const A mb = __shfl_down_sync(0xffffffffu, tm, off);
+            const A mbc = __shfl_down_sync(0xffffffffu, tmc, off);
+            const A m2b = __shfl_down_sync(0xffffffffu, tm2, off);
+            chan_merge(tn, tm, tmc, tm2, nb, mb, mbc, m2b);
         }
         if (lane == 0) {
-            part[0][warp] = n;
-            part[1][warp] = mean;
-            part[2][warp] = mean_lo;
-            part[3][warp] = m2;
+            stats[0] = tm;
+            stats[1] = tmc;
+            stats[2] = A(1) / sqrt(tm2 / (A)a.cols + a.eps);
         }
-        __syncthreads();
-        // warp 0 merges the warps' triples as a tree in a fixed order
-        // (lane w holds warp w's): one thread merging them one after
-        // another was a chain of 16 or 32 dependent merges, each with a
-        // division, while the CTA waited at the barrier
-        if (warp == 0) {
-            A tn = 0, tm = 0, tmc = 0, tm2 = 0;
-            if (lane < WARPS) {
-                tn = part[0][lane];
-                tm = part[1][lane];
-                tmc = part[2][lane];
-                tm2 = part[3][lane];
-            }
+    }
+    __syncthreads();
+    mu = stats[0];
+    mu_lo = stats[1];
+    return stats[2];
+}
+
+// Pass 1 of RMSNorm: the sum of squares alone, one running sum a thread
+// and one fixed-order reduction. Returns rstd.
+template <int BLOCK, int VEC, bool ADD, typename T, typename P>
+__device__ __forceinline__ acc_t<T> looped_stats_rms(const fwd_args<T, P> &a,
+                                                     int64_t row)
+{
+    using A = acc_t<T>;
+    constexpr int U = looped_accesses<ADD>();
+    constexpr int STEP = BLOCK * VEC;
+    constexpr int CHUNK = STEP * U;
+    __shared__ A red[2 * 32];
+    int parity = 0;
+    A sum_sq[1] = {0};
+    for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
+        const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
+        vec_t<T, VEC> xv[U];
+        looped_load_chunk<ADD, STEP>(a, row, c0, lim, xv);
 #pragma unroll
-            for (int off = WARPS / 2; off > 0; off /= 2) {
-                const A nb = __shfl_down_sync(0xffffffffu, tn, off);
-                const A mb = __shfl_down_sync(0xffffffffu, tm, off);
-                const A mbc = __shfl_down_sync(0xffffffffu, tmc, off);
-                const A m2b = __shfl_down_sync(0xffffffffu, tm2, off);
-                chan_merge(tn, tm, tmc, tm2, nb, mb, mbc, m2b);
-            }
-            if (lane == 0) {
-                stats[0] = tm;
-                stats[1] = tmc;
-                stats[2] = A(1) / sqrt(tm2 / (A)a.cols + a.eps);
+        for (int u = 0; u < U; u++) {
+            if (u * STEP < lim) {
+                add_squares(xv[u], sum_sq[0]);
             }
         }
-        __syncthreads();
+    }
+    row_sum<BLOCK, 1>(sum_sq, red, parity);
+    return rms_rstd(a, sum_sq[0]);
+}
+
+// layer_norm_fwd_looped: one CTA a row, pass 1 the statistics, pass 2 the
+// output.
+template <typename T, typename P, int VEC, int BLOCK, bool RMS, bool ADD>
+__global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
+    layer_norm_fwd_looped(const fwd_args<T, P> a)
+{
+    using A = acc_t<T>;
+    constexpr int U = looped_accesses<ADD>();
+    constexpr int STEP = BLOCK * VEC;
+    constexpr int CHUNK = STEP * U;
+
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
         // x - mu is exact for x near a large mu; the low part follows
-        const A mu = stats[0], mu_lo = stats[1], rstd = stats[2];
+        A mu = 0, mu_lo = 0, rstd;
+        if constexpr (RMS) {
+            rstd = looped_stats_rms<BLOCK, VEC, ADD>(a, row);
+        }
+        else {
+            rstd = looped_stats_layer<BLOCK, VEC, ADD>(a, row, mu, mu_lo);
+        }
         // Pass 2 walks the row backwards: where the rows in flight overflow
         // L2, pass 1's last chunks are the likeliest still there. y is
         // stored evict-first, so that it does not push out the x (or h)
         // lines pass 2 has still to read.
+        const T *xr = a.x + row * a.x_stride + threadIdx.x * VEC;
         T *yr = a.y + row * a.y_stride + threadIdx.x * VEC;
         for (int64_t c0 = (a.cols - 1) / CHUNK * CHUNK; c0 >= 0; c0 -= CHUNK) {
             const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
@@ -736,7 +882,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                 if (a.w) {
                     wv = load_vec<P, VEC>(a.w + c);
                 }
-                if (a.b) {
+                if (!RMS && a.b) {
                     bv = load_vec<P, VEC>(a.b + c);
                 }
                 A out[VEC];
@@ -746,7 +892,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
                     if (a.w) {
                         y *= to_acc<A>(wv.v[v]);
                     }
-                    if (a.b) {
+                    if (!RMS && a.b) {
                         y += to_acc<A>(bv.v[v]);
                     }
                     out[v] = y;
@@ -760,7 +906,7 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
             }
             a.rstd[row] = rstd;
         }
-        __syncthreads(); // part[] and stats[] are rewritten for the next row
+        __syncthreads(); // pass 1's shared scratch serves the next row
     }
 }
 
@@ -775,7 +921,6 @@ fwd_args<T, P> make_args(const gemsops_layer_norm_fwd_params *p)
     a.b = static_cast<const P *>(p->bias);
     a.mean = static_cast<A *>(p->mean);
     a.rstd = static_cast<A *>(p->rstd);
-    a.rms = p->rms != 0;
     a.res = static_cast<const T *>(p->residual);
     a.h = static_cast<T *>(p->h);
     a.res_stride = p->residual_row_stride;
@@ -798,7 +943,7 @@ inline unsigned fwd_grid(int64_t row_groups)
 // The fused add (x's partner res given) is its own instantiation of each
 // kernel: it loads twice the bytes a step, and sharing one body with a
 // run-time branch spilled the looped kernel under its register bound.
-template <typename T, typename P, int TPR, int VEC, int ACC = 4>
+template <typename T, typename P, bool RMS, int TPR, int VEC, int ACC = 4>
 int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     const int64_t rows_per_cta = layer_norm_block_threads(TPR) / TPR;
@@ -814,24 +959,24 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
                                 "the fused add");
         }
         else {
-            layer_norm_fwd_registers<T, P, TPR, VEC, true, ACC>
+            layer_norm_fwd_registers<T, P, TPR, VEC, RMS, true, ACC>
                 <<<grid, block, 0, stream>>>(make_args<T, P>(p));
         }
     }
     else {
-        layer_norm_fwd_registers<T, P, TPR, VEC, false, ACC>
+        layer_norm_fwd_registers<T, P, TPR, VEC, RMS, false, ACC>
             <<<grid, block, 0, stream>>>(make_args<T, P>(p));
     }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_registers");
     return GEMSOPS_OK;
 }
 
-template <typename T, typename P, int G, int VEC, bool ADD>
+template <typename T, typename P, bool RMS, int G, int VEC, bool ADD>
 int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     constexpr int64_t cta_rows = 4 * (fwd_elems<T>() / VEC) * (32 / G);
     const unsigned grid = fwd_grid((p->rows + cta_rows - 1) / cta_rows);
-    layer_norm_fwd_short_rows<T, P, G, VEC, ADD>
+    layer_norm_fwd_short_rows<T, P, G, VEC, RMS, ADD>
         <<<grid, 128, 0, (cudaStream_t)p->stream>>>(make_args<T, P>(p));
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_short_rows");
     return GEMSOPS_OK;
@@ -842,17 +987,17 @@ int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 // kernel gives a row eight or more threads, its instructions already
 // cover whole lines, and the plain norms of 8 and 16 vectors ran slower
 // in the short-rows kernel under the read-only flush (docs/performance.md).
-template <typename T, typename P, int VEC, bool ADD>
+template <typename T, typename P, bool RMS, int VEC, bool ADD>
 bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
                     gemsops_status *st)
 {
     switch (p->cols / VEC) {
-    case 1: *rc = run_short<T, P, 1, VEC, ADD>(p, st); return true;
-    case 2: *rc = run_short<T, P, 2, VEC, ADD>(p, st); return true;
-    case 4: *rc = run_short<T, P, 4, VEC, ADD>(p, st); return true;
+    case 1: *rc = run_short<T, P, RMS, 1, VEC, ADD>(p, st); return true;
+    case 2: *rc = run_short<T, P, RMS, 2, VEC, ADD>(p, st); return true;
+    case 4: *rc = run_short<T, P, RMS, 4, VEC, ADD>(p, st); return true;
     case 8:
         if constexpr (ADD) {
-            *rc = run_short<T, P, 8, VEC, ADD>(p, st);
+            *rc = run_short<T, P, RMS, 8, VEC, ADD>(p, st);
             return true;
         }
         return false;
@@ -860,21 +1005,21 @@ bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
     }
 }
 
-template <typename T, typename P, int VEC, int BLOCK>
+template <typename T, typename P, bool RMS, int VEC, int BLOCK>
 void launch_looped(const gemsops_layer_norm_fwd_params *p)
 {
     cudaStream_t stream = (cudaStream_t)p->stream;
     if (p->residual) {
-        layer_norm_fwd_looped<T, P, VEC, BLOCK, true>
+        layer_norm_fwd_looped<T, P, VEC, BLOCK, RMS, true>
             <<<fwd_grid(p->rows), BLOCK, 0, stream>>>(make_args<T, P>(p));
     }
     else {
-        layer_norm_fwd_looped<T, P, VEC, BLOCK, false>
+        layer_norm_fwd_looped<T, P, VEC, BLOCK, RMS, false>
             <<<fwd_grid(p->rows), BLOCK, 0, stream>>>(make_args<T, P>(p));
     }
 }
 
-template <typename T, typename P, int VEC>
+template <typename T, typename P, bool RMS, int VEC>
 int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     device_facts f;
@@ -882,10 +1027,10 @@ int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         return st->code;
     }
     if (looped_block_for<T>(p->cols, f) == 1024) {
-        launch_looped<T, P, VEC, 1024>(p);
+        launch_looped<T, P, RMS, VEC, 1024>(p);
     }
     else {
-        launch_looped<T, P, VEC, 512>(p);
+        launch_looped<T, P, RMS, VEC, 512>(p);
     }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
     return GEMSOPS_OK;
@@ -903,39 +1048,39 @@ bool vector_ok(const gemsops_layer_norm_fwd_params *p)
 }
 
 // Groups wider than 256 threads exist only where fwd_max_tpr allows them.
-template <typename T, typename P, int TPR, int VEC>
+template <typename T, typename P, bool RMS, int TPR, int VEC>
 int run_wide(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     if constexpr (fwd_max_tpr<T>() >= TPR) {
-        return run<T, P, TPR, VEC>(p, st);
+        return run<T, P, RMS, TPR, VEC>(p, st);
     }
     return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                         "layer_norm_fwd: no kernel for %d threads/row", TPR);
 }
 
-template <typename T, typename P, int VEC>
+template <typename T, typename P, bool RMS, int VEC>
 int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, int tpr,
                  gemsops_status *st)
 {
     switch (tpr) {
-    case 1: return run<T, P, 1, VEC>(p, st);
-    case 2: return run<T, P, 2, VEC>(p, st);
-    case 4: return run<T, P, 4, VEC>(p, st);
-    case 8: return run<T, P, 8, VEC>(p, st);
-    case 16: return run<T, P, 16, VEC>(p, st);
-    case 32: return run<T, P, 32, VEC>(p, st);
-    case 64: return run<T, P, 64, VEC>(p, st);
-    case 96: return run<T, P, 96, VEC>(p, st);
-    case 128: return run<T, P, 128, VEC>(p, st);
-    case 160: return run<T, P, 160, VEC>(p, st);
-    case 192: return run<T, P, 192, VEC>(p, st);
-    case 256: return run<T, P, 256, VEC>(p, st);
-    case 320: return run_wide<T, P, 320, VEC>(p, st);
-    case 384: return run_wide<T, P, 384, VEC>(p, st);
-    case 512: return run_wide<T, P, 512, VEC>(p, st);
-    case 640: return run_wide<T, P, 640, VEC>(p, st);
-    case 768: return run_wide<T, P, 768, VEC>(p, st);
-    case 1024: return run_wide<T, P, 1024, VEC>(p, st);
+    case 1: return run<T, P, RMS, 1, VEC>(p, st);
+    case 2: return run<T, P, RMS, 2, VEC>(p, st);
+    case 4: return run<T, P, RMS, 4, VEC>(p, st);
+    case 8: return run<T, P, RMS, 8, VEC>(p, st);
+    case 16: return run<T, P, RMS, 16, VEC>(p, st);
+    case 32: return run<T, P, RMS, 32, VEC>(p, st);
+    case 64: return run<T, P, RMS, 64, VEC>(p, st);
+    case 96: return run<T, P, RMS, 96, VEC>(p, st);
+    case 128: return run<T, P, RMS, 128, VEC>(p, st);
+    case 160: return run<T, P, RMS, 160, VEC>(p, st);
+    case 192: return run<T, P, RMS, 192, VEC>(p, st);
+    case 256: return run<T, P, RMS, 256, VEC>(p, st);
+    case 320: return run_wide<T, P, RMS, 320, VEC>(p, st);
+    case 384: return run_wide<T, P, RMS, 384, VEC>(p, st);
+    case 512: return run_wide<T, P, RMS, 512, VEC>(p, st);
+    case 640: return run_wide<T, P, RMS, 640, VEC>(p, st);
+    case 768: return run_wide<T, P, RMS, 768, VEC>(p, st);
+    case 1024: return run_wide<T, P, RMS, 1024, VEC>(p, st);
     default:
         return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                             "layer_norm_fwd: no kernel for %d threads/row",
@@ -961,17 +1106,17 @@ int fwd_fp32_long_tpr(int64_t cols, bool add)
     return layer_norm_choose_shape(cols, fwd_elems<T, 8>(), 512, choices).tpr;
 }
 
-template <typename T, typename P, int VEC>
+template <typename T, typename P, bool RMS, int VEC>
 int dispatch_fp32_long(const gemsops_layer_norm_fwd_params *p, int tpr,
                        gemsops_status *st)
 {
     if constexpr (std::is_same_v<T, float>) {
         switch (tpr) {
-        case 192: return run<T, P, 192, VEC, 8>(p, st);
-        case 256: return run<T, P, 256, VEC, 8>(p, st);
-        case 320: return run<T, P, 320, VEC, 8>(p, st);
-        case 384: return run<T, P, 384, VEC, 8>(p, st);
-        case 512: return run<T, P, 512, VEC, 8>(p, st);
+        case 192: return run<T, P, RMS, 192, VEC, 8>(p, st);
+        case 256: return run<T, P, RMS, 256, VEC, 8>(p, st);
+        case 320: return run<T, P, RMS, 320, VEC, 8>(p, st);
+        case 384: return run<T, P, RMS, 384, VEC, 8>(p, st);
+        case 512: return run<T, P, RMS, 512, VEC, 8>(p, st);
         default: break;
         }
     }
@@ -981,7 +1126,7 @@ int dispatch_fp32_long(const gemsops_layer_norm_fwd_params *p, int tpr,
                         tpr);
 }
 
-template <typename T, typename P>
+template <typename T, typename P, bool RMS>
 int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     device_guard guard;
@@ -989,44 +1134,61 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     constexpr int V = 16 / sizeof(T);
     const bool vec = vector_ok<T, P>(p);
     if (p->cols > (int64_t)fwd_max_tpr<T>() * fwd_elems<T>()) {
-        return vec ? run_looped<T, P, V>(p, st) : run_looped<T, P, 1>(p, st);
+        return vec ? run_looped<T, P, RMS, V>(p, st)
+                   : run_looped<T, P, RMS, 1>(p, st);
     }
     int rc;
-    if (vec && (p->residual ? run_short_rows<T, P, V, true>(p, &rc, st)
-                            : run_short_rows<T, P, V, false>(p, &rc, st))) {
+    if (vec &&
+        (p->residual ? run_short_rows<T, P, RMS, V, true>(p, &rc, st)
+                     : run_short_rows<T, P, RMS, V, false>(p, &rc, st))) {
         return rc;
     }
     const int long_tpr =
         vec ? fwd_fp32_long_tpr<T>(p->cols, p->residual != nullptr) : 0;
     if (long_tpr > 0) {
-        return dispatch_fp32_long<T, P, V>(p, long_tpr, st);
+        return dispatch_fp32_long<T, P, RMS, V>(p, long_tpr, st);
     }
     const int tpr =
         layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>(),
                                 kLayerNormFwdTprChoices)
             .tpr;
-    return vec ? dispatch_tpr<T, P, V>(p, tpr, st)
-               : dispatch_tpr<T, P, 1>(p, tpr, st);
+    return vec ? dispatch_tpr<T, P, RMS, V>(p, tpr, st)
+               : dispatch_tpr<T, P, RMS, 1>(p, tpr, st);
 }
 
 // The one dtype switch: (input dtype, parameter dtype) -> launcher.
-int dispatch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
+template <bool RMS>
+int dispatch_dtype(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
     const bool same = p->param_dtype == p->dtype;
     switch (p->dtype) {
-    case GEMSOPS_FLOAT32: return launch<float, float>(p, st);
-    case GEMSOPS_FLOAT64: return launch<double, double>(p, st);
+    case GEMSOPS_FLOAT32: return launch<float, float, RMS>(p, st);
+    case GEMSOPS_FLOAT64: return launch<double, double, RMS>(p, st);
     case GEMSOPS_FLOAT16:
-        return same ? launch<__half, __half>(p, st)
-                    : launch<__half, float>(p, st);
+        return same ? launch<__half, __half, RMS>(p, st)
+                    : launch<__half, float, RMS>(p, st);
     case GEMSOPS_BFLOAT16:
-        return same ? launch<__nv_bfloat16, __nv_bfloat16>(p, st)
-                    : launch<__nv_bfloat16, float>(p, st);
+        return same ? launch<__nv_bfloat16, __nv_bfloat16, RMS>(p, st)
+                    : launch<__nv_bfloat16, float, RMS>(p, st);
     default:
         return gemsops_fail(st, GEMSOPS_ERR_TYPE,
                             "layer_norm: unsupported dtype %s on CUDA",
                             gemsops_dtype_name(p->dtype));
     }
+}
+
+// LayerNorm or RMSNorm, each compiled apart; RMSNorm's kernels have no
+// bias to add.
+int dispatch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
+{
+    if (!p->rms) {
+        return dispatch_dtype<false>(p, st);
+    }
+    if (p->bias) {
+        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                            "rms_norm: a bias was given; RMSNorm has none");
+    }
+    return dispatch_dtype<true>(p, st);
 }
 
 } // namespace
