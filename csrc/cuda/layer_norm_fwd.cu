@@ -6,7 +6,7 @@
 // Three kernels, chosen by N:
 //
 // layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2 or 4 of them; 8
-// for the fused add): G = N / VEC lanes a row, each thread one vector of
+// for the fused adds and RMSNorm): G = N / VEC lanes a row, each thread one vector of
 // four rows, so that a warp's access covers whole consecutive rows.
 // Statistics: the corrected two-pass step below.
 //
@@ -982,11 +982,14 @@ int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     return GEMSOPS_OK;
 }
 
-// Rows of 1, 2 or 4 whole vectors, and the fused add's of 8, go to the
-// short-rows kernel (returns false for the others). Where the register
-// kernel gives a row eight or more threads, its instructions already
-// cover whole lines, and the plain norms of 8 and 16 vectors ran slower
-// in the short-rows kernel under the read-only flush (docs/performance.md).
+// Rows of 1, 2 or 4 whole vectors, and those of 8 in the fused adds and
+// RMSNorm, go to the short-rows kernel (returns false for the others).
+// Where the register kernel gives a row eight or more threads, its
+// instructions already cover whole lines. LayerNorm's rows of 8 and 16
+// vectors ran slower in the short-rows kernel under the read-only flush
+// (H100), where its statistics take three values through the shuffles;
+// RMSNorm's one value, 8 vectors a row, ran a fifth faster there (H200;
+// docs/performance.md).
 template <typename T, typename P, bool RMS, int VEC, bool ADD>
 bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
                     gemsops_status *st)
@@ -996,7 +999,7 @@ bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
     case 2: *rc = run_short<T, P, RMS, 2, VEC, ADD>(p, st); return true;
     case 4: *rc = run_short<T, P, RMS, 4, VEC, ADD>(p, st); return true;
     case 8:
-        if constexpr (ADD) {
+        if constexpr (ADD || RMS) {
             *rc = run_short<T, P, RMS, 8, VEC, ADD>(p, st);
             return true;
         }
