@@ -297,6 +297,19 @@ __device__ __forceinline__ void add_squares(const vec_t<T, VEC> &x, A &acc)
     }
 }
 
+// The squares of a thread's items i with i * STEP < lim summed into acc.
+template <int STEP, typename A, typename T, int VEC, int ITEMS, typename L>
+__device__ __forceinline__ void add_item_squares(
+    const vec_t<T, VEC> (&xv)[ITEMS], L lim, A &acc)
+{
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        if (i * STEP < lim) {
+            add_squares(xv[i], acc);
+        }
+    }
+}
+
 // The register kernel's RMSNorm statistic: one pass, one reduction.
 template <int TPR, int STEP, typename T, typename P, int VEC, int ITEMS>
 __device__ __forceinline__ acc_t<T> stats_rms(const fwd_args<T, P> &a,
@@ -305,12 +318,7 @@ __device__ __forceinline__ acc_t<T> stats_rms(const fwd_args<T, P> &a,
                                               int &parity)
 {
     acc_t<T> sum_sq[1] = {0};
-#pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-        if (i * STEP < lim) {
-            add_squares(xv[i], sum_sq[0]);
-        }
-    }
+    add_item_squares<STEP>(xv, lim, sum_sq[0]);
     row_sum<TPR, 1>(sum_sq, red, parity);
     return rms_rstd(a, sum_sq[0]);
 }
@@ -822,12 +830,7 @@ __device__ __forceinline__ acc_t<T> looped_stats_rms(const fwd_args<T, P> &a,
         const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
         vec_t<T, VEC> xv[U];
         looped_load_chunk<ADD, STEP>(a, row, c0, lim, xv);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            if (u * STEP < lim) {
-                add_squares(xv[u], sum_sq[0]);
-            }
-        }
+        add_item_squares<STEP>(xv, lim, sum_sq[0]);
     }
     row_sum<BLOCK, 1>(sum_sq, red, parity);
     return rms_rstd(a, sum_sq[0]);
