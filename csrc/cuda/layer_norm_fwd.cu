@@ -6,9 +6,9 @@
 // Three kernels, chosen by N:
 //
 // layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2 or 4 of them; 8
-// for the fused adds and RMSNorm): G = N / VEC lanes a row, each thread one vector of
-// four rows, so that a warp's access covers whole consecutive rows.
-// Statistics: the corrected two-pass step below.
+// for the fused adds and RMSNorm): G = N / VEC lanes a row, each thread
+// one vector of four rows, so that a warp's access covers whole
+// consecutive rows. Statistics: the corrected two-pass step below.
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
 // a row, each holding E elements in registers (four 16-byte accesses;
@@ -31,9 +31,10 @@
 // Pass 1 takes chunks of 4 accesses per thread, computes each chunk's mean
 // and squared deviations in registers and merges them into a running
 // (count, mean, M2) with Chan's formula; the CTA merges the threads' triples
-// in a fixed order (RMSNorm: a running sum of squares). Pass 2 re-reads x (mostly from L2: the rows in flight
-// fit in it up to ~64K half elements; pass 2's reads are evict-first, so
-// they do not push out rows still waiting for theirs) and writes y. The
+// in a fixed order (RMSNorm: a running sum of squares, then one sum).
+// Pass 2 re-reads x (mostly from L2: the rows in flight fit in it up to
+// ~64K half elements; pass 2's reads are evict-first, so they do not push
+// out rows still waiting for theirs) and writes y. The
 // fused add reads x and res once and h back in pass 2 (each thread its own
 // pass-1 stores).
 //
@@ -343,7 +344,7 @@ __device__ __forceinline__ void affine(const A (&x)[VEC], A mean, A rstd,
 
 // Calls f(has_w, has_b), each a std::bool_constant: the presence of w and
 // b tested once, outside the element loops that affine() unrolls. RMSNorm
-// has no bias (launch() refuses one).
+// has no bias (dispatch() refuses one).
 template <bool RMS, typename F>
 __device__ __forceinline__ void with_affine(const void *w, const void *b,
                                             F &&f)
@@ -651,6 +652,21 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &mc, A &m2, A nb,
     n = nab;
 }
 
+// The triples of WIDTH consecutive lanes merged down to the first of them,
+// in a fixed order (deterministic).
+template <int WIDTH, typename A>
+__device__ __forceinline__ void chan_merge_down(A &n, A &m, A &mc, A &m2)
+{
+#pragma unroll
+    for (int off = WIDTH / 2; off > 0; off /= 2) {
+        const A nb = __shfl_down_sync(0xffffffffu, n, off);
+        const A mb = __shfl_down_sync(0xffffffffu, m, off);
+        const A mbc = __shfl_down_sync(0xffffffffu, mc, off);
+        const A m2b = __shfl_down_sync(0xffffffffu, m2, off);
+        chan_merge(n, m, mc, m2, nb, mb, mbc, m2b);
+    }
+}
+
 // Threads per row in the looped kernel: 512 (more bytes per chunk for
 // very long rows; two rows a SM in flight, two CTAs: their registers).
 // Where those rows overflow L2 and one a SM fits, 1024 threads a row: pass
@@ -765,15 +781,7 @@ __device__ __forceinline__ acc_t<T> looped_stats_layer(const fwd_args<T, P> &a,
         chan_merge(n, mean, mean_lo, m2, cnt, cm, cm_lo,
                    cm2 < A(0) ? A(0) : cm2);
     }
-    // warp: merge down to lane 0 in a fixed order (deterministic)
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) {
-        const A nb = __shfl_down_sync(0xffffffffu, n, off);
-        const A mb = __shfl_down_sync(0xffffffffu, mean, off);
-        const A mbc = __shfl_down_sync(0xffffffffu, mean_lo, off);
-        const A m2b = __shfl_down_sync(0xffffffffu, m2, off);
-        chan_merge(n, mean, mean_lo, m2, nb, mb, mbc, m2b);
-    }
+    chan_merge_down<32>(n, mean, mean_lo, m2);
     if (lane == 0) {
         part[0][warp] = n;
         part[1][warp] = mean;
@@ -793,14 +801,7 @@ __device__ __forceinline__ acc_t<T> looped_stats_layer(const fwd_args<T, P> &a,
             tmc = part[2][lane];
             tm2 = part[3][lane];
         }
-#pragma unroll
-        for (int off = WARPS / 2; off > 0; off /= 2) {
-            const A nb = __shfl_down_sync(0xffffffffu, tn, off);
-            const A mb = __shfl_down_sync(0xffffffffu, tm, off);
-            const A mbc = __shfl_down_sync(0xffffffffu, tmc, off);
-            const A m2b = __shfl_down_sync(0xffffffffu, tm2, off);
-            chan_merge(tn, tm, tmc, tm2, nb, mb, mbc, m2b);
-        }
+        chan_merge_down<WARPS>(tn, tm, tmc, tm2);
         if (lane == 0) {
             stats[0] = tm;
             stats[1] = tmc;
