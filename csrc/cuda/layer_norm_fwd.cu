@@ -992,7 +992,7 @@ int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 // instructions already cover whole lines. LayerNorm's rows of 8 and 16
 // vectors ran slower in the short-rows kernel under the read-only flush
 // (H100), where its statistics take three values through the shuffles;
-// RMSNorm's one value, 8 vectors a row, ran a fifth faster there (H200;
+// RMSNorm's one value, 8 vectors a row, ran faster there (H200;
 // docs/performance.md).
 template <typename T, typename P, bool RMS, int VEC, bool ADD>
 bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
