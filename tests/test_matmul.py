@@ -170,6 +170,12 @@ def test_tensor_core_path_is_taken_when_aligned(dtype):
             64,
             64,
         )
+        square = plan_of(a, b, "wgmma-192x192")
+        assert (square["mainloop"], square["bm"], square["bn"]) == (
+            "wgmma-192x192",
+            192,
+            192,
+        )
 
 
 @pytest.mark.cuda
@@ -247,7 +253,15 @@ TC_SHAPES = [(128, 256, 64), (200, 136, 520), (1, 8, 8), (264, 392, 1000)]
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "mainloop",
-    ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64", "mma"],
+    [
+        "wgmma-256",
+        "wgmma-192",
+        "wgmma-128",
+        "wgmma-64",
+        "wgmma-64x64",
+        "wgmma-192x192",
+        "mma",
+    ],
 )
 @pytest.mark.parametrize(
     "a_major,b_major", [("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")]
@@ -390,7 +404,14 @@ def test_staged_operands_batched_bias_and_backward(dtype):
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "mainloop",
-    ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64"],
+    [
+        "wgmma-256",
+        "wgmma-192",
+        "wgmma-128",
+        "wgmma-64",
+        "wgmma-64x64",
+        "wgmma-192x192",
+    ],
 )
 def test_wgmma_batched_broadcast_and_backward(mainloop):
     a = rand(3, 1, 136, 200, dtype=torch.bfloat16, device="cuda")
@@ -422,7 +443,14 @@ SPLIT_CASES = [
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "mainloop",
-    ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64"],
+    [
+        "wgmma-256",
+        "wgmma-192",
+        "wgmma-128",
+        "wgmma-64",
+        "wgmma-64x64",
+        "wgmma-192x192",
+    ],
 )
 @pytest.mark.parametrize(
     "dtype", [torch.float16, torch.bfloat16, torch.float32]
@@ -435,7 +463,7 @@ def test_split_k_pieces_sum_their_bands(mainloop, dtype):
     # workspace unless an operand is staged (the C call launches at once)
     f32 = dtype == torch.float32
     tile = mainloop.split("-")[1]
-    bm, bn = (64, 64) if tile == "64x64" else (128, int(tile))
+    bm, bn = map(int, tile.split("x")) if "x" in tile else (128, int(tile))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     bk = 128 // (4 if f32 else 2)
     for m, n, k, pieces in SPLIT_CASES:
@@ -715,7 +743,15 @@ F32 = torch.float32
 @pytest.mark.parametrize("layout", sorted(TF32_LAYOUTS))
 @pytest.mark.parametrize("sched", ["data-parallel", "stream-k"])
 @pytest.mark.parametrize(
-    "width", ["auto", "wgmma-64", "wgmma-64x64", "wgmma-192", "wgmma-256"]
+    "width",
+    [
+        "auto",
+        "wgmma-64",
+        "wgmma-64x64",
+        "wgmma-192",
+        "wgmma-192x192",
+        "wgmma-256",
+    ],
 )
 def test_fp32_runs_tf32_when_torch_allows_it(layout, sched, width):
     make, staged = TF32_LAYOUTS[layout]
@@ -1055,7 +1091,8 @@ def test_errors(device):
             0,
             None,
         )
-    with pytest.raises(ValueError, match="'mainloop'=9 is out of range"):
+    bad = max(gemsops.ops.matmul.MAINLOOPS.values()) + 1
+    with pytest.raises(ValueError, match=f"'mainloop'={bad} is out of range"):
         gemsops._C.matmul(
             a[None],
             a.t()[None],
@@ -1063,7 +1100,7 @@ def test_errors(device):
             0,
             0,
             0,
-            9,
+            bad,
             None,
             None,
             1,
@@ -1233,7 +1270,15 @@ def test_row_sums_beside_the_product(m, n, k, dtype, device):
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "mainloop",
-    ["wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64", "mma"],
+    [
+        "wgmma-256",
+        "wgmma-192",
+        "wgmma-128",
+        "wgmma-64",
+        "wgmma-64x64",
+        "wgmma-192x192",
+        "mma",
+    ],
 )
 @pytest.mark.parametrize(
     "a_major,b_major", [("m", "n"), ("k", "n"), ("m", "k")]

@@ -9,7 +9,9 @@
 #   HOST=0 (benchmark/host_cost.py) /
 #   TEST_PATHS: the test files (default: tests) /
 #   BENCH=0 skip a stage; PROBE_SHAPES: the probe's shapes
-#   (tools/mm_probe.py); GEMSOPS_BENCH_CORPUS: the corpus's size;
+#   (tools/mm_probe.py); PLANS_SHAPES: shapes for tools/mm_plans.py (its
+#   GEMSOPS_PLANS_* settings apply; no plans stage without them);
+#   GEMSOPS_BENCH_CORPUS: the corpus's size;
 #   BENCH_ARGS: pytest's arguments for the benchmark (-k tf32: fp32 only)
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -52,6 +54,12 @@ fi
 if [ "${PROBE:-1}" = 1 ]; then
     # shellcheck disable=SC2086
     timeout 200 python3 tools/mm_probe.py ${PROBE_SHAPES:-} 2>&1 | tee "$OUT/probe.txt"
+fi
+if [ -n "${PLANS_SHAPES:-}" ]; then
+    # shellcheck disable=SC2086
+    timeout "${PLANS_LIMIT:-300}" python3 tools/mm_plans.py $PLANS_SHAPES \
+        > "$OUT/plans.txt" 2>&1
+    echo "plans: exit $?, $(grep -c torch "$OUT/plans.txt") shapes"
 fi
 if [ "${GPT:-1}" = 1 ]; then
     timeout 150 python3 benchmark/gpt_step.py --tokens 8x1024 --d 768 \

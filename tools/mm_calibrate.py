@@ -32,7 +32,14 @@ KS = (256, 768, 2048, 6016)
 SMALL_MS = (256, 512, 768, 1280)
 SMALL_NS = (256, 512, 1280)
 SMALL_KS = (512, 1536, 2560, 4096)
-LOOPS = ("wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64")
+LOOPS = (
+    "wgmma-256",
+    "wgmma-192",
+    "wgmma-128",
+    "wgmma-64",
+    "wgmma-64x64",
+    "wgmma-192x192",
+)
 SCHEDULES = ("hybrid", "data-parallel")
 
 

@@ -21,7 +21,14 @@ import torch
 import gemsops
 from tools.mm_probe import kernel_us
 
-WIDTHS = ("wgmma-256", "wgmma-192", "wgmma-128", "wgmma-64", "wgmma-64x64")
+WIDTHS = (
+    "wgmma-256",
+    "wgmma-192",
+    "wgmma-128",
+    "wgmma-64",
+    "wgmma-64x64",
+    "wgmma-192x192",
+)
 if os.environ.get("GEMSOPS_PLANS_WIDTHS"):  # a comma-separated subset
     WIDTHS = tuple(os.environ["GEMSOPS_PLANS_WIDTHS"].split(","))
 SCHEDULES = ("data-parallel", "stream-k", "hybrid", "split-k")

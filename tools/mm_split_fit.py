@@ -8,13 +8,16 @@ measured plan's, per file, best pairs first, and the header's own pair.
 
 usage: python -m tools.mm_split_fit PLANS.txt [PLANS.txt ...]
        python -m tools.mm_split_fit --small-tile CAL.jsonl PLANS.txt [...]
+       python -m tools.mm_split_fit --square-tile PLANS.txt [...]
 (bf16 lines; the planner for 132 SMs, one wgmma CTA an SM)
 
 --small-tile: the 64 x 64 tile's iter_us and tile_us (kWgmmaSmall) on a
 grid instead, the split-k pair held, each pair scored on the calibration
 lines (tools/mm_calibrate.py: the whole-tile and hybrid plans) and on the
 plans files (every schedule, split-k included); shapes whose chosen plan
-was not timed are left out of a score and counted."""
+was not timed are left out of a score and counted. --square-tile: the
+same for the 192 x 192 tile (kWgmmaSquare), on plans files alone (lines
+of one shape in several files are merged)."""
 
 import collections
 import itertools
@@ -29,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "csrc" / "cuda" / "matmul_cost.cuh"
 LINE = re.compile(r"(\d+)x(\d+)x(\d+) torch\.bfloat16: torch [\d.]+ auto")
-PLAN = re.compile(r"(\d+(?:x64)?)/(da|st|hy|sp) ([\d.]+)")
+PLAN = re.compile(r"(\d+(?:x\d+)?)/(da|st|hy|sp) ([\d.]+)")
 
 HARNESS = r"""
 #include <cstdio>
@@ -56,24 +59,29 @@ int main(int argc, char **argv)
         gemsops_sk_schedule s;
         gemsops_sk_plan(&s, p.m, p.n, p.k, 1, wgmma_bm(w.width),
                         wgmma_bn(w.width), 64, 8, 132, w.mode, 0);
-        printf("%d%s/%s\n", wgmma_bn(w.width),
-               wgmma_bm(w.width) == 64 ? "x64" : "",
-               s.split ? "sp" : s.sk_tiles ? "hy" : "da");
+        const char *sched = s.split ? "sp" : s.sk_tiles ? "hy" : "da";
+        if (wgmma_bm(w.width) == 128) {
+            printf("%d/%s\n", wgmma_bn(w.width), sched);
+        }
+        else {
+            printf("%dx%d/%s\n", wgmma_bn(w.width), wgmma_bm(w.width), sched);
+        }
     }
 }
 """
 
 
 def read_plans(path):
-    """{(m, n, k): {"128/sp": us, ...}} of one mm_plans output"""
+    """{(m, n, k): {"128/sp": us, ...}} of one mm_plans output (a shape's
+    lines merged)"""
     shapes = {}
     for line in Path(path).read_text().splitlines():
         m = LINE.match(line)
         if m:
             key = tuple(int(v) for v in m.groups())
-            shapes[key] = {
-                f"{w}/{s}": float(t) for w, s, t in PLAN.findall(line)
-            }
+            shapes.setdefault(key, {}).update(
+                {f"{w}/{s}": float(t) for w, s, t in PLAN.findall(line)}
+            )
     return shapes
 
 
@@ -117,7 +125,8 @@ def read_calibration(path):
     shapes = collections.defaultdict(dict)
     for line in Path(path).read_text().splitlines():
         r = json.loads(line)
-        tile = f"{r['bn']}{'x64' if r.get('bm', 128) == 64 else ''}"
+        bm = r.get("bm", 128)
+        tile = f"{r['bn']}{'' if bm == 128 else f'x{bm}'}"
         key = f"{tile}/{'hy' if r['sk_tiles'] else 'da'}"
         t = shapes[(r["m"], r["n"], r["k"])]
         t[key] = min(t.get(key, math.inf), r["us"])
@@ -131,30 +140,57 @@ def score_timed(picks, shapes):
     return score(picks, timed), len(shapes) - len(timed)
 
 
-def fit_small_tile(cal_path, plan_paths):
-    sets = [read_calibration(cal_path)] + [read_plans(p) for p in plan_paths]
+# the tiles whose two constants are fitted alone: header name, bm, bn, the
+# grids of iter_us and tile_us
+TILE_FITS = {
+    "--small-tile": (
+        "kWgmmaSmall",
+        64,
+        64,
+        [round(0.07 + 0.02 * i, 2) for i in range(12)],
+        [0.5 * i for i in range(1, 13)],
+    ),
+    "--square-tile": (
+        "kWgmmaSquare",
+        192,
+        192,
+        [round(0.70 + 0.025 * i, 3) for i in range(13)],
+        [0.5 * i for i in range(0, 13)],
+    ),
+}
+
+
+def fit_tile(flag, cal_path, plan_paths):
+    name, bm, bn, its, tls = TILE_FITS[flag]
+    sets = [read_calibration(cal_path)] if cal_path else []
+    sets += [read_plans(p) for p in plan_paths]
+    if not cal_path:  # one file's shapes, however many files hold them
+        merged = {}
+        for f in sets:
+            for k, v in f.items():
+                merged.setdefault(k, {}).update(v)
+        sets = [merged]
     shapes = {k: v for f in sets for k, v in f.items()}
     text = HEADER.read_text()
-    small = re.compile(r"(kWgmmaSmall = \{64, 64, 1, )[\d.e+]+, [\d.e+]+\}")
+    pat = re.compile(rf"({name} = \{{{bm}, {bn}, 1, )[\d.e+]+, [\d.e+]+\}}")
+    label = f"{bn}x{bm}"
     results = []
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         (tmp / "h.cpp").write_text(HARNESS)
-        its = [round(0.07 + 0.02 * i, 2) for i in range(12)]
-        tls = [0.5 * i for i in range(1, 13)]
         for it, tl in list(itertools.product(its, tls)) + [(1e9, 0.0)]:
-            t = small.sub(rf"\g<1>{it}, {tl}}}", text)
+            t = pat.sub(rf"\g<1>{it}, {tl}}}", text)
             picks = choices(t, shapes, tmp)
             per = [score_timed(picks, f) for f in sets]
             total = math.prod(g for g, _ in per)
-            n = sum(v.startswith("64x64") for v in picks.values())
+            n = sum(v.startswith(label) for v in picks.values())
             results.append((total, it, tl, per, n))
     results.sort()
     none = [r for r in results if r[1] == 1e9]
     for _total, it, tl, per, n in results[:8] + none:
-        name = "without it" if it == 1e9 else f"{it:.2f} {tl:.1f}"
+        what = "without it" if it == 1e9 else f"{it:.3f} {tl:.1f}"
         print(
-            f"64 x 64 {name}: chosen/best "
+            f"{bm} x {bn} {what}: chosen/best "
             + " ".join(f"{g:.4f} ({miss} untimed)" for g, miss in per)
             + f"; {n} of {len(shapes)} shapes take it"
         )
@@ -162,7 +198,10 @@ def fit_small_tile(cal_path, plan_paths):
 
 def main(paths):
     if paths[:1] == ["--small-tile"]:
-        fit_small_tile(paths[1], paths[2:])
+        fit_tile(paths[0], paths[1], paths[2:])
+        return
+    if paths[:1] == ["--square-tile"]:
+        fit_tile(paths[0], None, paths[1:])
         return
     files = [read_plans(p) for p in paths]
     shapes = {k: v for f in files for k, v in f.items()}

@@ -1,5 +1,5 @@
 // The matmul planner's cost model: which wgmma tile (128 x 256, 128 x 192,
-// 128 x 128, 128 x 64 or 64 x 64, BK = 128 bytes of k) a problem runs, and
+// 128 x 128, 128 x 64, 64 x 64 or 192 x 192, BK = 128 bytes of k) a problem runs, and
 // whether its last partial wave is split Stream-K or run as whole tiles,
 // from the time each is predicted to take.
 //
@@ -60,6 +60,7 @@ constexpr wgmma_tile_cost kWgmmaThreeQuarter = {128, 192, 1, 0.618, 1.75};
 constexpr wgmma_tile_cost kWgmmaNarrow = {128, 128, 1, 0.450, 1.12};
 constexpr wgmma_tile_cost kWgmmaSlim = {128, 64, 1, 0.375, 0.213};
 constexpr wgmma_tile_cost kWgmmaSmall = {64, 64, 1, 0.19, 0.5};
+constexpr wgmma_tile_cost kWgmmaSquare = {192, 192, 1, 0.835, 3.0};
 constexpr double kStreamKUsPerMb = 0.0615;
 // A Stream-K split is taken only when predicted to take at most this
 // fraction of the best data-parallel plan's time: the terms above miss
@@ -111,8 +112,10 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
 // A wgmma mainloop value and its tile, both ways
 constexpr int wgmma_bn(gemsops_mainloop m)
 {
-    return m == GEMSOPS_MAINLOOP_WGMMA_256   ? 256
-           : m == GEMSOPS_MAINLOOP_WGMMA_192 ? 192
+    return m == GEMSOPS_MAINLOOP_WGMMA_256 ? 256
+           : m == GEMSOPS_MAINLOOP_WGMMA_192 ||
+                   m == GEMSOPS_MAINLOOP_WGMMA_192X192
+               ? 192
            : m == GEMSOPS_MAINLOOP_WGMMA_64 ||
                    m == GEMSOPS_MAINLOOP_WGMMA_64X64
                ? 64
@@ -120,11 +123,14 @@ constexpr int wgmma_bn(gemsops_mainloop m)
 }
 constexpr int wgmma_bm(gemsops_mainloop m)
 {
-    return m == GEMSOPS_MAINLOOP_WGMMA_64X64 ? 64 : 128;
+    return m == GEMSOPS_MAINLOOP_WGMMA_64X64     ? 64
+           : m == GEMSOPS_MAINLOOP_WGMMA_192X192 ? 192
+                                                 : 128;
 }
 constexpr gemsops_mainloop wgmma_width(int bm, int bn)
 {
     return bm == 64    ? GEMSOPS_MAINLOOP_WGMMA_64X64
+           : bm == 192 ? GEMSOPS_MAINLOOP_WGMMA_192X192
            : bn == 256 ? GEMSOPS_MAINLOOP_WGMMA_256
            : bn == 192 ? GEMSOPS_MAINLOOP_WGMMA_192
            : bn == 128 ? GEMSOPS_MAINLOOP_WGMMA_128
@@ -133,7 +139,7 @@ constexpr gemsops_mainloop wgmma_width(int bm, int bn)
 
 struct wgmma_plan {
     gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256, _192, _128, _64,
-    // _64X64
+    // _64X64, _192X192
     gemsops_sk_mode mode;
 };
 
@@ -141,15 +147,15 @@ struct wgmma_plan {
 // schedule, whether the planner's Stream-K split, whole data-parallel waves
 // or split-k: whichever the model predicts fastest (the Stream-K split by
 // kStreamKMargin). sms: the SMs the launch may fill (a CTA count asked
-// for caps every tile's CTAs). The 64 x 64 tiles have no row-sum kernel,
-// so a launch that asks for row sums takes them only when forced.
+// for caps every tile's CTAs). Only 128-row tiles have row-sum kernels,
+// so a launch that asks for row sums takes the others only when forced.
 inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
                                  gemsops_mainloop width, int64_t sms,
                                  int group_m)
 {
-    const wgmma_tile_cost *costs[5] = {&kWgmmaWide, &kWgmmaThreeQuarter,
+    const wgmma_tile_cost *costs[6] = {&kWgmmaWide,   &kWgmmaThreeQuarter,
                                        &kWgmmaNarrow, &kWgmmaSlim,
-                                       &kWgmmaSmall};
+                                       &kWgmmaSmall,  &kWgmmaSquare};
     const gemsops_sk_mode modes[3] = {p->mode, GEMSOPS_SK_DATA_PARALLEL,
                                       GEMSOPS_SK_SPLIT_K};
     // (split-k's banded fix-up does not carry row sums)
@@ -164,7 +170,7 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
         if (width != GEMSOPS_MAINLOOP_AUTO && w != width) {
             continue;
         }
-        if (width == GEMSOPS_MAINLOOP_AUTO && c->bm == 64 &&
+        if (width == GEMSOPS_MAINLOOP_AUTO && c->bm != 128 &&
             p->row_sums != nullptr) {
             continue;
         }

@@ -439,14 +439,19 @@ struct tc_mainloop {
 };
 // mma.sync: 128 registers, two CTAs per SM; wgmma, 128-row tiles: one CTA
 // holds the ring of up to 201 KB (8 stages of 128 x 64 x 128 bytes, 6 of
-// 128 x 128, 5 of 128 x 192, 4 of 128 x 256); 64 x 64 tiles: 12 stages of
-// 16 KB (a launch of them is one wave over long k: bytes in flight, not
-// more CTAs an SM, is what its k-steps wait for).
+// 128 x 128, 5 of 128 x 192, 4 of 128 x 256; 4 of 192 x 192); 64 x 64
+// tiles: 12 stages of 16 KB (a launch of them is one wave over long k:
+// bytes in flight, not more CTAs an SM, is what its k-steps wait for).
 template <typename T>
 using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
 constexpr int wgmma_stages(int bm, int bn)
 {
-    return bm == 64 ? 12 : bn == 64 ? 8 : bn == 128 ? 6 : bn == 192 ? 5 : 4;
+    return bm == 64    ? 12
+           : bm == 192 ? 4
+           : bn == 64  ? 8
+           : bn == 128 ? 6
+           : bn == 192 ? 5
+                       : 4;
 }
 template <typename T, int BN, bool AM, bool BNM, bool ROWS = false,
           int BM = 128>
@@ -1321,6 +1326,8 @@ kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l, bool rows)
     case GEMSOPS_MAINLOOP_WGMMA_64: return wgmma_choice<T, 64>(m, l, rows);
     case GEMSOPS_MAINLOOP_WGMMA_64X64:
         return wgmma_choice<T, 64, 64>(m, l, rows);
+    case GEMSOPS_MAINLOOP_WGMMA_192X192:
+        return wgmma_choice<T, 192, 192>(m, l, rows);
     case GEMSOPS_MAINLOOP_MMA:
         if constexpr (!std::is_same_v<T, float>) {
             return choice<T, mma_tc<T>>(32, m, l);

@@ -15,9 +15,12 @@
 // producer shrinks to kProducerRegs; one CTA an SM. BM = 128: 384
 // threads. BM = 64 (64 x 64 tiles, for outputs of few 128-row tiles: twice
 // the CTAs, each loading half the bytes a k-step, a deeper ring): 256.
+// BM = 192 (192 x 192 tiles, three consumer warpgroups): 512, for outputs
+// whose 128-row tiles leave a last wave mostly empty where 192 x 192 tiles
+// fill one (5888 x 768: 124 tiles against 184 of 128 x 192 on 132 SMs).
 //
-// Tile: BM (128 or 64) rows x BN (64, 128, 192 or 256) columns x BK per
-// k-step, BK the k of 128 bytes (64 half elements, 32 fp32); consumer g
+// Tile: BM (128, 64 or 192) rows x BN (64, 128, 192 or 256) columns x BK
+// per k-step, BK the k of 128 bytes (64 half elements, 32 fp32); consumer g
 // computes rows 64g..64g+63 with one wgmma per 32 bytes of k (m64nBNk16 for
 // halves, m64nBNk8 for TF32; fp32 accumulators, BN / 2 registers per thread). A
 // half k-step is 2 * 128 * BN * 64 FLOP: ~512 tensor-core cycles of one SM
@@ -482,7 +485,9 @@ template <typename T, int BN_, int STAGES, bool AM, bool BNM,
 struct wgmma_mainloop {
     static_assert(BN_ == 64 || BN_ == 128 || BN_ == 192 || BN_ == 256,
                   "BN: 64, 128, 192 or 256");
-    static_assert(BM_ == 128 || (BM_ == 64 && BN_ == 64), "BM x BN");
+    static_assert(BM_ == 128 || (BM_ == 64 && BN_ == 64) ||
+                      (BM_ == 192 && BN_ == 192),
+                  "BM x BN");
     static_assert(sizeof(T) == 2 || !(AM || BNM), "TF32 operands: K-major");
     static constexpr int kElem = sizeof(T); // bytes
     static constexpr int BM = BM_, BN = BN_, BK = 128 / kElem;
@@ -497,9 +502,11 @@ struct wgmma_mainloop {
     static constexpr int kRowAcc = ROWS ? 4 : 0;
     static constexpr int kRowSumBytes = ROWS ? BM * 4 : 0;
     // the producer's walk fits in 40; BM = 128: 128 x 40 + 256 x 232 <=
-    // 65536; BM = 64: 128 x 40 + 128 x 216 (no more than its launch holds)
-    static constexpr int kProducerRegs = 40,
-                         kConsumerRegs = BM == 128 ? 232 : 216;
+    // 65536; BM = 64: 128 x 40 + 128 x 216 (no more than its launch holds);
+    // BM = 192: 128 x 40 + 384 x 152
+    static constexpr int kProducerRegs = 40, kConsumerRegs = BM == 128   ? 232
+                                                             : BM == 192 ? 152
+                                                                         : 216;
     static constexpr int kABytes = BM * BK * kElem,
                          kStageBytes = (BM + BN) * BK * kElem;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
@@ -516,7 +523,7 @@ struct wgmma_mainloop {
     static constexpr int kSliceBytes = 16 * 128;
     static constexpr int kSmemLimit = 232448; // a CTA's opt-in on sm_90
     static constexpr int kBuffers =
-        BM == 128 && (BN / kCols) % 2 == 0 &&
+        BM >= 128 && (BN / kCols) % 2 == 0 &&
                 kStages * kStageBytes + 1024 + BN * 4 + 256 + kRowSumBytes +
                         2 * (kConsumers / 32) * kSliceBytes <=
                     kSmemLimit
@@ -576,9 +583,9 @@ struct wgmma_mainloop {
         const int kb = (int)(step * BK);
         mbar_expect_tx(bar, kStageBytes);
         if constexpr (AM) { // boxes of 64 m x 64 k
-            tma_load_3d(stage, o.ta, r0, kb, za, bar);
-            if constexpr (BM == 128) {
-                tma_load_3d(stage + kAtom, o.ta, r0 + 64, kb, za, bar);
+#pragma unroll
+            for (int j = 0; j < BM / 64; j++) {
+                tma_load_3d(stage + j * kAtom, o.ta, r0 + 64 * j, kb, za, bar);
             }
         }
         else { // one box of 64 k x BM m

@@ -15,7 +15,8 @@ piece sums a band of its tile); set_schedule() or GEMSOPS_MATMUL_SCHEDULE
 picks one for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest
 the GPU and operands allow), or a cap: 'wgmma-256', 'wgmma-192',
 'wgmma-128', 'wgmma-64' (sm_90a, a forced width of 128-row tiles),
-'wgmma-64x64' (sm_90a, 64 x 64 tiles), 'mma' (sm_80+),
+'wgmma-64x64', 'wgmma-192x192' (sm_90a, 64 x 64 and 192 x 192 tiles),
+'mma' (sm_80+),
 'ffma' (exact fp32), or 'skinny' (products of at most 16 rows against a
 row-major B on their own kernels whatever their size; auto takes them
 for fp32 and for a large B); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on
@@ -55,6 +56,7 @@ MAINLOOPS = {
     "wgmma-192": 6,
     "skinny": 7,
     "wgmma-64x64": 8,
+    "wgmma-192x192": 9,
 }
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -37,8 +37,10 @@ typedef enum gemsops_mainloop {
     /* B (matmul_skinny.cu) whatever their size; AUTO takes it for fp32  */
     /* and for halves with a large B, FFMA for fp32 (exact too); else    */
     /* it means AUTO. Schedule and grid must be left automatic.          */
-    GEMSOPS_MAINLOOP_WGMMA_64X64 = 8 /* wgmma 64 x 64 tiles, sm_90a:     */
-    /* one consumer warpgroup, two CTAs an SM                           */
+    GEMSOPS_MAINLOOP_WGMMA_64X64 = 8, /* wgmma 64 x 64 tiles, sm_90a:    */
+    /* one consumer warpgroup                                           */
+    GEMSOPS_MAINLOOP_WGMMA_192X192 = 9 /* wgmma 192 x 192 tiles, sm_90a: */
+    /* three consumer warpgroups                                        */
 } gemsops_mainloop;
 
 struct gemsops_matmul_params {
