@@ -201,6 +201,46 @@ def test_few_tiles_over_long_k_take_64x64_tiles():
 
 
 @pytest.mark.cuda
+def test_one_wave_of_192x192_tiles_is_taken_whole():
+    # 5888 x 768 makes 124 tiles of 192 x 192, one wave on a part of at
+    # least 124 SMs, against 184 of 128 x 192 (1.4 waves): the planner takes
+    # them; a Stream-K schedule asked of them runs them whole (they have no
+    # Stream-K kernel); the product is right either way
+    if not is_sm90():
+        pytest.skip("wgmma tiles: sm_90a")
+    a, b = (
+        cu(5888, 3072, dtype=torch.bfloat16),
+        cu(3072, 768, dtype=torch.bfloat16),
+    )
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if sms >= 124:
+        plan = plan_of(a, b)
+        assert (plan["mainloop"], plan["tiles"], plan["sk_tiles"]) == (
+            "wgmma-192x192",
+            124,
+            0,
+        ), plan
+    assert_mm_close(gemsops.mm(a, b), a, b, torch.bfloat16)
+    c = torch.empty(1, 400, 600, dtype=torch.float16, device="cuda")
+    x = cu(400, 1000, dtype=torch.float16)
+    y = cu(1000, 600, dtype=torch.float16)
+    for sched in ("stream-k", "hybrid"):
+        plan = gemsops._C.matmul_plan(
+            x[None],
+            y[None],
+            c,
+            gemsops.ops.matmul.SCHEDULES[sched],
+            0,
+            5,
+            gemsops.ops.matmul.MAINLOOPS["wgmma-192x192"],
+        )
+        assert (plan["bm"], plan["sk_tiles"], plan["ctas"]) == (192, 0, 5)
+        with schedule(sched, mainloop="wgmma-192x192", ctas=5):
+            out = gemsops.mm(x, y)
+        assert_mm_close(out, x, y, torch.float16, name=sched)
+
+
+@pytest.mark.cuda
 def test_auto_runs_64x64_tiles_whole_or_split_k():
     # their Stream-K and hybrid plans lost to their whole-tile and split-k
     # plans on every small shape timed: under auto a 64 x 64 plan has no

@@ -36,7 +36,15 @@
 // (benchmark/results/mm_plans_small_NVIDIA_H200.txt), timed again once
 // four threads issued the tile's loads; the replay's numbers are in
 // docs/performance.md. A least-squares fit gave a negative tile cost:
-// eager times carry a host window the model has no term for.
+// eager times carry a host window the model has no term for. The 192 x 192
+// tile's came last: the 128 x 256 tile's k-iteration scaled by the FLOP
+// (36864 outputs against 32768) and a tile cost near its epilogue's share,
+// then checked by the same replay (tools/mm_split_fit.py --square-tile)
+// over every plan of the corpus's shapes of at least 2 GFLOP on an H200,
+// its whole-tile plans timed beside them
+// (benchmark/results/mm_plans_big_NVIDIA_H200.txt): the pair sits in the
+// replay's flat optimum (iter_us 0.75-0.85, tile_us 2.5-3.5), choosing
+// what the best pair chooses there.
 #pragma once
 
 #include <stdint.h>
@@ -192,8 +200,9 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             // the 64 x 64 tiles whole or split-k, not Stream-K: over the
             // small plans timed (benchmark/results/mm_plans_small_*.txt)
             // their Stream-K and hybrid plans took 1.2-1.6x their best
-            // whole-tile or split-k plan's time, on every shape
-            if (i == 0 && n_modes > 1 && c->bm == 64) {
+            // whole-tile or split-k plan's time, on every shape; the
+            // 192 x 192 tiles have no Stream-K kernel (matmul_wgmma.cuh)
+            if (i == 0 && n_modes > 1 && c->bm != 128) {
                 continue;
             }
             // split-k at most 128 wide: a piece of a wider tile publishes

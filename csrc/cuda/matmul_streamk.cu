@@ -169,7 +169,7 @@ struct ffma_mainloop {
     static constexpr int BM = 64, BN = 64, BK = 16, kAcc = 16, kMinCtas = 1;
     static constexpr int kRowAcc = 0;
     static constexpr int kThreads = 256, kConsumers = kThreads;
-    static constexpr bool kWarpSpecialized = false;
+    static constexpr bool kWarpSpecialized = false, kStreamK = true;
     struct smem_t {
         float a[BK][BM + 4];
         float b[BK][BN + 4];
@@ -264,6 +264,7 @@ struct tc_mainloop {
     // the threads that run the driver (a partial's layout)
     static constexpr int kConsumers = M::kConsumers;
     static constexpr bool kWarpSpecialized = M::kWarpSpecialized;
+    static constexpr bool kStreamK = M::kStreamK;
     using smem_t = typename M::smem_t;
     static constexpr int kSmemBytes = sizeof(smem_t);
 
@@ -1060,6 +1061,7 @@ struct kernel_choice {
     int bm, bn, bk, smem, threads;
     int partial_floats; // a Stream-K partial's size (the row sums' too)
     bool row_sums; // the kernel writes A's row sums (a ROWS wgmma kernel)
+    bool stream_k; // its tiles may be split Stream-K (else whole or split-k)
     gemsops_mainloop mainloop;
     gemsops_sk_mode sk_mode; // the schedule: p->mode, or the cost model's
     tc_layout layout;
@@ -1094,8 +1096,10 @@ template <typename T, typename L>
 kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
 {
     kernel_choice k{};
-    k.streamk = {(const void *)matmul_streamk_kernel<T, L>,
-                 launch_streamk<T, L>};
+    if constexpr (L::kStreamK) {
+        k.streamk = {(const void *)matmul_streamk_kernel<T, L>,
+                     launch_streamk<T, L>};
+    }
     if constexpr (L::kWarpSpecialized) {
         k.tiles = {(const void *)matmul_tiles_kernel<T, L>,
                    launch_tiles<T, L>};
@@ -1103,6 +1107,10 @@ kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
     else {
         k.tiles = k.streamk;
     }
+    if constexpr (!L::kStreamK) { // plan() keeps its tiles whole
+        k.streamk = k.tiles;
+    }
+    k.stream_k = L::kStreamK;
     k.splitk = {nullptr, nullptr};
     if constexpr (L::kWarpSpecialized && L::kRowAcc == 0) {
         k.splitk = {(const void *)matmul_splitk_kernel<T, L>,
@@ -1415,6 +1423,11 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
     int64_t ctas = resident;
     if (p->ctas_override > 0 && p->ctas_override < ctas) {
         ctas = p->ctas_override; // never more than fit at once
+    }
+    // a mainloop without a Stream-K walk runs a Stream-K or hybrid schedule
+    // asked for as whole tiles
+    if (!k->stream_k && k->sk_mode != GEMSOPS_SK_SPLIT_K) {
+        k->sk_mode = GEMSOPS_SK_DATA_PARALLEL;
     }
     gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, k->bm, k->bn, k->bk,
                     kGroupM, ctas, k->sk_mode, p->two_tiles);

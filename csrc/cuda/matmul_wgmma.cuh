@@ -493,6 +493,10 @@ struct wgmma_mainloop {
     static constexpr int BM = BM_, BN = BN_, BK = 128 / kElem;
     static constexpr int kStages = STAGES;
     static constexpr bool kTma = true, kWarpSpecialized = true;
+    // 192 x 192 tiles run whole or split-k: under 152 registers their
+    // Stream-K walk and fix-up spilled (~300 bytes, stores in the main loop
+    // among them)
+    static constexpr bool kStreamK = BM != 192;
     static_assert(!ROWS || (sizeof(T) == 2 && AM && BM == 128),
                   "row sums: half types, A M-contiguous, 128-row tiles");
     static constexpr int kConsumers = BM * 2, kThreads = kConsumers + 128,
