@@ -5,10 +5,9 @@
 //
 // Three kernels, chosen by N:
 //
-// layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2 or 4 of them; 8
-// for the fused adds and RMSNorm): G = N / VEC lanes a row, each thread
-// one vector of four rows, so that a warp's access covers whole
-// consecutive rows. Statistics: the corrected two-pass step below.
+// layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2, 4 or 8 of
+// them): G = N / VEC lanes a row, each thread one vector of four rows, so
+// that a warp's access covers whole consecutive rows. Statistics: the corrected two-pass step below.
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
 // a row, each holding E elements in registers (four 16-byte accesses;
@@ -986,14 +985,14 @@ int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     return GEMSOPS_OK;
 }
 
-// Rows of 1, 2 or 4 whole vectors, and those of 8 in the fused adds and
-// RMSNorm, go to the short-rows kernel (returns false for the others).
-// Where the register kernel gives a row eight or more threads, its
-// instructions already cover whole lines. LayerNorm's rows of 8 and 16
-// vectors ran slower in the short-rows kernel under the read-only flush
-// (H100), where its statistics take three values through the shuffles;
-// RMSNorm's one value, 8 vectors a row, ran faster there (H200;
-// docs/performance.md).
+// Rows of 1, 2, 4 or 8 whole vectors go to the short-rows kernel (returns
+// false for the others): there a row's lanes are neighbours and one warp
+// access covers whole lines of several rows, where the register kernel
+// gives a row of 8 vectors two threads of four and a warp access touches
+// a sector of each of 16 rows. Where the register kernel gives a row
+// eight or more threads, its instructions already cover whole lines.
+// (LayerNorm's rows of 8 ran slower here on an H100 and faster on an
+// H200, which the kernel now targets; docs/performance.md.)
 template <typename T, typename P, bool RMS, int VEC, bool ADD>
 bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
                     gemsops_status *st)
@@ -1002,12 +1001,7 @@ bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
     case 1: *rc = run_short<T, P, RMS, 1, VEC, ADD>(p, st); return true;
     case 2: *rc = run_short<T, P, RMS, 2, VEC, ADD>(p, st); return true;
     case 4: *rc = run_short<T, P, RMS, 4, VEC, ADD>(p, st); return true;
-    case 8:
-        if constexpr (ADD || RMS) {
-            *rc = run_short<T, P, RMS, 8, VEC, ADD>(p, st);
-            return true;
-        }
-        return false;
+    case 8: *rc = run_short<T, P, RMS, 8, VEC, ADD>(p, st); return true;
     default: return false;
     }
 }
