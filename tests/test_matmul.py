@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gemsops
+from gemsops.ops.matmul import WGMMA_TILES
 from gemsops.testing import assert_close, raised_type
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -293,15 +294,7 @@ TC_SHAPES = [(128, 256, 64), (200, 136, 520), (1, 8, 8), (264, 392, 1000)]
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "mainloop",
-    [
-        "wgmma-256",
-        "wgmma-192",
-        "wgmma-128",
-        "wgmma-64",
-        "wgmma-64x64",
-        "wgmma-192x192",
-        "mma",
-    ],
+    [*WGMMA_TILES, "mma"],
 )
 @pytest.mark.parametrize(
     "a_major,b_major", [("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")]
@@ -444,14 +437,7 @@ def test_staged_operands_batched_bias_and_backward(dtype):
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "mainloop",
-    [
-        "wgmma-256",
-        "wgmma-192",
-        "wgmma-128",
-        "wgmma-64",
-        "wgmma-64x64",
-        "wgmma-192x192",
-    ],
+    WGMMA_TILES,
 )
 def test_wgmma_batched_broadcast_and_backward(mainloop):
     a = rand(3, 1, 136, 200, dtype=torch.bfloat16, device="cuda")
@@ -483,14 +469,7 @@ SPLIT_CASES = [
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "mainloop",
-    [
-        "wgmma-256",
-        "wgmma-192",
-        "wgmma-128",
-        "wgmma-64",
-        "wgmma-64x64",
-        "wgmma-192x192",
-    ],
+    WGMMA_TILES,
 )
 @pytest.mark.parametrize(
     "dtype", [torch.float16, torch.bfloat16, torch.float32]
@@ -1310,15 +1289,7 @@ def test_row_sums_beside_the_product(m, n, k, dtype, device):
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     "mainloop",
-    [
-        "wgmma-256",
-        "wgmma-192",
-        "wgmma-128",
-        "wgmma-64",
-        "wgmma-64x64",
-        "wgmma-192x192",
-        "mma",
-    ],
+    [*WGMMA_TILES, "mma"],
 )
 @pytest.mark.parametrize(
     "a_major,b_major", [("m", "n"), ("k", "n"), ("m", "k")]

@@ -23,7 +23,7 @@ import torch
 
 import gemsops
 from benchmark.performance_utils import do_bench
-from gemsops.ops.matmul import MAINLOOPS
+from gemsops.ops.matmul import MAINLOOPS, WGMMA_TILES
 from gemsops.ops.matmul import SCHEDULES as SCHEDS
 
 MS = (256, 512, 1024, 1536, 2048, 3072, 4096, 8192)
@@ -32,14 +32,7 @@ KS = (256, 768, 2048, 6016)
 SMALL_MS = (256, 512, 768, 1280)
 SMALL_NS = (256, 512, 1280)
 SMALL_KS = (512, 1536, 2560, 4096)
-LOOPS = (
-    "wgmma-256",
-    "wgmma-192",
-    "wgmma-128",
-    "wgmma-64",
-    "wgmma-64x64",
-    "wgmma-192x192",
-)
+LOOPS = WGMMA_TILES
 SCHEDULES = ("hybrid", "data-parallel")
 
 

@@ -19,16 +19,10 @@ import sys
 import torch
 
 import gemsops
+from gemsops.ops.matmul import WGMMA_TILES
 from tools.mm_probe import kernel_us
 
-WIDTHS = (
-    "wgmma-256",
-    "wgmma-192",
-    "wgmma-128",
-    "wgmma-64",
-    "wgmma-64x64",
-    "wgmma-192x192",
-)
+WIDTHS = WGMMA_TILES
 if os.environ.get("GEMSOPS_PLANS_WIDTHS"):  # a comma-separated subset
     WIDTHS = tuple(os.environ["GEMSOPS_PLANS_WIDTHS"].split(","))
 SCHEDULES = ("data-parallel", "stream-k", "hybrid", "split-k")

@@ -58,6 +58,8 @@ MAINLOOPS = {
     "wgmma-64x64": 8,
     "wgmma-192x192": 9,
 }
+# the wgmma tiles a mainloop cap can force (sm_90a): tests, tools
+WGMMA_TILES = tuple(name for name in MAINLOOPS if name.startswith("wgmma-"))
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
 _config = dict(
