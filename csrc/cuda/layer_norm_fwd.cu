@@ -7,7 +7,8 @@
 //
 // layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2, 4 or 8 of
 // them): G = N / VEC lanes a row, each thread one vector of four rows, so
-// that a warp's access covers whole consecutive rows. Statistics: the corrected two-pass step below.
+// that a warp's access covers whole consecutive rows. Statistics: the
+// corrected two-pass step below.
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
 // a row, each holding E elements in registers (four 16-byte accesses;
@@ -991,8 +992,8 @@ int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 // gives a row of 8 vectors two threads of four and a warp access touches
 // a sector of each of 16 rows. Where the register kernel gives a row
 // eight or more threads, its instructions already cover whole lines.
-// (LayerNorm's rows of 8 ran slower here on an H100 and faster on an
-// H200, which the kernel now targets; docs/performance.md.)
+// (LayerNorm's rows of 8 ran slower here than in the register kernel on
+// an H100, faster on an H200; docs/performance.md.)
 template <typename T, typename P, bool RMS, int VEC, bool ADD>
 bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
                     gemsops_status *st)

@@ -505,12 +505,13 @@ struct wgmma_mainloop {
     // them), gathered through a row of BM floats in shared memory
     static constexpr int kRowAcc = ROWS ? 4 : 0;
     static constexpr int kRowSumBytes = ROWS ? BM * 4 : 0;
-    // the producer's walk fits in 40; BM = 128: 128 x 40 + 256 x 232 <=
-    // 65536; BM = 64: 128 x 40 + 128 x 216 (no more than its launch holds);
-    // BM = 192: 128 x 40 + 384 x 152
-    static constexpr int kProducerRegs = 40, kConsumerRegs = BM == 128   ? 232
-                                                             : BM == 192 ? 152
-                                                                         : 216;
+    // the producer's walk fits in 40; the consumers take the rest of the
+    // SM's 65536 (BM = 128: 128 x 40 + 256 x 232; BM = 192: 128 x 40 +
+    // 384 x 152), BM = 64 no more than its launch holds (128 x 216)
+    static constexpr int kProducerRegs = 40;
+    static constexpr int kConsumerRegs = BM == 64    ? 216
+                                         : BM == 128 ? 232
+                                                     : 152;
     static constexpr int kABytes = BM * BK * kElem,
                          kStageBytes = (BM + BN) * BK * kElem;
     static constexpr int kAtom = 64 * 128; // 64 columns x 64 k (MN-major)
