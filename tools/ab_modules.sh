@@ -7,7 +7,9 @@
 # first. Building here rather than on the device keeps the device's time
 # for timing (tools/ab.sh rebuilds there instead).
 # usage: bash tools/ab_modules.sh "A.so.gz B.so.gz ..." "case ..."
-#   cases: tools/norm_time.py's (op,M,N,dtype[,fp32])
+#   cases: tools/norm_time.py's (op,M,N,dtype[,fp32]), or the timer's
+#   AB_TIMER: the timing command (default python3 -m tools.norm_time;
+#     python3 -m tools.mm_time for the matmul), printing `case gems Xus`
 #   carry the .so.gz files (a folder that .git/info/exclude ignores)
 set -o pipefail
 export PYTHONUNBUFFERED=1 GEMSOPS_BENCH_GRAPH=1
@@ -23,7 +25,7 @@ for rep in 1 2; do
         gunzip -c "${modules[$i]}" > "$target" || exit 1
         echo "== ${modules[$i]} (run $rep)"
         # shellcheck disable=SC2086  # the cases are words
-        python3 -m tools.norm_time $2 | tee -a "$OUT/ab_modules_$i.txt"
+        ${AB_TIMER:-python3 -m tools.norm_time} $2 | tee -a "$OUT/ab_modules_$i.txt"
     done
 done
 python3 - "${#modules[@]}" "$OUT" "${modules[@]}" << 'EOF'
