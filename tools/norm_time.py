@@ -1,4 +1,5 @@
-"""gemsops' forward time of the norms, one line a case, each timed by the
+"""gemsops' forward or backward time of the norms, one line a case, each
+timed by the
 benchmark's own method (Benchmark._timed: do_bench over a CUDA-graph
 replay, L2 flushed; GEMSOPS_BENCH_FLUSH=read for the read flush). For A/B
 runs of modules built elsewhere (tools/ab_modules.sh); tools/ln_time.py
@@ -6,8 +7,11 @@ times LayerNorm beside its peers.
 
 usage: python -m tools.norm_time case ...
   case = op,M,N,dtype[,fp32]; op one of ln, rms, addln, addrms (LayerNorm,
-  RMSNorm and their fused residual adds); fp32: fp32 weight and bias
-  e.g. ln,16384,4096,bfloat16  addrms,4096,12288,float16,fp32"""
+  RMSNorm and their fused residual adds), or one of them with _bwd (the
+  backward of y, every input needing a gradient, as the benchmark times
+  it); fp32: fp32 weight and bias
+  e.g. ln,16384,4096,bfloat16  addrms,4096,12288,float16,fp32
+  ln_bwd,8192,8192,float16"""
 
 import os
 import sys
@@ -34,15 +38,26 @@ def time_case(spec, table):
     from benchmark.performance_utils import Benchmark
 
     op, m, n, dt, *params = spec.split(",")
+    bwd = op.endswith("_bwd")
+    op = op.removesuffix("_bwd")
     if op not in table or params not in ([], ["fp32"]):
         raise SystemExit(f"norm_time: bad case {spec!r}\n{__doc__}")
     m, n, dtype = int(m), int(n), getattr(torch, dt)
     pdtype = torch.float32 if params else dtype
-    x, r = (torch.randn(m, n, dtype=dtype, device="cuda") for _ in "xr")
-    w, b = (torch.randn(n, dtype=pdtype, device="cuda") for _ in "wb")
-    fn = table[op]
+    kw = dict(device="cuda", requires_grad=bwd)
+    x, r = (torch.randn(m, n, dtype=dtype, **kw) for _ in "xr")
+    w, b = (torch.randn(n, dtype=pdtype, **kw) for _ in "wb")
+    op_fn = table[op]
+    # the backward differentiates y alone, as the benchmark's
+    fn = (lambda *a: op_fn(*a)[0]) if op.startswith("add") else op_fn
     args = (x, r, (n,), w, b)
-    bench = Benchmark("norm_time", fn, fn, None, [dtype], [(m, n)])
+    if op in ("rms", "addrms"):  # b takes no gradient: no dB to time
+        b.requires_grad_(False)
+    if op in ("ln", "rms"):
+        r.requires_grad_(False)
+    bench = Benchmark(
+        "norm_time", fn, fn, None, [dtype], [(m, n)], is_backward=bwd
+    )
     ms = bench._timed(fn, args)[0]
     print(f"{spec:30s} gems {ms * 1e3:9.2f}us", flush=True)
 

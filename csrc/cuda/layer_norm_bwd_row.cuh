@@ -35,7 +35,7 @@ __device__ __forceinline__ void bwd_rows_whole(Th &t, typename Th::A *merged,
         t.template load<0>(row, row_ok, xv, dv, mean, rstd);
         A c[2] = {0, 0};
         if (t.a.dx) {
-            t.partials(xv, dv, mean, rstd, c);
+            t.partials(row_ok, xv, dv, mean, rstd, c);
             if (t.a.split > 1) {
                 split_exchange(t.a, row, row_ok, t.slab, c, merged);
             }
@@ -78,7 +78,7 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
             V xv[Th::ITEMS], dv[Th::ITEMS];
             stage = t.template load<1>(row, row_ok, xv, dv, mean, rstd);
             A c[2] = {0, 0};
-            t.partials(xv, dv, mean, rstd, c);
+            t.partials(row_ok, xv, dv, mean, rstd, c);
             if (threadIdx.x == 0 && row_ok) {
                 split_publish(t.a.exchange, row, t.slab, t.a.split, c[0],
                               c[1]);
@@ -103,7 +103,6 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
             __syncthreads();
             V xv[Th::ITEMS], dv[Th::ITEMS];
             t.read_xd(t.stage_at(held_stage), xv, dv);
-            t.pad(held_ok, xv, dv);
             t.finish(held, held_ok, xv, dv, held_mean, held_rstd, m[0], m[1],
                      dw, db);
         }

@@ -148,15 +148,16 @@ struct bwd_thread {
         if (fetch_row < a.rows) {
             const unsigned st = smem_addr(ring_words) +
                                 fetch_stage * STAGE_BYTES + threadIdx.x * 16;
+            // the row's addresses once, not per access (a 64-bit multiply
+            // chain each)
+            const T *fetch_x = a.x + fetch_row * a.x_stride + col0;
+            const T *fetch_dy = a.dy + fetch_row * a.dy_stride + col0;
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
                 if (i * STEP < lim) {
-                    cp_async16_ca(st + i * BLOCK * 16,
-                                  a.x + fetch_row * a.x_stride + col0 +
-                                      i * STEP);
+                    cp_async16_ca(st + i * BLOCK * 16, fetch_x + i * STEP);
                     cp_async16_ca(st + (ITEMS + i) * BLOCK * 16,
-                                  a.dy + fetch_row * a.dy_stride + col0 +
-                                      i * STEP);
+                                  fetch_dy + i * STEP);
                 }
             }
             if (stat_owner) {
@@ -236,23 +237,6 @@ struct bwd_thread {
         }
     }
 
-    // Items past the row (or of a row past the end) were not loaded:
-    // zeros make their terms vanish from c1, c2 and dW/dB.
-    __device__ __forceinline__ void pad(bool row_ok, V (&xv)[ITEMS],
-                                        V (&dv)[ITEMS]) const
-    {
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            if (!row_ok || i * STEP >= lim) {
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    xv[i].v[v] = from_acc<T>(A(0));
-                    dv[i].v[v] = from_acc<T>(A(0));
-                }
-            }
-        }
-    }
-
     // Row `row` from the ring, refilling the stage finished HELD + 1 steps
     // ago; returns the stage it read.
     template <int HELD>
@@ -302,8 +286,10 @@ struct bwd_thread {
         }
     }
 
-    // Row `row`'s x, dy (this thread's items, padded), mean and rstd;
-    // returns the ring stage it read (0 without a ring).
+    // Row `row`'s x, dy (this thread's items), mean and rstd; returns the
+    // ring stage it read (0 without a ring). Items past the row, and every
+    // item of a row past the end, hold whatever the registers or the ring
+    // stage held: both passes skip them (`item_ok`).
     template <int HELD>
     __device__ __forceinline__ int load(int64_t row, bool row_ok,
                                         V (&xv)[ITEMS], V (&dv)[ITEMS],
@@ -319,17 +305,30 @@ struct bwd_thread {
         if (a.rms) {
             mean = A(0);
         }
-        pad(row_ok, xv, dv);
         return stage;
     }
 
+    // Item i holds data of the row. Skipping the others in the passes,
+    // rather than zeroing them once loaded, leaves the loaded words whole:
+    // zeroing them under a predicate had every 16-bit element of the half
+    // types merged back into its word (PRMT), a tenth of the step's
+    // instructions.
+    __device__ __forceinline__ bool item_ok(bool row_ok, int i) const
+    {
+        return row_ok && i * STEP < lim;
+    }
+
     // First pass: the CTA's partials c1 = sum g * xhat, c2 = sum g.
-    __device__ __forceinline__ void partials(const V (&xv)[ITEMS],
+    __device__ __forceinline__ void partials(bool row_ok,
+                                             const V (&xv)[ITEMS],
                                              const V (&dv)[ITEMS], A mean,
                                              A rstd, A (&c)[2])
     {
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
+            if (!item_ok(row_ok, i)) {
+                continue;
+            }
             const W wv = w_smem[i * BLOCK];
 #pragma unroll
             for (int v = 0; v < VEC; v++) {
@@ -356,9 +355,11 @@ struct bwd_thread {
     {
         const A c1n = c1 * inv_n;
         const A c2n = a.rms ? A(0) : c2 * inv_n;
+        T *const dxr = a.dx + row * a.dx_stride + col0;
+        const T *const dhr = a.dh + row * a.dh_stride + col0;
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
-            if (!row_ok || i * STEP >= lim) {
+            if (!item_ok(row_ok, i)) {
                 continue;
             }
             const W wv = w_smem[i * BLOCK];
@@ -374,16 +375,13 @@ struct bwd_thread {
             }
             if (a.dx) {
                 if (a.dh) { // the fused add's gradient, straight from L2
-                    const V hv = load_vec<T, VEC>(a.dh + row * a.dh_stride +
-                                                  col0 + i * STEP);
+                    const V hv = load_vec<T, VEC>(dhr + i * STEP);
 #pragma unroll
                     for (int v = 0; v < VEC; v++) {
                         out[v] += widen<A>(hv.v[v]);
                     }
                 }
-                store_rounded<T, VEC>(a.dx + row * a.dx_stride + col0 +
-                                          i * STEP,
-                                      out);
+                store_rounded<T, VEC>(dxr + i * STEP, out);
             }
         }
     }
