@@ -334,12 +334,13 @@ struct bwd_thread {
             for (int v = 0; v < VEC; v++) {
                 // not x * rstd - mean * rstd: that cancels when x ~ mean
                 // and rstd is large (N = 1: xhat must be 0)
-                const A xh = (widen<A>(xv[i].v[v]) - mean) * rstd;
+                const A xc = widen<A>(xv[i].v[v]) - mean;
                 const A g = mul_rn(widen<A>(dv[i].v[v]), widen<A>(wv.v[v]));
-                c[0] += g * xh;
+                c[0] += g * xc;
                 c[1] += g;
             }
         }
+        c[0] *= rstd; // c1 = rstd * sum g * (x - mean): a multiply a row
         row_sum<TPR, 2>(c, red, parity);
     }
 
