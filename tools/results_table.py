@@ -36,9 +36,15 @@ PERFORMANCE = ROOT / "docs" / "performance.md"
 # (op as the JSON names it, pass) in table order
 BANDWIDTH_OPS = {
     "LayerNorm": [("layer_norm", "fwd"), ("layer_norm_backward", "bwd")],
-    "RMSNorm": [("rms_norm", "fwd")],
-    "fused add + LayerNorm": [("fused_add_layer_norm", "fwd")],
-    "fused add + RMSNorm": [("fused_add_rms_norm", "fwd")],
+    "RMSNorm": [("rms_norm", "fwd"), ("rms_norm_backward", "bwd")],
+    "fused add + LayerNorm": [
+        ("fused_add_layer_norm", "fwd"),
+        ("fused_add_layer_norm_backward", "bwd"),
+    ],
+    "fused add + RMSNorm": [
+        ("fused_add_rms_norm", "fwd"),
+        ("fused_add_rms_norm_backward", "bwd"),
+    ],
     "prod": [("prod", "fwd"), ("prod_backward", "bwd")],
 }
 SCHEDULES = ["data-parallel", "auto", "hybrid"]
