@@ -319,8 +319,7 @@ struct bwd_thread {
     }
 
     // First pass: the CTA's partials c1 = sum g * xhat, c2 = sum g.
-    __device__ __forceinline__ void partials(bool row_ok,
-                                             const V (&xv)[ITEMS],
+    __device__ __forceinline__ void partials(bool row_ok, const V (&xv)[ITEMS],
                                              const V (&dv)[ITEMS], A mean,
                                              A rstd, A (&c)[2])
     {
