@@ -9,10 +9,12 @@ usage: python -m tools.norm_time case ...
   case = op,M,N,dtype[,fp32]; op one of ln, rms, addln, addrms (LayerNorm,
   RMSNorm and their fused residual adds), or one of them with _bwd (the
   backward of y, every input needing a gradient, as the benchmark times
-  it); fp32: fp32 weight and bias
+  it), or a fused add with _bwd_dh (the backward of y and h both, as a
+  transformer block's: dy and dh given); fp32: fp32 weight and bias
   e.g. ln,16384,4096,bfloat16  addrms,4096,12288,float16,fp32
-  ln_bwd,8192,8192,float16"""
+  ln_bwd,8192,8192,float16  addln_bwd_dh,16384,4096,bfloat16"""
 
+import operator
 import os
 import sys
 
@@ -38,6 +40,8 @@ def time_case(spec, table):
     from benchmark.performance_utils import Benchmark
 
     op, m, n, dt, *params = spec.split(",")
+    both = op.endswith("_bwd_dh") and op.startswith("add")
+    op = op.removesuffix("_dh") if both else op
     bwd = op.endswith("_bwd")
     op = op.removesuffix("_bwd")
     if op not in table or params not in ([], ["fp32"]):
@@ -48,8 +52,13 @@ def time_case(spec, table):
     x, r = (torch.randn(m, n, dtype=dtype, **kw) for _ in "xr")
     w, b = (torch.randn(n, dtype=pdtype, **kw) for _ in "wb")
     op_fn = table[op]
-    # the backward differentiates y alone, as the benchmark's
-    fn = (lambda *a: op_fn(*a)[0]) if op.startswith("add") else op_fn
+    # the backward differentiates y alone, as the benchmark's, or y + h (the
+    # add's backward hands the one gradient to both: no kernel of its own)
+    fn = op_fn
+    if both:
+        fn = lambda *a: operator.add(*op_fn(*a))  # noqa: E731
+    elif op.startswith("add"):
+        fn = lambda *a: op_fn(*a)[0]  # noqa: E731
     args = (x, r, (n,), w, b)
     if op in ("rms", "addrms"):  # b takes no gradient: no dB to time
         b.requires_grad_(False)
