@@ -6,9 +6,11 @@ Bytes counted (the fewest the op must move): RMSNorm forward reads x and
 writes y, backward reads x and dy and writes dx; the fused add's forward
 reads x and residual and writes y and h (4 * M * N elements), its
 backward reads h and dy and writes dx (the gradient of x and residual
-alike; h's own gradient is not used here). Weights and statistics are
-O(N + M) and left out."""
+alike; h's own gradient not used), or, where h is used as well (as a
+transformer block's next residual: the `_dh` benchmark), reads h, dy and
+dh and writes dx. Weights and statistics are O(N + M) and left out."""
 
+import operator
 import os
 
 import pytest
@@ -52,6 +54,13 @@ def add_rms_gems(x, r, s, w):
 def first(fn):
     """fn's y alone (the backward benchmark differentiates one output)."""
     return lambda *a: fn(*a)[0]
+
+
+def both(fn):
+    """y + h: the one gradient the benchmark hands it reaches y and h alike
+    (an add's backward launches nothing), so the norm's backward gets dy
+    and dh."""
+    return lambda *a: operator.add(*fn(*a))
 
 
 def rms_peers():
@@ -161,4 +170,26 @@ def test_perf_fused_add_backward(kind):
         is_backward=True,
         peers=compiled(first(torch_fn)),
         result_file=f"fused_add_{kind}_bwd",
+    ).run()
+
+
+@pytest.mark.layer_norm
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_perf_fused_add_backward_dh(kind):
+    torch_fn, gems_fn = (
+        (add_ln_torch, add_ln_gems)
+        if kind == "layer_norm"
+        else (add_rms_torch, add_rms_gems)
+    )
+    Benchmark(
+        f"fused_add_{kind}_backward_dh",
+        both(torch_fn),
+        both(gems_fn),
+        lambda d, s: args(d, s, True, kind == "layer_norm", True),
+        FLOAT_DTYPES,
+        SHAPES,
+        bytes_func=nbytes(4),
+        is_backward=True,
+        peers=compiled(both(torch_fn)),
+        result_file=f"fused_add_{kind}_bwd_dh",
     ).run()

@@ -40,10 +40,12 @@ BANDWIDTH_OPS = {
     "fused add + LayerNorm": [
         ("fused_add_layer_norm", "fwd"),
         ("fused_add_layer_norm_backward", "bwd"),
+        ("fused_add_layer_norm_backward_dh", "bwd"),
     ],
     "fused add + RMSNorm": [
         ("fused_add_rms_norm", "fwd"),
         ("fused_add_rms_norm_backward", "bwd"),
+        ("fused_add_rms_norm_backward_dh", "bwd"),
     ],
     "prod": [("prod", "fwd"), ("prod_backward", "bwd")],
 }
