@@ -151,45 +151,35 @@ def test_perf_fused_add_forward(kind):
     ).run()
 
 
-@pytest.mark.layer_norm
-@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
-def test_perf_fused_add_backward(kind):
+def fused_add_backward(kind, wrap, suffix, passes):
+    """The fused add's backward through `wrap` (first: y's gradient alone;
+    both: y's and h's), beside torch and its compiled form."""
     torch_fn, gems_fn = (
         (add_ln_torch, add_ln_gems)
         if kind == "layer_norm"
         else (add_rms_torch, add_rms_gems)
     )
     Benchmark(
-        f"fused_add_{kind}_backward",
-        first(torch_fn),
-        first(gems_fn),
+        f"fused_add_{kind}_backward{suffix}",
+        wrap(torch_fn),
+        wrap(gems_fn),
         lambda d, s: args(d, s, True, kind == "layer_norm", True),
         FLOAT_DTYPES,
         SHAPES,
-        bytes_func=nbytes(3),
+        bytes_func=nbytes(passes),
         is_backward=True,
-        peers=compiled(first(torch_fn)),
-        result_file=f"fused_add_{kind}_bwd",
+        peers=compiled(wrap(torch_fn)),
+        result_file=f"fused_add_{kind}_bwd{suffix}",
     ).run()
+
+
+@pytest.mark.layer_norm
+@pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
+def test_perf_fused_add_backward(kind):
+    fused_add_backward(kind, first, "", 3)
 
 
 @pytest.mark.layer_norm
 @pytest.mark.parametrize("kind", ["layer_norm", "rms_norm"])
 def test_perf_fused_add_backward_dh(kind):
-    torch_fn, gems_fn = (
-        (add_ln_torch, add_ln_gems)
-        if kind == "layer_norm"
-        else (add_rms_torch, add_rms_gems)
-    )
-    Benchmark(
-        f"fused_add_{kind}_backward_dh",
-        both(torch_fn),
-        both(gems_fn),
-        lambda d, s: args(d, s, True, kind == "layer_norm", True),
-        FLOAT_DTYPES,
-        SHAPES,
-        bytes_func=nbytes(4),
-        is_backward=True,
-        peers=compiled(both(torch_fn)),
-        result_file=f"fused_add_{kind}_bwd_dh",
-    ).run()
+    fused_add_backward(kind, both, "_dh", 4)
