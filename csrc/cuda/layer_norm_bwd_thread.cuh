@@ -311,8 +311,7 @@ struct bwd_thread {
     // Item i holds data of the row. Skipping the others in the passes,
     // rather than zeroing them once loaded, leaves the loaded words whole:
     // zeroing them under a predicate had every 16-bit element of the half
-    // types merged back into its word (PRMT), a tenth of the step's
-    // instructions.
+    // types merged back into its word, an instruction (PRMT) each.
     __device__ __forceinline__ bool item_ok(bool row_ok, int i) const
     {
         return row_ok && i * STEP < lim;
