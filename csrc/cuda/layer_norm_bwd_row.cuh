@@ -30,9 +30,10 @@ __device__ __forceinline__ void bwd_rows_whole(Th &t, typename Th::A *merged,
     for (int64_t k = 0, row = t.first_row; k < t.steps;
          k++, row += t.step_rows) {
         const bool row_ok = row < t.a.rows;
-        V xv[Th::ITEMS], dv[Th::ITEMS];
+        V xv[Th::ITEMS], dv[Th::ITEMS], hv[Th::ITEMS];
         A mean = 0, rstd = 0;
         t.template load<0>(row, row_ok, xv, dv, mean, rstd);
+        t.load_dh(row, row_ok, hv);
         A c[2] = {0, 0};
         if (t.a.dx) {
             t.partials(row_ok, xv, dv, mean, rstd, c);
@@ -40,7 +41,7 @@ __device__ __forceinline__ void bwd_rows_whole(Th &t, typename Th::A *merged,
                 split_exchange(t.a, row, row_ok, t.slab, c, merged);
             }
         }
-        t.finish(row, row_ok, xv, dv, mean, rstd, c[0], c[1], dw, db);
+        t.finish(row, row_ok, xv, dv, hv, mean, rstd, c[0], c[1], dw, db);
     }
 }
 
@@ -66,12 +67,16 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
          k++, row += t.step_rows) {
         int stage = 0;
         A mean = 0, rstd = 0;
+        // the held row's dh, loaded before this step's first pass
+        const int64_t held = row - t.step_rows;
+        const bool held_ok = k > 0 && held < t.a.rows;
+        V hv[Th::ITEMS];
+        t.load_dh(held, held_ok, hv);
         // the held row's slabs published during the last step: their
         // slots are read now and used after this step's first pass
         unsigned long long peek0 = 0, peek1 = 0;
-        if (k > 0 && threadIdx.x < 32 && row - t.step_rows < t.a.rows) {
-            split_peek(t.a.exchange, row - t.step_rows, t.a.split, peek0,
-                       peek1);
+        if (held_ok && threadIdx.x < 32) {
+            split_peek(t.a.exchange, held, t.a.split, peek0, peek1);
         }
         if (k < t.steps) {
             const bool row_ok = row < t.a.rows;
@@ -85,8 +90,6 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
             }
         }
         if (k > 0) {
-            const int64_t held = row - t.step_rows;
-            const bool held_ok = held < t.a.rows;
             // merged[] alternates between two slots: slot k % 2 is next
             // written at step k + 2, after the barrier below of step
             // k + 1, which each thread reaches after its read here
@@ -103,8 +106,8 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
             __syncthreads();
             V xv[Th::ITEMS], dv[Th::ITEMS];
             t.read_xd(t.stage_at(held_stage), xv, dv);
-            t.finish(held, held_ok, xv, dv, held_mean, held_rstd, m[0], m[1],
-                     dw, db);
+            t.finish(held, held_ok, xv, dv, hv, held_mean, held_rstd, m[0],
+                     m[1], dw, db);
         }
         held_stage = stage;
         held_mean = mean;

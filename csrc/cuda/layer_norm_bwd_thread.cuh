@@ -342,15 +342,36 @@ struct bwd_thread {
         row_sum<TPR, 2>(c, red, parity);
     }
 
-    // Second pass over a row: dx = rstd * (g - (xhat * c1 + c2) / N), and
-    // the row's dW/dB terms. g - g is exactly 0 when N = 1, which a form
-    // with rstd folded into the constants loses.
-    __device__ __forceinline__ void finish(int64_t row, bool row_ok,
-                                           const V (&xv)[ITEMS],
-                                           const V (&dv)[ITEMS], A mean,
-                                           A rstd, A c1, A c2,
-                                           A (&dw)[ITEMS][VEC],
-                                           A (&db)[ITEMS][VEC]) const
+    // The fused add's gradient dh of row `row` (this thread's items), for
+    // finish(): loaded before the row's first pass, so that its latency
+    // passes under the pass and the row reduction rather than stalling the
+    // dx stores (the ring carries x and dy only). fp64's kernels of 1024
+    // threads (64 registers) spilled holding it: they load it in finish().
+    static constexpr bool DH_EARLY = sizeof(T) < 8;
+
+    __device__ __forceinline__ void load_dh(int64_t row, bool row_ok,
+                                            V (&hv)[ITEMS]) const
+    {
+        if (!DH_EARLY || !a.dh || !a.dx) {
+            return;
+        }
+        const T *const dhr = a.dh + row * a.dh_stride + col0;
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (item_ok(row_ok, i)) {
+                hv[i] = load_vec<T, VEC>(dhr + i * STEP);
+            }
+        }
+    }
+
+    // Second pass over a row: dx = rstd * (g - (xhat * c1 + c2) / N) (+ dh
+    // for the fused add, from load_dh), and the row's dW/dB terms. g - g is
+    // exactly 0 when N = 1, which a form with rstd folded into the
+    // constants loses.
+    __device__ __forceinline__ void finish(
+        int64_t row, bool row_ok, const V (&xv)[ITEMS], const V (&dv)[ITEMS],
+        const V (&hv)[ITEMS], A mean, A rstd, A c1, A c2, A (&dw)[ITEMS][VEC],
+        A (&db)[ITEMS][VEC]) const
     {
         const A c1n = c1 * inv_n;
         const A c2n = a.rms ? A(0) : c2 * inv_n;
@@ -373,11 +394,12 @@ struct bwd_thread {
                 db[i][v] += d;
             }
             if (a.dx) {
-                if (a.dh) { // the fused add's gradient, straight from L2
-                    const V hv = load_vec<T, VEC>(dhr + i * STEP);
+                if (a.dh) {
+                    const V h =
+                        DH_EARLY ? hv[i] : load_vec<T, VEC>(dhr + i * STEP);
 #pragma unroll
                     for (int v = 0; v < VEC; v++) {
-                        out[v] += widen<A>(hv.v[v]);
+                        out[v] += widen<A>(h.v[v]);
                     }
                 }
                 store_rounded<T, VEC>(dxr + i * STEP, out);
