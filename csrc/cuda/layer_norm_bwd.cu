@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     using Th = bwd_thread<T, P, TPR, VEC, E>;
     using A = acc_t<T>;
     extern __shared__ uint4 ring_words[];
-    __shared__ A red[2 * 32 * 2];
+    __shared__ A red[2 * 32 * 4];
     __shared__ A merged[2 * 2];
     __shared__ A
         colsum[Th::ROWS_PER_CTA > 1 ? Th::ROWS_PER_CTA * Th::SLAB : 1];
@@ -66,6 +66,16 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     t.init_columns(dw, db);
     if constexpr (LAG) {
         bwd_rows_lagged(t, merged, dw, db);
+    }
+    else if constexpr (Th::RING && E > bwd_base_elems<T>()) {
+        // two rows a step: the wide half kernels alone have the registers
+        // (128 a thread; the 64 of the others spilled)
+        if (a.split == 1 && a.dx && a.stages >= 3) {
+            bwd_rows_paired(t, dw, db);
+        }
+        else {
+            bwd_rows_whole(t, merged, dw, db);
+        }
     }
     else {
         bwd_rows_whole(t, merged, dw, db);

@@ -45,6 +45,43 @@ __device__ __forceinline__ void bwd_rows_whole(Th &t, typename Th::A *merged,
     }
 }
 
+// Whole rows (split 1) with dx, two a step: both rows' partials meet in
+// one reduction, so a step's barrier, ring waits and loop work serve two
+// rows. The second row's ring stage is refilled after the first's is
+// read, so the ring holds one row back (HELD 1), as the lagged loop's.
+template <typename Th>
+__device__ __forceinline__ void bwd_rows_paired(Th &t, typename Th::Sums &dw,
+                                                typename Th::Sums &db)
+{
+    using A = typename Th::A;
+    using V = typename Th::V;
+    t.template prime_ring<1>();
+    for (int64_t k = 0, row = t.first_row; k < t.steps;
+         k += 2, row += 2 * t.step_rows) {
+        const int64_t row1 = row + t.step_rows;
+        const bool two = k + 1 < t.steps; // the same in every thread
+        const bool ok0 = row < t.a.rows;
+        const bool ok1 = two && row1 < t.a.rows;
+        V x0[Th::ITEMS], d0[Th::ITEMS], x1[Th::ITEMS], d1[Th::ITEMS];
+        A mean0 = 0, rstd0 = 0, mean1 = 0, rstd1 = 0;
+        t.template load<1>(row, ok0, x0, d0, mean0, rstd0);
+        if (two) {
+            t.template load<1>(row1, ok1, x1, d1, mean1, rstd1);
+        }
+        // both rows' dh before the reduction, whose latency hides theirs
+        V h0[Th::ITEMS], h1[Th::ITEMS];
+        t.load_dh(row, ok0, h0);
+        t.load_dh(row1, ok1, h1);
+        A c[4] = {0, 0, 0, 0};
+        t.partials_pair(ok0, x0, d0, mean0, rstd0, ok1, x1, d1, mean1, rstd1,
+                        c);
+        t.finish(row, ok0, x0, d0, h0, mean0, rstd0, c[0], c[1], dw, db);
+        if (two) {
+            t.finish(row1, ok1, x1, d1, h1, mean1, rstd1, c[2], c[3], dw, db);
+        }
+    }
+}
+
 // Split rows with dx, one step late: step k runs the first pass of row k
 // and publishes its partials (k < steps), then collects row k - 1's
 // totals and runs its second pass from its ring stage (k > 0). Row k - 1's

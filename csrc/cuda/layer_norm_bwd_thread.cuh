@@ -86,7 +86,7 @@ struct bwd_thread {
 
     const bwd_args<T, P> &a;
     uint4 *ring_words; // dynamic shared memory: the ring, then the weights
-    A *red; // row_sum's scratch
+    A *red; // row_sum's scratch: 2 * 32 * 4 values
     int parity;
     int lane, sub, slab;
     int64_t group, groups, slab0, col0, col_end;
@@ -317,11 +317,14 @@ struct bwd_thread {
         return row_ok && i * STEP < lim;
     }
 
-    // First pass: the CTA's partials c1 = sum g * xhat, c2 = sum g.
-    __device__ __forceinline__ void partials(bool row_ok, const V (&xv)[ITEMS],
-                                             const V (&dv)[ITEMS], A mean,
-                                             A rstd, A (&c)[2])
+    // First pass, this thread's share: c[0] += sum g * xhat, c[1] += sum g
+    // over its items of the row.
+    __device__ __forceinline__ void partial_sums(bool row_ok,
+                                                 const V (&xv)[ITEMS],
+                                                 const V (&dv)[ITEMS], A mean,
+                                                 A rstd, A *c) const
     {
+        A s0 = 0, s1 = 0;
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             if (!item_ok(row_ok, i)) {
@@ -334,12 +337,33 @@ struct bwd_thread {
                 // and rstd is large (N = 1: xhat must be 0)
                 const A xc = widen<A>(xv[i].v[v]) - mean;
                 const A g = mul_rn(widen<A>(dv[i].v[v]), widen<A>(wv.v[v]));
-                c[0] += g * xc;
-                c[1] += g;
+                s0 += g * xc;
+                s1 += g;
             }
         }
-        c[0] *= rstd; // c1 = rstd * sum g * (x - mean): a multiply a row
+        c[0] += s0 * rstd; // rstd * sum g * (x - mean): a multiply a row
+        c[1] += s1;
+    }
+
+    // First pass: the CTA's partials c1 = sum g * xhat, c2 = sum g.
+    __device__ __forceinline__ void partials(bool row_ok, const V (&xv)[ITEMS],
+                                             const V (&dv)[ITEMS], A mean,
+                                             A rstd, A (&c)[2])
+    {
+        partial_sums(row_ok, xv, dv, mean, rstd, c);
         row_sum<TPR, 2>(c, red, parity);
+    }
+
+    // The partials of two rows, c[0..1] and c[2..3], in one reduction (one
+    // barrier for the pair).
+    __device__ __forceinline__ void partials_pair(
+        bool ok0, const V (&x0)[ITEMS], const V (&d0)[ITEMS], A mean0, A rstd0,
+        bool ok1, const V (&x1)[ITEMS], const V (&d1)[ITEMS], A mean1, A rstd1,
+        A (&c)[4])
+    {
+        partial_sums(ok0, x0, d0, mean0, rstd0, c);
+        partial_sums(ok1, x1, d1, mean1, rstd1, c + 2);
+        row_sum<TPR, 4>(c, red, parity);
     }
 
     // The fused add's gradient dh of row `row` (this thread's items), for
