@@ -172,10 +172,11 @@ class Benchmark:
     """op_name: row label; torch_op / gems_op: callables taking the
     generator's args; arg_func(dtype, shape) -> tuple of args; bytes_func(
     dtype, shape) -> bytes the op must move; flops_func likewise (optional);
-    is_backward: time the backward (autograd.grad of the output) instead of
-    the forward; peers: {name: callable or (callable, context factory)}
-    timed beside torch where they import (the context, e.g. FlagGems'
-    use_gems, wraps both the forward and the timed backward)."""
+    is_backward: time the backward (autograd.grad of the outputs, each
+    with its own random gradient) instead of the forward; peers: {name:
+    callable or (callable, context factory)} timed beside torch where they
+    import (the context, e.g. FlagGems' use_gems, wraps both the forward
+    and the timed backward)."""
 
     def __init__(
         self,
@@ -226,10 +227,14 @@ class Benchmark:
                         for a in args
                         if isinstance(a, torch.Tensor) and a.requires_grad
                     ]
+                    # an op of several outputs gets a gradient for each,
+                    # drawn apart (one tensor handed to two outputs would
+                    # let the second read hit L2)
                     out = op(*args)
-                    grad = torch.randn_like(out)
+                    outs = out if isinstance(out, tuple) else (out,)
+                    grads = tuple(torch.randn_like(o) for o in outs)
                     fn = lambda: torch.autograd.grad(  # noqa: E731
-                        out, inputs, grad, retain_graph=True
+                        outs, inputs, grads, retain_graph=True
                     )
             if stream is not None:
                 torch.cuda.synchronize()

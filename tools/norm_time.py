@@ -14,7 +14,6 @@ usage: python -m tools.norm_time case ...
   e.g. ln,16384,4096,bfloat16  addrms,4096,12288,float16,fp32
   ln_bwd,8192,8192,float16  addln_bwd_dh,16384,4096,bfloat16"""
 
-import operator
 import os
 import sys
 
@@ -52,12 +51,10 @@ def time_case(spec, table):
     x, r = (torch.randn(m, n, dtype=dtype, **kw) for _ in "xr")
     w, b = (torch.randn(n, dtype=pdtype, **kw) for _ in "wb")
     op_fn = table[op]
-    # the backward differentiates y alone, as the benchmark's, or y + h (the
-    # add's backward hands the one gradient to both: no kernel of its own)
+    # the backward differentiates y alone, as the benchmark's, or y and h,
+    # each with its own gradient (the harness draws one an output)
     fn = op_fn
-    if both:
-        fn = lambda *a: operator.add(*op_fn(*a))  # noqa: E731
-    elif op.startswith("add"):
+    if op.startswith("add") and not both:
         fn = lambda *a: op_fn(*a)[0]  # noqa: E731
     args = (x, r, (n,), w, b)
     if op in ("rms", "addrms"):  # b takes no gradient: no dB to time
