@@ -12,6 +12,11 @@ the host's Python and dispatch cost then stays out of the timed window
 (see _graph_replay). GB/s counts the fewest bytes the op must move; the
 copy bandwidth of this GPU is measured once per run and every GB/s is also
 given as a fraction of it.
+
+GEMSOPS_BENCH_RESUME=1 carries on a result file left incomplete by an
+earlier call at the same commit, GPU and method: its cases are kept and
+not timed again (each row keeps its own call's copy fraction; `calls`
+counts the calls that wrote the file).
 """
 
 import contextlib
@@ -30,6 +35,7 @@ _rows = []
 
 FLUSH = os.environ.get("GEMSOPS_BENCH_FLUSH", "zero")
 GRAPH = os.environ.get("GEMSOPS_BENCH_GRAPH", "0") == "1"
+RESUME = os.environ.get("GEMSOPS_BENCH_RESUME", "0") == "1"
 _flush_buf = None
 
 
@@ -265,8 +271,11 @@ class Benchmark:
         if self.flops_func:
             head += f" {'gems TFLOP/s':>12}"
         print(head)
+        done = self._resume(gpu)
         for dtype in self.dtypes:
             for shape in self.shapes:
+                if (dtype_name(dtype), list(shape)) in done:
+                    continue
                 args = self.arg_func(dtype, shape)
                 t_torch, g_torch = self._timed(self.torch_op, args)
                 t_gems, g_gems = self._timed(self.gems_op, args)
@@ -326,12 +335,37 @@ class Benchmark:
                 torch.cuda.empty_cache()
         self._save(gpu, copy, complete=True)
 
-    def _save(self, gpu, copy, complete):
-        RESULTS.mkdir(exist_ok=True)
+    def _path(self, gpu):
         tag = gpu.replace(" ", "_").replace("/", "_")
         flush = "" if FLUSH == "zero" else f"_{FLUSH}flush"
         flush += "_graph" if GRAPH else ""
-        path = RESULTS / f"{self.result_file}{flush}_{tag}.json"
+        return RESULTS / f"{self.result_file}{flush}_{tag}.json"
+
+    def _resume(self, gpu):
+        """The (dtype, shape) cases an incomplete file of this commit, GPU
+        and method already holds (GEMSOPS_BENCH_RESUME=1), its rows taken
+        into this run's; none otherwise."""
+        self._calls = 1
+        path = self._path(gpu)
+        if not RESUME or not path.exists():
+            return []
+        doc = json.loads(path.read_text())
+        same = (doc.get("commit"), doc.get("gpu"), doc.get("flush")) == (
+            commit(),
+            gpu,
+            FLUSH,
+        ) and doc.get("graph") == GRAPH
+        if doc.get("complete") or not same:
+            return []
+        rows = [r for r in doc["rows"] if r["op"] == self.op_name]
+        _rows.extend(rows)
+        self._calls = doc.get("calls", 1) + 1
+        print(f"resumed: {len(rows)} cases from {path.name}")
+        return [(r["dtype"], r["shape"]) for r in rows]
+
+    def _save(self, gpu, copy, complete):
+        RESULTS.mkdir(exist_ok=True)
+        path = self._path(gpu)
         doc = dict(
             gpu=gpu,
             copy_gbps=copy,
@@ -344,6 +378,7 @@ class Benchmark:
                 timespec="seconds"
             ),
             complete=complete,
+            calls=self._calls,
             rows=[r for r in _rows if r["op"] == self.op_name],
         )
         path.write_text(json.dumps(doc, indent=1))
