@@ -74,6 +74,23 @@ def test_forward(kind, shape, nd, dtype, device):
 @pytest.mark.parametrize("shape,nd", SHAPES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_backward_with_both_outputs_used(kind, shape, nd, dtype, device):
+    check_backward_both(kind, shape, nd, dtype, device)
+
+
+# Rows of 4096 and 8192 half elements: on CUDA the wide kernels' paired
+# loop (two rows a step, h's gradient loaded before the reduction), with
+# enough rows that a CTA walks several steps and, for some, an odd number
+# (the last step's second row absent).
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", [(1001, 4096), (531, 8192)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_backward_with_both_outputs_used_wide_rows(kind, shape, dtype, device):
+    check_backward_both(kind, shape, 1, dtype, device)
+
+
+def check_backward_both(kind, shape, nd, dtype, device):
+    """x's, residual's and the parameters' gradients with y and h both
+    used downstream, each with its own gradient, against float64."""
     x, res, pshape, w, b = make(kind, shape, nd, dtype, device, True)
     gy = torch.randn(shape, dtype=dtype, device=device)
     gh = torch.randn(shape, dtype=dtype, device=device)
