@@ -13,10 +13,10 @@ the host's Python and dispatch cost then stays out of the timed window
 copy bandwidth of this GPU is measured once per run and every GB/s is also
 given as a fraction of it.
 
-GEMSOPS_BENCH_RESUME=1 carries on a result file left incomplete by an
-earlier call at the same commit, GPU and method: its cases are kept and
-not timed again (each row keeps its own call's copy fraction; `calls`
-counts the calls that wrote the file).
+GEMSOPS_BENCH_RESUME=1 carries on a result file of an earlier call at the
+same commit, GPU and method: its cases are kept and not timed again (each
+row keeps its own call's copy fraction; `calls` counts the calls that
+wrote the file), so a complete file's run times nothing.
 """
 
 import contextlib
@@ -272,6 +272,7 @@ class Benchmark:
             head += f" {'gems TFLOP/s':>12}"
         print(head)
         done = self._resume(gpu)
+        n_before = len(_rows)
         for dtype in self.dtypes:
             for shape in self.shapes:
                 if (dtype_name(dtype), list(shape)) in done:
@@ -333,7 +334,9 @@ class Benchmark:
                 self._save(gpu, copy, complete=False)
                 del args
                 torch.cuda.empty_cache()
-        self._save(gpu, copy, complete=True)
+        # a resumed complete file with nothing new stays as it was
+        if len(_rows) > n_before or not self._was_complete:
+            self._save(gpu, copy, complete=True)
 
     def _path(self, gpu):
         tag = gpu.replace(" ", "_").replace("/", "_")
@@ -342,10 +345,11 @@ class Benchmark:
         return RESULTS / f"{self.result_file}{flush}_{tag}.json"
 
     def _resume(self, gpu):
-        """The (dtype, shape) cases an incomplete file of this commit, GPU
-        and method already holds (GEMSOPS_BENCH_RESUME=1), its rows taken
-        into this run's; none otherwise."""
+        """The (dtype, shape) cases a file of this commit, GPU and method
+        already holds (GEMSOPS_BENCH_RESUME=1), its rows taken into this
+        run's; none otherwise. A complete file then has nothing to time."""
         self._calls = 1
+        self._was_complete = False
         path = self._path(gpu)
         if not RESUME or not path.exists():
             return []
@@ -355,8 +359,9 @@ class Benchmark:
             gpu,
             FLUSH,
         ) and doc.get("graph") == GRAPH
-        if doc.get("complete") or not same:
+        if not same:
             return []
+        self._was_complete = bool(doc.get("complete"))
         rows = [r for r in doc["rows"] if r["op"] == self.op_name]
         _rows.extend(rows)
         self._calls = doc.get("calls", 1) + 1
