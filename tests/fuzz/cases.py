@@ -40,6 +40,19 @@ def _leaves(ts, dtype=None):
     return out
 
 
+def _zero_deviation_times_inf(h, w, nd, centered):
+    """LayerNorm's y where the weight is infinite and the element equals
+    its row's mean exactly: 0 * inf, NaN in the float64 reference, while
+    a mean off by its last bit (any fp32 sum of N values can be) gives
+    +-inf; torch's CPU kernel gives inf there, its CUDA kernel NaN (seed
+    32 case 156). Those positions are left out of the comparison."""
+    if not centered or w is None or torch.isfinite(w).all():
+        return None
+    dims = tuple(range(h.dim() - nd, h.dim()))
+    m = h.double().mean(dims, keepdim=True)
+    return ((h.double() - m) == 0) & ~torch.isfinite(w.double())
+
+
 def _grads(out, leaves, g):
     want = [t for t in leaves if t is not None]
     got = iter(torch.autograd.grad(out, want, g, allow_unused=True))
@@ -542,9 +555,18 @@ def case_norms(ctx):
             y = F.rms_norm(hl[0], pshape, hl[1], teps)
         rows = math.prod(shape[: ndim - nd])
         refs = [y] + ([hl[0]] if op != "rms" else [])
+        skips = [_zero_deviation_times_inf(hl[0], wc, nd, op == "add_ln")]
         for i, (o, r, t) in enumerate(zip(ours[0], refs, theirs[0])):
             same_meta(f"out{i}", o, t)
-            close(f"out{i}", o, r.detach(), t, dtype, torch_slack=2.0)
+            close(
+                f"out{i}",
+                o,
+                r.detach(),
+                t,
+                dtype,
+                torch_slack=2.0,
+                skip=skips[i] if i < len(skips) else None,
+            )
         if not grad:
             return
         dh, dw, db = _grads([y], hl, [gs_[0].double()])
