@@ -37,6 +37,8 @@
 // Time: python -m pytest benchmark/test_layer_norm_perf.py -k backward, or
 // one case: python tools/ln_time.py 16384,4096:bwd:bfloat16; A/B a change
 // with tools/ab.sh. Measurements behind the choices: docs/performance.md.
+#include <type_traits>
+
 #include "cuda_check.cuh"
 #include "device.cuh"
 #include "gemsops/layer_norm.h"
@@ -49,7 +51,8 @@
 namespace gemsops {
 namespace {
 
-template <typename T, typename P, int TPR, int VEC, int E, bool LAG>
+// L: the row loop; DH: its variant loading the fused add's dh early.
+template <typename T, typename P, int TPR, int VEC, int E, bwd_loop L, bool DH>
 __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
                                   bwd_min_ctas(TPR, bwd_sm_threads<T, E>()))
     layer_norm_bwd_fused_atomic(const bwd_args<T, P> a)
@@ -57,28 +60,22 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
     using Th = bwd_thread<T, P, TPR, VEC, E>;
     using A = acc_t<T>;
     extern __shared__ uint4 ring_words[];
-    __shared__ A red[2 * 32 * 4];
+    // row_sum's scratch: the paired loop reduces four values at once
+    __shared__ A red[2 * 32 * (L == bwd_loop::paired ? 4 : 2)];
     __shared__ A merged[2 * 2];
     __shared__ A
         colsum[Th::ROWS_PER_CTA > 1 ? Th::ROWS_PER_CTA * Th::SLAB : 1];
     Th t(a, ring_words, red);
     typename Th::Sums dw, db;
     t.init_columns(dw, db);
-    if constexpr (LAG) {
-        bwd_rows_lagged(t, merged, dw, db);
+    if constexpr (L == bwd_loop::lagged) {
+        bwd_rows_lagged<DH>(t, merged, dw, db);
     }
-    else if constexpr (Th::RING && E > bwd_base_elems<T>()) {
-        // two rows a step: the wide half kernels alone have the registers
-        // (128 a thread; the 64 of the others spilled)
-        if (a.split == 1 && a.dx && a.stages >= 3) {
-            bwd_rows_paired(t, dw, db);
-        }
-        else {
-            bwd_rows_whole(t, merged, dw, db);
-        }
+    else if constexpr (L == bwd_loop::paired) {
+        bwd_rows_paired<DH>(t, dw, db);
     }
     else {
-        bwd_rows_whole(t, merged, dw, db);
+        bwd_rows_whole<DH>(t, merged, dw, db);
     }
     if constexpr (Th::RING) {
         cp_async_wait<0>(); // no copy may outlive the CTA's shared memory
@@ -90,14 +87,15 @@ __global__ void __launch_bounds__(TPR < 128 ? 128 : TPR,
 }
 
 // CTAs of this instantiation resident per SM with its ring.
-template <typename T, typename P, int TPR, int VEC, int E, bool LAG = false>
+template <typename T, typename P, int TPR, int VEC, int E,
+          bwd_loop L = bwd_loop::whole, bool DH = false>
 int ctas_per_sm(int device, const device_facts &f, gemsops_status *st,
                 int *out)
 {
     const bwd_ring_plan r = plan_ring<T, P, TPR, VEC, E>(f);
     int total = 0;
     const void *kernel =
-        (const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, LAG>;
+        (const void *)layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, L, DH>;
     if (resident_ctas(kernel, device, layer_norm_block_threads(TPR), r.smem,
                       &total, st)) {
         return st->code;
@@ -129,30 +127,56 @@ int plan_for(const gemsops_layer_norm_bwd_params *p, const bwd_config &c,
     }
     occ = occ < occ_scalar ? occ : occ_scalar;
     constexpr int V16 = 16 / sizeof(T);
-    // split rows may take the LAG kernel: it must fit as many per SM
-    constexpr bool kLag = TPR >= 128 && bwd_ring<T, V16>();
-    if constexpr (kLag) {
-        int occ_lag = 0;
-        if (ctas_per_sm<T, P, TPR, V16, E, true>(p->device_id, f, st,
-                                                 &occ_lag)) {
+    // the other loops' kernels must fit as many per SM
+    const auto fit = [&](auto loop, auto dh) -> int {
+        int n = 0;
+        if (ctas_per_sm<T, P, TPR, V16, E, decltype(loop)::value,
+                        decltype(dh)::value>(p->device_id, f, st, &n)) {
             return st->code;
         }
-        occ = occ < occ_lag ? occ : occ_lag;
+        occ = occ < n ? occ : n;
+        return GEMSOPS_OK;
+    };
+    using lagged = std::integral_constant<bwd_loop, bwd_loop::lagged>;
+    using paired = std::integral_constant<bwd_loop, bwd_loop::paired>;
+    using dh = std::bool_constant<bwd_has_dh_early<T, V16>()>;
+    if constexpr (dh::value) {
+        if (fit(std::integral_constant<bwd_loop, bwd_loop::whole>{}, dh{})) {
+            return st->code;
+        }
+    }
+    if constexpr (bwd_has_lagged<T, TPR, V16>()) {
+        if (fit(lagged{}, std::false_type{}) || fit(lagged{}, dh{})) {
+            return st->code;
+        }
+    }
+    if constexpr (bwd_has_paired<T, TPR, V16, E>()) {
+        if (fit(paired{}, std::false_type{}) || fit(paired{}, dh{})) {
+            return st->code;
+        }
     }
     out->config = c;
     out->grid = bwd_grid(p->rows, c.shape, occ, f.sm_count);
     out->layout = plan_layout<T, P>(p, c.shape, out->grid);
     out->ring = plan_ring<T, P, TPR, VEC, E>(f);
-    out->lagged = false;
-    if constexpr (TPR >= 128 && bwd_ring<T, VEC>()) {
-        // LAG holds a row back, so the ring prefetches one row less. At 2
-        // slabs the exchange wait is short and the deeper prefetch wins;
-        // with 3 or more slabs, or 4 stages, LAG won or tied everywhere
-        // measured (docs/performance.md).
+    out->loop = bwd_loop::whole;
+    if constexpr (bwd_has_lagged<T, TPR, VEC>()) {
+        // The lagged loop holds a row back, so the ring prefetches one row
+        // less. At 2 slabs the exchange wait is short and the deeper
+        // prefetch wins; with 3 or more slabs, or 4 stages, the lagged loop
+        // won or tied everywhere measured (docs/performance.md).
         const bool lag_pays = c.shape.split > 2 || out->ring.stages > 3;
-        out->lagged =
-            c.shape.split > 1 && p->dx && out->ring.stages >= 2 && lag_pays;
+        if (c.shape.split > 1 && p->dx && out->ring.stages >= 2 && lag_pays) {
+            out->loop = bwd_loop::lagged;
+        }
     }
+    if constexpr (bwd_has_paired<T, TPR, VEC, E>()) {
+        // the paired loop also holds a row back: a ring of 3 or more
+        if (c.shape.split == 1 && p->dx && out->ring.stages >= 3) {
+            out->loop = bwd_loop::paired;
+        }
+    }
+    out->dh_early = bwd_has_dh_early<T, VEC>() && p->dh && p->dx;
     out->pdl = f.cc_major >= 9;
     return GEMSOPS_OK;
 }
@@ -206,17 +230,32 @@ int launch_for(const gemsops_layer_norm_bwd_params *p, const bwd_plan &pl,
         }
     }
     const unsigned block = layer_norm_block_threads(TPR);
-    bool lagged = false;
-    if constexpr (TPR >= 128 && bwd_ring<T, VEC>()) {
-        if (pl.lagged) {
-            layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, true>
-                <<<(unsigned)pl.grid, block, pl.ring.smem, stream>>>(a);
-            lagged = true;
+    const auto launch = [&](auto loop) {
+        constexpr bwd_loop L = decltype(loop)::value;
+        auto kernel = layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, L, false>;
+        if constexpr (bwd_has_dh_early<T, VEC>()) {
+            if (pl.dh_early) {
+                kernel =
+                    layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, L, true>;
+            }
+        }
+        kernel<<<(unsigned)pl.grid, block, pl.ring.smem, stream>>>(a);
+    };
+    bool launched = false;
+    if constexpr (bwd_has_lagged<T, TPR, VEC>()) {
+        if (pl.loop == bwd_loop::lagged) {
+            launch(std::integral_constant<bwd_loop, bwd_loop::lagged>{});
+            launched = true;
         }
     }
-    if (!lagged) {
-        layer_norm_bwd_fused_atomic<T, P, TPR, VEC, E, false>
-            <<<(unsigned)pl.grid, block, pl.ring.smem, stream>>>(a);
+    if constexpr (bwd_has_paired<T, TPR, VEC, E>()) {
+        if (pl.loop == bwd_loop::paired) {
+            launch(std::integral_constant<bwd_loop, bwd_loop::paired>{});
+            launched = true;
+        }
+    }
+    if (!launched) {
+        launch(std::integral_constant<bwd_loop, bwd_loop::whole>{});
     }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_bwd_fused_atomic");
     if (a.dw || a.db) {

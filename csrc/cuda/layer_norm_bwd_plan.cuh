@@ -59,6 +59,28 @@ __host__ __device__ constexpr bool bwd_ring()
 {
     return VEC * sizeof(T) == 16;
 }
+
+// Which instantiations have the lagged and paired loops' kernels (both
+// re-read rows from the ring; the pair's two rows need the wide half
+// kernels' 128 registers: the others' 64 spilled).
+template <typename T, int TPR, int VEC>
+__host__ __device__ constexpr bool bwd_has_lagged()
+{
+    return TPR >= 128 && bwd_ring<T, VEC>();
+}
+template <typename T, int TPR, int VEC, int E>
+__host__ __device__ constexpr bool bwd_has_paired()
+{
+    return bwd_has_lagged<T, TPR, VEC>() && E > bwd_base_elems<T>();
+}
+// Which have the loops' DH variants (the fused add's dh loaded early):
+// 16-byte accesses outside fp64, whose 64-register kernels spilled holding
+// dh; misaligned rows (the scalar kernels) load it late, as fp64.
+template <typename T, int VEC>
+__host__ __device__ constexpr bool bwd_has_dh_early()
+{
+    return sizeof(T) < 8 && bwd_ring<T, VEC>();
+}
 constexpr int kMaxStages = 4;
 
 // One lane per row and warp copies the row's mean and rstd and hands them
@@ -260,24 +282,26 @@ struct bwd_ring_plan {
 template <typename T, typename P, int TPR, int VEC, int E>
 bwd_ring_plan plan_ring(const device_facts &f)
 {
-    const int block = layer_norm_block_threads(TPR);
-    const int per = bwd_stage_bytes<T, VEC, E>(block, TPR);
-    const int w_bytes = block * E * (int)sizeof(P);
-    if (per == 0) {
+    constexpr int block = layer_norm_block_threads(TPR);
+    constexpr int per = bwd_stage_bytes<T, VEC, E>(block, TPR);
+    constexpr int w_bytes = block * E * (int)sizeof(P);
+    if constexpr (per == 0) { // no ring (compiled apart: no division by 0)
         return {1, w_bytes};
     }
-    const int threads = bwd_sm_threads<T, E>();
-    const int ctas = block >= threads ? 1 : threads / block;
-    // per CTA: 1 KB the driver reserves, up to ~5 KB of static arrays
-    int budget = f.smem_per_sm / ctas - 6 * 1024;
-    budget = budget < f.smem_per_block_optin - 6 * 1024
-                 ? budget
-                 : f.smem_per_block_optin - 6 * 1024;
-    int stages = sizeof(T) == 2 ? kMaxStages : kMaxStages - 1;
-    const int fit = (budget - w_bytes) / per;
-    stages = stages < fit ? stages : fit;
-    stages = stages < 1 ? 1 : stages;
-    return {stages, stages * per + w_bytes};
+    else {
+        constexpr int threads = bwd_sm_threads<T, E>();
+        constexpr int ctas = block >= threads ? 1 : threads / block;
+        // per CTA: 1 KB the driver reserves, up to ~5 KB of static arrays
+        int budget = f.smem_per_sm / ctas - 6 * 1024;
+        budget = budget < f.smem_per_block_optin - 6 * 1024
+                     ? budget
+                     : f.smem_per_block_optin - 6 * 1024;
+        int stages = sizeof(T) == 2 ? kMaxStages : kMaxStages - 1;
+        const int fit = (budget - w_bytes) / per;
+        stages = stages < fit ? stages : fit;
+        stages = stages < 1 ? 1 : stages;
+        return {stages, stages * per + w_bytes};
+    }
 }
 
 // Persistent grid: row groups (of `split` CTAs) up to what is co-resident,
@@ -355,6 +379,13 @@ bwd_layout plan_layout(const gemsops_layer_norm_bwd_params *p,
     return l;
 }
 
+// The row loop of a launch (layer_norm_bwd_row.cuh), each its own kernel.
+enum class bwd_loop {
+    whole,
+    lagged, // split rows with dx
+    paired, // whole rows of the wide half kernels, with dx
+};
+
 // Everything a launch needs, decided by plan() before anything is
 // launched: the workspace query returns layout.total from the same plan.
 struct bwd_plan {
@@ -362,7 +393,8 @@ struct bwd_plan {
     int64_t grid;
     bwd_ring_plan ring; // for the config's access width
     bwd_layout layout;
-    bool lagged; // split rows take the LAG kernel
+    bwd_loop loop;
+    bool dh_early; // the loop's DH variant (bwd_has_dh_early)
     bool pdl; // the sum kernel is a programmatic dependent
 };
 

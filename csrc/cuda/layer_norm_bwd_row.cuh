@@ -1,14 +1,22 @@
 // LayerNorm backward: the fused kernel's row loops, one kernel each (a
-// runtime choice between the two loop shapes raised every
-// instantiation's registers). The thread they drive, its ring and its two
-// passes over a row: layer_norm_bwd_thread.cuh.
+// runtime choice between loop shapes raised every instantiation's
+// registers and slowed the loop it did not take). The thread they drive,
+// its ring and its two passes over a row: layer_norm_bwd_thread.cuh.
 //
 //   bwd_rows_whole: a step finishes its row; split rows wait for the other
 //     slabs' partials in the middle of the step (split_exchange);
 //   bwd_rows_lagged: for split rows with dx where the wait would stall
 //     every row (plan_for in layer_norm_bwd.cu decides): a step publishes
 //     row k's partials, then finishes row k - 1 from its ring stage, so
-//     the other slabs' partials arrive while row k's first pass runs.
+//     the other slabs' partials arrive while row k's first pass runs;
+//   bwd_rows_paired: whole rows of the wide half kernels, with dx: two
+//     rows a step, one reduction and one barrier for the pair.
+//
+// Each loop's DH variant serves the fused add's backward with dh given: a
+// step loads its row's dh before the row's reduction, whose latency then
+// hides dh's (the ring carries x and dy only; a load in the dx loop
+// waits behind the store of the item before). Without dh no register is
+// held for it, so the plain kernels keep their registers.
 #pragma once
 
 #include "layer_norm_bwd_split.cuh"
@@ -19,7 +27,7 @@ namespace {
 
 // Each step loads, reduces and finishes one row. Split rows (dx wanted)
 // exchange the slabs' partials between the passes.
-template <typename Th>
+template <bool DH, typename Th>
 __device__ __forceinline__ void bwd_rows_whole(Th &t, typename Th::A *merged,
                                                typename Th::Sums &dw,
                                                typename Th::Sums &db)
@@ -33,7 +41,9 @@ __device__ __forceinline__ void bwd_rows_whole(Th &t, typename Th::A *merged,
         V xv[Th::ITEMS], dv[Th::ITEMS], hv[Th::ITEMS];
         A mean = 0, rstd = 0;
         t.template load<0>(row, row_ok, xv, dv, mean, rstd);
-        t.load_dh(row, row_ok, hv);
+        if constexpr (DH) {
+            t.load_dh(row, row_ok, hv);
+        }
         A c[2] = {0, 0};
         if (t.a.dx) {
             t.partials(row_ok, xv, dv, mean, rstd, c);
@@ -41,7 +51,8 @@ __device__ __forceinline__ void bwd_rows_whole(Th &t, typename Th::A *merged,
                 split_exchange(t.a, row, row_ok, t.slab, c, merged);
             }
         }
-        t.finish(row, row_ok, xv, dv, hv, mean, rstd, c[0], c[1], dw, db);
+        t.finish(row, row_ok, xv, dv, DH ? hv : nullptr, mean, rstd, c[0],
+                 c[1], dw, db);
     }
 }
 
@@ -49,12 +60,13 @@ __device__ __forceinline__ void bwd_rows_whole(Th &t, typename Th::A *merged,
 // one reduction, so a step's barrier, ring waits and loop work serve two
 // rows. The second row's ring stage is refilled after the first's is
 // read, so the ring holds one row back (HELD 1), as the lagged loop's.
-template <typename Th>
+template <bool DH, typename Th>
 __device__ __forceinline__ void bwd_rows_paired(Th &t, typename Th::Sums &dw,
                                                 typename Th::Sums &db)
 {
     using A = typename Th::A;
     using V = typename Th::V;
+    static_assert(Th::RING, "the paired loop re-reads rows from the ring");
     t.template prime_ring<1>();
     for (int64_t k = 0, row = t.first_row; k < t.steps;
          k += 2, row += 2 * t.step_rows) {
@@ -68,16 +80,19 @@ __device__ __forceinline__ void bwd_rows_paired(Th &t, typename Th::Sums &dw,
         if (two) {
             t.template load<1>(row1, ok1, x1, d1, mean1, rstd1);
         }
-        // both rows' dh before the reduction, whose latency hides theirs
         V h0[Th::ITEMS], h1[Th::ITEMS];
-        t.load_dh(row, ok0, h0);
-        t.load_dh(row1, ok1, h1);
+        if constexpr (DH) {
+            t.load_dh(row, ok0, h0);
+            t.load_dh(row1, ok1, h1);
+        }
         A c[4] = {0, 0, 0, 0};
         t.partials_pair(ok0, x0, d0, mean0, rstd0, ok1, x1, d1, mean1, rstd1,
                         c);
-        t.finish(row, ok0, x0, d0, h0, mean0, rstd0, c[0], c[1], dw, db);
+        t.finish(row, ok0, x0, d0, DH ? h0 : nullptr, mean0, rstd0, c[0], c[1],
+                 dw, db);
         if (two) {
-            t.finish(row1, ok1, x1, d1, h1, mean1, rstd1, c[2], c[3], dw, db);
+            t.finish(row1, ok1, x1, d1, DH ? h1 : nullptr, mean1, rstd1, c[2],
+                     c[3], dw, db);
         }
     }
 }
@@ -89,7 +104,7 @@ __device__ __forceinline__ void bwd_rows_paired(Th &t, typename Th::Sums &dw,
 // 0 reads the held row's exchange slots at the top of the step and uses
 // them after the first pass, so the collect rarely waits for an L2 round
 // trip of its own.
-template <typename Th>
+template <bool DH, typename Th>
 __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
                                                 typename Th::Sums &dw,
                                                 typename Th::Sums &db)
@@ -104,11 +119,13 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
          k++, row += t.step_rows) {
         int stage = 0;
         A mean = 0, rstd = 0;
-        // the held row's dh, loaded before this step's first pass
         const int64_t held = row - t.step_rows;
         const bool held_ok = k > 0 && held < t.a.rows;
+        // the held row's dh, before this step's first pass
         V hv[Th::ITEMS];
-        t.load_dh(held, held_ok, hv);
+        if constexpr (DH) {
+            t.load_dh(held, held_ok, hv);
+        }
         // the held row's slabs published during the last step: their
         // slots are read now and used after this step's first pass
         unsigned long long peek0 = 0, peek1 = 0;
@@ -143,8 +160,8 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
             __syncthreads();
             V xv[Th::ITEMS], dv[Th::ITEMS];
             t.read_xd(t.stage_at(held_stage), xv, dv);
-            t.finish(held, held_ok, xv, dv, hv, held_mean, held_rstd, m[0],
-                     m[1], dw, db);
+            t.finish(held, held_ok, xv, dv, DH ? hv : nullptr, held_mean,
+                     held_rstd, m[0], m[1], dw, db);
         }
         held_stage = stage;
         held_mean = mean;

@@ -86,7 +86,7 @@ struct bwd_thread {
 
     const bwd_args<T, P> &a;
     uint4 *ring_words; // dynamic shared memory: the ring, then the weights
-    A *red; // row_sum's scratch: 2 * 32 * 4 values
+    A *red; // row_sum's scratch: 2 * 32 * (values reduced at once)
     int parity;
     int lane, sub, slab;
     int64_t group, groups, slab0, col0, col_end;
@@ -366,36 +366,45 @@ struct bwd_thread {
         row_sum<TPR, 4>(c, red, parity);
     }
 
-    // The fused add's gradient dh of row `row` (this thread's items), for
-    // finish(): loaded before the row's first pass, so that its latency
-    // passes under the pass and the row reduction rather than stalling the
-    // dx stores (the ring carries x and dy only). fp64's kernels of 1024
-    // threads (64 registers) spilled holding it: they load it in finish().
-    static constexpr bool DH_EARLY = sizeof(T) < 8;
+    // One vector of dh, on the read-only path: a plain load may not pass
+    // the dx store of the item before, so each item would wait for its own
+    // L2 round trip. fp64 keeps plain loads (its lagged kernel spilled
+    // more).
+    static __device__ __forceinline__ V dh_vec(const T *p)
+    {
+        if constexpr (sizeof(T) == 8) {
+            return load_vec<T, VEC>(p);
+        }
+        else {
+            return load_vec_ro<T, VEC>(p);
+        }
+    }
 
+    // The fused add's gradient dh of row `row` (this thread's items), for
+    // finish(): the loops' DH variants load it before the row's reduction
+    // (layer_norm_bwd_row.cuh).
     __device__ __forceinline__ void load_dh(int64_t row, bool row_ok,
                                             V (&hv)[ITEMS]) const
     {
-        if (!DH_EARLY || !a.dh || !a.dx) {
-            return;
-        }
         const T *const dhr = a.dh + row * a.dh_stride + col0;
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             if (item_ok(row_ok, i)) {
-                hv[i] = load_vec<T, VEC>(dhr + i * STEP);
+                hv[i] = dh_vec(dhr + i * STEP);
             }
         }
     }
 
     // Second pass over a row: dx = rstd * (g - (xhat * c1 + c2) / N) (+ dh
-    // for the fused add, from load_dh), and the row's dW/dB terms. g - g is
-    // exactly 0 when N = 1, which a form with rstd folded into the
-    // constants loses.
-    __device__ __forceinline__ void finish(
-        int64_t row, bool row_ok, const V (&xv)[ITEMS], const V (&dv)[ITEMS],
-        const V (&hv)[ITEMS], A mean, A rstd, A c1, A c2, A (&dw)[ITEMS][VEC],
-        A (&db)[ITEMS][VEC]) const
+    // for the fused add: hv from load_dh, or, hv null, loaded here), and
+    // the row's dW/dB terms. g - g is exactly 0 when N = 1, which a form
+    // with rstd folded into the constants loses.
+    __device__ __forceinline__ void finish(int64_t row, bool row_ok,
+                                           const V (&xv)[ITEMS],
+                                           const V (&dv)[ITEMS], const V *hv,
+                                           A mean, A rstd, A c1, A c2,
+                                           A (&dw)[ITEMS][VEC],
+                                           A (&db)[ITEMS][VEC]) const
     {
         const A c1n = c1 * inv_n;
         const A c2n = a.rms ? A(0) : c2 * inv_n;
@@ -418,9 +427,8 @@ struct bwd_thread {
                 db[i][v] += d;
             }
             if (a.dx) {
-                if (a.dh) {
-                    const V h =
-                        DH_EARLY ? hv[i] : load_vec<T, VEC>(dhr + i * STEP);
+                if (a.dh) { // hv: a constant once inlined
+                    const V h = hv ? hv[i] : dh_vec(dhr + i * STEP);
 #pragma unroll
                     for (int v = 0; v < VEC; v++) {
                         out[v] += widen<A>(h.v[v]);
