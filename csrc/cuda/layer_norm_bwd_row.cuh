@@ -119,18 +119,18 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
          k++, row += t.step_rows) {
         int stage = 0;
         A mean = 0, rstd = 0;
-        const int64_t held = row - t.step_rows;
-        const bool held_ok = k > 0 && held < t.a.rows;
         // the held row's dh, before this step's first pass
         V hv[Th::ITEMS];
         if constexpr (DH) {
-            t.load_dh(held, held_ok, hv);
+            const int64_t held = row - t.step_rows;
+            t.load_dh(held, k > 0 && held < t.a.rows, hv);
         }
         // the held row's slabs published during the last step: their
         // slots are read now and used after this step's first pass
         unsigned long long peek0 = 0, peek1 = 0;
-        if (held_ok && threadIdx.x < 32) {
-            split_peek(t.a.exchange, held, t.a.split, peek0, peek1);
+        if (k > 0 && threadIdx.x < 32 && row - t.step_rows < t.a.rows) {
+            split_peek(t.a.exchange, row - t.step_rows, t.a.split, peek0,
+                       peek1);
         }
         if (k < t.steps) {
             const bool row_ok = row < t.a.rows;
@@ -144,6 +144,8 @@ __device__ __forceinline__ void bwd_rows_lagged(Th &t, typename Th::A *merged,
             }
         }
         if (k > 0) {
+            const int64_t held = row - t.step_rows;
+            const bool held_ok = held < t.a.rows;
             // merged[] alternates between two slots: slot k % 2 is next
             // written at step k + 2, after the barrier below of step
             // k + 1, which each thread reaches after its read here
