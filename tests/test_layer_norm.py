@@ -461,6 +461,43 @@ def test_cuda_forward_thread_groups(n, dtype):
     assert_close(y, layer_norm_reference(h, pshape, w, b)[0], dtype, name="y")
 
 
+# Rows of at most 256 16-byte vectors: too few of them to give every SM
+# 512 threads at four accesses a thread take one access a thread (a thread
+# group of 32 to 256); as many rows as fill the GPU at four keep four. Both
+# sides of that line, each width's group, for the four norms.
+ACCESS_WIDTHS = [200, 512, 768, 1000, 1280, 1536, 2048]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("n", ACCESS_WIDTHS)
+@pytest.mark.parametrize("rows", ["few", "fill"])
+def test_cuda_forward_access_widths(rows, n, dtype):
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    # at four accesses a row takes at least n / (4 vec) threads
+    m = 37 if rows == "few" else -(-sms * 512 * 4 * vec // n)
+    x, pshape, w, b = make((m, n), 1, dtype, "cuda")
+    res = torch.randn_like(x)
+    out, mean, rstd = gemsops.native_layer_norm(x, pshape, w, b)
+    ref, rmean, rrstd = layer_norm_reference(x, pshape, w, b)
+    assert_close(out, ref, dtype)
+    assert_close(mean.view(-1), rmean.view(-1), torch.float32, name="mean")
+    assert_close(rstd.view(-1), rrstd.view(-1), torch.float32, name="rstd")
+    xd = x.double()
+    rms_ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)
+    rms = gemsops.rms_norm(x, pshape, w, 1e-6)
+    assert_close(rms, rms_ref * w.double(), dtype, name="rms_norm")
+    y, h = gemsops.fused_add_layer_norm(x, res, pshape, w, b)
+    assert torch.equal(h, x + res)
+    assert_close(y, layer_norm_reference(h, pshape, w, b)[0], dtype, name="y")
+    y, h = gemsops.fused_add_rms_norm(x, res, pshape, w, 1e-6)
+    assert torch.equal(h, x + res)
+    hd = h.double()
+    ref = hd * torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + 1e-6)
+    assert_close(y, ref * w.double(), dtype, name="rms y")
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 7, 64, 1000, 4097, 65536, 262144, 1048576])
 def test_cuda_row_lengths_up_to_2_20(n):

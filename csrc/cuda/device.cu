@@ -9,7 +9,6 @@
 namespace gemsops {
 
 namespace {
-constexpr int kMaxDevices = 64;
 device_facts g_facts[kMaxDevices];
 bool g_known[kMaxDevices];
 std::mutex g_lock;

@@ -8,6 +8,9 @@
 namespace gemsops {
 
 // Facts about a device, read once and cached.
+// Devices the caches below hold facts of (ordinals 0 to kMaxDevices - 1).
+constexpr int kMaxDevices = 64;
+
 struct device_facts {
     int sm_count;
     int cc_major, cc_minor;

@@ -37,6 +37,8 @@
 // Time: python -m pytest benchmark/test_layer_norm_perf.py -k backward, or
 // one case: python tools/ln_time.py 16384,4096:bwd:bfloat16; A/B a change
 // with tools/ab.sh. Measurements behind the choices: docs/performance.md.
+#include <atomic>
+#include <climits>
 #include <type_traits>
 
 #include "cuda_check.cuh"
@@ -110,6 +112,63 @@ int ctas_per_sm(int device, const device_facts &f, gemsops_status *st,
     return GEMSOPS_OK;
 }
 
+// The fewest CTAs an SM among the kernels one plan may launch (both access
+// widths, every loop and dh variant), so that the grid and the workspace
+// do not depend on which of them runs and split rows stay co-resident.
+// Asked of the occupancy calculator once per device, then read from a
+// per-instantiation cache: the calculator's shared cache takes a lock and
+// a search for each of the seven kernels, on every call.
+template <typename T, typename P, int TPR, int E>
+int plan_ctas_per_sm(int device, const device_facts &f, gemsops_status *st,
+                     int *out)
+{
+    static std::atomic<int> known[kMaxDevices]; // 0: not asked yet
+    *out = known[device].load(std::memory_order_relaxed);
+    if (*out > 0) {
+        return GEMSOPS_OK;
+    }
+    constexpr int V16 = 16 / sizeof(T);
+    int occ = INT_MAX;
+    const auto fit = [&](auto vec, auto loop, auto dh) -> int {
+        int n = 0;
+        if (ctas_per_sm<T, P, TPR, decltype(vec)::value, E,
+                        decltype(loop)::value, decltype(dh)::value>(device, f,
+                                                                    st, &n)) {
+            return st->code;
+        }
+        occ = occ < n ? occ : n;
+        return GEMSOPS_OK;
+    };
+    using v16 = std::integral_constant<int, V16>;
+    using whole = std::integral_constant<bwd_loop, bwd_loop::whole>;
+    using lagged = std::integral_constant<bwd_loop, bwd_loop::lagged>;
+    using paired = std::integral_constant<bwd_loop, bwd_loop::paired>;
+    using no_dh = std::false_type;
+    using dh = std::bool_constant<bwd_has_dh_early<T, V16>()>;
+    if (fit(v16{}, whole{}, no_dh{}) ||
+        fit(std::integral_constant<int, 1>{}, whole{}, no_dh{})) {
+        return st->code;
+    }
+    if constexpr (dh::value) {
+        if (fit(v16{}, whole{}, dh{})) {
+            return st->code;
+        }
+    }
+    if constexpr (bwd_has_lagged<T, TPR, V16>()) {
+        if (fit(v16{}, lagged{}, no_dh{}) || fit(v16{}, lagged{}, dh{})) {
+            return st->code;
+        }
+    }
+    if constexpr (bwd_has_paired<T, TPR, V16, E>()) {
+        if (fit(v16{}, paired{}, no_dh{}) || fit(v16{}, paired{}, dh{})) {
+            return st->code;
+        }
+    }
+    known[device].store(occ, std::memory_order_relaxed);
+    *out = occ;
+    return GEMSOPS_OK;
+}
+
 // The plan of one instantiation (bwd_config names it).
 template <typename T, typename P, int TPR, int VEC, int E>
 int plan_for(const gemsops_layer_norm_bwd_params *p, const bwd_config &c,
@@ -117,43 +176,9 @@ int plan_for(const gemsops_layer_norm_bwd_params *p, const bwd_config &c,
 {
     device_facts f;
     int occ = 0;
-    int occ_scalar = 0;
-    // Both access widths get the same grid, so the workspace plan does not
-    // depend on pointer alignment, and split rows stay co-resident.
     if (get_device_facts(p->device_id, &f, st) ||
-        ctas_per_sm<T, P, TPR, 16 / sizeof(T), E>(p->device_id, f, st, &occ) ||
-        ctas_per_sm<T, P, TPR, 1, E>(p->device_id, f, st, &occ_scalar)) {
+        plan_ctas_per_sm<T, P, TPR, E>(p->device_id, f, st, &occ)) {
         return st->code;
-    }
-    occ = occ < occ_scalar ? occ : occ_scalar;
-    constexpr int V16 = 16 / sizeof(T);
-    // the other loops' kernels must fit as many per SM
-    const auto fit = [&](auto loop, auto dh) -> int {
-        int n = 0;
-        if (ctas_per_sm<T, P, TPR, V16, E, decltype(loop)::value,
-                        decltype(dh)::value>(p->device_id, f, st, &n)) {
-            return st->code;
-        }
-        occ = occ < n ? occ : n;
-        return GEMSOPS_OK;
-    };
-    using lagged = std::integral_constant<bwd_loop, bwd_loop::lagged>;
-    using paired = std::integral_constant<bwd_loop, bwd_loop::paired>;
-    using dh = std::bool_constant<bwd_has_dh_early<T, V16>()>;
-    if constexpr (dh::value) {
-        if (fit(std::integral_constant<bwd_loop, bwd_loop::whole>{}, dh{})) {
-            return st->code;
-        }
-    }
-    if constexpr (bwd_has_lagged<T, TPR, V16>()) {
-        if (fit(lagged{}, std::false_type{}) || fit(lagged{}, dh{})) {
-            return st->code;
-        }
-    }
-    if constexpr (bwd_has_paired<T, TPR, V16, E>()) {
-        if (fit(paired{}, std::false_type{}) || fit(paired{}, dh{})) {
-            return st->code;
-        }
     }
     out->config = c;
     out->grid = bwd_grid(p->rows, c.shape, occ, f.sm_count);

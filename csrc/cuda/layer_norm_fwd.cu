@@ -12,7 +12,8 @@
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
 // a row, each holding E elements in registers (four 16-byte accesses;
-// eight for fp32 rows past 5120), so x is read from memory exactly once.
+// eight for fp32 rows past 5120; one for too few rows to fill the GPU at
+// four, fwd_one_access_tpr), so x is read from memory exactly once.
 // Statistics in one pass and one reduction (stats_shifted): the sums of
 // d = x - K and of d^2, K the mean of the row's first vector, near the
 // row's mean, so that sum(d^2) - sum(d)^2 / N keeps the variance's digits;
@@ -148,6 +149,23 @@ constexpr int fwd_register_min_ctas(int block)
 constexpr int fwd_eight_access_min_ctas(int block)
 {
     return block >= 512 ? 1 : 768 / block;
+}
+
+// One access a thread (four registers of x): 2048 resident threads (<= 32
+// registers), so that the rows' threads of a small grid spread over every
+// SM's schedulers rather than a few threads each waiting out four loads.
+constexpr int fwd_one_access_min_ctas(int block)
+{
+    return 2048 / block;
+}
+
+// The register kernel's bound for ACC accesses a thread.
+template <typename T, typename P, int VEC, bool ADD, int ACC>
+constexpr int fwd_register_bound(int block)
+{
+    return ACC == 4   ? fwd_register_min_ctas<T, P, VEC, ADD>(block)
+           : ACC == 8 ? fwd_eight_access_min_ctas(block)
+                      : fwd_one_access_min_ctas(block);
 }
 
 // The corrected two-pass step of a row held in registers: from the first
@@ -401,9 +419,7 @@ template <typename T, typename P, int TPR, int VEC, bool RMS, bool ADD,
           int ACC>
 __global__ void __launch_bounds__(
     layer_norm_block_threads(TPR),
-    ACC == 4
-        ? fwd_register_min_ctas<T, P, VEC, ADD>(layer_norm_block_threads(TPR))
-        : fwd_eight_access_min_ctas(layer_norm_block_threads(TPR)))
+    fwd_register_bound<T, P, VEC, ADD, ACC>(layer_norm_block_threads(TPR)))
     layer_norm_fwd_registers(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
@@ -957,7 +973,7 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     cudaStream_t stream = (cudaStream_t)p->stream;
     if (p->residual) {
         // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr)
-        if constexpr (ACC != 4) {
+        if constexpr (ACC == 8) {
             return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                                 "layer_norm_fwd: no eight-access kernel for "
                                 "the fused add");
@@ -1128,6 +1144,55 @@ int dispatch_fp32_long(const gemsops_layer_norm_fwd_params *p, int tpr,
                         tpr);
 }
 
+// One 16-byte access a thread, for rows too few to give every SM 512
+// threads at four accesses (rows x TPR threads in all): four times the
+// threads, each with one load to wait for and a quarter of the adds before
+// its row's reduction. Only where parameters share x's type and x is not
+// fp64 (the other pairs are no transformer's shape; fewer kernels). Returns
+// the group, 0 for the rows that keep four accesses, -1 on an error.
+constexpr int kFwdOneAccessTprChoices[] = {32, 64, 96, 128, 160, 192, 256};
+
+template <typename T, typename P>
+int fwd_one_access_tpr(const gemsops_layer_norm_fwd_params *p, int tpr4,
+                       gemsops_status *st)
+{
+    constexpr int V = 16 / sizeof(T);
+    if (!std::is_same_v<T, P> || sizeof(T) == 8 || p->cols > 256 * V) {
+        return 0;
+    }
+    device_facts f;
+    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
+        return -1;
+    }
+    if (p->rows * tpr4 >= (int64_t)f.sm_count * 512) {
+        return 0;
+    }
+    return layer_norm_choose_shape(p->cols, V, 256, kFwdOneAccessTprChoices)
+        .tpr;
+}
+
+template <typename T, typename P, bool RMS, int VEC>
+int dispatch_one_access(const gemsops_layer_norm_fwd_params *p, int tpr,
+                        gemsops_status *st)
+{
+    if constexpr (std::is_same_v<T, P> && sizeof(T) < 8) {
+        switch (tpr) {
+        case 32: return run<T, P, RMS, 32, VEC, 1>(p, st);
+        case 64: return run<T, P, RMS, 64, VEC, 1>(p, st);
+        case 96: return run<T, P, RMS, 96, VEC, 1>(p, st);
+        case 128: return run<T, P, RMS, 128, VEC, 1>(p, st);
+        case 160: return run<T, P, RMS, 160, VEC, 1>(p, st);
+        case 192: return run<T, P, RMS, 192, VEC, 1>(p, st);
+        case 256: return run<T, P, RMS, 256, VEC, 1>(p, st);
+        default: break;
+        }
+    }
+    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                        "layer_norm_fwd: no one-access kernel for %d "
+                        "threads/row",
+                        tpr);
+}
+
 template <typename T, typename P, bool RMS>
 int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
@@ -1154,6 +1219,13 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>(),
                                 kLayerNormFwdTprChoices)
             .tpr;
+    const int one_tpr = vec ? fwd_one_access_tpr<T, P>(p, tpr, st) : 0;
+    if (one_tpr < 0) {
+        return st->code;
+    }
+    if (one_tpr > 0) {
+        return dispatch_one_access<T, P, RMS, V>(p, one_tpr, st);
+    }
     return vec ? dispatch_tpr<T, P, RMS, V>(p, tpr, st)
                : dispatch_tpr<T, P, RMS, 1>(p, tpr, st);
 }
