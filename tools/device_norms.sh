@@ -14,8 +14,10 @@
 #   MODULE=path.so.gz: a module built elsewhere (carried) instead of the
 #     build; name its commit in GEMSOPS_COMMIT
 #   RESUME=1: carry on this commit's result files (GEMSOPS_BENCH_RESUME),
-#     for tables longer than one call; BENCH_K: a -k expression narrowing
-#     each benchmark (e.g. "rms_norm and not fused")
+#     for tables longer than one call: the files a call wrote come back
+#     in results.tgz, so unpack them into benchmark/results here before
+#     the next call, or it starts over; BENCH_K: a -k expression narrowing
+#     each benchmark (e.g. "rms_norm_backward")
 set -o pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp/gemsops_out}
