@@ -91,6 +91,14 @@ def layer_norm_reference(x, shape, weight=None, bias=None, eps=1e-5):
     return out, mean, rstd
 
 
+def rms_norm_reference(x, shape, weight=None, eps=1e-6):
+    """float64 RMSNorm, the math spelled out."""
+    dims = tuple(range(x.dim() - len(shape), x.dim()))
+    xd = x.double()
+    out = xd * torch.rsqrt(xd.pow(2).mean(dims, keepdim=True) + eps)
+    return out * weight.double() if weight is not None else out
+
+
 def poison_(t):
     """Fill with NaN (floats) so an unwritten element fails the check."""
     if t is not None and t.is_floating_point():

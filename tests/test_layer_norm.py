@@ -10,6 +10,7 @@ from gemsops.testing import (
     layer_norm_reference,
     poison_,
     rel_error,
+    rms_norm_reference,
 )
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -440,12 +441,10 @@ GROUP_WIDTHS = [768, 1536, 2560, 3072, 5120, 6144, 8192, 10240, 12288, 16384]
 GROUP_WIDTHS += [20480, 24576, 32768]
 
 
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("n", GROUP_WIDTHS + [2552, 2550])
-def test_cuda_forward_thread_groups(n, dtype):
-    rows = 37  # CTAs of two 64-thread rows end with one row
-    x, pshape, w, b = make((rows, n), 1, dtype, "cuda")
+def check_four_norms(x, pshape, w, b):
+    """LayerNorm (with its statistics), RMSNorm and both fused adds of
+    rows x against float64 references."""
+    dtype = x.dtype
     res = torch.randn_like(x)
     out, mean, rstd = gemsops.native_layer_norm(x, pshape, w, b)
     ref, rmean, rrstd = layer_norm_reference(x, pshape, w, b)
@@ -453,12 +452,21 @@ def test_cuda_forward_thread_groups(n, dtype):
     assert_close(mean.view(-1), rmean.view(-1), torch.float32, name="mean")
     assert_close(rstd.view(-1), rrstd.view(-1), torch.float32, name="rstd")
     rms = gemsops.rms_norm(x, pshape, w, 1e-6)
-    xd = x.double()
-    rms_ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)
-    assert_close(rms, rms_ref * w.double(), dtype, name="rms_norm")
+    assert_close(rms, rms_norm_reference(x, pshape, w), dtype, name="rms_norm")
     y, h = gemsops.fused_add_layer_norm(x, res, pshape, w, b)
     assert torch.equal(h, x + res)
     assert_close(y, layer_norm_reference(h, pshape, w, b)[0], dtype, name="y")
+    y, h = gemsops.fused_add_rms_norm(x, res, pshape, w, 1e-6)
+    assert torch.equal(h, x + res)
+    assert_close(y, rms_norm_reference(h, pshape, w), dtype, name="rms y")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("n", GROUP_WIDTHS + [2552, 2550])
+def test_cuda_forward_thread_groups(n, dtype):
+    rows = 37  # CTAs of two 64-thread rows end with one row
+    check_four_norms(*make((rows, n), 1, dtype, "cuda"))
 
 
 # Rows of at most 256 16-byte vectors: too few of them to give every SM
@@ -477,25 +485,7 @@ def test_cuda_forward_access_widths(rows, n, dtype):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     # at four accesses a row takes at least n / (4 vec) threads
     m = 37 if rows == "few" else -(-sms * 512 * 4 * vec // n)
-    x, pshape, w, b = make((m, n), 1, dtype, "cuda")
-    res = torch.randn_like(x)
-    out, mean, rstd = gemsops.native_layer_norm(x, pshape, w, b)
-    ref, rmean, rrstd = layer_norm_reference(x, pshape, w, b)
-    assert_close(out, ref, dtype)
-    assert_close(mean.view(-1), rmean.view(-1), torch.float32, name="mean")
-    assert_close(rstd.view(-1), rrstd.view(-1), torch.float32, name="rstd")
-    xd = x.double()
-    rms_ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6)
-    rms = gemsops.rms_norm(x, pshape, w, 1e-6)
-    assert_close(rms, rms_ref * w.double(), dtype, name="rms_norm")
-    y, h = gemsops.fused_add_layer_norm(x, res, pshape, w, b)
-    assert torch.equal(h, x + res)
-    assert_close(y, layer_norm_reference(h, pshape, w, b)[0], dtype, name="y")
-    y, h = gemsops.fused_add_rms_norm(x, res, pshape, w, 1e-6)
-    assert torch.equal(h, x + res)
-    hd = h.double()
-    ref = hd * torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + 1e-6)
-    assert_close(y, ref * w.double(), dtype, name="rms y")
+    check_four_norms(*make((m, n), 1, dtype, "cuda"))
 
 
 @pytest.mark.cuda

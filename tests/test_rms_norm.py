@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.autograd import gradcheck, gradgradcheck
 
 import gemsops
-from gemsops.testing import assert_close
+from gemsops.testing import assert_close, rms_norm_reference
 
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -26,14 +26,6 @@ SHAPES = [
     ((4, 65536), 1),
     ((3, 65533), 1),
 ]
-
-
-def reference(x, shape, w=None, eps=1e-6):
-    """float64 RMSNorm, the math spelled out."""
-    dims = tuple(range(x.dim() - len(shape), x.dim()))
-    xd = x.double()
-    y = xd * torch.rsqrt(xd.pow(2).mean(dims, keepdim=True) + eps)
-    return y * w.double() if w is not None else y
 
 
 def make(shape, nd, dtype, device, weight="same", requires_grad=False):
@@ -67,7 +59,7 @@ def test_forward(shape, nd, dtype, device):
     assert out.dtype == dtype and out.shape == x.shape
     assert_close(
         out,
-        reference(x, pshape, w),
+        rms_norm_reference(x, pshape, w),
         dtype,
         torch_out=torch_rms_norm(x, pshape, w),
     )
@@ -80,7 +72,7 @@ def test_backward(shape, nd, dtype, device):
     g = torch.randn(shape, dtype=dtype, device=device)
     gemsops.rms_norm(x, pshape, w, 1e-6).backward(g)
     leaves = [t.detach().double().requires_grad_() for t in (x, w)]
-    reference(leaves[0], pshape, leaves[1]).backward(g.double())
+    rms_norm_reference(leaves[0], pshape, leaves[1]).backward(g.double())
     tl = [t.detach().clone().requires_grad_() for t in (x, w)]
     F.rms_norm(tl[0], pshape, tl[1], 1e-6).backward(g)
     rows = rows_of(x, nd)
@@ -113,13 +105,13 @@ def test_weight_variants(weight, dtype, device):
     g = torch.randn_like(x)
     out = gemsops.rms_norm(x, pshape, w, 1e-6)
     assert out.dtype == dtype
-    assert_close(out, reference(x, pshape, w), dtype)
+    assert_close(out, rms_norm_reference(x, pshape, w), dtype)
     out.backward(g)
     leaves = [
         None if t is None else t.detach().double().requires_grad_()
         for t in (x, w)
     ]
-    reference(leaves[0], pshape, leaves[1]).backward(g.double())
+    rms_norm_reference(leaves[0], pshape, leaves[1]).backward(g.double())
     assert_close(x.grad, leaves[0].grad, dtype, name="dx")
     if w is not None:
         assert w.grad.dtype == w.dtype
@@ -136,12 +128,12 @@ def test_default_eps_is_torchs(dtype, device):
     x = torch.randn(16, 64, dtype=dtype, device=device) * 1e-3
     half = dtype in (torch.float16, torch.bfloat16)
     eps = torch.finfo(torch.float32 if half else dtype).eps
-    ref = reference(x, (64,), eps=eps)
+    ref = rms_norm_reference(x, (64,), eps=eps)
     assert_close(F.rms_norm(x, (64,)), ref, dtype, name="torch")
     assert_close(gemsops.rms_norm(x, (64,)), ref, dtype)
     m = gemsops.nn.RMSNorm(64, device=device, dtype=dtype)
     assert m.eps is None
-    assert_close(m(x), reference(x, (64,), m.weight, eps=eps), dtype)
+    assert_close(m(x), rms_norm_reference(x, (64,), m.weight, eps=eps), dtype)
 
 
 @pytest.mark.parametrize("cols", [16, 40999])  # registers, looped
@@ -193,7 +185,9 @@ def test_module_drops_in(device):
     plain = gemsops.nn.RMSNorm(32, elementwise_affine=False, device=device)
     assert plain.weight is None
     assert_close(
-        plain(x), reference(x, (32,), eps=torch.finfo().eps), torch.float32
+        plain(x),
+        rms_norm_reference(x, (32,), eps=torch.finfo().eps),
+        torch.float32,
     )
 
 
