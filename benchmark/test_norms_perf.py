@@ -74,6 +74,43 @@ def rms_peers():
     return found
 
 
+def add_peers(kind, wrap=None):
+    """Peers of the fused add (`wrap` applied to each, None: the forward):
+    torch.compile of the plain expression, and for RMSNorm Liger's fused
+    add (out of place: y and h written, as ours; its backward takes h's
+    gradient too) and, forward only, FlagGems' (in place: y over x and h
+    over the residual, the same bytes; it has no backward). FlagGems'
+    skip_layer_norm writes y alone, not h: not the fused add + LayerNorm."""
+    forward = wrap is None
+    wrap = wrap or (lambda fn: fn)
+    torch_fn = add_ln_torch if kind == "layer_norm" else add_rms_torch
+    found = compiled(wrap(torch_fn))
+    if kind != "rms_norm" or os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
+        return found
+    try:
+        from liger_kernel.transformers.functional import (
+            liger_fused_add_rms_norm,
+        )
+
+        def liger(x, r, s, w):
+            return liger_fused_add_rms_norm(x, r, w, EPS, in_place=False)
+
+        found["liger"] = wrap(liger)
+    except Exception as e:
+        print(f"Liger not timed: {type(e).__name__}: {e}")
+    if not forward:
+        return found
+    try:
+        import flag_gems
+
+        found["flaggems"] = lambda x, r, s, w: flag_gems.fused_add_rms_norm(
+            x, r, s, w, EPS
+        )
+    except Exception as e:
+        print(f"FlagGems not timed: {type(e).__name__}: {e}")
+    return found
+
+
 def args(dtype, shape, residual=False, bias=False, requires_grad=False):
     m, n = shape
     kw = dict(dtype=dtype, device="cuda", requires_grad=requires_grad)
@@ -138,7 +175,7 @@ def test_perf_fused_add_forward(kind):
         FLOAT_DTYPES,
         SHAPES,
         bytes_func=nbytes(4),
-        peers=compiled(torch_fn),
+        peers=add_peers(kind),
         result_file=f"fused_add_{kind}_fwd",
     ).run()
 
@@ -161,7 +198,7 @@ def fused_add_backward(kind, wrap, suffix, passes):
         SHAPES,
         bytes_func=nbytes(passes),
         is_backward=True,
-        peers=compiled(wrap(torch_fn)),
+        peers=add_peers(kind, wrap),
         result_file=f"fused_add_{kind}_bwd{suffix}",
     ).run()
 
