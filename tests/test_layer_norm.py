@@ -47,7 +47,7 @@ def make(shape, nd, dtype, device, affine="both", requires_grad=False):
     w = b = None
     if affine in ("both", "weight", "fp32"):
         w = torch.randn(pshape, dtype=pdtype, device=device)
-    if affine in ("both", "fp32"):
+    if affine in ("both", "fp32", "bias"):
         b = torch.randn(pshape, dtype=pdtype, device=device)
     for t in (x, w, b):
         if t is not None:
@@ -87,12 +87,16 @@ def test_forward(shape, nd, dtype, device):
     assert_close(rstd, rrstd.view(stat_shape), torch.float32, name="rstd")
 
 
-@pytest.mark.parametrize("affine", ["none", "weight", "both", "fp32"])
+# Each presence of weight and bias, in rows held in registers (1000) and in
+# rows streamed twice (CUDA: 40000 elements are past every dtype's register
+# rows, so the looped kernel's pass 2 sees each combination too).
+@pytest.mark.parametrize("affine", ["none", "weight", "bias", "both", "fp32"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.float64])
-def test_forward_affine_variants(affine, dtype, device):
+@pytest.mark.parametrize("shape", [(300, 1000), (3, 40000)])
+def test_forward_affine_variants(shape, affine, dtype, device):
     if affine == "fp32" and dtype not in (torch.float16, torch.bfloat16):
         pytest.skip("fp32 parameters are the mixed-precision case")
-    x, pshape, w, b = make((300, 1000), 1, dtype, device, affine)
+    x, pshape, w, b = make(shape, 1, dtype, device, affine)
     out = gemsops.layer_norm(x, pshape, w, b)
     ref, _, _ = layer_norm_reference(x, pshape, w, b)
     assert out.dtype == dtype
