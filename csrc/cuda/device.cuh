@@ -7,10 +7,10 @@
 
 namespace gemsops {
 
-// Facts about a device, read once and cached.
 // Devices the caches below hold facts of (ordinals 0 to kMaxDevices - 1).
 constexpr int kMaxDevices = 64;
 
+// Facts about a device, read once and cached.
 struct device_facts {
     int sm_count;
     int cc_major, cc_minor;
