@@ -217,11 +217,11 @@ def test_errors():
         )
 
 
-# Rows of 1, 2, 4, 8 or 16 whole 16-byte vectors (CUDA: 1, 2 and 4, and the
-# fused adds' 8, take the short-rows kernel, a vector of four rows a thread;
-# the rest the register kernel): every op and dtype, parameters in fp32
-# beside half input, a row count that leaves the last CTA part-full, and
-# rows spaced apart in memory (a row stride past the row's end).
+# Rows of 1, 2, 4, 8 or 16 whole 16-byte vectors (CUDA: the short-rows
+# kernel, a vector of four rows a thread): every op and dtype, parameters
+# in fp32 beside half input, a row count that leaves the last CTA
+# part-full, and rows spaced apart in memory (a row stride past the row's
+# end).
 @pytest.mark.parametrize("vectors", [1, 2, 4, 8, 16])
 @pytest.mark.parametrize(
     "dtype,pdtype",

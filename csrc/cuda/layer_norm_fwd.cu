@@ -5,7 +5,7 @@
 //
 // Three kernels, chosen by N:
 //
-// layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2, 4 or 8 of
+// layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2, 4, 8 or 16 of
 // them): G = N / VEC lanes a row, each thread one vector of four rows, so
 // that a warp's access covers whole consecutive rows. Statistics: the
 // corrected two-pass step below.
@@ -51,6 +51,7 @@
 // docs/performance.md.
 #include <algorithm>
 #include <type_traits>
+#include <utility>
 
 #include "convert.cuh"
 #include "cuda_check.cuh"
@@ -531,13 +532,13 @@ __device__ __forceinline__ acc_t<T> short_row_stats(const fwd_args<T, P> &a,
     return corrected_stats(a, mean0, dev, mean);
 }
 
-// layer_norm_fwd_short_rows: rows of G vectors exactly (G = 1, 2, 4 or 8
+// layer_norm_fwd_short_rows: rows of G vectors exactly (G = 1, 2, 4, 8 or 16
 // lanes of one 16-byte access each). Each thread holds one vector of R
 // rows, so one warp instruction covers 32 / G whole consecutive rows (512
-// contiguous bytes). The register kernel gives such a row one or two
+// contiguous bytes). The register kernel gives such a row one, two or four
 // threads holding consecutive vectors, so each of its instructions touches
-// one sector of each of 16 or 32 rows' lines; the fused add, with its h
-// stores, fared worst. Rows are normalized one at a time, so one row's
+// one or two sectors of each of 8 to 32 rows' lines; the fused add, with
+// its h stores, fared worst. Rows are normalized one at a time, so one row's
 // statistics are live at a time; lanes of a row meet in xor shuffles,
 // never a barrier.
 template <typename T, typename P, int G, int VEC, bool RMS, bool ADD>
@@ -853,17 +854,109 @@ __device__ __forceinline__ acc_t<T> looped_stats_rms(const fwd_args<T, P> &a,
     return rms_rstd(a, sum_sq[0]);
 }
 
-// layer_norm_fwd_looped: one CTA a row, pass 1 the statistics, pass 2 the
-// output.
-template <typename T, typename P, int VEC, int BLOCK, bool RMS, bool ADD>
-__global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
-    layer_norm_fwd_looped(const fwd_args<T, P> a)
+// Pass 2's accesses loaded together (below): two where parameters share
+// x's type and x is not fp64; fp32 parameters beside half x, or fp64,
+// spilled hundreds of bytes at two under the 64-register bound (ptxas), and
+// keep one.
+template <typename T, typename P>
+__host__ __device__ constexpr int looped_pass2_batch()
 {
-    using A = acc_t<T>;
+    return std::is_same_v<T, P> && sizeof(T) <= 4 ? 2 : 1;
+}
+
+// Pass 2 of the looped kernel: y for one row, walking it backwards (where
+// the rows in flight overflow L2, pass 1's last chunks are the likeliest
+// still there); y is stored evict-first, so that it does not push out the
+// x (or h) lines pass 2 has still to read. A batch of accesses' x, w and b
+// is loaded before any is stored: the stores are asm that clobbers memory,
+// which no load may pass, so loads issued access by access after the
+// previous store waited out one L2 round trip each (SASS). w and b present
+// or absent at compile time (with_affine), as in the register kernel:
+// tested per element, both paths' values stayed live and batching spilled.
+template <bool HAS_W, bool HAS_B, bool RMS, bool ADD, int BLOCK, int VEC,
+          typename T, typename P, typename A>
+__device__ __forceinline__ void looped_pass2(const fwd_args<T, P> &a,
+                                             int64_t row, A mu, A mu_lo,
+                                             A rstd)
+{
     constexpr int U = looped_accesses<ADD>();
     constexpr int STEP = BLOCK * VEC;
     constexpr int CHUNK = STEP * U;
+    constexpr int BATCH = looped_pass2_batch<T, P>();
+    static_assert(U % BATCH == 0, "pass 2 takes whole batches of a chunk");
+    const int64_t col = threadIdx.x * VEC;
+    for (int64_t c0 = (a.cols - 1) / CHUNK * CHUNK; c0 >= 0; c0 -= CHUNK) {
+        const int64_t lim = a.cols - c0 - col;
+#pragma unroll
+        for (int u0 = 0; u0 < U; u0 += BATCH) {
+            vec_t<T, VEC> xv[BATCH];
+            vec_t<P, VEC> wv[BATCH], bv[BATCH];
+#pragma unroll
+            for (int k = 0; k < BATCH; k++) {
+                if ((u0 + k) * STEP >= lim) {
+                    continue;
+                }
+                const int64_t c = c0 + (u0 + k) * STEP + col;
+                // x's (or h's) last read, evict-first: it must not displace
+                // the rows still waiting for their pass 2. h is this
+                // thread's own pass-1 store of the same columns.
+                if constexpr (ADD) {
+                    xv[k] =
+                        load_vec_own_last<T, VEC>(a.h + row * a.h_stride + c);
+                }
+                else {
+                    xv[k] = load_vec_last<T, VEC>(a.x + row * a.x_stride + c);
+                }
+                if constexpr (HAS_W) {
+                    wv[k] = load_vec<P, VEC>(a.w + c);
+                }
+                if constexpr (HAS_B) {
+                    bv[k] = load_vec<P, VEC>(a.b + c);
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < BATCH; k++) {
+                if ((u0 + k) * STEP >= lim) {
+                    continue;
+                }
+                const int64_t c = c0 + (u0 + k) * STEP + col;
+                A xf[VEC], wf[VEC], bf[VEC], out[VEC];
+                widen_vec<A>(xv[k], xf);
+                if constexpr (!RMS) { // x - mu exact for x near a large mu
+#pragma unroll
+                    for (int v = 0; v < VEC; v++) {
+                        xf[v] -= mu;
+                    }
+                }
+                if constexpr (HAS_W) {
+                    widen_vec<A>(wv[k], wf);
+                }
+                if constexpr (HAS_B) {
+                    widen_vec<A>(bv[k], bf);
+                }
+                affine<HAS_W, HAS_B>(xf, RMS ? A(0) : mu_lo, rstd, wf, bf,
+                                     out);
+                store_rounded_last<T, VEC>(a.y + row * a.y_stride + c, out);
+            }
+        }
+    }
+}
 
+// The looped kernel's resident CTAs an SM: 1024 threads; fp64, 512 in one
+// CTA (pass 2 over fp64 spilled 76-80 bytes at 64 registers, ptxas).
+template <typename T>
+constexpr int looped_min_ctas(int block)
+{
+    return sizeof(T) == 8 ? 1 : 1024 / block;
+}
+
+// layer_norm_fwd_looped: one CTA a row, pass 1 the statistics, pass 2 the
+// output.
+template <typename T, typename P, int VEC, int BLOCK, bool RMS, bool ADD>
+__global__ void __launch_bounds__(BLOCK, looped_min_ctas<T>(BLOCK))
+    layer_norm_fwd_looped(const fwd_args<T, P> a)
+{
+    using A = acc_t<T>;
     for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
         // x - mu is exact for x near a large mu; the low part follows
         A mu = 0, mu_lo = 0, rstd;
@@ -873,53 +966,11 @@ __global__ void __launch_bounds__(BLOCK, 1024 / BLOCK)
         else {
             rstd = looped_stats_layer<BLOCK, VEC, ADD>(a, row, mu, mu_lo);
         }
-        // Pass 2 walks the row backwards: where the rows in flight overflow
-        // L2, pass 1's last chunks are the likeliest still there. y is
-        // stored evict-first, so that it does not push out the x (or h)
-        // lines pass 2 has still to read.
-        const T *xr = a.x + row * a.x_stride + threadIdx.x * VEC;
-        T *yr = a.y + row * a.y_stride + threadIdx.x * VEC;
-        for (int64_t c0 = (a.cols - 1) / CHUNK * CHUNK; c0 >= 0; c0 -= CHUNK) {
-            const int64_t lim = a.cols - c0 - threadIdx.x * VEC;
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                if (u * STEP >= lim) {
-                    continue;
-                }
-                const int64_t c = c0 + u * STEP + threadIdx.x * VEC;
-                // x's (or h's) last read: evict-first keeps it from
-                // displacing the rows still waiting for their pass 2 (no
-                // gain where the rows in flight exceed L2 anyway). h is
-                // this thread's own pass-1 store of the same columns.
-                vec_t<T, VEC> xv;
-                if constexpr (ADD) {
-                    xv = load_vec_own_last<T, VEC>(a.h + row * a.h_stride + c);
-                }
-                else {
-                    xv = load_vec_last<T, VEC>(xr + c0 + u * STEP);
-                }
-                vec_t<P, VEC> wv, bv;
-                if (a.w) {
-                    wv = load_vec<P, VEC>(a.w + c);
-                }
-                if (!RMS && a.b) {
-                    bv = load_vec<P, VEC>(a.b + c);
-                }
-                A out[VEC];
-#pragma unroll
-                for (int v = 0; v < VEC; v++) {
-                    A y = (widen<A>(xv.v[v]) - mu - mu_lo) * rstd;
-                    if (a.w) {
-                        y *= to_acc<A>(wv.v[v]);
-                    }
-                    if (!RMS && a.b) {
-                        y += to_acc<A>(bv.v[v]);
-                    }
-                    out[v] = y;
-                }
-                store_rounded_last<T, VEC>(yr + c0 + u * STEP, out);
-            }
-        }
+        with_affine<RMS>(a.w, a.b, [&](auto has_w, auto has_b) {
+            constexpr bool W = decltype(has_w)::value;
+            constexpr bool B = decltype(has_b)::value;
+            looped_pass2<W, B, RMS, ADD, BLOCK, VEC>(a, row, mu, mu_lo, rstd);
+        });
         if (threadIdx.x == 0 && a.rstd) {
             if (a.mean) {
                 a.mean[row] = mu + mu_lo;
@@ -1002,12 +1053,13 @@ int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     return GEMSOPS_OK;
 }
 
-// Rows of 1, 2, 4 or 8 whole vectors go to the short-rows kernel (returns
-// false for the others): there a row's lanes are neighbours and one warp
-// access covers whole lines of several rows, where the register kernel
-// gives a row of 8 vectors two threads of four and a warp access touches
-// a sector of each of 16 rows. Where the register kernel gives a row
-// eight or more threads, its instructions already cover whole lines.
+// Rows of 1, 2, 4, 8 or 16 whole vectors go to the short-rows kernel
+// (returns false for the others): there a row's lanes are neighbours and
+// one warp access covers whole lines of several rows, where the register
+// kernel gives a row of 8 vectors two threads of four and a warp access
+// touches a sector of each of 16 rows (16 vectors: four threads, two
+// sectors of each of 8 rows). Where the register kernel gives a row eight
+// or more threads, its instructions already cover whole lines.
 // (LayerNorm's rows of 8 ran slower here than in the register kernel on
 // an H100, faster on an H200; docs/performance.md.)
 template <typename T, typename P, bool RMS, int VEC, bool ADD>
@@ -1019,6 +1071,7 @@ bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
     case 2: *rc = run_short<T, P, RMS, 2, VEC, ADD>(p, st); return true;
     case 4: *rc = run_short<T, P, RMS, 4, VEC, ADD>(p, st); return true;
     case 8: *rc = run_short<T, P, RMS, 8, VEC, ADD>(p, st); return true;
+    case 16: *rc = run_short<T, P, RMS, 16, VEC, ADD>(p, st); return true;
     default: return false;
     }
 }
@@ -1044,12 +1097,14 @@ int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
         return st->code;
     }
-    if (looped_block_for<T>(p->cols, f) == 1024) {
-        launch_looped<T, P, RMS, VEC, 1024>(p);
+    if constexpr (sizeof(T) < 8) { // fp64: 512 (looped_min_ctas)
+        if (looped_block_for<T>(p->cols, f) == 1024) {
+            launch_looped<T, P, RMS, VEC, 1024>(p);
+            GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
+            return GEMSOPS_OK;
+        }
     }
-    else {
-        launch_looped<T, P, RMS, VEC, 512>(p);
-    }
+    launch_looped<T, P, RMS, VEC, 512>(p);
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
     return GEMSOPS_OK;
 }
@@ -1065,45 +1120,42 @@ bool vector_ok(const gemsops_layer_norm_fwd_params *p)
                                         {p->weight, p->bias});
 }
 
-// Groups wider than 256 threads exist only where fwd_max_tpr allows them.
-template <typename T, typename P, bool RMS, int TPR, int VEC>
-int run_wide(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
+// Launches the kernel of ACC accesses a thread whose group is tpr, one of
+// the list CHOICES; a group wider than fwd_max_tpr allows has no kernel
+// (fp64 stops at 512). `kind` names the family in the error for a group
+// without one.
+template <typename T, typename P, bool RMS, int VEC, int ACC,
+          const auto &CHOICES, size_t... I>
+int run_group(const gemsops_layer_norm_fwd_params *p, int tpr,
+              const char *kind, gemsops_status *st, std::index_sequence<I...>)
 {
-    if constexpr (fwd_max_tpr<T>() >= TPR) {
-        return run<T, P, RMS, TPR, VEC>(p, st);
+    int rc = GEMSOPS_OK;
+    const auto launch_if = [&](auto group) {
+        constexpr int TPR = decltype(group)::value;
+        if constexpr (TPR <= fwd_max_tpr<T>()) {
+            if (tpr == TPR) {
+                rc = run<T, P, RMS, TPR, VEC, ACC>(p, st);
+                return true;
+            }
+        }
+        return false;
+    };
+    if ((launch_if(std::integral_constant<int, CHOICES[I]>{}) || ...)) {
+        return rc;
     }
     return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                        "layer_norm_fwd: no kernel for %d threads/row", TPR);
+                        "layer_norm_fwd: no %skernel for %d threads/row", kind,
+                        tpr);
 }
 
-template <typename T, typename P, bool RMS, int VEC>
-int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, int tpr,
-                 gemsops_status *st)
+template <typename T, typename P, bool RMS, int VEC, int ACC,
+          const auto &CHOICES>
+int dispatch_group(const gemsops_layer_norm_fwd_params *p, int tpr,
+                   const char *kind, gemsops_status *st)
 {
-    switch (tpr) {
-    case 1: return run<T, P, RMS, 1, VEC>(p, st);
-    case 2: return run<T, P, RMS, 2, VEC>(p, st);
-    case 4: return run<T, P, RMS, 4, VEC>(p, st);
-    case 8: return run<T, P, RMS, 8, VEC>(p, st);
-    case 16: return run<T, P, RMS, 16, VEC>(p, st);
-    case 32: return run<T, P, RMS, 32, VEC>(p, st);
-    case 64: return run<T, P, RMS, 64, VEC>(p, st);
-    case 96: return run<T, P, RMS, 96, VEC>(p, st);
-    case 128: return run<T, P, RMS, 128, VEC>(p, st);
-    case 160: return run<T, P, RMS, 160, VEC>(p, st);
-    case 192: return run<T, P, RMS, 192, VEC>(p, st);
-    case 256: return run<T, P, RMS, 256, VEC>(p, st);
-    case 320: return run_wide<T, P, RMS, 320, VEC>(p, st);
-    case 384: return run_wide<T, P, RMS, 384, VEC>(p, st);
-    case 512: return run_wide<T, P, RMS, 512, VEC>(p, st);
-    case 640: return run_wide<T, P, RMS, 640, VEC>(p, st);
-    case 768: return run_wide<T, P, RMS, 768, VEC>(p, st);
-    case 1024: return run_wide<T, P, RMS, 1024, VEC>(p, st);
-    default:
-        return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                            "layer_norm_fwd: no kernel for %d threads/row",
-                            tpr);
-    }
+    constexpr size_t n = sizeof(CHOICES) / sizeof(CHOICES[0]);
+    return run_group<T, P, RMS, VEC, ACC,
+                     CHOICES>(p, tpr, kind, st, std::make_index_sequence<n>{});
 }
 
 // fp32 rows past 320 threads of 16 elements (N > 5120) take 32 elements a
@@ -1113,15 +1165,18 @@ int dispatch_tpr(const gemsops_layer_norm_fwd_params *p, int tpr,
 // an SM. The half types at 64 elements a thread and the fused add (x and
 // res in flight at once) ran slower (docs/performance.md). Returns the
 // group, 0 for the rows that keep four accesses.
+constexpr int kFwdEightAccessTprChoices[] = {192, 256, 320, 384, 512};
+
 template <typename T>
 int fwd_fp32_long_tpr(int64_t cols, bool add)
 {
-    constexpr int choices[] = {192, 256, 320, 384, 512};
     if (!std::is_same_v<T, float> || add ||
         cols <= 320 * (int64_t)fwd_elems<T>()) {
         return 0;
     }
-    return layer_norm_choose_shape(cols, fwd_elems<T, 8>(), 512, choices).tpr;
+    return layer_norm_choose_shape(cols, fwd_elems<T, 8>(), 512,
+                                   kFwdEightAccessTprChoices)
+        .tpr;
 }
 
 template <typename T, typename P, bool RMS, int VEC>
@@ -1129,19 +1184,13 @@ int dispatch_fp32_long(const gemsops_layer_norm_fwd_params *p, int tpr,
                        gemsops_status *st)
 {
     if constexpr (std::is_same_v<T, float>) {
-        switch (tpr) {
-        case 192: return run<T, P, RMS, 192, VEC, 8>(p, st);
-        case 256: return run<T, P, RMS, 256, VEC, 8>(p, st);
-        case 320: return run<T, P, RMS, 320, VEC, 8>(p, st);
-        case 384: return run<T, P, RMS, 384, VEC, 8>(p, st);
-        case 512: return run<T, P, RMS, 512, VEC, 8>(p, st);
-        default: break;
-        }
+        return dispatch_group<T, P, RMS, VEC, 8,
+                              kFwdEightAccessTprChoices>(p, tpr,
+                                                         "eight-access ", st);
     }
     return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                        "layer_norm_fwd: no eight-access kernel for %d "
-                        "threads/row",
-                        tpr);
+                        "layer_norm_fwd: no eight-access kernel for %s",
+                        gemsops_dtype_name(p->dtype));
 }
 
 // One 16-byte access a thread, for rows too few to give every SM 512
@@ -1178,21 +1227,13 @@ int dispatch_one_access(const gemsops_layer_norm_fwd_params *p, int tpr,
                         gemsops_status *st)
 {
     if constexpr (std::is_same_v<T, P> && sizeof(T) < 8) {
-        switch (tpr) {
-        case 32: return run<T, P, RMS, 32, VEC, 1>(p, st);
-        case 64: return run<T, P, RMS, 64, VEC, 1>(p, st);
-        case 96: return run<T, P, RMS, 96, VEC, 1>(p, st);
-        case 128: return run<T, P, RMS, 128, VEC, 1>(p, st);
-        case 160: return run<T, P, RMS, 160, VEC, 1>(p, st);
-        case 192: return run<T, P, RMS, 192, VEC, 1>(p, st);
-        case 256: return run<T, P, RMS, 256, VEC, 1>(p, st);
-        default: break;
-        }
+        return dispatch_group<T, P, RMS, VEC, 1,
+                              kFwdOneAccessTprChoices>(p, tpr, "one-access ",
+                                                       st);
     }
     return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                        "layer_norm_fwd: no one-access kernel for %d "
-                        "threads/row",
-                        tpr);
+                        "layer_norm_fwd: no one-access kernel for %s",
+                        gemsops_dtype_name(p->dtype));
 }
 
 template <typename T, typename P, bool RMS>
@@ -1228,8 +1269,14 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     if (one_tpr > 0) {
         return dispatch_one_access<T, P, RMS, V>(p, one_tpr, st);
     }
-    return vec ? dispatch_tpr<T, P, RMS, V>(p, tpr, st)
-               : dispatch_tpr<T, P, RMS, 1>(p, tpr, st);
+    return vec ? dispatch_group<T, P, RMS, V, 4, kLayerNormFwdTprChoices>(p,
+                                                                          tpr,
+                                                                          "",
+                                                                          st)
+               : dispatch_group<T, P, RMS, 1, 4, kLayerNormFwdTprChoices>(p,
+                                                                          tpr,
+                                                                          "",
+                                                                          st);
 }
 
 // The one dtype switch: (input dtype, parameter dtype) -> launcher.
