@@ -562,6 +562,181 @@ def test_split_k_pieces_sum_their_bands(mainloop, dtype):
             assert torch.equal(captured, outs[0]), name
 
 
+# (m, n, k, ctas): 64 tiles over 5 CTAs (13 or 12 a CTA: each warpgroup's
+# last tile, and a CTA whose second warpgroup has one tile fewer), one
+# tile, ragged edges with k of one step, two tiles, and k of 129 steps
+# (the second warpgroup's cursor passes many laps of the ring)
+PINGPONG_CASES = [
+    (1000, 900, 520, 5),
+    (1, 8, 8, 0),
+    (264, 392, 64, 3),
+    (128, 256, 64, 0),
+    (300, 520, 8200, 2),
+]
+
+
+def plan_with(a, b, mainloop, sched="auto", ctas=0):
+    c = torch.empty(1, a.shape[0], b.shape[1], dtype=a.dtype, device=a.device)
+    return gemsops._C.matmul_plan(
+        a[None],
+        b[None],
+        c,
+        gemsops.ops.matmul.SCHEDULES[sched],
+        0,
+        ctas,
+        gemsops.ops.matmul.MAINLOOPS[mainloop],
+    )
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "a_major,b_major", [("k", "n"), ("k", "k"), ("m", "n"), ("m", "k")]
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_pingpong_every_layout(a_major, b_major, dtype):
+    # each consumer warpgroup on whole 128 x 128 tiles of its own: the same
+    # wgmmas in the same order as the cooperative kernel's tile, so the
+    # same bits as wgmma-128's whole tiles, launch after launch
+    if not is_sm90():
+        pytest.skip("wgmma: sm_90a")
+    for m, n, k, ctas in PINGPONG_CASES:
+        a, b = laid_out(m, n, k, a_major, b_major, dtype)
+        name = f"{m}x{n}x{k} {a_major}{b_major} ctas={ctas}"
+        plan = plan_with(a, b, "wgmma-pingpong", ctas=ctas)
+        assert (plan["mainloop"], plan["bm"], plan["bn"]) == (
+            "wgmma-pingpong",
+            128,
+            128,
+        ), (name, plan)
+        assert (plan["sk_tiles"], plan["split"]) == (0, 0), (name, plan)
+        with schedule("data-parallel", mainloop="wgmma-pingpong", ctas=ctas):
+            first = gemsops.mm(a, b)
+            second = gemsops.mm(a, b)
+        with schedule("data-parallel", mainloop="wgmma-128", ctas=ctas):
+            cooperative = gemsops.mm(a, b)
+        assert_mm_close(first, a, b, dtype, name=name)
+        assert torch.equal(first, second), name
+        assert torch.equal(first, cooperative), name
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("sched", ["auto", "stream-k", "hybrid", "split-k"])
+def test_pingpong_runs_any_schedule_asked_as_whole_tiles(sched):
+    # it has no Stream-K or split-k kernel: those schedules run whole tiles
+    # (a split-k plan left as such would leave C unwritten)
+    if not is_sm90():
+        pytest.skip("wgmma: sm_90a")
+    a, b = (
+        cu(300, 4000, dtype=torch.bfloat16),
+        cu(4000, 520, dtype=torch.bfloat16),
+    )
+    for ctas in (0, 7):
+        plan = plan_with(a, b, "wgmma-pingpong", sched, ctas)
+        assert (plan["mainloop"], plan["sk_tiles"], plan["split"]) == (
+            "wgmma-pingpong",
+            0,
+            0,
+        ), plan
+        assert plan["dp_tiles"] == plan["tiles"] == 15, plan
+        with schedule(sched, mainloop="wgmma-pingpong", ctas=ctas):
+            out = gemsops.mm(a, b)
+        assert_mm_close(out, a, b, torch.bfloat16, name=f"{sched} {ctas}")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_pingpong_epilogue_batches_backward_and_graphs(dtype):
+    # the row bias staged per warpgroup, a full addend, broadcast batches,
+    # the backward's transposed views, and a CUDA graph's replays
+    if not is_sm90():
+        pytest.skip("wgmma: sm_90a")
+    m, n, k = 520, 1000, 264
+    a, b = cu(m, k, dtype=dtype), cu(k, n, dtype=dtype)
+    bias, full = cu(n, dtype=dtype), cu(m, n, dtype=dtype)
+    ref = a.double() @ b.double()
+    bound = a.double().abs() @ b.double().abs()
+    tol = OUT_RTOL[dtype] * 4 + 2**-20
+    with schedule("auto", mainloop="wgmma-pingpong", ctas=3):
+        row = gemsops.addmm(bias, a, b)
+        whole = gemsops.addmm(full, a, b, beta=0.5, alpha=2.0)
+        batched_a = cu(3, 1, 136, 200, dtype=dtype)
+        batched_b = cu(2, 200, 72, dtype=dtype)
+        batched = gemsops.matmul(batched_a, batched_b)
+        x = cu(264, 392, dtype=dtype).requires_grad_()
+        w = cu(392, 200, dtype=dtype).requires_grad_()
+        g = cu(264, 200, dtype=dtype)
+        gemsops.mm(x, w).backward(g)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            captured = gemsops.addmm(bias, a, b)
+    for got, want, extra in [
+        (row, ref + bias.double(), bias.double().abs()),
+        (whole, 2 * ref + 0.5 * full.double(), full.double().abs()),
+    ]:
+        err = (got.double() - want).abs()
+        assert (err <= tol * (2 * bound + extra + want.abs())).all()
+    assert_mm_close(batched, batched_a, batched_b, dtype, name="batched")
+    assert_mm_close(x.grad, g, w.detach().t(), dtype, name="dA")
+    assert_mm_close(w.grad, x.detach().t(), g, dtype, name="dW")
+    for _ in range(2):
+        captured.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, row)
+
+
+@pytest.mark.cuda
+def test_auto_takes_pingpong_for_many_tiles_over_short_k():
+    # 1456 tiles of 128 x 128 over 8 k-steps: under auto the pingpong
+    # kernel (each CTA's epilogues under its other warpgroup's mainloops)
+    # on a 132-SM part; not for fp32 (no TF32 pingpong kernel), nor under a
+    # Stream-K schedule asked for, nor for one wave of tiles
+    if not is_sm90():
+        pytest.skip("wgmma: sm_90a")
+    a, b = (
+        cu(3328, 512, dtype=torch.bfloat16),
+        cu(512, 7168, dtype=torch.bfloat16),
+    )
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if sms == 132:
+        plan = plan_with(a, b, "auto")
+        assert (plan["mainloop"], plan["sk_tiles"]) == ("wgmma-pingpong", 0)
+    assert plan_with(a, b, "auto", "stream-k")["mainloop"] != "wgmma-pingpong"
+    assert_mm_close(gemsops.mm(a, b), a, b, torch.bfloat16)
+    one_wave = cu(1024, 512, dtype=torch.bfloat16)
+    assert plan_with(one_wave, b[:, :1024], "auto")["mainloop"] != (
+        "wgmma-pingpong"
+    )
+    with tf32(True):
+        af, bf = a.float(), b.float()
+        assert plan_with(af, bf, "auto")["mainloop"] != "wgmma-pingpong"
+
+
+@pytest.mark.cuda
+def test_pingpong_hands_fp32_and_row_sums_to_the_cooperative_kernel():
+    # TF32 and the in-kernel row sums (A M-contiguous, B N-contiguous) have
+    # no pingpong kernel: the plan says wgmma-128; A's row sums of other
+    # layouts come after a pingpong product
+    if not is_sm90():
+        pytest.skip("wgmma: sm_90a")
+    a, b = cu(300, 520, dtype=F32), cu(520, 200, dtype=F32)
+    with tf32(True):
+        assert plan_with(a, b, "wgmma-pingpong")["mainloop"] == "wgmma-128"
+        with schedule("auto", mainloop="wgmma-pingpong"):
+            out = gemsops.mm(a, b)
+    assert_tf32(out, a, b)
+    for a_major, b_major in [("m", "n"), ("k", "n")]:
+        a, b = laid_out(300, 520, 1000, a_major, b_major, torch.bfloat16)
+        rs = poisoned(300, torch.bfloat16, "cuda")
+        with schedule("auto", mainloop="wgmma-pingpong"):
+            out = gemsops.ops.matmul._mm(a, b, row_sums=rs)
+        name = f"{a_major}{b_major}"
+        assert_mm_close(out, a, b, torch.bfloat16, name=name)
+        assert_row_sums(rs, a, torch.bfloat16, name=name)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("sched,ctas", [("data-parallel", 0), ("stream-k", 7)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

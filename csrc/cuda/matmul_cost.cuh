@@ -69,6 +69,14 @@ constexpr wgmma_tile_cost kWgmmaNarrow = {128, 128, 1, 0.450, 1.12};
 constexpr wgmma_tile_cost kWgmmaSlim = {128, 64, 1, 0.375, 0.213};
 constexpr wgmma_tile_cost kWgmmaSmall = {64, 64, 1, 0.19, 0.5};
 constexpr wgmma_tile_cost kWgmmaSquare = {192, 192, 1, 0.835, 3.0};
+// The pingpong kernel's 128 x 128 tiles (whole, halves): the cooperative
+// kernel's constants scaled by the two kernels' times on an H200 (kernels
+// alone, bf16, whole tiles of both forced in one run: 8192^3 1441 against
+// 1489 us, 5888 x 6656 x 512 59.9 against 65.3; the two shapes' 4096 and
+// 152 k-steps over 32 and 19 tiles a CTA give the split between a k-step
+// and a tile). A tile's epilogue runs under the other warpgroup's
+// mainloop, so it costs less than the cooperative kernel's.
+constexpr wgmma_tile_cost kWgmmaPingpong = {128, 128, 1, 0.437, 0.717};
 constexpr double kStreamKUsPerMb = 0.0615;
 // A Stream-K split is taken only when predicted to take at most this
 // fraction of the best data-parallel plan's time: the terms above miss
@@ -147,9 +155,33 @@ constexpr gemsops_mainloop wgmma_width(int bm, int bn)
 
 struct wgmma_plan {
     gemsops_mainloop width; // GEMSOPS_MAINLOOP_WGMMA_256, _192, _128, _64,
-    // _64X64, _192X192
+    // _64X64, _192X192, _PINGPONG
     gemsops_sk_mode mode;
 };
+
+// A launch's CTAs: `ctas` (an SM count times the tile's CTAs an SM) unless
+// the caller asked for fewer.
+inline int64_t capped_ctas(const gemsops_matmul_params *p, int64_t ctas)
+{
+    return p->ctas_override > 0 && p->ctas_override < ctas ? p->ctas_override
+                                                           : ctas;
+}
+
+// Whether auto may give the product the pingpong kernel: halves (no TF32
+// kernel), no row sums (the cooperative kernel makes them), more than 64
+// rows (as every 128-row tile), a schedule of whole tiles asked or left
+// to the model, and at least two tiles on the busiest CTA (with one, no
+// other tile's mainloop runs under its epilogue).
+inline bool pingpong_fits(const gemsops_matmul_params *p, int64_t ctas)
+{
+    const int64_t tiles =
+        p->batch * gemsops_sk_cdiv(p->m, 128) * gemsops_sk_cdiv(p->n, 128);
+    return p->dtype != GEMSOPS_FLOAT32 && p->row_sums == nullptr &&
+           p->m > 64 &&
+           (p->mode == GEMSOPS_SK_AUTO ||
+            p->mode == GEMSOPS_SK_DATA_PARALLEL) &&
+           tiles > ctas;
+}
 
 // The tile (when `width` is GEMSOPS_MAINLOOP_AUTO) and, under the auto
 // schedule, whether the planner's Stream-K split, whole data-parallel waves
@@ -170,6 +202,10 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
     const int n_modes = p->mode != GEMSOPS_SK_AUTO ? 1
                         : p->row_sums != nullptr   ? 2
                                                    : 3;
+    // pingpong, asked for: its 128 x 128 tiles whole
+    if (width == GEMSOPS_MAINLOOP_WGMMA_PINGPONG) {
+        return {width, GEMSOPS_SK_DATA_PARALLEL};
+    }
     const int bk = 128 / (int)gemsops_dtype_size(p->dtype);
     wgmma_plan best = {width, p->mode};
     double best_us = -1.0;
@@ -192,10 +228,7 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             p->row_sums == nullptr) {
             continue;
         }
-        int64_t ctas = sms * c->ctas_per_sm;
-        if (p->ctas_override > 0 && p->ctas_override < ctas) {
-            ctas = p->ctas_override;
-        }
+        const int64_t ctas = capped_ctas(p, sms * c->ctas_per_sm);
         for (int i = 0; i < n_modes; i++) {
             // the 64 x 64 tiles whole or split-k, not Stream-K: over the
             // small plans timed (benchmark/results/mm_plans_small_*.txt)
@@ -229,6 +262,14 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
                 best_us = us;
                 best = {w, modes[i]};
             }
+        }
+    }
+    const int64_t ctas = capped_ctas(p, sms);
+    if (width == GEMSOPS_MAINLOOP_AUTO && pingpong_fits(p, ctas)) {
+        const double us = wgmma_predicted_us(p, ctas, group_m, kWgmmaPingpong,
+                                             GEMSOPS_SK_DATA_PARALLEL);
+        if (best_us < 0 || us < best_us) {
+            best = {GEMSOPS_MAINLOOP_WGMMA_PINGPONG, GEMSOPS_SK_DATA_PARALLEL};
         }
     }
     return best;

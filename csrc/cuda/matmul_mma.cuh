@@ -84,6 +84,8 @@ struct mma_mainloop {
     static constexpr int BM = 128, BN = 128, BK = 32, kStages = 3;
     static constexpr bool kTma = false, kWarpSpecialized = false;
     static constexpr bool kStreamK = true; // runs every schedule
+    static constexpr bool kSplitK = false; // no cluster kernel
+    static constexpr int kTeams = 1;
     static constexpr int kThreads = 256, kAcc = 64; // 4 x 4 mma x 4 floats
     static constexpr int kConsumers = kThreads; // every thread drives
     static constexpr int kRowAcc = 0; // no row sums (matmul_row_sums_by_*)

@@ -170,6 +170,7 @@ struct ffma_mainloop {
     static constexpr int kRowAcc = 0;
     static constexpr int kThreads = 256, kConsumers = kThreads;
     static constexpr bool kWarpSpecialized = false, kStreamK = true;
+    static constexpr bool kSplitK = false; // no cluster kernel
     struct smem_t {
         float a[BK][BM + 4];
         float b[BK][BN + 4];
@@ -264,7 +265,12 @@ struct tc_mainloop {
     // the threads that run the driver (a partial's layout)
     static constexpr int kConsumers = M::kConsumers;
     static constexpr bool kWarpSpecialized = M::kWarpSpecialized;
-    static constexpr bool kStreamK = M::kStreamK;
+    static constexpr bool kStreamK = M::kStreamK, kSplitK = M::kSplitK;
+    // consumer warpgroups on tiles of their own (pingpong: 2), else 1
+    static __host__ __device__ constexpr int teams()
+    {
+        return M::kTeams;
+    }
     using smem_t = typename M::smem_t;
     static constexpr int kSmemBytes = sizeof(smem_t);
 
@@ -294,6 +300,13 @@ struct tc_mainloop {
     static __device__ void drain(ring_t &ring, smem_t &sm)
     {
         M::drain(ring, sm);
+    }
+
+    // pingpong: past the other warpgroup's k-steps
+    template <typename R>
+    static __device__ void skip(R &ring, int64_t steps)
+    {
+        M::skip(ring, steps);
     }
 
     // warp-specialized mainloops: the producer role (walking the CTA's work
@@ -329,7 +342,7 @@ struct tc_mainloop {
                                   p.bias_cs, tn * BN, p.s.n, p.beta, sm);
                 M::store_staged(C, &p.tc, (int)bt, p.s.m, p.s.n, tm * BM,
                                 tn * BN, acc, sm,
-                                row_bias_op{sm.bias_row, tn * BN, p.alpha},
+                                row_bias_op{M::bias_row(sm), tn * BN, p.alpha},
                                 p.c_how);
             }
             else if (p.epilogue) {
@@ -455,10 +468,9 @@ constexpr int wgmma_stages(int bm, int bn)
                        : 4;
 }
 template <typename T, int BN, bool AM, bool BNM, bool ROWS = false,
-          int BM = 128>
-using wgmma_tc =
-    tc_mainloop<wgmma_mainloop<T, BN, wgmma_stages(BM, BN), AM, BNM, ROWS, BM>,
-                1>;
+          int BM = 128, int TEAMS = 1>
+using wgmma_tc = tc_mainloop<
+    wgmma_mainloop<T, BN, wgmma_stages(BM, BN), AM, BNM, ROWS, BM, TEAMS>, 1>;
 
 // ---- the driver: schedule walk, fix-up, epilogue ---------------------------
 __device__ __forceinline__ void store_pair(float *d, float a, float b)
@@ -786,13 +798,49 @@ __device__ __forceinline__ void drive_tiles(const driver_args &p,
     }
 }
 
+// Pingpong: warpgroup g takes the walk's tiles g, g + 2, ... (tile i of
+// the walk is c + i * ctas); the producer loads every tile's k-steps in
+// walk order, so before each of its tiles a warpgroup's cursor passes over
+// the other's. Tile i's mainloop starts once tile i - 1's has waited for
+// all of its steps (team_turn): a cursor that ran further ahead of the
+// producer than the ring's depth would read a slot's parity from a lap
+// before and take a step that has not landed. (Tiles ascend along the
+// walk: the other's next tile exists wherever this one's does.)
+template <typename T, typename L>
+__device__ __forceinline__ void drive_team_tiles(
+    const driver_args &p, typename L::ring_t &ring, typename L::smem_t &sm,
+    float (&acc)[L::kAcc + L::kRowAcc])
+{
+    const unsigned g = threadIdx.x / 128;
+    if (g == 1) {
+        L::skip(ring, p.s.iters);
+    }
+    for (int64_t t = blockIdx.x + g * p.s.ctas; t < p.s.dp_tiles;
+         t += 2 * p.s.ctas) {
+        if (t >= p.s.ctas) {
+            team_turn_wait(g);
+        }
+        L::mac(p, ring, t, 0, p.s.iters, acc, sm);
+        if (t + p.s.ctas < p.s.dp_tiles) {
+            team_turn_pass(g);
+        }
+        L::skip(ring, p.s.iters);
+        L::template store<T>(p, t, acc, sm);
+    }
+}
+
 template <typename T, typename L>
 __device__ __forceinline__ void drive(const driver_args &p,
                                       typename L::ring_t &ring,
                                       typename L::smem_t &sm, tiles_walk)
 {
     float acc[L::kAcc + L::kRowAcc];
-    drive_tiles<T, L>(p, ring, sm, acc);
+    if constexpr (L::teams() == 2) {
+        drive_team_tiles<T, L>(p, ring, sm, acc);
+    }
+    else {
+        drive_tiles<T, L>(p, ring, sm, acc);
+    }
 }
 
 // The consumers' walk of CTA c (streamk_walk): mainloop, fix-up, epilogue.
@@ -1112,7 +1160,7 @@ kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
     }
     k.stream_k = L::kStreamK;
     k.splitk = {nullptr, nullptr};
-    if constexpr (L::kWarpSpecialized && L::kRowAcc == 0) {
+    if constexpr (L::kWarpSpecialized && L::kRowAcc == 0 && L::kSplitK) {
         k.splitk = {(const void *)matmul_splitk_kernel<T, L>,
                     launch_splitk<T, L>};
     }
@@ -1293,34 +1341,35 @@ gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
 // nn.Linear's weight gradient alone (A = grad^T M-contiguous, B = the
 // input N-contiguous), at every width of 128-row tiles; the others leave
 // them to matmul_row_sums_by_*.
-template <typename T, int BN, int BM = 128>
+template <typename T, int BN, int BM = 128, int TEAMS = 1>
 kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l, bool rows)
 {
     constexpr int bk = 128 / sizeof(T);
     if constexpr (std::is_same_v<T, float>) {
         (void)rows;
-        return choice<T, wgmma_tc<T, BN, false, false, false, BM>>(bk, m, l);
+        return choice<T, wgmma_tc<T, BN, false, false, false, BM, TEAMS>>(bk,
+                                                                          m,
+                                                                          l);
     }
     else {
-        if constexpr (BM == 128) {
+        if constexpr (BM == 128 && TEAMS == 1) {
             if (rows && !l.a_k && !l.b_k) {
                 return choice<T, wgmma_tc<T, BN, true, true, true>>(bk, m, l);
             }
         }
         if (!l.a_k) { // M-contiguous A
-            return l.b_k
-                       ? choice<T, wgmma_tc<T, BN, true, false, false, BM>>(bk,
-                                                                            m,
-                                                                            l)
-                       : choice<T, wgmma_tc<T, BN, true, true, false, BM>>(bk,
-                                                                           m,
-                                                                           l);
+            return l.b_k ? choice<T, wgmma_tc<T, BN, true, false, false, BM,
+                                              TEAMS>>(bk, m, l)
+                         : choice<T, wgmma_tc<T, BN, true, true, false, BM,
+                                              TEAMS>>(bk, m, l);
         }
         return l.b_k
-                   ? choice<T, wgmma_tc<T, BN, false, false, false, BM>>(bk, m,
-                                                                         l)
-                   : choice<T, wgmma_tc<T, BN, false, true, false, BM>>(bk, m,
-                                                                        l);
+                   ? choice<T, wgmma_tc<T, BN, false, false, false, BM,
+                                        TEAMS>>(bk, m, l)
+                   : choice<T,
+                            wgmma_tc<T, BN, false, true, false, BM, TEAMS>>(bk,
+                                                                            m,
+                                                                            l);
     }
 }
 
@@ -1336,6 +1385,15 @@ kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l, bool rows)
         return wgmma_choice<T, 64, 64>(m, l, rows);
     case GEMSOPS_MAINLOOP_WGMMA_192X192:
         return wgmma_choice<T, 192, 192>(m, l, rows);
+    case GEMSOPS_MAINLOOP_WGMMA_PINGPONG:
+        // halves without A's row sums in the kernel; else the same tile on
+        // the cooperative kernel, as the plan says
+        if constexpr (!std::is_same_v<T, float>) {
+            if (!(rows && !l.a_k && !l.b_k)) {
+                return wgmma_choice<T, 128, 128, 2>(m, l, false);
+            }
+        }
+        return wgmma_choice<T, 128>(GEMSOPS_MAINLOOP_WGMMA_128, l, rows);
     case GEMSOPS_MAINLOOP_MMA:
         if constexpr (!std::is_same_v<T, float>) {
             return choice<T, mma_tc<T>>(32, m, l);
@@ -1425,8 +1483,10 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
         ctas = p->ctas_override; // never more than fit at once
     }
     // a mainloop without a Stream-K walk runs a Stream-K or hybrid schedule
-    // asked for as whole tiles
-    if (!k->stream_k && k->sk_mode != GEMSOPS_SK_SPLIT_K) {
+    // asked for as whole tiles, and split-k too where it has no split-k
+    // kernel
+    if (!k->stream_k &&
+        (k->sk_mode != GEMSOPS_SK_SPLIT_K || k->splitk.fn == nullptr)) {
         k->sk_mode = GEMSOPS_SK_DATA_PARALLEL;
     }
     gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, k->bm, k->bn, k->bk,

@@ -60,6 +60,17 @@
 // the slice to TMA (a bulk tensor store through C's map); the warp goes on
 // to the next columns and the next tile while the copy engine writes C.
 // C's rows that are not 16-byte aligned leave the slice element by element.
+//
+// Pingpong (TEAMS = 2; 128 x 128 tiles of halves, whole tiles alone): each
+// consumer warpgroup computes whole tiles of its own, two m64n128 wgmmas a
+// 32 bytes of k (128 accumulators a thread), warpgroup g taking the CTA's
+// tiles g, g + 2, ... of its walk. The producer loads the walk in order, so
+// the ring holds one warpgroup's k-steps, then the other's: each consumer's
+// cursor passes over the other's steps (skip), and a slot is released by
+// its owner's four warps alone. While one warpgroup rounds and stores a
+// tile, the other's wgmmas keep the tensor cores busy: the epilogue, up to
+// 15% of a short-k tile's time under the cooperative kernels
+// (docs/performance.md), runs beside the mainloop instead of after it.
 #pragma once
 
 #include "matmul_mma.cuh" // tc_operands
@@ -362,6 +373,18 @@ __device__ __forceinline__ bool consumers_sync_or(bool v)
     return r != 0;
 }
 
+// Pingpong's turns (two consumer warpgroups, 256 threads a barrier):
+// warpgroup g waits at named barrier 4 + g until the other has arrived
+// there.
+__device__ __forceinline__ void team_turn_wait(unsigned g)
+{
+    asm volatile("bar.sync %0, 256;" ::"r"(4 + g) : "memory");
+}
+__device__ __forceinline__ void team_turn_pass(unsigned g)
+{
+    asm volatile("bar.arrive %0, 256;" ::"r"(4 + (g ^ 1)) : "memory");
+}
+
 // A load from a shared-memory address (the epilogue's slices).
 template <typename B> // uint16_t or uint32_t
 __device__ __forceinline__ B ld_shared_bits(unsigned a)
@@ -481,7 +504,7 @@ struct row_steps {
 // tile of ones would do it: the same wgmma may not sit behind a branch, or
 // ptxas serializes them all, so it would read A again in every k-step.)
 template <typename T, int BN_, int STAGES, bool AM, bool BNM,
-          bool ROWS = false, int BM_ = 128>
+          bool ROWS = false, int BM_ = 128, int TEAMS = 1>
 struct wgmma_mainloop {
     static_assert(BN_ == 64 || BN_ == 128 || BN_ == 192 || BN_ == 256,
                   "BN: 64, 128, 192 or 256");
@@ -489,6 +512,9 @@ struct wgmma_mainloop {
                       (BM_ == 192 && BN_ == 192),
                   "BM x BN");
     static_assert(sizeof(T) == 2 || !(AM || BNM), "TF32 operands: K-major");
+    static_assert(TEAMS == 1 || (TEAMS == 2 && BM_ == 128 && BN_ == 128 &&
+                                 sizeof(T) == 2 && !ROWS),
+                  "pingpong: 128 x 128 tiles of halves, no row sums");
     static constexpr int kElem = sizeof(T); // bytes
     static constexpr int BM = BM_, BN = BN_, BK = 128 / kElem;
     static constexpr int kStages = STAGES;
@@ -496,11 +522,15 @@ struct wgmma_mainloop {
     // 192 x 192 tiles run whole or split-k: under 152 registers their
     // Stream-K walk and fix-up spilled (~300 bytes, stores in the main loop
     // among them)
-    static constexpr bool kStreamK = BM != 192;
+    static constexpr bool kStreamK = BM != 192 && TEAMS == 1;
+    // pingpong: whole tiles alone (a Stream-K or split-k piece's fix-up
+    // meets every consumer of the CTA, which its warpgroups are not)
+    static constexpr bool kSplitK = TEAMS == 1;
+    static constexpr int kTeams = TEAMS;
     static_assert(!ROWS || (sizeof(T) == 2 && AM && BM == 128),
                   "row sums: half types, A M-contiguous, 128-row tiles");
     static constexpr int kConsumers = BM * 2, kThreads = kConsumers + 128,
-                         kAcc = BN / 2;
+                         kAcc = BN / 2 * TEAMS;
     // the row sums as an m64n8 accumulator (4 a thread; every column holds
     // them), gathered through a row of BM floats in shared memory
     static constexpr int kRowAcc = ROWS ? 4 : 0;
@@ -529,8 +559,8 @@ struct wgmma_mainloop {
     static constexpr int kSmemLimit = 232448; // a CTA's opt-in on sm_90
     static constexpr int kBuffers =
         BM >= 128 && (BN / kCols) % 2 == 0 &&
-                kStages * kStageBytes + 1024 + BN * 4 + 256 + kRowSumBytes +
-                        2 * (kConsumers / 32) * kSliceBytes <=
+                kStages * kStageBytes + 1024 + TEAMS * BN * 4 + 256 +
+                        kRowSumBytes + 2 * (kConsumers / 32) * kSliceBytes <=
                     kSmemLimit
             ? 2
             : 1;
@@ -538,7 +568,8 @@ struct wgmma_mainloop {
     struct smem_t {
         uint64_t full[kStages], empty[kStages]; // mbarriers
         int abort; // the consumers gave up (debug wait): stop loading
-        alignas(16) float bias_row[BN]; // beta * a row bias, the tile's
+        // beta * a row bias, the tile's (a warpgroup's own, pingpong)
+        alignas(16) float bias_row[TEAMS * BN];
         alignas(16) float row_sums[ROWS ? BM : 1]; // a piece's, for acc
         // the ring, the slices, and slack to align both to 1024 bytes (the
         // swizzle's period)
@@ -550,6 +581,14 @@ struct wgmma_mainloop {
         int read;
         unsigned phase;
     };
+
+    // Pingpong: past the other warpgroup's `steps` k-steps of the ring.
+    static __device__ __forceinline__ void skip(ring_t &ring, int64_t steps)
+    {
+        const int64_t to = ring.read + steps;
+        ring.phase ^= (unsigned)(to / kStages) & 1u;
+        ring.read = (int)(to % kStages);
+    }
 
     static __device__ __forceinline__ unsigned ring_base(smem_t &sm)
     {
@@ -621,7 +660,9 @@ struct wgmma_mainloop {
         if (threadIdx.x == 0) {
             for (int st = 0; st < kStages; st++) {
                 mbar_init(smem_addr(&sm.full[st]), 1);
-                mbar_init(smem_addr(&sm.empty[st]), kConsumers / 32);
+                // once by each warp that reads the slot: every consumer
+                // warp, or the owning warpgroup's four (pingpong)
+                mbar_init(smem_addr(&sm.empty[st]), kConsumers / 32 / TEAMS);
             }
             sm.abort = 0;
             mbar_init_fence();
@@ -745,7 +786,8 @@ struct wgmma_mainloop {
         }
         const bool sums = ROWS && rows.to > rows.from;
         float rs[4] = {0.f, 0.f, 0.f, 0.f};
-        const unsigned g = threadIdx.x / 128; // warpgroup: rows 64g..
+        // warpgroup g: rows 64g.. (pingpong: all rows, 64 at a time)
+        const unsigned g = TEAMS == 1 ? threadIdx.x / 128 : 0;
         const uint64_t da0 =
             wgmma_desc(base + g * kAtom, AM ? kAtom : 16, 1024);
         const uint64_t db0 =
@@ -761,8 +803,13 @@ struct wgmma_mainloop {
             for (int kk = 0; kk < 4; kk++) { // 4 x 32 bytes of k
                 const int step = AM ? kk * 128 : kk * 2;
                 const int bstep = BNM ? kk * 128 : kk * 2;
-                wgmma_m64k32bytes<T, BN, AM, BNM>(acc, da0 + slot + step,
-                                                  db0 + slot + bstep);
+#pragma unroll
+                for (int h = 0; h < TEAMS; h++) { // 64 rows: one atom on
+                    wgmma_m64k32bytes<T, BN, AM, BNM>(acc + h * (BN / 2),
+                                                      da0 + slot + step +
+                                                          h * (kAtom >> 4),
+                                                      db0 + slot + bstep);
+                }
             }
             wgmma_commit();
             wgmma_wait<1>(); // step i - 1 has read its slot: release it
@@ -913,78 +960,85 @@ struct wgmma_mainloop {
         using bits_t = std::conditional_t<kElem == 2, uint16_t, uint32_t>;
         bits_t *d = reinterpret_cast<bits_t *>(C);
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int64_t rows = r0 + (warp / 4) * 64 + (warp % 4) * 16;
+        // the warp's bands of 16 rows: one, or two 64 rows apart (pingpong)
 #pragma unroll
-        for (int cc = 0; cc < BN / kCols; cc++) {
-            // the values first (an epilogue's loads all in flight
-            // together), then the stores
-            float v[kCols / 8][4];
+        for (int h = 0; h < TEAMS; h++) {
+            const int64_t rows =
+                r0 + (TEAMS == 1 ? (warp / 4) * 64 : h * 64) + (warp % 4) * 16;
 #pragma unroll
-            for (int jj = 0; jj < kCols / 8; jj++) {
-                const int e = (cc * (kCols / 8) + jj) * 4;
-                const int64_t gc = c0 + cc * kCols + jj * 8 + (lane % 4) * 2;
-                const int64_t gr = rows + lane / 4; // and gr + 8
-                float a[4];
-                epi.addends(gr, gc, a[0], a[1]);
-                if (epi.same_rows()) {
-                    a[2] = a[0];
-                    a[3] = a[1];
-                }
-                else {
-                    epi.addends(gr + 8, gc, a[2], a[3]);
-                }
+            for (int cc = 0; cc < BN / kCols; cc++) {
+                // the values first (an epilogue's loads all in flight
+                // together), then the stores
+                float v[kCols / 8][4];
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    v[jj][q] = epi.apply(acc[e + q], a[q]);
-                }
-            }
-            const bool tma = how == c_store::tma;
-            const unsigned sl = slice(sm, warp, tma ? cc % kBuffers : 0);
-#ifdef GEMSOPS_HAS_WGMMA
-            if (tma) { // the store that last read this slice is done
-                if (lane == 0) {
-                    bulk_wait_read<kBuffers - 1>();
-                }
-                __syncwarp();
-            }
-#endif
+                for (int jj = 0; jj < kCols / 8; jj++) {
+                    const int e = h * (BN / 2) + (cc * (kCols / 8) + jj) * 4;
+                    const int64_t gc =
+                        c0 + cc * kCols + jj * 8 + (lane % 4) * 2;
+                    const int64_t gr = rows + lane / 4; // and gr + 8
+                    float a[4];
+                    epi.addends(gr, gc, a[0], a[1]);
+                    if (epi.same_rows()) {
+                        a[2] = a[0];
+                        a[3] = a[1];
+                    }
+                    else {
+                        epi.addends(gr + 8, gc, a[2], a[3]);
+                    }
 #pragma unroll
-            for (int jj = 0; jj < kCols / 8; jj++) {
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    stage_pair(sl, lane / 4 + 8 * h, jj * 4 + lane % 4,
-                               v[jj][2 * h], v[jj][2 * h + 1]);
-                }
-            }
-            if (tma) {
-#ifdef GEMSOPS_HAS_WGMMA
-                fence_proxy_async_shared();
-                __syncwarp();
-                if (lane == 0) {
-                    tma_store_3d(map, sl, (int)(c0 + cc * kCols), (int)rows,
-                                 bt);
-                    bulk_commit();
-                }
-#else
-                (void)map, (void)bt;
-#endif
-                continue;
-            }
-            __syncwarp();
-#pragma unroll // a row's swizzle is then a constant: an element costs an XOR
-            for (int row = 0; row < 16; row++) {
-#pragma unroll
-                for (int h = 0; h < kCols / 32; h++) {
-                    const int col = h * 32 + lane;
-                    const int64_t gr = rows + row;
-                    const int64_t gc = c0 + cc * kCols + col;
-                    if (gr < m && gc < n) {
-                        d[gr * n + gc] = ld_shared_bits<bits_t>(
-                            sl + slice_at(row, col * kElem));
+                    for (int q = 0; q < 4; q++) {
+                        v[jj][q] = epi.apply(acc[e + q], a[q]);
                     }
                 }
+                const bool tma = how == c_store::tma;
+                const int use = h * (BN / kCols) + cc; // the warp's slice uses
+                const unsigned sl = slice(sm, warp, tma ? use % kBuffers : 0);
+#ifdef GEMSOPS_HAS_WGMMA
+                if (tma) { // the store that last read this slice is done
+                    if (lane == 0) {
+                        bulk_wait_read<kBuffers - 1>();
+                    }
+                    __syncwarp();
+                }
+#endif
+#pragma unroll
+                for (int jj = 0; jj < kCols / 8; jj++) {
+#pragma unroll
+                    for (int r8 = 0; r8 < 2; r8++) {
+                        stage_pair(sl, lane / 4 + 8 * r8, jj * 4 + lane % 4,
+                                   v[jj][2 * r8], v[jj][2 * r8 + 1]);
+                    }
+                }
+                if (tma) {
+#ifdef GEMSOPS_HAS_WGMMA
+                    fence_proxy_async_shared();
+                    __syncwarp();
+                    if (lane == 0) {
+                        tma_store_3d(map, sl, (int)(c0 + cc * kCols),
+                                     (int)rows, bt);
+                        bulk_commit();
+                    }
+#else
+                    (void)map, (void)bt;
+#endif
+                    continue;
+                }
+                __syncwarp();
+#pragma unroll // a row's swizzle is then a constant: an element costs an XOR
+                for (int row = 0; row < 16; row++) {
+#pragma unroll
+                    for (int part = 0; part < kCols / 32; part++) {
+                        const int col = part * 32 + lane;
+                        const int64_t gr = rows + row;
+                        const int64_t gc = c0 + cc * kCols + col;
+                        if (gr < m && gc < n) {
+                            d[gr * n + gc] = ld_shared_bits<bits_t>(
+                                sl + slice_at(row, col * kElem));
+                        }
+                    }
+                }
+                __syncwarp(); // the slice is rewritten by the next columns
             }
-            __syncwarp(); // the slice is rewritten by the next columns
         }
     }
 
@@ -1030,20 +1084,43 @@ struct wgmma_mainloop {
                                           int64_t c0, int64_t n, float beta,
                                           smem_t &sm)
     {
-        consumers_sync<kConsumers>(); // the previous tile's epilogue read it
-        for (int j = threadIdx.x; j < BN; j += kConsumers) {
-            sm.bias_row[j] =
+        constexpr int kTeamThreads = kConsumers / TEAMS;
+        float *row = bias_row(sm);
+        tile_sync(); // the previous tile's epilogue read it
+        const int first = TEAMS == 1 ? threadIdx.x : threadIdx.x % 128;
+        for (int j = first; j < BN; j += kTeamThreads) {
+            row[j] =
                 c0 + j < n ? beta * widen<float>(bias[(c0 + j) * cs]) : 0.f;
         }
-        consumers_sync<kConsumers>();
+        tile_sync();
+    }
+
+    // The staged bias row this thread's tile reads.
+    static __device__ __forceinline__ float *bias_row(smem_t &sm)
+    {
+        return sm.bias_row + (TEAMS == 1 ? 0 : threadIdx.x / 128 * BN);
+    }
+
+    // The threads of one tile's epilogue: every consumer (named barrier 1),
+    // or the warpgroup's own (pingpong: named barrier 2 + g).
+    static __device__ __forceinline__ void tile_sync()
+    {
+        if constexpr (TEAMS == 1) {
+            consumers_sync<kConsumers>();
+        }
+        else {
+            asm volatile("bar.sync %0, 128;" ::"r"(2 + threadIdx.x / 128)
+                         : "memory");
+        }
     }
 
     // acc element e of this thread -> (row, col) in the tile
     static __device__ __forceinline__ void coords(int e, int &r, int &c)
     {
         const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-        const int j = e / 4, q = e % 4;
-        r = (warp / 4) * 64 + (warp % 4) * 16 + lane / 4 + (q / 2) * 8;
+        const int band = TEAMS == 1 ? warp / 4 : e / (BN / 2);
+        const int j = (TEAMS == 1 ? e : e % (BN / 2)) / 4, q = e % 4;
+        r = band * 64 + (warp % 4) * 16 + lane / 4 + (q / 2) * 8;
         c = j * 8 + (lane % 4) * 2 + q % 2;
     }
 };

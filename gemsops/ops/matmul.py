@@ -16,7 +16,9 @@ picks one for tests and benchmarks. Mainloops (CUDA): 'auto' (the fastest
 the GPU and operands allow), or a cap: 'wgmma-256', 'wgmma-192',
 'wgmma-128', 'wgmma-64' (sm_90a, a forced width of 128-row tiles),
 'wgmma-64x64', 'wgmma-192x192' (sm_90a, 64 x 64 and 192 x 192 tiles),
-'mma' (sm_80+),
+'wgmma-pingpong' (sm_90a, halves: 128 x 128 tiles run whole, each consumer
+warpgroup on tiles of its own; fp32 and in-kernel row sums take
+'wgmma-128'), 'mma' (sm_80+),
 'ffma' (exact fp32), or 'skinny' (products of at most 16 rows against a
 row-major B on their own kernels whatever their size; auto takes them
 for fp32 and for a large B); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on
@@ -57,9 +59,15 @@ MAINLOOPS = {
     "skinny": 7,
     "wgmma-64x64": 8,
     "wgmma-192x192": 9,
+    "wgmma-pingpong": 10,
 }
 # the wgmma tiles a mainloop cap can force (sm_90a): tests, tools
-WGMMA_TILES = tuple(name for name in MAINLOOPS if name.startswith("wgmma-"))
+# (pingpong is a kernel for 128 x 128 tiles, not a tile of its own)
+WGMMA_TILES = tuple(
+    name
+    for name in MAINLOOPS
+    if name.startswith("wgmma-") and name != "wgmma-pingpong"
+)
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
 _config = dict(

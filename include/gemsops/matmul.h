@@ -39,8 +39,12 @@ typedef enum gemsops_mainloop {
     /* it means AUTO. Schedule and grid must be left automatic.          */
     GEMSOPS_MAINLOOP_WGMMA_64X64 = 8, /* wgmma 64 x 64 tiles, sm_90a:    */
     /* one consumer warpgroup                                           */
-    GEMSOPS_MAINLOOP_WGMMA_192X192 = 9 /* wgmma 192 x 192 tiles, sm_90a: */
+    GEMSOPS_MAINLOOP_WGMMA_192X192 = 9, /* wgmma 192 x 192 tiles, sm_90a: */
     /* three consumer warpgroups                                        */
+    GEMSOPS_MAINLOOP_WGMMA_PINGPONG = 10 /* wgmma 128 x 128 tiles whole, */
+    /* sm_90a, halves: each consumer warpgroup a tile of its own, one's  */
+    /* epilogue under the other's mainloop; fp32 and A's row sums take   */
+    /* WGMMA_128                                                        */
 } gemsops_mainloop;
 
 struct gemsops_matmul_params {

@@ -686,7 +686,8 @@ def case_c_matmul(ctx):
     two, ctas, loop = (
         ctx.chance(0.3),
         ctx.choice([0, 1, 2, 5]),
-        ctx.choice([0, 1, 2, 3, 4, 5, 6]),  # auto, ffma, mma, wgmma-*
+        # auto, ffma, mma, wgmma widths, wgmma-pingpong
+        ctx.choice([0, 1, 2, 3, 4, 5, 6, 10]),
     )
     mut = _pick(
         ctx,
