@@ -1,7 +1,8 @@
 // The matmul planner's cost model: which wgmma tile (128 x 256, 128 x 192,
-// 128 x 128, 128 x 64, 64 x 64 or 192 x 192, BK = 128 bytes of k) a
-// problem runs, and whether its last partial wave is split Stream-K or run
-// as whole tiles, from the time each is predicted to take.
+// 128 x 128, 128 x 64, 64 x 64 or 192 x 192, BK = 128 bytes of k; 128 x
+// 128 also on the pingpong kernel) a problem runs, and whether its last
+// partial wave is split Stream-K or run as whole tiles, from the time each
+// is predicted to take.
 //
 // For one tile and its schedule (gemsops_sk_plan), in microseconds:
 //
