@@ -7,7 +7,9 @@ Where tools/mm_calibrate.py times a fixed grid for the cost model's fit,
 this answers "is there a better plan for this shape than the one taken?".
 
 usage: python tools/mm_plans.py M,N,K[:dtype] [...]
-  GEMSOPS_PLANS_WIDTHS=wgmma-64x64,wgmma-64: those tiles alone
+  GEMSOPS_PLANS_WIDTHS=wgmma-64x64,wgmma-64: those tiles alone (any
+    mainloop name: wgmma-pingpong,wgmma-128 times the two 128 x 128
+    kernels; pingpong runs any schedule as whole tiles)
   GEMSOPS_PLANS_SCHEDULES=data-parallel,stream-k: those schedules alone
   dtype: bfloat16 (default) or float16
 One line a shape: torch's time, the planner's own (width, tiles split),
