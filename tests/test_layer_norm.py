@@ -473,6 +473,20 @@ def test_cuda_forward_thread_groups(n, dtype):
     check_four_norms(*make((rows, n), 1, dtype, "cuda"))
 
 
+# The fused add's half rows of 2049 to 16384 elements take two accesses a
+# thread (a group of 256 to 1024): ragged rows, each group, with and
+# without the affine parameters, in more rows than the GPU runs at once.
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "shape",
+    [(4000, 2056), (3000, 4104), (1200, 6152), (1500, 16384), (600, 13000)],
+)
+@pytest.mark.parametrize("affine", ["both", "none"])
+def test_cuda_fused_add_two_accesses(affine, shape, dtype):
+    check_four_norms(*make(shape, 1, dtype, "cuda", affine))
+
+
 # Rows of at most 256 16-byte vectors: too few of them to give every SM
 # 512 threads at four accesses a thread take one access a thread (a thread
 # group of 32 to 256); as many rows as fill the GPU at four keep four. Both

@@ -12,7 +12,9 @@ usage: python -m tools.norm_time case ...
   it), or a fused add with _bwd_dh (the backward of y and h both, as a
   transformer block's: dy and dh given); fp32: fp32 weight and bias
   e.g. ln,16384,4096,bfloat16  addrms,4096,12288,float16,fp32
-  ln_bwd,8192,8192,float16  addln_bwd_dh,16384,4096,bfloat16"""
+  ln_bwd,8192,8192,float16  addln_bwd_dh,16384,4096,bfloat16
+NORM_TIME_LIGER=1 times Liger's fused add + RMSNorm forward beside ours
+(a `liger` line) for the addrms cases, where it imports."""
 
 import os
 import sys
@@ -66,6 +68,13 @@ def time_case(spec, table):
     )
     ms = bench._timed(fn, args)[0]
     print(f"{spec:30s} gems {ms * 1e3:9.2f}us", flush=True)
+    if op == "addrms" and not bwd and os.environ.get("NORM_TIME_LIGER"):
+        from benchmark.test_norms_perf import add_peers
+
+        liger = add_peers("rms_norm").get("liger")
+        if liger is not None:
+            ms = bench._timed(liger, args[:4])[0]
+            print(f"{spec:30s} liger {ms * 1e3:9.2f}us", flush=True)
 
 
 def main(argv):

@@ -160,12 +160,22 @@ constexpr int fwd_one_access_min_ctas(int block)
     return 2048 / block;
 }
 
+// Two accesses a thread (the fused add's half rows, x and res of both in
+// flight: 16 registers of loads): as many CTAs as fit in 1536 resident
+// threads (<= 40 registers), but three of 384 threads and a lone CTA from
+// 768, where the RMSNorm kernels spilled at 40 (ptxas).
+constexpr int fwd_two_access_min_ctas(int block)
+{
+    return block >= 768 ? 1 : block == 384 ? 3 : 1536 / block;
+}
+
 // The register kernel's bound for ACC accesses a thread.
 template <typename T, typename P, int VEC, bool ADD, int ACC>
 constexpr int fwd_register_bound(int block)
 {
     return ACC == 4   ? fwd_register_min_ctas<T, P, VEC, ADD>(block)
            : ACC == 8 ? fwd_eight_access_min_ctas(block)
+           : ACC == 2 ? fwd_two_access_min_ctas(block)
                       : fwd_one_access_min_ctas(block);
 }
 
@@ -416,6 +426,41 @@ __device__ __forceinline__ void normalize_items(
     }
 }
 
+// The fused add's pass over a row's items: x and res of two items loaded
+// before their h = x + res is stored (each item's loads behind its own
+// bounds test and the previous item's store waited out a DRAM round trip
+// each, SASS; all four at once spilled, ptxas). Items past the row are
+// zeros.
+template <int STEP, int BATCH, typename T, typename P, int VEC, int ITEMS>
+__device__ __forceinline__ void load_added_items(const fwd_args<T, P> &a,
+                                                 vec_t<T, VEC> (&xv)[ITEMS],
+                                                 int64_t row, bool row_ok,
+                                                 int lim, int64_t col0)
+{
+    const T *xr = a.x + row * a.x_stride + col0;
+    const T *rr = a.res + row * a.res_stride + col0;
+    T *hr = a.h + row * a.h_stride + col0;
+#pragma unroll
+    for (int i0 = 0; i0 < ITEMS; i0 += BATCH) {
+        vec_t<T, VEC> rv[BATCH];
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) {
+            const bool ok = row_ok && (i0 + k) * STEP < lim;
+            xv[i0 + k] = ok ? load_vec_ro<T, VEC>(xr + (i0 + k) * STEP)
+                            : zero_vec<T, VEC>();
+            rv[k] = ok ? load_vec_ro<T, VEC>(rr + (i0 + k) * STEP)
+                       : zero_vec<T, VEC>();
+        }
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) {
+            if (row_ok && (i0 + k) * STEP < lim) {
+                add_rounded(xv[i0 + k], rv[k]);
+                store_vec(hr + (i0 + k) * STEP, xv[i0 + k]);
+            }
+        }
+    }
+}
+
 template <typename T, typename P, int TPR, int VEC, bool RMS, bool ADD,
           int ACC>
 __global__ void __launch_bounds__(
@@ -429,6 +474,9 @@ __global__ void __launch_bounds__(
     constexpr int BLOCK = layer_norm_block_threads(TPR);
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
     constexpr int STEP = TPR * VEC; // columns between a thread's items
+    // the fused add's items loaded together (load_added_items): two for
+    // 16-byte accesses, one for the scalar fallback (spilled at two)
+    constexpr int kAddBatch = VEC > 1 && ITEMS >= 2 ? 2 : 1;
     __shared__ A red[2 * 32 * 2]; // row_sum of up to 2 values
     int parity = 0;
 
@@ -447,27 +495,16 @@ __global__ void __launch_bounds__(
         const int64_t row = base + threadIdx.x / TPR;
         const bool row_ok = row < a.rows;
         vec_t<T, VEC> xv[ITEMS];
-        const T *xr = a.x + row * a.x_stride + col0;
+        if constexpr (ADD) { // the fused add: normalize h, write it
+            load_added_items<STEP, kAddBatch>(a, xv, row, row_ok, lim, col0);
+        }
+        else {
+            const T *xr = a.x + row * a.x_stride + col0;
 #pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            if (row_ok && i * STEP < lim) {
-                if constexpr (ADD) { // the fused add: normalize h, write it
-                    // x and res on the read-only path: their loads may move
-                    // above the h stores (a plain load may not pass a store
-                    // that could alias it, so each item's loads would wait
-                    // for the previous item's data)
-                    xv[i] = load_vec_ro<T, VEC>(xr + i * STEP);
-                    add_rounded(xv[i], load_vec_ro<T, VEC>(a.res +
-                                                           row * a.res_stride +
-                                                           col0 + i * STEP));
-                    store_vec(a.h + row * a.h_stride + col0 + i * STEP, xv[i]);
-                }
-                else {
-                    xv[i] = load_vec<T, VEC>(xr + i * STEP);
-                }
-            }
-            else {
-                xv[i] = zero_vec<T, VEC>();
+            for (int i = 0; i < ITEMS; i++) {
+                xv[i] = row_ok && i * STEP < lim
+                            ? load_vec<T, VEC>(xr + i * STEP)
+                            : zero_vec<T, VEC>();
             }
         }
         // the fused add's kernel holds x and res in flight: there the
@@ -1022,8 +1059,9 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         fwd_grid((p->rows + rows_per_cta - 1) / rows_per_cta);
     const int block = layer_norm_block_threads(TPR);
     cudaStream_t stream = (cudaStream_t)p->stream;
+    // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr),
+    // two only for the fused add (fwd_add_two_access_tpr)
     if (p->residual) {
-        // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr)
         if constexpr (ACC == 8) {
             return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                                 "layer_norm_fwd: no eight-access kernel for "
@@ -1035,8 +1073,15 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         }
     }
     else {
-        layer_norm_fwd_registers<T, P, TPR, VEC, RMS, false, ACC>
-            <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+        if constexpr (ACC == 2) {
+            return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                                "layer_norm_fwd: no two-access kernel "
+                                "without the fused add");
+        }
+        else {
+            layer_norm_fwd_registers<T, P, TPR, VEC, RMS, false, ACC>
+                <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+        }
     }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_registers");
     return GEMSOPS_OK;
@@ -1236,6 +1281,39 @@ int dispatch_one_access(const gemsops_layer_norm_fwd_params *p, int tpr,
                         gemsops_dtype_name(p->dtype));
 }
 
+// The fused add's half rows past 2048 elements: two accesses a thread
+// rather than four, twice the threads a row, each with x and res of both
+// its items in flight at once (four accesses' pass over x and res waits
+// out two round trips, load_added_items). Only where the parameters share
+// x's type. Returns the group, 0 for the rows that keep four accesses.
+constexpr int kFwdTwoAccessTprChoices[] = {256, 320, 384, 512, 640, 768, 1024};
+
+template <typename T, typename P>
+int fwd_add_two_access_tpr(const gemsops_layer_norm_fwd_params *p)
+{
+    constexpr int E = fwd_elems<T, 2>();
+    if (!std::is_same_v<T, P> || sizeof(T) != 2 || !p->residual ||
+        p->cols <= 128 * E || p->cols > 1024 * E) {
+        return 0;
+    }
+    return layer_norm_choose_shape(p->cols, E, 1024, kFwdTwoAccessTprChoices)
+        .tpr;
+}
+
+template <typename T, typename P, bool RMS, int VEC>
+int dispatch_add_two_access(const gemsops_layer_norm_fwd_params *p, int tpr,
+                            gemsops_status *st)
+{
+    if constexpr (std::is_same_v<T, P> && sizeof(T) == 2) {
+        return dispatch_group<T, P, RMS, VEC, 2,
+                              kFwdTwoAccessTprChoices>(p, tpr, "two-access ",
+                                                       st);
+    }
+    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                        "layer_norm_fwd: no two-access kernel for %s",
+                        gemsops_dtype_name(p->dtype));
+}
+
 template <typename T, typename P, bool RMS>
 int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
@@ -1257,6 +1335,10 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         vec ? fwd_fp32_long_tpr<T>(p->cols, p->residual != nullptr) : 0;
     if (long_tpr > 0) {
         return dispatch_fp32_long<T, P, RMS, V>(p, long_tpr, st);
+    }
+    const int two_tpr = vec ? fwd_add_two_access_tpr<T, P>(p) : 0;
+    if (two_tpr > 0) {
+        return dispatch_add_two_access<T, P, RMS, V>(p, two_tpr, st);
     }
     const int tpr =
         layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>(),
