@@ -474,13 +474,22 @@ def test_cuda_forward_thread_groups(n, dtype):
 
 
 # The fused add's half rows of 2049 to 16384 elements take two accesses a
-# thread (a group of 256 to 1024): ragged rows, each group, with and
-# without the affine parameters, in more rows than the GPU runs at once.
+# thread (a group of 256 to 1024), but for 10241 to 12288 (four): ragged
+# rows, each group and both sides of that gap, with and without the affine
+# parameters, in more rows than the GPU runs at once.
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(
     "shape",
-    [(4000, 2056), (3000, 4104), (1200, 6152), (1500, 16384), (600, 13000)],
+    [
+        (4000, 2056),
+        (3000, 4104),
+        (1200, 6152),
+        (1500, 16384),
+        (600, 13000),
+        (900, 10240),
+        (700, 11272),
+    ],
 )
 @pytest.mark.parametrize("affine", ["both", "none"])
 def test_cuda_fused_add_two_accesses(affine, shape, dtype):

@@ -162,8 +162,8 @@ constexpr int fwd_one_access_min_ctas(int block)
 
 // Two accesses a thread (the fused add's half rows, x and res of both in
 // flight: 16 registers of loads): as many CTAs as fit in 1536 resident
-// threads (<= 40 registers), but three of 384 threads and a lone CTA from
-// 768, where the RMSNorm kernels spilled at 40 (ptxas).
+// threads (<= 40 registers), but three of 384 threads and a lone CTA of
+// 1024, where the RMSNorm kernels spilled at 40 (ptxas).
 constexpr int fwd_two_access_min_ctas(int block)
 {
     return block >= 768 ? 1 : block == 384 ? 3 : 1536 / block;
@@ -1285,15 +1285,19 @@ int dispatch_one_access(const gemsops_layer_norm_fwd_params *p, int tpr,
 // rather than four, twice the threads a row, each with x and res of both
 // its items in flight at once (four accesses' pass over x and res waits
 // out two round trips, load_added_items). Only where the parameters share
-// x's type. Returns the group, 0 for the rows that keep four accesses.
-constexpr int kFwdTwoAccessTprChoices[] = {256, 320, 384, 512, 640, 768, 1024};
+// x's type. Rows of 640 to 768 groups keep four accesses: 768 threads fit
+// one CTA a SM (two would spill, fwd_two_access_min_ctas), and 1024 leave a
+// quarter of their accesses empty; both ran slower than four accesses.
+// Returns the group, 0 for the rows that keep four accesses.
+constexpr int kFwdTwoAccessTprChoices[] = {256, 320, 384, 512, 640, 1024};
 
 template <typename T, typename P>
 int fwd_add_two_access_tpr(const gemsops_layer_norm_fwd_params *p)
 {
     constexpr int E = fwd_elems<T, 2>();
     if (!std::is_same_v<T, P> || sizeof(T) != 2 || !p->residual ||
-        p->cols <= 128 * E || p->cols > 1024 * E) {
+        p->cols <= 128 * E || p->cols > 1024 * E ||
+        (p->cols > 640 * E && p->cols <= 768 * E)) {
         return 0;
     }
     return layer_norm_choose_shape(p->cols, E, 1024, kFwdTwoAccessTprChoices)
