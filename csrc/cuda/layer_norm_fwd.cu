@@ -678,6 +678,18 @@ __device__ __forceinline__ void two_sum_into(A &hi, A &lo, A t)
     lo += isfinite(e) ? e : A(0);
 }
 
+// 1 / n of a count n (a whole number): MUFU's reciprocal, within an ulp or
+// two, with no slow path for the inliner to weigh (the IEEE division's
+// slow path, inlined or not, moved the looped kernels' registers).
+__device__ __forceinline__ float approx_rcp(float n)
+{
+    return __frcp_rn(n);
+}
+__device__ __forceinline__ double approx_rcp(double n)
+{
+    return __drcp_rn(n);
+}
+
 // Chan's parallel-variance merge of (nb, mb + mbc, m2b) into
 // (n, m + mc, m2), each mean carried as a compensated pair. Rounding the
 // running mean at every merge would cost up to half an ulp of the mean
@@ -700,7 +712,7 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &mc, A &m2, A nb,
     }
     const A nab = n + nb;
     const A d = (mb - m) + (mbc - mc);
-    const A f = nb / nab;
+    const A f = nb * approx_rcp(nab);
     two_sum_into(m, mc, d * f);
     m2 += m2b + d * d * n * f;
     n = nab;
@@ -811,7 +823,8 @@ __device__ __forceinline__ acc_t<T> looped_stats_layer(const fwd_args<T, P> &a,
                 cnt += VEC;
             }
         }
-        const A cm0 = s / cnt;
+        const A inv_cnt = approx_rcp(cnt);
+        const A cm0 = s * inv_cnt;
         A cm2 = 0, cd = 0;
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -825,7 +838,7 @@ __device__ __forceinline__ acc_t<T> looped_stats_layer(const fwd_args<T, P> &a,
             }
         }
         // the chunk's mean kept as the pair cm0 + sh
-        const A sh = cd / cnt;
+        const A sh = cd * inv_cnt;
         const bool fix = isfinite(sh);
         A cm = cm0, cm_lo = 0;
         if (fix) {
@@ -1193,14 +1206,23 @@ int run_group(const gemsops_layer_norm_fwd_params *p, int tpr,
                         tpr);
 }
 
+// BUILT: whether the family has kernels for (T, P) at all (the one-, two-
+// and eight-access families are built for a few pairs only); a family
+// asked of a pair it lacks is an error, not a launch.
 template <typename T, typename P, bool RMS, int VEC, int ACC,
-          const auto &CHOICES>
+          const auto &CHOICES, bool BUILT = true>
 int dispatch_group(const gemsops_layer_norm_fwd_params *p, int tpr,
                    const char *kind, gemsops_status *st)
 {
-    constexpr size_t n = sizeof(CHOICES) / sizeof(CHOICES[0]);
-    return run_group<T, P, RMS, VEC, ACC,
-                     CHOICES>(p, tpr, kind, st, std::make_index_sequence<n>{});
+    if constexpr (BUILT) {
+        constexpr size_t n = sizeof(CHOICES) / sizeof(CHOICES[0]);
+        return run_group<T, P, RMS, VEC, ACC,
+                         CHOICES>(p, tpr, kind, st,
+                                  std::make_index_sequence<n>{});
+    }
+    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
+                        "layer_norm_fwd: no %skernel for %s", kind,
+                        gemsops_dtype_name(p->dtype));
 }
 
 // fp32 rows past 320 threads of 16 elements (N > 5120) take 32 elements a
@@ -1222,20 +1244,6 @@ int fwd_fp32_long_tpr(int64_t cols, bool add)
     return layer_norm_choose_shape(cols, fwd_elems<T, 8>(), 512,
                                    kFwdEightAccessTprChoices)
         .tpr;
-}
-
-template <typename T, typename P, bool RMS, int VEC>
-int dispatch_fp32_long(const gemsops_layer_norm_fwd_params *p, int tpr,
-                       gemsops_status *st)
-{
-    if constexpr (std::is_same_v<T, float>) {
-        return dispatch_group<T, P, RMS, VEC, 8,
-                              kFwdEightAccessTprChoices>(p, tpr,
-                                                         "eight-access ", st);
-    }
-    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                        "layer_norm_fwd: no eight-access kernel for %s",
-                        gemsops_dtype_name(p->dtype));
 }
 
 // One 16-byte access a thread, for rows too few to give every SM 512
@@ -1267,20 +1275,6 @@ int fwd_one_access_tpr(const gemsops_layer_norm_fwd_params *p, int tpr4,
         .tpr;
 }
 
-template <typename T, typename P, bool RMS, int VEC>
-int dispatch_one_access(const gemsops_layer_norm_fwd_params *p, int tpr,
-                        gemsops_status *st)
-{
-    if constexpr (std::is_same_v<T, P> && sizeof(T) < 8) {
-        return dispatch_group<T, P, RMS, VEC, 1,
-                              kFwdOneAccessTprChoices>(p, tpr, "one-access ",
-                                                       st);
-    }
-    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                        "layer_norm_fwd: no one-access kernel for %s",
-                        gemsops_dtype_name(p->dtype));
-}
-
 // The fused add's half rows past 2048 elements: two accesses a thread
 // rather than four, twice the threads a row, each with x and res of both
 // its items in flight at once (four accesses' pass over x and res waits
@@ -1304,20 +1298,6 @@ int fwd_add_two_access_tpr(const gemsops_layer_norm_fwd_params *p)
         .tpr;
 }
 
-template <typename T, typename P, bool RMS, int VEC>
-int dispatch_add_two_access(const gemsops_layer_norm_fwd_params *p, int tpr,
-                            gemsops_status *st)
-{
-    if constexpr (std::is_same_v<T, P> && sizeof(T) == 2) {
-        return dispatch_group<T, P, RMS, VEC, 2,
-                              kFwdTwoAccessTprChoices>(p, tpr, "two-access ",
-                                                       st);
-    }
-    return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                        "layer_norm_fwd: no two-access kernel for %s",
-                        gemsops_dtype_name(p->dtype));
-}
-
 template <typename T, typename P, bool RMS>
 int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
@@ -1338,11 +1318,15 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     const int long_tpr =
         vec ? fwd_fp32_long_tpr<T>(p->cols, p->residual != nullptr) : 0;
     if (long_tpr > 0) {
-        return dispatch_fp32_long<T, P, RMS, V>(p, long_tpr, st);
+        return dispatch_group<T, P, RMS, V, 8, kFwdEightAccessTprChoices,
+                              std::is_same_v<T, float>>(p, long_tpr,
+                                                        "eight-access ", st);
     }
     const int two_tpr = vec ? fwd_add_two_access_tpr<T, P>(p) : 0;
     if (two_tpr > 0) {
-        return dispatch_add_two_access<T, P, RMS, V>(p, two_tpr, st);
+        return dispatch_group < T, P, RMS, V, 2, kFwdTwoAccessTprChoices,
+               std::is_same_v<T, P> &&
+                   sizeof(T) == 2 > (p, two_tpr, "two-access ", st);
     }
     const int tpr =
         layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>(),
@@ -1353,7 +1337,9 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         return st->code;
     }
     if (one_tpr > 0) {
-        return dispatch_one_access<T, P, RMS, V>(p, one_tpr, st);
+        return dispatch_group < T, P, RMS, V, 1, kFwdOneAccessTprChoices,
+               std::is_same_v<T, P> &&
+                   sizeof(T) < 8 > (p, one_tpr, "one-access ", st);
     }
     return vec ? dispatch_group<T, P, RMS, V, 4, kLayerNormFwdTprChoices>(p,
                                                                           tpr,
