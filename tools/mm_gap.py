@@ -16,24 +16,13 @@ import torch
 
 import gemsops
 from benchmark.performance_utils import do_bench
+from tools.mm_probe import profile_flushed
 
 
 def trace(fn, reps=30):
     """Median gap (us) from a flush's end to the next kernel, the mean
     time of the non-flush kernels, and their names."""
-    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    cuda = torch.profiler.ProfilerActivity.CUDA
-    with torch.profiler.profile(activities=[cuda]) as prof:
-        for _ in range(reps):
-            cache.zero_()
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize()
+    prof = profile_flushed(fn, reps, events=True)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)

@@ -51,10 +51,12 @@ def operands(case):
     return (m, n, k, dt, layout + (" +bias" if bias else "")), a, b, c
 
 
-def profile_flushed(fn, reps):
+def profile_flushed(fn, reps, events=False):
     """torch.profiler over reps calls of fn(), L2 flushed by a zero_()
-    before each call as do_bench does (the flush is a FillFunctor kernel)."""
+    before each call as do_bench does (the flush is a FillFunctor kernel);
+    events: each call between CUDA events too, as do_bench times it."""
     cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -62,7 +64,11 @@ def profile_flushed(fn, reps):
     with torch.profiler.profile(activities=[cuda]) as prof:
         for _ in range(reps):
             cache.zero_()
+            if events:
+                start.record()
             fn()
+            if events:
+                end.record()
         torch.cuda.synchronize()
     return prof
 
