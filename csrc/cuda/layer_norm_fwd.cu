@@ -678,14 +678,15 @@ __device__ __forceinline__ void two_sum_into(A &hi, A &lo, A t)
     lo += isfinite(e) ? e : A(0);
 }
 
-// 1 / n of a count n (a whole number): MUFU's reciprocal, within an ulp or
-// two, with no slow path for the inliner to weigh (the IEEE division's
-// slow path, inlined or not, moved the looped kernels' registers).
-__device__ __forceinline__ float approx_rcp(float n)
+// 1 / n of a count n, correctly rounded; times a numerator it is within
+// an ulp of the quotient. Unlike the IEEE division it has no slow-path
+// call for the inliner to weigh (inlined or not, that call moved the
+// looped kernels' registers from build to build).
+__device__ __forceinline__ float rcp_rn(float n)
 {
     return __frcp_rn(n);
 }
-__device__ __forceinline__ double approx_rcp(double n)
+__device__ __forceinline__ double rcp_rn(double n)
 {
     return __drcp_rn(n);
 }
@@ -712,7 +713,7 @@ __device__ __forceinline__ void chan_merge(A &n, A &m, A &mc, A &m2, A nb,
     }
     const A nab = n + nb;
     const A d = (mb - m) + (mbc - mc);
-    const A f = nb * approx_rcp(nab);
+    const A f = nb * rcp_rn(nab);
     two_sum_into(m, mc, d * f);
     m2 += m2b + d * d * n * f;
     n = nab;
@@ -823,7 +824,7 @@ __device__ __forceinline__ acc_t<T> looped_stats_layer(const fwd_args<T, P> &a,
                 cnt += VEC;
             }
         }
-        const A inv_cnt = approx_rcp(cnt);
+        const A inv_cnt = rcp_rn(cnt);
         const A cm0 = s * inv_cnt;
         A cm2 = 0, cd = 0;
 #pragma unroll
@@ -1324,9 +1325,9 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     }
     const int two_tpr = vec ? fwd_add_two_access_tpr<T, P>(p) : 0;
     if (two_tpr > 0) {
-        return dispatch_group < T, P, RMS, V, 2, kFwdTwoAccessTprChoices,
-               std::is_same_v<T, P> &&
-                   sizeof(T) == 2 > (p, two_tpr, "two-access ", st);
+        return dispatch_group<T, P, RMS, V, 2, kFwdTwoAccessTprChoices,
+                              (std::is_same_v<T, P> &&
+                               sizeof(T) == 2)>(p, two_tpr, "two-access ", st);
     }
     const int tpr =
         layer_norm_choose_shape(p->cols, fwd_elems<T>(), fwd_max_tpr<T>(),
@@ -1337,9 +1338,9 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         return st->code;
     }
     if (one_tpr > 0) {
-        return dispatch_group < T, P, RMS, V, 1, kFwdOneAccessTprChoices,
-               std::is_same_v<T, P> &&
-                   sizeof(T) < 8 > (p, one_tpr, "one-access ", st);
+        return dispatch_group<T, P, RMS, V, 1, kFwdOneAccessTprChoices,
+                              (std::is_same_v<T, P> &&
+                               sizeof(T) < 8)>(p, one_tpr, "one-access ", st);
     }
     return vec ? dispatch_group<T, P, RMS, V, 4, kLayerNormFwdTprChoices>(p,
                                                                           tpr,
