@@ -28,9 +28,16 @@
 namespace gemsops {
 namespace {
 
-// Each CTA adds 2 * cols atomics; owning at least this many rows keeps
-// them a small fraction of the 3 * cols * rows elements moved.
+// Each CTA adds 2 * cols atomics; owning at least kMinRowsPerCta rows
+// keeps them a small fraction of the 3 * cols * rows elements moved. Where
+// that count leaves fewer than kFillCtasPerSm CTAs an SM, a CTA owns fewer
+// rows, down to kFewestRowsPerCta: with few rows, a CTA alone on its SM
+// waits out each row's loads and reductions in turn, which costs more than
+// the added atomics until about that many CTAs share an SM (the measured
+// rows-per-CTA sweep: docs/performance.md, LayerNorm backward).
 constexpr int64_t kMinRowsPerCta = 8;
+constexpr int64_t kFewestRowsPerCta = 4;
+constexpr int64_t kFillCtasPerSm = 4;
 
 // Elements a thread owns per row: 8 (4 for fp64), and 16 for the half
 // types where that pads no more columns (bwd_wide): the row reductions,
@@ -304,15 +311,28 @@ bwd_ring_plan plan_ring(const device_facts &f)
     }
 }
 
+// The fewest rows a row group owns: kMinRowsPerCta, or fewer (not below
+// kFewestRowsPerCta) where the rows spread over kFillCtasPerSm groups an SM
+// would each own fewer.
+inline int64_t bwd_min_rows(int64_t rows, int sm_count)
+{
+    const int64_t fill = kFillCtasPerSm * sm_count;
+    const int64_t spread = (rows + fill - 1) / fill;
+    return spread < kFewestRowsPerCta ? kFewestRowsPerCta
+           : spread > kMinRowsPerCta  ? kMinRowsPerCta
+                                      : spread;
+}
+
 // Persistent grid: row groups (of `split` CTAs) up to what is co-resident,
-// and no more than one per kMinRowsPerCta rows (the atomics cost grid *
-// cols, so each CTA must own enough rows to amortise them).
+// and no more than one per bwd_min_rows rows (the atomics cost grid * cols,
+// so each CTA must own enough rows to amortise them).
 inline int64_t bwd_grid(int64_t rows, layer_norm_shape s, int ctas_per_sm,
                         int sm_count)
 {
     int64_t rows_per_cta = layer_norm_block_threads(s.tpr) / s.tpr;
-    if (rows_per_cta < kMinRowsPerCta) {
-        rows_per_cta = kMinRowsPerCta;
+    const int64_t min_rows = bwd_min_rows(rows, sm_count);
+    if (rows_per_cta < min_rows) {
+        rows_per_cta = min_rows;
     }
     int64_t groups_needed = (rows + rows_per_cta - 1) / rows_per_cta;
     int64_t resident_groups = (int64_t)ctas_per_sm * sm_count / s.split;
