@@ -181,7 +181,11 @@ int plan_for(const gemsops_layer_norm_bwd_params *p, const bwd_config &c,
         return st->code;
     }
     out->config = c;
-    out->grid = bwd_grid(p->rows, c.shape, occ, f.sm_count);
+    // dW and dB each add an accumulator a column (deterministic: a partial)
+    const int acc_bytes = ((p->dweight != nullptr) + (p->dbias != nullptr)) *
+                          (int)sizeof(acc_t<T>);
+    out->grid =
+        bwd_grid(p->rows, c.shape, occ, f.sm_count, acc_bytes, (int)sizeof(T));
     out->layout = plan_layout<T, P>(p, c.shape, out->grid);
     out->ring = plan_ring<T, P, TPR, VEC, E>(f);
     out->loop = bwd_loop::whole;

@@ -28,15 +28,17 @@
 namespace gemsops {
 namespace {
 
-// Each CTA adds 2 * cols atomics; owning at least kMinRowsPerCta rows
+// Each CTA adds up to 2 * cols atomics; owning at least kMinRowsPerCta rows
 // keeps them a small fraction of the 3 * cols * rows elements moved. Where
 // that count leaves fewer than kFillCtasPerSm CTAs an SM, a CTA owns fewer
-// rows, down to kFewestRowsPerCta: with few rows, a CTA alone on its SM
-// waits out each row's loads and reductions in turn, which costs more than
-// the added atomics until about that many CTAs share an SM (the measured
-// rows-per-CTA sweep: docs/performance.md, LayerNorm backward).
+// rows: with few rows, a CTA alone on its SM waits out each row's loads
+// and reductions in turn, which costs more than the added atomics until
+// about that many CTAs share an SM. Not fewer than kFewestRowsPerCta, nor
+// so few that the CTA's rows of x hold fewer bytes than its atomics add
+// (LayerNorm's dW and dB in a half type: 4 rows; RMSNorm's dW, or fp32: 2).
+// The measured rows-per-CTA sweep: docs/performance.md, LayerNorm backward.
 constexpr int64_t kMinRowsPerCta = 8;
-constexpr int64_t kFewestRowsPerCta = 4;
+constexpr int64_t kFewestRowsPerCta = 2;
 constexpr int64_t kFillCtasPerSm = 4;
 
 // Elements a thread owns per row: 8 (4 for fp64), and 16 for the half
@@ -311,26 +313,31 @@ bwd_ring_plan plan_ring(const device_facts &f)
     }
 }
 
-// The fewest rows a row group owns: kMinRowsPerCta, or fewer (not below
-// kFewestRowsPerCta) where the rows spread over kFillCtasPerSm groups an SM
-// would each own fewer.
-inline int64_t bwd_min_rows(int64_t rows, int sm_count)
+// The fewest rows a row group owns: kMinRowsPerCta, or fewer where the rows
+// spread over kFillCtasPerSm groups an SM would each own fewer, down to
+// the larger of kFewestRowsPerCta and the rows whose x (elem_bytes a
+// value) holds acc_bytes, the bytes a column's atomics add (0: none).
+inline int64_t bwd_min_rows(int64_t rows, int sm_count, int acc_bytes,
+                            int elem_bytes)
 {
     const int64_t fill = kFillCtasPerSm * sm_count;
     const int64_t spread = (rows + fill - 1) / fill;
-    return spread < kFewestRowsPerCta ? kFewestRowsPerCta
-           : spread > kMinRowsPerCta  ? kMinRowsPerCta
-                                      : spread;
+    int64_t fewest = (acc_bytes + elem_bytes - 1) / elem_bytes;
+    fewest = fewest < kFewestRowsPerCta ? kFewestRowsPerCta : fewest;
+    return spread < fewest           ? fewest
+           : spread > kMinRowsPerCta ? kMinRowsPerCta
+                                     : spread;
 }
 
 // Persistent grid: row groups (of `split` CTAs) up to what is co-resident,
 // and no more than one per bwd_min_rows rows (the atomics cost grid * cols,
 // so each CTA must own enough rows to amortise them).
 inline int64_t bwd_grid(int64_t rows, layer_norm_shape s, int ctas_per_sm,
-                        int sm_count)
+                        int sm_count, int acc_bytes, int elem_bytes)
 {
     int64_t rows_per_cta = layer_norm_block_threads(s.tpr) / s.tpr;
-    const int64_t min_rows = bwd_min_rows(rows, sm_count);
+    const int64_t min_rows =
+        bwd_min_rows(rows, sm_count, acc_bytes, elem_bytes);
     if (rows_per_cta < min_rows) {
         rows_per_cta = min_rows;
     }
