@@ -7,22 +7,28 @@ call on plain tensors needs none of it: `eager()` says when the public
 function may call the op's Python implementation directly (what the
 dispatcher would end up calling anyway). Anything unusual (tracing, a
 dispatch or function mode, a tensor subclass, a functorch transform,
-autocast) takes the op."""
+autocast, forward-mode AD, meta tensors) takes the op, or torch's own ops
+where the custom op cannot serve (`torch_only()`)."""
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _any_autocast = torch._C._is_any_autocast_enabled
 _has_torch_function = torch._C._has_torch_function
 _functorch = torch._C._functorch.peek_interpreter_stack
+_tracing = torch._C._get_tracing_state
 
 LIB = torch.library.Library("gemsops", "FRAGMENT")
 
 
 def eager(tensors):
-    """True when `tensors` (a tuple; None entries allowed) may go straight
-    to the kernels: no tracing, no mode, no subclass, no autocast."""
+    """True when `tensors` (a tuple, its first entry a tensor; None entries
+    allowed) may go straight to the kernels: no tracing (the JIT tracer
+    would record none of a direct call), no mode, no subclass, no
+    autocast, no forward-mode AD, no meta tensor (C has no bytes to read:
+    the op's fake kernel answers)."""
     # is_compiling() first: Dynamo folds it to True and never looks past it
     return not (
         _is_compiling()
@@ -30,6 +36,22 @@ def eager(tensors):
         or _any_autocast()
         or _functorch() is not None
         or _has_torch_function(tensors)
+        or _forward_ad._current_level >= 0
+        or _tracing() is not None
+        or tensors[0].is_meta
+    )
+
+
+def torch_only():
+    """True where a gemsops custom op cannot give the right answer and the
+    caller computes with torch's own ops instead (for the non-eager path):
+    forward-mode AD (a dual level, torch.func.jvp, jacfwd), whose tangent
+    a custom op with only a backward formula drops (zeros, or None), and
+    the other functorch transforms, whose grad, vjp and jacrev refuse the
+    autograd Function torch.library makes for a custom op. Under
+    torch.compile the op serves (Dynamo traces the transforms itself)."""
+    return not _is_compiling() and (
+        _functorch() is not None or _forward_ad._current_level >= 0
     )
 
 

@@ -53,14 +53,22 @@ def _plain(t):
 
 def _native_layer_norm(x, normalized_shape, weight, bias, eps):
     _need(x.dtype in _LN_DTYPES and x.numel() > 0)
+    # torch's CPU kernel refuses parameters of two dtypes
+    _need(weight is None or bias is None or weight.dtype == bias.dtype)
     shape = tuple(normalized_shape)
     out, mean, rstd = _ln._forward(
         _plain(x), shape, _ln._param(weight), _ln._param(bias), eps
     )
     st = _ln._stat_shape(x, len(shape))
     mean, rstd = mean.view(st), rstd.view(st)
-    if x.device.type == "cpu" and x.dtype in (torch.float16, torch.bfloat16):
-        # torch's CPU kernel returns the statistics in the input's dtype
+    mixed = any(p is not None and p.dtype != x.dtype for p in (weight, bias))
+    if (
+        x.device.type == "cpu"
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and not mixed
+    ):
+        # torch's CPU kernel returns the statistics in the input's dtype,
+        # in fp32 where the parameters are fp32
         mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
     return out, mean, rstd
 
@@ -139,6 +147,8 @@ def _bmm3(a, b):
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
     _mm_ok(a, b)
+    # alpha 0: the product's NaNs must not spread; torch's kernel skips it
+    _need(alpha != 0)
     _need(
         bias.dtype == a.dtype
         and bias.device == a.device

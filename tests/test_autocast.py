@@ -107,3 +107,20 @@ def test_autocast_compiled():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_autocast_dtypes_as_torch(dtype):
     _check("cuda", dtype)
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+)
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float64]
+)
+def test_prod_dtype_argument_wins_over_autocast(device, dtype):
+    # torch's policy for prod: fp32 under autocast unless dtype= is given
+    x = torch.rand(4, 6, device=device) + 0.5
+    with torch.autocast(device, dtype=torch.bfloat16):
+        got = (gemsops.prod(x, 1, dtype=dtype), gemsops.prod(x, dtype=dtype))
+        want = (torch.prod(x, 1, dtype=dtype), torch.prod(x, dtype=dtype))
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == dtype
+        torch.testing.assert_close(g.double(), w.double(), rtol=2e-2, atol=0)

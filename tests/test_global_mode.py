@@ -144,3 +144,37 @@ def test_transformer_encoder_layer_cuda():
         got = _train_step(layer, x)
         assert counts["mm"] + counts["addmm"] > 0
     torch.testing.assert_close(got[0], want[0], rtol=1e-3, atol=1e-3)
+
+
+def test_addmm_alpha_zero_keeps_nan_out():
+    # the product is skipped at alpha == 0 (its NaNs do not reach out)
+    a, b, c = torch.randn(4, 5), torch.randn(5, 3), torch.randn(4, 3)
+    a[1, 2] = float("nan")
+    want = torch.addmm(c, a, b, alpha=0, beta=0.5)
+    with gemsops.use_gemsops(devices=("cpu",)):
+        got = torch.addmm(c, a, b, alpha=0, beta=0.5)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    "params", ["none", "half", "fp32", "fp32 weight", "fp32 bias"]
+)
+def test_native_layer_norm_statistics_dtype_as_torch_cpu(params):
+    # torch's CPU kernel: statistics in the input's half type, but fp32
+    # when a parameter is fp32
+    x = torch.randn(4, 8).bfloat16()
+    w, b = torch.randn(8), torch.randn(8)
+    weight, bias = {
+        "none": (None, None),
+        "half": (w.bfloat16(), b.bfloat16()),
+        "fp32": (w, b),
+        "fp32 weight": (w, None),
+        "fp32 bias": (None, b),
+    }[params]
+    want = torch.native_layer_norm(x, (8,), weight, bias, 1e-5)
+    with gemsops.use_gemsops(devices=("cpu",)):
+        got = torch.native_layer_norm(x, (8,), weight, bias, 1e-5)
+    for g, w_ in zip(got, want):
+        assert g.dtype == w_.dtype and g.shape == w_.shape
+        torch.testing.assert_close(g.float(), w_.float(), rtol=2e-2, atol=2e-2)

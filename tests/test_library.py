@@ -120,11 +120,15 @@ class Block(torch.nn.Module):
     def __init__(self, d=16):
         super().__init__()
         self.ln = gemsops.nn.LayerNorm(d)
+        self.lin = gemsops.nn.Linear(d, d)
+        self.rms = gemsops.nn.RMSNorm(d)
         self.w = torch.nn.Parameter(torch.randn(d, d) / d**0.5)
         self.v = torch.nn.Parameter(torch.randn(d) / d**0.5)
 
     def forward(self, x):
         h = self.ln(x)
+        h = self.rms(self.lin(h) + h)
+        h = gemsops.fused_add_layer_norm(h, x, (h.shape[-1],))[0]
         h = gemsops.matmul(h, self.w)  # batched (bmm)
         h2 = gemsops.mm(h.reshape(-1, h.shape[-1]), self.w.t())
         att = gemsops.bmm(h, h.transpose(1, 2))

@@ -508,3 +508,27 @@ def test_weight_gradient_captured_on_a_stream_with_kept_buffers():
         torch.cuda.synchronize()
         assert torch.equal(lin.weight.grad, eager[0])
         assert torch.equal(lin.bias.grad, eager[1])
+
+
+@pytest.mark.parametrize(
+    "alpha,beta",
+    [(0, True), (False, 1), (True, False), ("t0", "tTrue"), ("tTrue", 0.5)],
+)
+def test_addmm_bool_coefficients_scale_as_0_or_1(alpha, beta, device):
+    # torch.add refuses a bool alpha; addmm takes True and False as 1 and 0
+    def value(v):
+        if isinstance(v, str):
+            return (
+                torch.tensor(v == "tTrue") if v != "t0" else torch.tensor(0.0)
+            )
+        return v
+
+    a = torch.randn(3, 5, device=device)
+    b = torch.randn(5, 4, device=device)
+    inp = torch.randn(3, 4, device=device)
+    al, be = value(alpha), value(beta)
+    out = gemsops.addmm(inp, a, b, alpha=al, beta=be)
+    fa = float(al) if not isinstance(al, torch.Tensor) else float(al.item())
+    fb = float(be) if not isinstance(be, torch.Tensor) else float(be.item())
+    ref = fb * inp.double() + fa * (a.double() @ b.double())
+    assert_close(out, ref, torch.float32, chain_len=5)

@@ -14,7 +14,7 @@ import math
 import torch
 
 from .. import _C
-from .._dispatch import eager, eager_apply
+from .._dispatch import eager, eager_apply, torch_only
 from . import layer_norm as ln
 from . import rms_norm as rn
 
@@ -133,6 +133,10 @@ def _backward(
 
 def _traced(x, residual, shape, weight, bias, eps, rms):
     h = x + residual
+    if torch_only():  # torch's ops (forward-mode AD, functorch)
+        if rms:
+            return rn._forward_torch(h, shape, weight, eps), h
+        return ln._forward_torch(h, shape, weight, bias, eps)[0], h
     if rms:
         return rn._rms_norm_op(h, shape, weight, eps)[0], h
     return ln._layer_norm_op(h, shape, weight, bias, eps)[0], h

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C, _workspace
-from .._dispatch import eager, eager_apply, register_autocast
+from .._dispatch import eager, eager_apply, register_autocast, torch_only
 
 _compiling = torch.compiler.is_compiling
 
@@ -514,6 +514,49 @@ def _backward_composite(g, x, weight, eps, shape):
     )
 
 
+def _forward_torch(x, shape, weight, bias, eps):
+    """native_layer_norm in torch's differentiable ops, for torch_only()
+    (forward-mode AD, functorch): (out, mean, rstd) as the op returns
+    them, the statistics in fp32 (fp64 for fp64 input)."""
+    cols = tuple(range(x.dim() - len(shape), x.dim()))
+    xf = x.to(_stats_dtype(x.dtype))
+    mean = xf.mean(cols, keepdim=True)
+    xc = xf - mean
+    rstd = torch.rsqrt((xc * xc).mean(cols, keepdim=True) + eps)
+    y = xc * rstd
+    if weight is not None:
+        y = y * weight.to(y.dtype)
+    if bias is not None:
+        y = y + bias.to(y.dtype)
+    return y.to(x.dtype), mean, rstd
+
+
+def _backward_torch(g, x, shape, mean, rstd, weight, bias, mask):
+    """layer_norm_backward in torch's differentiable ops at the given
+    statistics (aten's formula), for torch_only()."""
+    nd = len(shape)
+    cols = tuple(range(x.dim() - nd, x.dim()))
+    rows = tuple(range(x.dim() - nd))
+    cd = _stats_dtype(x.dtype)
+    st = _stat_shape(x, nd)
+    xf, gf = x.to(cd), g.to(cd)
+    xhat = (xf - mean.to(cd).reshape(st)) * rstd.to(cd).reshape(st)
+    gw = gf * weight.to(cd) if weight is not None else gf
+    dx = rstd.to(cd).reshape(st) * (
+        gw
+        - gw.mean(cols, keepdim=True)
+        - xhat * (gw * xhat).mean(cols, keepdim=True)
+    )
+    pdtype = weight.dtype if weight is not None else x.dtype
+    return (
+        dx.to(x.dtype) if mask[0] else None,
+        (gf * xhat).sum(rows).to(pdtype) if mask[1] else None,
+        gf.sum(rows).to(_grad_bias_dtype(x, weight, bias))
+        if mask[2]
+        else None,
+    )
+
+
 def _layer_norm_backward_setup(ctx, inputs, output):
     grad_out, x, shape, mean, rstd, weight, _, mask, _ = inputs
     ctx.shape = tuple(shape)
@@ -628,6 +671,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         input, normalized_shape, weight, bias
     )
     if not eager((input, weight, bias)):
+        if torch_only():
+            return _forward_torch(input, shape, weight, bias, eps)[0]
         return _layer_norm_op(input, shape, weight, bias, eps)[0]
     if _needs_grad(input, weight, bias):
         return _layer_norm_function(input, shape, weight, bias, eps, False)
@@ -652,6 +697,8 @@ def native_layer_norm(
         input, normalized_shape, weight, bias
     )
     if not eager((input, weight, bias)):
+        if torch_only():
+            return _forward_torch(input, shape, weight, bias, eps)
         return _layer_norm_op(input, shape, weight, bias, eps)
     if _needs_grad(input, weight, bias):
         out, mean, rstd = _layer_norm_function(
@@ -710,6 +757,17 @@ def layer_norm_backward(
         else _plain(s)
         for s in (mean, rstd)
     )
+    if not eager((grad_out, input, mean, rstd, weight)) and torch_only():
+        return _backward_torch(
+            grad_out,
+            input,
+            shape,
+            mean,
+            rstd,
+            weight,
+            bias,
+            (want_dx, want_dw, want_db),
+        )
     if not eager((grad_out, input, mean, rstd, weight)) or (
         torch.is_grad_enabled()
         and any(

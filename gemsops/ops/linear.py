@@ -215,6 +215,8 @@ def _linear_ok(x, weight, bias):
     path). Spelled out, each attribute read once: it runs on every call."""
     if not (isinstance(x, _Tensor) and isinstance(weight, _Tensor)):
         return False
+    if not eager((x, weight, bias)):  # first: under Dynamo, nothing after
+        return False
     dtype, device = x.dtype, x.device
     if bias is not None and not (
         isinstance(bias, _Tensor)
@@ -234,7 +236,6 @@ def _linear_ok(x, weight, bias):
         and x.shape[-1] == weight.shape[1]
         and not x.is_neg()
         and not weight.is_neg()
-        and eager((x, weight, bias))
     )
 
 
@@ -280,7 +281,10 @@ def _coefficient(name, value, like):
     finite value past float32's range (torch converts it to the float it
     computes in), are RuntimeError."""
     if isinstance(value, torch.Tensor) and value.dim() == 0:
-        return value
+        # a bool scales as 0 or 1 (torch.add refuses a bool alpha)
+        return int(value.item()) if value.dtype == torch.bool else value
+    if isinstance(value, bool):
+        return int(value)
     if not isinstance(value, numbers.Number):
         raise TypeError(
             f"addmm(): argument '{name}' must be Number, not "

@@ -37,7 +37,7 @@ import warnings
 import torch
 
 from .. import _C, _workspace
-from .._dispatch import eager, eager_apply, register_autocast
+from .._dispatch import eager, eager_apply, register_autocast, torch_only
 
 _compiling = torch.compiler.is_compiling
 
@@ -460,6 +460,8 @@ def _not_tensor(fn, name, value):
 
 def _product(a, b):
     if not eager((a, b)):
+        if torch_only():  # forward-mode AD, functorch: torch's own
+            return torch.mm(a, b) if a.dim() == 2 else torch.bmm(a, b)
         return _OPS[a.dim()](a, b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return _matmul_function(a, b)

@@ -12,7 +12,7 @@ from typing import Optional
 import torch
 
 from .. import _C, _workspace
-from .._dispatch import eager, eager_apply, register_autocast
+from .._dispatch import eager, eager_apply, register_autocast, torch_only
 
 _compiling = torch.compiler.is_compiling
 
@@ -238,6 +238,22 @@ for _device in ("cpu", "cuda"):  # prod is on torch's fp32 autocast lists
     register_autocast(torch.ops.gemsops.prod.default, _device, "fp32")
 
 
+def _prod_not_eager(x, d, dtype_given):
+    """The op, or torch.prod where the op cannot serve (torch_only()). A
+    dtype= given keeps its dtype under autocast, as torch's policy for
+    prod (its fp32 cast is for calls without one)."""
+    if torch_only():
+        return torch.prod(x) if d is None else torch.prod(x, d)
+    if (
+        dtype_given
+        and x.device.type in ("cpu", "cuda")
+        and torch.is_autocast_enabled(x.device.type)
+    ):
+        with torch.autocast(x.device.type, enabled=False):
+            return _prod_op(x, d)
+    return _prod_op(x, d)
+
+
 def prod(input, dim=None, keepdim=False, *, dtype=None):
     """gemsops.prod(input, *, dtype=None) -> 0-d tensor;
     gemsops.prod(input, dim, keepdim=False, *, dtype=None).
@@ -283,7 +299,7 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
         input = input.resolve_neg()
     x = input.reshape(1) if input.dim() == 0 else input
     if not eager((x,)):
-        out = _prod_op(x, d)
+        out = _prod_not_eager(x, d, dtype is not None)
     elif (
         torch.is_grad_enabled()
         and input.requires_grad

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C
-from .._dispatch import eager, eager_apply
+from .._dispatch import eager, eager_apply, torch_only
 from . import layer_norm as ln
 
 
@@ -229,6 +229,16 @@ def _backward_composite(g, x, weight, eps, shape):
     return dx.to(x.dtype), (gf * xhat).sum(rows).to(pdtype)
 
 
+def _forward_torch(x, shape, weight, eps):
+    """rms_norm in torch's differentiable ops, for torch_only()."""
+    cols = tuple(range(x.dim() - len(shape), x.dim()))
+    xf = x.to(ln._stats_dtype(x.dtype))
+    y = xf * torch.rsqrt((xf * xf).mean(cols, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight.to(y.dtype)
+    return y.to(x.dtype)
+
+
 def _rms_norm_backward_setup(ctx, inputs, output):
     grad_out, x, shape, _, weight, mask, eps = inputs
     ctx.shape, ctx.eps = tuple(shape), eps
@@ -290,6 +300,8 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     eps = _eps(eps, input.dtype)
     weight = _weight_for(input, weight)
     if not eager((input, weight)):
+        if torch_only():
+            return _forward_torch(input, shape, weight, eps)
         return _rms_norm_op(input, shape, weight, eps)[0]
     if ln._needs_grad(input, weight, None):
         return _rms_norm_function(input, shape, weight, eps)

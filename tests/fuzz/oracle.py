@@ -599,10 +599,7 @@ def close(
         ):
             return
         if bound is not None and r.numel():
-            tol = (
-                bound.to(r.device)[fin.to(bound.device)]
-                + torch.finfo(dtype).eps * r.abs()
-            )
+            tol = bound.detach().cpu()[fin] + torch.finfo(dtype).eps * r.abs()
             if bool(((o.double() - r).abs() <= tol).all()):
                 return
         if t is not None and torch_slack and r.numel():

@@ -1,0 +1,286 @@
+"""The ops under torch's other ways of running a function: forward-mode AD
+(dual tensors, torch.func.jvp and jacfwd), the other torch.func transforms
+(grad, vjp, jacrev, vmap), the JIT tracer, and meta tensors. Each result
+is compared with the same function written in torch's ops."""
+
+import warnings
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
+
+import gemsops
+
+
+def _layer_norm_ref(x, w, b):
+    return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def _fused_ref(x, r, w, b):
+    h = x + r
+    return F.layer_norm(h, (x.shape[-1],), w, b, 1e-5), h
+
+
+# (name, gemsops function, torch function, argument shapes, dtype): every
+# argument a tensor, each differentiated
+CASES = [
+    ("mm", gemsops.mm, torch.mm, [(5, 7), (7, 3)], torch.float32),
+    ("bmm", gemsops.bmm, torch.bmm, [(2, 5, 7), (2, 7, 3)], torch.float32),
+    (
+        "matmul",
+        gemsops.matmul,
+        torch.matmul,
+        [(2, 1, 5, 7), (3, 7, 4)],
+        torch.float32,
+    ),
+    (
+        "linear",
+        gemsops.linear,
+        F.linear,
+        [(2, 5, 7), (3, 7), (3,)],
+        torch.float32,
+    ),
+    (
+        "addmm",
+        gemsops.addmm,
+        torch.addmm,
+        [(3,), (5, 7), (7, 3)],
+        torch.float32,
+    ),
+    (
+        "layer_norm",
+        lambda x, w, b: gemsops.layer_norm(x, (x.shape[-1],), w, b),
+        _layer_norm_ref,
+        [(4, 9), (9,), (9,)],
+        torch.float64,
+    ),
+    (
+        "native_layer_norm",
+        lambda x, w, b: gemsops.native_layer_norm(x, (9,), w, b)[0],
+        lambda x, w, b: torch.native_layer_norm(x, (9,), w, b, 1e-5)[0],
+        [(4, 9), (9,), (9,)],
+        torch.float64,
+    ),
+    (
+        "rms_norm",
+        lambda x, w: gemsops.rms_norm(x, (x.shape[-1],), w),
+        lambda x, w: F.rms_norm(x, (x.shape[-1],), w),
+        [(4, 9), (9,)],
+        torch.float64,
+    ),
+    (
+        "fused_add_layer_norm",
+        lambda x, r, w, b: gemsops.fused_add_layer_norm(
+            x, r, (x.shape[-1],), w, b
+        ),
+        _fused_ref,
+        [(4, 9), (4, 9), (9,), (9,)],
+        torch.float64,
+    ),
+    (
+        "fused_add_rms_norm",
+        lambda x, r, w: gemsops.fused_add_rms_norm(x, r, (x.shape[-1],), w),
+        lambda x, r, w: (F.rms_norm(x + r, (x.shape[-1],), w), x + r),
+        [(4, 9), (4, 9), (9,)],
+        torch.float64,
+    ),
+    (
+        "prod",
+        lambda x: gemsops.prod(x, 1),
+        lambda x: torch.prod(x, 1),
+        [(3, 6)],
+        torch.float64,
+    ),
+    ("prod_all", gemsops.prod, torch.prod, [(3, 4)], torch.float64),
+]
+IDS = [c[0] for c in CASES]
+
+
+def _args(shapes, dtype, device):
+    return tuple(
+        torch.randn(s, dtype=dtype, device=device) + 0.5 for s in shapes
+    )
+
+
+def _tol(dtype):
+    return (
+        dict(rtol=1e-9, atol=1e-9)
+        if dtype == torch.float64
+        else dict(rtol=2e-4, atol=2e-4)
+    )
+
+
+def _close(got, want, dtype):
+    if isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for g, w in zip(got, want):
+            _close(g, w, dtype)
+        return
+    assert got is not None, "a tangent came back None"
+    torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+@pytest.fixture(autouse=True)
+def _exact_fp32():
+    """fp32 products exact on both sides (TF32 is a tolerance of its own)."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_dual_tensor_tangent(case, device):
+    """A dual tensor's tangent is carried, not dropped (it was None)."""
+    _, ours, theirs, shapes, dtype = case
+    args = _args(shapes, dtype, device)
+    tangents = _args(shapes, dtype, device)
+    with fwAD.dual_level():
+        duals = [fwAD.make_dual(a, t) for a, t in zip(args, tangents)]
+        got, want = ours(*duals), theirs(*duals)
+        unpack = lambda o: fwAD.unpack_dual(o)  # noqa: E731
+        if isinstance(want, tuple):
+            got_p = tuple(unpack(o).primal for o in got)
+            got_t = tuple(unpack(o).tangent for o in got)
+            want_p = tuple(unpack(o).primal for o in want)
+            want_t = tuple(unpack(o).tangent for o in want)
+        else:
+            got_p, got_t = unpack(got).primal, unpack(got).tangent
+            want_p, want_t = unpack(want).primal, unpack(want).tangent
+    _close(got_p, want_p, dtype)
+    _close(got_t, want_t, dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_func_jvp(case, device):
+    """torch.func.jvp's tangent is the function's (it was zeros)."""
+    _, ours, theirs, shapes, dtype = case
+    args = _args(shapes, dtype, device)
+    tangents = _args(shapes, dtype, device)
+    got = torch.func.jvp(ours, args, tangents)
+    want = torch.func.jvp(theirs, args, tangents)
+    _close(got[0], want[0], dtype)
+    _close(got[1], want[1], dtype)
+
+
+def _summed(fn):
+    def total(*args):
+        out = fn(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        return sum((o * o).sum() for o in outs)
+
+    return total
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_func_grad_and_jacobians(case, device):
+    """torch.func.grad, jacrev and jacfwd run (grad and jacrev refused
+    the custom op's autograd Function) and agree with torch's."""
+    _, ours, theirs, shapes, dtype = case
+    args = _args(shapes, dtype, device)
+    argnums = tuple(range(len(args)))
+    got = torch.func.grad(_summed(ours), argnums)(*args)
+    want = torch.func.grad(_summed(theirs), argnums)(*args)
+    _close(got, want, dtype)
+    first = lambda f: lambda x: f(x, *args[1:])  # noqa: E731
+    for jac in (torch.func.jacrev, torch.func.jacfwd):
+        _close(jac(first(ours))(args[0]), jac(first(theirs))(args[0]), dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_func_vmap(case, device):
+    _, ours, theirs, shapes, dtype = case
+    batched = _args([(3,) + tuple(s) for s in shapes], dtype, device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a batching rule's fallback
+        got = torch.func.vmap(ours)(*batched)
+    _close(got, torch.func.vmap(theirs)(*batched), dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_jit_trace_records_the_op(case, device):
+    """A traced function computes on new inputs (a direct call into C was
+    invisible to the tracer: the trace kept only the output's allocation,
+    and replayed uninitialised memory)."""
+    _, ours, theirs, shapes, dtype = case
+    args = _args(shapes, dtype, device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TracerWarnings
+        traced = torch.jit.trace(ours, args, check_trace=False)
+    fresh = tuple(a * 2 - 0.25 for a in args)
+    _close(traced(*fresh), theirs(*fresh), dtype)
+
+
+def test_jit_trace_linear_module_with_grad(device):
+    m = gemsops.nn.Linear(7, 3, device=device)
+    x = torch.randn(4, 7, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(m, (x,))
+    x2 = torch.randn(6, 7, device=device, requires_grad=True)
+    y = traced(x2)
+    torch.testing.assert_close(y, F.linear(x2, m.weight, m.bias))
+    y.sum().backward()
+    torch.testing.assert_close(
+        x2.grad, m.weight.sum(0).expand(6, 7), rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_meta_tensors(case):
+    """Meta inputs give meta outputs of torch's shapes and dtypes (C has
+    no bytes to read; it refused them through DLPack)."""
+    _, ours, theirs, shapes, dtype = case
+    args = tuple(torch.empty(s, dtype=dtype, device="meta") for s in shapes)
+    got, want = ours(*args), theirs(*args)
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        assert g.device.type == "meta"
+        assert (g.shape, g.dtype) == (w.shape, w.dtype)
+
+
+def test_meta_modules():
+    x = torch.empty(2, 5, 8, device="meta")
+    for m in (
+        gemsops.nn.Linear(8, 3, device="meta"),
+        gemsops.nn.LayerNorm(8, device="meta"),
+        gemsops.nn.RMSNorm(8, device="meta"),
+    ):
+        y = m(x)
+        assert y.device.type == "meta" and y.shape[:2] == (2, 5)
+
+
+def test_layer_norm_backward_under_forward_ad(device):
+    """gemsops.layer_norm_backward with dual inputs: the tangent of
+    aten's formula at the given statistics."""
+    x, g = (
+        torch.randn(4, 9, dtype=torch.float64, device=device) for _ in "ab"
+    )
+    w, b = (torch.randn(9, dtype=torch.float64, device=device) for _ in "ab")
+    _, mean, rstd = torch.native_layer_norm(x, (9,), w, b, 1e-5)
+    tx, tg = torch.randn_like(x), torch.randn_like(g)
+
+    def ours(g, x):
+        return gemsops.layer_norm_backward(g, x, (9,), mean, rstd, w, b)
+
+    def theirs(g, x):
+        return torch.ops.aten.native_layer_norm_backward(
+            g, x, (9,), mean, rstd, w, b, [True, True, True]
+        )
+
+    got = torch.func.jvp(ours, (g, x), (tg, tx))
+    want_primal = theirs(g, x)
+    _close(got[0], tuple(want_primal), torch.float64)
+    # the tangent, by central differences of the primal (exact in g)
+    h = 1e-6
+    plus, minus = (
+        theirs(g + h * tg, x + h * tx),
+        theirs(g - h * tg, x - h * tx),
+    )
+    for t, p, m in zip(got[1], plus, minus):
+        torch.testing.assert_close(t, (p - m) / (2 * h), rtol=1e-5, atol=1e-6)
