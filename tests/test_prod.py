@@ -521,3 +521,40 @@ def test_workspace_queries_on_empty_inputs(device):
         out = gemsops.prod(x) if dim is None else gemsops.prod(x, dim)
         ref = torch.prod(x) if dim is None else torch.prod(x, dim)
         assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+def test_wide_unsigned_input_as_torch(dtype, device):
+    # torch's result is int64; the product wraps to the same bits
+    dtype = getattr(torch, dtype, None)
+    if dtype is None:
+        pytest.skip("this torch has no such dtype")
+    big = (1 << 63) + 5 if dtype == torch.uint64 else 3
+    x = torch.tensor([[3, 4, 5], [2**15, 3, 1], [big, 3, 7]], dtype=dtype)
+    x = x.to(device)
+    for got, want in (
+        (gemsops.prod(x), torch.prod(x.cpu())),
+        (gemsops.prod(x, 1), torch.prod(x.cpu(), 1)),
+        (
+            gemsops.prod(x, 0, keepdim=True),
+            torch.prod(x.cpu(), 0, keepdim=True),
+        ),
+    ):
+        assert got.dtype == want.dtype == torch.int64
+        assert torch.equal(got.cpu(), want)
+
+
+def test_out_argument_as_torch(device):
+    x = torch.rand(3, 5, device=device) + 0.5
+    out = torch.empty(3, dtype=torch.float64, device=device)
+    got = gemsops.prod(x, 1, out=out)
+    assert got is out  # the result copied into out's own dtype
+    want = torch.prod(x.double(), 1)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=0)
+    kept = torch.empty(0, device=device)
+    gemsops.prod(x, 0, keepdim=True, out=kept)  # resized, no warning: empty
+    assert kept.shape == (1, 5)
+    with pytest.raises(TypeError, match="out"):  # torch: out= needs a dim
+        gemsops.prod(x, out=torch.empty((), device=device))
+    with pytest.raises(RuntimeError, match="requires grad"):
+        gemsops.prod(x.requires_grad_(), 1, out=out)

@@ -284,3 +284,12 @@ def test_layer_norm_backward_under_forward_ad(device):
     )
     for t, p, m in zip(got[1], plus, minus):
         torch.testing.assert_close(t, (p - m) / (2 * h), rtol=1e-5, atol=1e-6)
+
+
+def test_meta_beside_cpu_is_a_device_error():
+    a, b = torch.randn(3, 4), torch.empty(4, 2, device="meta")
+    for fn in (gemsops.mm, gemsops.matmul):
+        with pytest.raises(RuntimeError, match="device"):
+            fn(a, b)
+        with pytest.raises(RuntimeError, match="device"):
+            fn(b.mT, a.mT)

@@ -14,9 +14,9 @@ import torch
 
 from .. import _C
 from .._dispatch import eager, eager_apply
+from ._out import into as _into
 from .matmul import (
     SUPPORTED,
-    _into,
     _launch_product,
     _mm,
     matmul,

@@ -32,12 +32,12 @@ once, fp32 exactly on the CUDA cores.
 
 import math
 import os
-import warnings
 
 import torch
 
 from .. import _C, _workspace
 from .._dispatch import eager, eager_apply, register_autocast, torch_only
+from ._out import into as _into
 
 _compiling = torch.compiler.is_compiling
 
@@ -361,7 +361,8 @@ def _operands(fn, a, b):
                 f"{fn}(): expected both arguments to have the same "
                 f"dtype, but got {a.dtype} and {b.dtype}"
             )
-    if a.get_device() != b.get_device():
+    # get_device() is -1 for the CPU and for meta alike
+    if a.get_device() != b.get_device() or a.is_meta != b.is_meta:
         raise RuntimeError(
             f"{fn}(): expected both arguments on the same "
             f"device, but got {a.device} and {b.device}"
@@ -472,47 +473,6 @@ def _shapes_error(fn, a, b):
     sa = "x".join(map(str, a.shape))
     sb = "x".join(map(str, b.shape))
     return RuntimeError(f"{fn}(): shapes cannot be multiplied ({sa} and {sb})")
-
-
-def _into(fn, out, inputs, compute):
-    """torch's out= rules for compute()'s result: out must be a tensor of
-    the result's dtype and device; a shape that differs is resized (with
-    torch's warning when out held elements); no autograd records through
-    it; out itself is returned. The product is computed first, so out may
-    alias an input, as torch allows."""
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(
-            f"{fn}(): argument 'out' must be Tensor, not {type(out).__name__}"
-        )
-    if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
-    ):
-        raise RuntimeError(
-            f"{fn}(): functions with out=... arguments don't support "
-            "automatic differentiation, but one of the arguments requires "
-            "grad."
-        )
-    r = compute()
-    if out.dtype != r.dtype:
-        raise RuntimeError(
-            f"{fn}(): expected out tensor to have dtype {r.dtype}, but got "
-            f"{out.dtype} instead"
-        )
-    if out.device != r.device:
-        raise RuntimeError(
-            f"{fn}(): expected out on {r.device}, but got {out.device}"
-        )
-    if out.shape != r.shape:
-        if out.numel():
-            warnings.warn(
-                f"{fn}(): an output with one or more elements was resized "
-                f"since it had shape {list(out.shape)}, which does not match "
-                f"the required output shape {list(r.shape)}",
-                UserWarning,
-                stacklevel=3,
-            )
-        out.resize_(r.shape)
-    return out.copy_(r)
 
 
 def mm(input, mat2, *, out=None):

@@ -13,6 +13,7 @@ import torch
 
 from .. import _C, _workspace
 from .._dispatch import eager, eager_apply, register_autocast, torch_only
+from ._out import into as _into
 
 _compiling = torch.compiler.is_compiling
 
@@ -238,6 +239,15 @@ for _device in ("cpu", "cuda"):  # prod is on torch's fp32 autocast lists
     register_autocast(torch.ops.gemsops.prod.default, _device, "fp32")
 
 
+# torch's unsigned types past uint8: their product in int64 wraps to the
+# same bits (torch's result dtype)
+_UNSIGNED_WIDE = tuple(
+    getattr(torch, n)
+    for n in ("uint16", "uint32", "uint64")
+    if hasattr(torch, n)
+)
+
+
 def _prod_not_eager(x, d, dtype_given):
     """The op, or torch.prod where the op cannot serve (torch_only()). A
     dtype= given keeps its dtype under autocast, as torch's policy for
@@ -254,14 +264,25 @@ def _prod_not_eager(x, d, dtype_given):
     return _prod_op(x, d)
 
 
-def prod(input, dim=None, keepdim=False, *, dtype=None):
+def prod(input, dim=None, keepdim=False, *, dtype=None, out=None):
     """gemsops.prod(input, *, dtype=None) -> 0-d tensor;
-    gemsops.prod(input, dim, keepdim=False, *, dtype=None).
+    gemsops.prod(input, dim, keepdim=False, *, dtype=None, out=None).
 
     The result has dtype= when given, else int64 for bool and integer
-    input, else input's dtype. With dtype= the input is cast first, as
-    torch does; integer and bool results are computed in int64 and
-    truncated, which wraps as torch's narrower products do."""
+    input (unsigned ones too), else input's dtype. With dtype= the input is
+    cast first, as torch does; integer and bool results are computed in
+    int64 and truncated, which wraps as torch's narrower products do. out=
+    (with a dim, as torch's) takes the result in its own dtype."""
+    if out is not None:
+        if dim is None:
+            raise TypeError("prod(): out= needs a dim (torch.prod's rule)")
+        return _into(
+            "prod",
+            out,
+            (input,),
+            lambda: prod(input, dim, keepdim, dtype=dtype),
+            cast=True,
+        )
     if not isinstance(input, torch.Tensor):
         raise TypeError(
             "prod(): argument 'input' must be a Tensor, not "
@@ -291,6 +312,8 @@ def prod(input, dim=None, keepdim=False, *, dtype=None):
         input = input.to(dtype)
         if not dtype.is_floating_point and dtype != torch.int64:
             cast = dtype
+    if input.dtype in _UNSIGNED_WIDE:  # C has no kernel: the same bits
+        input = input.to(torch.int64)
     if input.is_complex():
         raise NotImplementedError(
             f"prod(): gemsops has no kernel for complex input ({input.dtype})"

@@ -1,0 +1,47 @@
+"""out= for the ops that take one, by torch's rules."""
+
+import warnings
+
+import torch
+
+
+def into(fn, out, inputs, compute, cast=False):
+    """torch's out= rules for compute()'s result: out must be a tensor of
+    the result's dtype (any dtype with cast: the result is copied into it,
+    as torch's reductions do) and device; a shape that differs is resized
+    (with torch's warning when out held elements); no autograd records
+    through it; out itself is returned. The result is computed first, so
+    out may alias an input, as torch allows."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(
+            f"{fn}(): argument 'out' must be Tensor, not {type(out).__name__}"
+        )
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
+    ):
+        raise RuntimeError(
+            f"{fn}(): functions with out=... arguments don't support "
+            "automatic differentiation, but one of the arguments requires "
+            "grad."
+        )
+    r = compute()
+    if out.dtype != r.dtype and not cast:
+        raise RuntimeError(
+            f"{fn}(): expected out tensor to have dtype {r.dtype}, but got "
+            f"{out.dtype} instead"
+        )
+    if out.device != r.device:
+        raise RuntimeError(
+            f"{fn}(): expected out on {r.device}, but got {out.device}"
+        )
+    if out.shape != r.shape:
+        if out.numel():
+            warnings.warn(
+                f"{fn}(): an output with one or more elements was resized "
+                f"since it had shape {list(out.shape)}, which does not match "
+                f"the required output shape {list(r.shape)}",
+                UserWarning,
+                stacklevel=3,
+            )
+        out.resize_(r.shape)
+    return out.copy_(r)
