@@ -259,3 +259,24 @@ def test_short_rows_every_op(vectors, dtype, pdtype, device):
         y, h = run(kind, x, res, shape, w, b)
         assert torch.equal(h, x + res), kind
         assert_close(y, reference(kind, h, shape, w, b), dtype, name=kind)
+
+
+@pytest.mark.parametrize("rms", [False, True])
+def test_h_requires_grad_only_through_its_addends(rms, device):
+    # torch's h = x + residual records no graph for the norm's weight
+    x, r = (torch.randn(4, 8, device=device) for _ in "xr")
+    w = torch.randn(8, device=device, requires_grad=True)
+    if rms:
+        y, h = gemsops.fused_add_rms_norm(x, r, (8,), w)
+    else:
+        y, h = gemsops.fused_add_layer_norm(x, r, (8,), w)
+    assert y.requires_grad and not h.requires_grad
+    (gw,) = torch.autograd.grad(y.sum(), w)
+    assert gw.shape == (8,)
+    xg = x.clone().requires_grad_()
+    y, h = (
+        gemsops.fused_add_rms_norm(xg, r, (8,), w)
+        if rms
+        else gemsops.fused_add_layer_norm(xg, r, (8,), w)
+    )
+    assert h.requires_grad

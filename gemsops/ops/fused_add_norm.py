@@ -48,6 +48,8 @@ class FusedAddNormFunction(torch.autograd.Function):
         ctx.has_bias = bias is not None
         ctx.save_for_backward(h, weight, mean, rstd, bias)
         ctx.set_materialize_grads(False)
+        if not (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]):
+            ctx.mark_non_differentiable(h)  # as torch's x + residual
         return y, h
 
     @staticmethod
