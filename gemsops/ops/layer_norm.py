@@ -757,18 +757,12 @@ def layer_norm_backward(
         else _plain(s)
         for s in (mean, rstd)
     )
-    if not eager((grad_out, input, mean, rstd, weight)) and torch_only():
-        return _backward_torch(
-            grad_out,
-            input,
-            shape,
-            mean,
-            rstd,
-            weight,
-            bias,
-            (want_dx, want_dw, want_db),
-        )
-    if not eager((grad_out, input, mean, rstd, weight)) or (
+    mask = (want_dx, want_dw, want_db)
+    direct = eager((grad_out, input, mean, rstd, weight))
+    if not direct and torch_only():
+        args = (grad_out, input, shape, mean, rstd, weight)
+        return _backward_torch(*args, bias, mask)
+    if not direct or (
         torch.is_grad_enabled()
         and any(
             t is not None and t.requires_grad
@@ -782,7 +776,7 @@ def layer_norm_backward(
             mean,
             rstd,
             weight,
-            (want_dx, want_dw, want_db),
+            mask,
             deterministic,
             bias=bias,
         )
