@@ -255,6 +255,8 @@ def test_errors():
     # dimension a TypeError (not a float argument)
     with pytest.raises(ValueError, match="dimension"):
         gemsops.rms_norm(torch.tensor(1.0), (1,))
+    with pytest.raises(RuntimeError, match="normalized_shape"):  # first
+        gemsops.rms_norm(torch.tensor(1.0), [])
     with pytest.raises(TypeError, match="eps"):
         gemsops.rms_norm(x, (8,), None, torch.tensor([1e-5]))
     with pytest.raises(RuntimeError, match="normalized_shape"):

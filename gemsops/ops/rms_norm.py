@@ -290,6 +290,9 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     """Drop-in for torch.nn.functional.rms_norm. weight may be fp32 with
     fp16/bf16 input (mixed precision); the output has input's dtype."""
     if isinstance(input, torch.Tensor) and input.dim() == 0:
+        # torch refuses an empty normalized_shape first (RuntimeError)
+        if not ln._normalized_shape(normalized_shape, "rms_norm"):
+            ln._check_shape(input, (), "rms_norm")
         raise ValueError(  # torch's type for this refusal
             "rms_norm(): input must have at least 1 dimension, got a 0-d "
             "tensor"
