@@ -48,8 +48,11 @@ def torch_only():
     forward-mode AD (a dual level, torch.func.jvp, jacfwd), whose tangent
     a custom op with only a backward formula drops (zeros, or None), and
     the other functorch transforms, whose grad, vjp and jacrev refuse the
-    autograd Function torch.library makes for a custom op. Under
-    torch.compile the op serves (Dynamo traces the transforms itself)."""
+    autograd Function torch.library makes for a custom op. Not under
+    torch.compile, where Dynamo answers the interpreter-stack query for
+    every compiled function alike: there the op serves, and a compiled
+    torch.func.jvp of it gets a zero tangent, compiled grad raises
+    (README)."""
     return not _is_compiling() and (
         _functorch() is not None or _forward_ad._current_level >= 0
     )
@@ -64,7 +67,7 @@ def eager_apply(function):
     return super(torch.autograd.Function, function).apply
 
 
-def _cast(value, device_type, dtype):
+def cast_floating(value, device_type, dtype):
     if (
         isinstance(value, torch.Tensor)
         and value.is_floating_point()
@@ -73,7 +76,7 @@ def _cast(value, device_type, dtype):
     ):
         return value.to(dtype)
     if isinstance(value, (list, tuple)):
-        return type(value)(_cast(v, device_type, dtype) for v in value)
+        return type(value)(cast_floating(v, device_type, dtype) for v in value)
     return value
 
 
@@ -93,7 +96,7 @@ def register_autocast(op, device_type, policy):
             else torch.get_autocast_dtype(device_type)
         )
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
-            return op(*_cast(args, device_type, dtype))
+            return op(*cast_floating(args, device_type, dtype))
 
     if op.has_kernel_for_dispatch_key(key):
         op.py_kernels.pop(key)

@@ -548,9 +548,20 @@ def test_out_argument_as_torch(device):
     x = torch.rand(3, 5, device=device) + 0.5
     out = torch.empty(3, dtype=torch.float64, device=device)
     got = gemsops.prod(x, 1, out=out)
-    assert got is out  # the result copied into out's own dtype
+    assert got is out
     want = torch.prod(x.double(), 1)
-    torch.testing.assert_close(out, want, rtol=1e-5, atol=0)
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=0)
+    # computed in out's dtype, as torch's: the input cast first
+    f = torch.tensor([[1.5, 2.5, 3.0], [0.5, 4.0, 2.0]], device=device)
+    ints = torch.empty(2, dtype=torch.int64, device=device)
+    gemsops.prod(f, 1, out=ints)
+    assert ints.tolist() == torch.prod(f.cpu(), 1, dtype=torch.int64).tolist()
+    big = torch.tensor([[2**40, 2**40, 3]], device=device)
+    wide = torch.empty(1, dtype=torch.float64, device=device)
+    gemsops.prod(big, 1, out=wide)
+    assert wide.item() == float(2**80 * 3)
+    with pytest.raises(RuntimeError, match="dtype"):  # dtype= must match
+        gemsops.prod(x, 1, dtype=torch.float32, out=out)
     kept = torch.empty(0, device=device)
     gemsops.prod(x, 0, keepdim=True, out=kept)  # resized, no warning: empty
     assert kept.shape == (1, 5)

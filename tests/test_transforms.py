@@ -293,3 +293,24 @@ def test_meta_beside_cpu_is_a_device_error():
             fn(a, b)
         with pytest.raises(RuntimeError, match="device"):
             fn(b.mT, a.mT)
+
+
+def test_prod_dtype_under_autocast_and_jvp():
+    # the dtype= given stays, as torch's autocast policy for prod keeps it
+    x, t = torch.rand(3, 5) + 0.5, torch.randn(3, 5)
+    pairs = [
+        (
+            lambda v: gemsops.prod(v, 1, dtype=torch.bfloat16),
+            lambda v: torch.prod(v, 1, dtype=torch.bfloat16),
+        ),
+        (
+            lambda v: gemsops.prod(v, dtype=torch.bfloat16),
+            lambda v: torch.prod(v, dtype=torch.bfloat16),
+        ),
+    ]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for ours, theirs in pairs:
+            got = torch.func.jvp(ours, (x,), (t,))
+            want = torch.func.jvp(theirs, (x,), (t,))
+            assert [g.dtype for g in got] == [w.dtype for w in want]
+            torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-2)

@@ -5,10 +5,9 @@ import warnings
 import torch
 
 
-def into(fn, out, inputs, compute, cast=False):
+def into(fn, out, inputs, compute):
     """torch's out= rules for compute()'s result: out must be a tensor of
-    the result's dtype (any dtype with cast: the result is copied into it,
-    as torch's reductions do) and device; a shape that differs is resized
+    the result's dtype and device; a shape that differs is resized
     (with torch's warning when out held elements); no autograd records
     through it; out itself is returned. The result is computed first, so
     out may alias an input, as torch allows."""
@@ -25,7 +24,7 @@ def into(fn, out, inputs, compute, cast=False):
             "grad."
         )
     r = compute()
-    if out.dtype != r.dtype and not cast:
+    if out.dtype != r.dtype:
         raise RuntimeError(
             f"{fn}(): expected out tensor to have dtype {r.dtype}, but got "
             f"{out.dtype} instead"

@@ -12,7 +12,13 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C, _workspace
-from .._dispatch import eager, eager_apply, register_autocast, torch_only
+from .._dispatch import (
+    cast_floating,
+    eager,
+    eager_apply,
+    register_autocast,
+    torch_only,
+)
 
 _compiling = torch.compiler.is_compiling
 
@@ -518,6 +524,11 @@ def _forward_torch(x, shape, weight, bias, eps):
     """native_layer_norm in torch's differentiable ops, for torch_only()
     (forward-mode AD, functorch): (out, mean, rstd) as the op returns
     them, the statistics in fp32 (fp64 for fp64 input)."""
+    if x.is_cuda and torch.is_autocast_enabled("cuda"):
+        # the op's CUDA autocast rule (fp32), as torch's layer_norm
+        x, weight, bias = cast_floating(
+            (x, weight, bias), "cuda", torch.float32
+        )
     cols = tuple(range(x.dim() - len(shape), x.dim()))
     xf = x.to(_stats_dtype(x.dtype))
     mean = xf.mean(cols, keepdim=True)

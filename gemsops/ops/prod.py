@@ -252,8 +252,9 @@ def _prod_not_eager(x, d, dtype_given):
     """The op, or torch.prod where the op cannot serve (torch_only()). A
     dtype= given keeps its dtype under autocast, as torch's policy for
     prod (its fp32 cast is for calls without one)."""
-    if torch_only():
-        return torch.prod(x) if d is None else torch.prod(x, d)
+    if torch_only():  # dtype= given: x has it, and it stays (autocast)
+        kw = {"dtype": x.dtype} if dtype_given else {}
+        return torch.prod(x, **kw) if d is None else torch.prod(x, d, **kw)
     if (
         dtype_given
         and x.device.type in ("cpu", "cuda")
@@ -272,16 +273,23 @@ def prod(input, dim=None, keepdim=False, *, dtype=None, out=None):
     input (unsigned ones too), else input's dtype. With dtype= the input is
     cast first, as torch does; integer and bool results are computed in
     int64 and truncated, which wraps as torch's narrower products do. out=
-    (with a dim, as torch's) takes the result in its own dtype."""
+    (with a dim, as torch's) sets the dtype the product is computed in."""
     if out is not None:
         if dim is None:
             raise TypeError("prod(): out= needs a dim (torch.prod's rule)")
+        if isinstance(out, torch.Tensor):
+            # torch computes in out's dtype; a dtype= must be that one
+            if dtype is not None and _dtype(dtype) != out.dtype:
+                raise RuntimeError(
+                    f"prod(): expected out tensor to have dtype "
+                    f"{_dtype(dtype)}, but got {out.dtype} instead"
+                )
+            dtype = out.dtype
         return _into(
             "prod",
             out,
             (input,),
             lambda: prod(input, dim, keepdim, dtype=dtype),
-            cast=True,
         )
     if not isinstance(input, torch.Tensor):
         raise TypeError(
