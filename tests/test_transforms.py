@@ -314,3 +314,17 @@ def test_prod_dtype_under_autocast_and_jvp():
             want = torch.func.jvp(theirs, (x,), (t,))
             assert [g.dtype for g in got] == [w.dtype for w in want]
             torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-2)
+
+
+def test_torch_ops_path_refuses_what_the_kernels_refuse():
+    x, t = torch.randn(3, 8), torch.randn(3, 8)
+    for w, b in (
+        (torch.randn(8).bfloat16(), None),
+        (None, torch.randn(8).double()),
+    ):
+        with pytest.raises(RuntimeError, match="dtype"):
+            gemsops.layer_norm(x, (8,), w, b)  # eager: the kernel refuses
+        with pytest.raises(RuntimeError, match="dtype"):
+            torch.func.jvp(
+                lambda v: gemsops.layer_norm(v, (8,), w, b), (x,), (t,)
+            )

@@ -520,10 +520,28 @@ def _backward_composite(g, x, weight, eps, shape):
     )
 
 
+def _param_dtypes_ok(x, weight, bias, fn="layer_norm"):
+    """The kernels' rule for the parameters' dtype (x's, or fp32 beside a
+    half x), for the torch-ops path, which would compute with any."""
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    for name, p in (("weight", weight), ("bias", bias)):
+        if p is None or p.dtype == x.dtype:
+            continue
+        if half and p.dtype == torch.float32:
+            continue
+        want = str(x.dtype).replace("torch.", "")
+        raise RuntimeError(
+            f"{fn}(): argument '{name}' has dtype "
+            f"{str(p.dtype).replace('torch.', '')}; expected "
+            + (f"{want} or float32" if half else want)
+        )
+
+
 def _forward_torch(x, shape, weight, bias, eps):
     """native_layer_norm in torch's differentiable ops, for torch_only()
     (forward-mode AD, functorch): (out, mean, rstd) as the op returns
     them, the statistics in fp32 (fp64 for fp64 input)."""
+    _param_dtypes_ok(x, weight, bias)
     if x.is_cuda and torch.is_autocast_enabled("cuda"):
         # the op's CUDA autocast rule (fp32), as torch's layer_norm
         x, weight, bias = cast_floating(
@@ -545,6 +563,7 @@ def _forward_torch(x, shape, weight, bias, eps):
 def _backward_torch(g, x, shape, mean, rstd, weight, bias, mask):
     """layer_norm_backward in torch's differentiable ops at the given
     statistics (aten's formula), for torch_only()."""
+    _param_dtypes_ok(x, weight, bias, "layer_norm_backward")
     nd = len(shape)
     cols = tuple(range(x.dim() - nd, x.dim()))
     rows = tuple(range(x.dim() - nd))
