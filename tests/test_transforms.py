@@ -328,3 +328,13 @@ def test_torch_ops_path_refuses_what_the_kernels_refuse():
             torch.func.jvp(
                 lambda v: gemsops.layer_norm(v, (8,), w, b), (x,), (t,)
             )
+
+
+def test_rows_of_nothing_under_forward_ad():
+    x, t = torch.randn(3, 0), torch.randn(3, 0)
+    want = torch.native_layer_norm(x, (0,), None, None, 1e-5)
+    with fwAD.dual_level():
+        got = gemsops.native_layer_norm(fwAD.make_dual(x, t), (0,))
+        got = [fwAD.unpack_dual(o).primal for o in got]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True)

@@ -552,6 +552,8 @@ def _forward_torch(x, shape, weight, bias, eps):
     mean = xf.mean(cols, keepdim=True)
     xc = xf - mean
     rstd = torch.rsqrt((xc * xc).mean(cols, keepdim=True) + eps)
+    if math.prod(shape) == 0:  # rows of nothing: mean 0, rstd NaN (torch's)
+        mean, rstd = mean.nan_to_num(0.0), rstd.nan_to_num(math.nan)
     y = xc * rstd
     if weight is not None:
         y = y * weight.to(y.dtype)
