@@ -496,28 +496,29 @@ def _backward_composite(g, x, weight, eps, shape):
     layer_norm at x, with the row statistics recomputed from x so that
     their dependence on x is differentiated too; eps per row from
     _eps_of, so the values are the kernel's."""
-    nd = len(shape)
-    cols = tuple(range(x.dim() - nd, x.dim()))
-    rows = tuple(range(x.dim() - nd))
-    cd = _stats_dtype(x.dtype)
-    xf, gf = x.to(cd), g.to(cd)
+    cols = tuple(range(x.dim() - len(shape), x.dim()))
+    xf = x.to(_stats_dtype(x.dtype))
     mu = xf.mean(cols, keepdim=True)
     xc = xf - mu
-    var = (xc * xc).mean(cols, keepdim=True)
-    r = torch.rsqrt(var + eps)
-    xhat = xc * r
-    gw = gf * weight.to(cd) if weight is not None else gf
+    r = torch.rsqrt((xc * xc).mean(cols, keepdim=True) + eps)
+    dx, dw, db = _backward_formula(g, x, len(shape), xc * r, r, weight)
+    pdtype = weight.dtype if weight is not None else x.dtype
+    return dx, dw.to(pdtype), db.to(pdtype)
+
+
+def _backward_formula(g, x, nd, xhat, r, weight):
+    """aten's LayerNorm backward in torch's ops, given x-hat and rstd in
+    the statistics' dtype: (dx in x's dtype, dw and db unrounded)."""
+    cols = tuple(range(x.dim() - nd, x.dim()))
+    rows = tuple(range(x.dim() - nd))
+    gf = g.to(xhat.dtype)
+    gw = gf * weight.to(gf.dtype) if weight is not None else gf
     dx = r * (
         gw
         - gw.mean(cols, keepdim=True)
         - xhat * (gw * xhat).mean(cols, keepdim=True)
     )
-    pdtype = weight.dtype if weight is not None else x.dtype
-    return (
-        dx.to(x.dtype),
-        (gf * xhat).sum(rows).to(pdtype),
-        gf.sum(rows).to(pdtype),
-    )
+    return dx.to(x.dtype), (gf * xhat).sum(rows), gf.sum(rows)
 
 
 def _param_dtypes_ok(x, weight, bias, fn="layer_norm"):
@@ -566,26 +567,15 @@ def _backward_torch(g, x, shape, mean, rstd, weight, bias, mask):
     """layer_norm_backward in torch's differentiable ops at the given
     statistics (aten's formula), for torch_only()."""
     _param_dtypes_ok(x, weight, bias, "layer_norm_backward")
-    nd = len(shape)
-    cols = tuple(range(x.dim() - nd, x.dim()))
-    rows = tuple(range(x.dim() - nd))
-    cd = _stats_dtype(x.dtype)
-    st = _stat_shape(x, nd)
-    xf, gf = x.to(cd), g.to(cd)
-    xhat = (xf - mean.to(cd).reshape(st)) * rstd.to(cd).reshape(st)
-    gw = gf * weight.to(cd) if weight is not None else gf
-    dx = rstd.to(cd).reshape(st) * (
-        gw
-        - gw.mean(cols, keepdim=True)
-        - xhat * (gw * xhat).mean(cols, keepdim=True)
-    )
+    cd, st = _stats_dtype(x.dtype), _stat_shape(x, len(shape))
+    r = rstd.to(cd).reshape(st)
+    xhat = (x.to(cd) - mean.to(cd).reshape(st)) * r
+    dx, dw, db = _backward_formula(g, x, len(shape), xhat, r, weight)
     pdtype = weight.dtype if weight is not None else x.dtype
     return (
-        dx.to(x.dtype) if mask[0] else None,
-        (gf * xhat).sum(rows).to(pdtype) if mask[1] else None,
-        gf.sum(rows).to(_grad_bias_dtype(x, weight, bias))
-        if mask[2]
-        else None,
+        dx if mask[0] else None,
+        dw.to(pdtype) if mask[1] else None,
+        db.to(_grad_bias_dtype(x, weight, bias)) if mask[2] else None,
     )
 
 
