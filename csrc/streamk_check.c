@@ -22,6 +22,38 @@ coords_by_division(const struct gemsops_sk_schedule *s, int64_t tile,
     *tn = t % in_group / rows;
 }
 
+/* Every CTA's Stream-K share, and the tile of each of its last
+ * iterations, against 64-bit division (range32's divisors). */
+static int
+check_range_divisors(const struct gemsops_sk_schedule *s, gemsops_status *st)
+{
+    const int64_t total = s->sk_tiles * s->iters;
+    for (int64_t c = 0; c < s->sk_ctas; c++) {
+        int64_t b, e, tile, k0, k1;
+        gemsops_sk_range(s, c, &b, &e);
+        if (b != total * c / s->sk_ctas || e != total * (c + 1) / s->sk_ctas) {
+            return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                                "CTA %lld's share [%lld, %lld), by division "
+                                "[%lld, %lld)",
+                                (long long)c, (long long)b, (long long)e,
+                                (long long)(total * c / s->sk_ctas),
+                                (long long)(total * (c + 1) / s->sk_ctas));
+        }
+        if (e > b) {
+            gemsops_sk_piece(s, b, e, &tile, &k0, &k1);
+            if (tile != s->dp_tiles + (e - 1) / s->iters) {
+                return gemsops_fail(st, GEMSOPS_ERR_VALUE,
+                                    "CTA %lld's last piece in tile %lld, by "
+                                    "division %lld",
+                                    (long long)c, (long long)tile,
+                                    (long long)(s->dp_tiles +
+                                                (e - 1) / s->iters));
+            }
+        }
+    }
+    return GEMSOPS_OK;
+}
+
 /* Tiles of the first and the last batch, and a stride through the rest. */
 static int
 check_divisors(const struct gemsops_sk_schedule *s, gemsops_status *st)
@@ -99,7 +131,8 @@ gemsops_sk_check(const struct gemsops_sk_schedule *s, gemsops_status *st)
                             (long long)s->tiles, (long long)s->sk_ctas);
     }
     if (check_order(s, st) != GEMSOPS_OK ||
-        check_divisors(s, st) != GEMSOPS_OK) {
+        check_divisors(s, st) != GEMSOPS_OK ||
+        check_range_divisors(s, st) != GEMSOPS_OK) {
         return st->code;
     }
     const int64_t cells = s->tiles * s->iters;

@@ -1515,6 +1515,7 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
     }
     if (s->split > 0) {
         s->ctas = s->sk_ctas = s->tiles * s->split;
+        gemsops_sk_set_range_divisors(s);
         k->run = k->splitk;
         return GEMSOPS_OK;
     }

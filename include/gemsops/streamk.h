@@ -102,6 +102,11 @@ struct gemsops_sk_schedule {
      * group, and the tile rows of a whole and of the last group */
     int coords32;
     struct gemsops_sk_divisor per_batch, in_group, group_rows, last_rows;
+    /* gemsops_sk_range's and gemsops_sk_piece's divisors (sk_ctas, iters),
+     * set when sk_tiles * iters * sk_ctas is below 2^31 (range32): every
+     * CTA computes its share, and an owner each of its peers' */
+    int range32;
+    struct gemsops_sk_divisor by_sk_ctas, by_iters;
 };
 
 /* A Stream-K share shorter than this many k-iterations costs more in its
@@ -181,6 +186,20 @@ gemsops_sk_split_pieces(int64_t tiles, int64_t iters, int64_t ctas)
     return pieces > GEMSOPS_SK_MAX_SPLIT ? GEMSOPS_SK_MAX_SPLIT : pieces;
 }
 
+GEMSOPS_SK_FN void
+gemsops_sk_set_range_divisors(struct gemsops_sk_schedule *s)
+{
+    const int64_t lim = (int64_t)1 << 31;
+    const int64_t total = s->sk_tiles * s->iters;
+    s->range32 = s->iters >= 1 && s->iters < lim && s->sk_ctas >= 1 &&
+                 s->sk_ctas < lim && s->sk_tiles < lim && total < lim &&
+                 total * s->sk_ctas < lim;
+    if (s->range32) {
+        s->by_sk_ctas = gemsops_sk_divisor_of((uint32_t)s->sk_ctas);
+        s->by_iters = gemsops_sk_divisor_of((uint32_t)s->iters);
+    }
+}
+
 /* Fills the derived fields. `ctas_resident`: CTAs that fit on the device at
  * once (SM count x occupancy), the Stream-K grid's ceiling. */
 GEMSOPS_SK_FN void
@@ -236,6 +255,7 @@ gemsops_sk_plan(struct gemsops_sk_schedule *s, int64_t m, int64_t n, int64_t k,
             s->dp_tiles = 0;
             s->ctas = p;
             s->sk_ctas = s->tiles * pieces;
+            gemsops_sk_set_range_divisors(s);
             return;
         }
         mode = GEMSOPS_SK_DATA_PARALLEL;
@@ -278,6 +298,7 @@ gemsops_sk_plan(struct gemsops_sk_schedule *s, int64_t m, int64_t n, int64_t k,
     if (s->sk_ctas < 1) {
         s->sk_ctas = 1;
     }
+    gemsops_sk_set_range_divisors(s);
 }
 
 /* Stream-K iterations of CTA c: [*begin, *end) in the global numbering
@@ -289,6 +310,12 @@ gemsops_sk_range(const struct gemsops_sk_schedule *s, int64_t c,
     const int64_t total = s->sk_tiles * s->iters;
     if (c >= s->sk_ctas) { /* no Stream-K share: data-parallel tiles only */
         *begin = *end = total;
+        return;
+    }
+    if (s->range32) { /* multiply-shifts, not two 64-bit divisions */
+        const uint32_t t32 = (uint32_t)total, c32 = (uint32_t)c;
+        *begin = gemsops_sk_div(s->by_sk_ctas, t32 * c32);
+        *end = gemsops_sk_div(s->by_sk_ctas, t32 * (c32 + 1));
         return;
     }
     *begin = total * c / s->sk_ctas;
@@ -315,7 +342,10 @@ GEMSOPS_SK_FN int64_t
 gemsops_sk_piece(const struct gemsops_sk_schedule *s, int64_t begin,
                  int64_t end, int64_t *tile, int64_t *k0, int64_t *k1)
 {
-    const int64_t t = (end - 1) / s->iters;
+    const int64_t t = s->range32
+                          ? (int64_t)gemsops_sk_div(s->by_iters,
+                                                    (uint32_t)(end - 1))
+                          : (end - 1) / s->iters;
     const int64_t tile_begin = t * s->iters;
     const int64_t first = begin > tile_begin ? begin : tile_begin;
     *tile = s->dp_tiles + t;
