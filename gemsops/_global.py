@@ -11,6 +11,7 @@ fails that would not fail anyway. disable() drops the registrations, which
 restores torch's kernels."""
 
 import contextlib
+import math
 import warnings
 from collections import Counter
 
@@ -32,6 +33,7 @@ OPS = (
 _KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 _MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 _lib = None
 _state = None  # the arguments enable() was called with
@@ -51,11 +53,18 @@ def _plain(t):
     return t.resolve_neg() if t.is_neg() else t
 
 
+def _shape_ok(x, shape):
+    """normalized_shape is x's trailing sizes (else torch raises)."""
+    nd = len(shape)
+    return 0 < nd <= x.dim() and tuple(x.shape[x.dim() - nd :]) == shape
+
+
 def _native_layer_norm(x, normalized_shape, weight, bias, eps):
     _need(x.dtype in _LN_DTYPES and x.numel() > 0)
     # torch's CPU kernel refuses parameters of two dtypes
     _need(weight is None or bias is None or weight.dtype == bias.dtype)
     shape = tuple(normalized_shape)
+    _need(_shape_ok(x, shape))
     out, mean, rstd = _ln._forward(
         _plain(x), shape, _ln._param(weight), _ln._param(bias), eps
     )
@@ -81,18 +90,25 @@ def _native_layer_norm_backward(
     )
     want_dx, want_dw, want_db = map(bool, output_mask)
     _need(not (want_dw and weight is None) and not (want_db and bias is None))
+    shape = tuple(normalized_shape)
+    _need(_shape_ok(x, shape))
     sd = _ln._stats_dtype(x.dtype)
+    # statistics of another dtype, and a bias of its own dtype beside no
+    # weight, are torch's to refuse or serve
+    _need(mean.dtype in (x.dtype, sd) and rstd.dtype == mean.dtype)
+    _need(weight is not None or bias is None or bias.dtype == x.dtype)
     mean, rstd = (_plain(s).to(sd).reshape(-1) for s in (mean, rstd))
     return _ln._backward(
         grad_out,
         _plain(x),
-        tuple(normalized_shape),
+        shape,
         _ln._param(weight),
         mean,
         rstd,
         want_dx,
         want_dw,
         want_db,
+        bias=_ln._param(bias),
     )
 
 
@@ -145,8 +161,18 @@ def _bmm3(a, b):
     return _mm._mm(_plain(a), _plain(b))
 
 
+def _coefficient_ok(value):
+    """alpha or beta torch's kernel would take: past float32's range,
+    torch refuses it (its error, from the fallback)."""
+    if isinstance(value, complex):
+        return False
+    v = float(value)
+    return not math.isfinite(v) or abs(v) <= _FLOAT32_MAX
+
+
 def _addmm(bias, a, b, *, beta=1, alpha=1):
     _mm_ok(a, b)
+    _need(_coefficient_ok(alpha) and _coefficient_ok(beta))
     # alpha 0: the product's NaNs must not spread; torch's kernel skips it
     _need(alpha != 0)
     _need(
@@ -210,6 +236,10 @@ def enable(devices=("cuda",), include=None, exclude=None):
             raise ValueError(
                 f"enable(): devices must be among {sorted(_KEYS)}, got {d!r}"
             )
+    if isinstance(include, str):
+        include = (include,)
+    if isinstance(exclude, str):
+        exclude = (exclude,)
     names = tuple(OPS if include is None else include)
     for n in names + tuple(exclude or ()):
         if n not in _IMPLS:

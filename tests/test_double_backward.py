@@ -20,7 +20,14 @@ def f64(*shape, zeros=(), device="cpu"):
 
 
 @pytest.mark.parametrize(
-    "shape, ns", [((4, 7), (7,)), ((2, 3, 5), (5,)), ((2, 3, 4), (3, 4))]
+    "shape, ns",
+    [
+        ((4, 7), (7,)),
+        ((2, 3, 5), (5,)),
+        ((2, 3, 4), (3, 4)),
+        ((5,), (5,)),  # no leading dims: dW and dB sum over no rows
+        ((5, 1), (5, 1)),
+    ],
 )
 @pytest.mark.parametrize("affine", ["wb", "w", "none"])
 def test_layer_norm_gradgrad(shape, ns, affine, device):
@@ -236,3 +243,41 @@ def test_rms_norm_third_order_raises_naming_it(device):
     torch.testing.assert_close(g2, t2, rtol=1e-9, atol=1e-9)
     with pytest.raises(RuntimeError, match="rms_norm: third"):
         torch.autograd.grad((g2**2).sum(), x)
+
+
+@pytest.mark.parametrize("op", ["rms", "add_ln", "add_rms"])
+def test_norms_gradgrad_without_leading_dims(op, device):
+    torch.manual_seed(10)
+    x, r, w = (f64(6, device=device) for _ in range(3))
+
+    def f(x, r, w):
+        if op == "rms":
+            return gemsops.rms_norm(x + r, (6,), w, 1e-3)
+        fn = gemsops.fused_add_rms_norm if op == "add_rms" else None
+        if fn is None:
+            return gemsops.fused_add_layer_norm(x, r, (6,), w, None, 1e-3)
+        return fn(x, r, (6,), w, 1e-3)
+
+    assert gradgradcheck(f, (x, r, w))
+
+
+def test_layer_norm_backward_under_jvp_without_leading_dims():
+    """dW and dB of a row with no leading dims keep the row's shape under
+    forward-mode AD (the torch-ops backward)."""
+    torch.manual_seed(11)
+    x, w, b, g = (torch.randn(5, dtype=torch.float64) for _ in range(4))
+    _, mean, rstd = torch.native_layer_norm(x, (5,), w, b, 1e-5)
+
+    def bwd(g):
+        return gemsops.layer_norm_backward(g, x, (5,), mean, rstd, w, b)
+
+    primal, tangent = torch.func.jvp(bwd, (g,), (g,))
+    want = torch.ops.aten.native_layer_norm_backward(
+        g, x, (5,), mean, rstd, w, b, (True, True, True)
+    )
+    for got, ref in zip(primal, want):
+        assert got.shape == ref.shape
+        torch.testing.assert_close(got, ref)
+    assert tangent[1].shape == (5,) and tangent[2].shape == (5,)
+    # linear in g: the tangent at g is the value at g
+    torch.testing.assert_close(tangent[2], want[2])

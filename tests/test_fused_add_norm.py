@@ -111,6 +111,34 @@ def check_backward_both(kind, shape, nd, dtype, device):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_only_h_used_leaves_the_parameters_without_grad(kind, device):
+    """y unused: torch's (h = x + r; norm(h)) never reaches the weight or
+    bias, whose .grad stays None (optimizers skip them)."""
+    x, res, pshape, w, b = make(kind, (16, 32), 1, torch.float32, device, True)
+    _, h = run(kind, x, res, pshape, w, b)
+    h.square().sum().backward()
+    assert w.grad is None and (b is None or b.grad is None)
+    want = 2 * (x.detach() + res.detach())
+    torch.testing.assert_close(x.grad, want)
+    torch.testing.assert_close(res.grad, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp32_bias_without_weight_beside_half_input(dtype, device):
+    """dB is summed in fp32 and given in the bias' dtype, as layer_norm's,
+    not rounded to (or overflowing) the input's half type."""
+    torch.manual_seed(12)
+    x = torch.randn(256, 8, dtype=dtype, device=device)
+    g = (torch.randn(256, 8, device=device) * 300).to(dtype)
+    b = torch.zeros(8, device=device, requires_grad=True)
+    y, _ = gemsops.fused_add_layer_norm(x, torch.zeros_like(x), (8,), None, b)
+    y.backward(g)
+    assert b.grad.dtype == torch.float32
+    want = g.double().sum(0)
+    torch.testing.assert_close(b.grad.double(), want, rtol=1e-5, atol=5e-2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_only_y_used(kind, device):
     x, res, pshape, w, b = make(kind, (64, 96), 1, torch.float32, device, True)
     y, _ = run(kind, x, res, pshape, w, b)

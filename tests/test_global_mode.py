@@ -178,3 +178,93 @@ def test_native_layer_norm_statistics_dtype_as_torch_cpu(params):
     for g, w_ in zip(got, want):
         assert g.dtype == w_.dtype and g.shape == w_.shape
         torch.testing.assert_close(g.float(), w_.float(), rtol=2e-2, atol=2e-2)
+
+
+def _outcome(fn):
+    """fn's result, or the type of what it raised."""
+    try:
+        return fn()
+    except Exception as e:  # the type is the outcome compared
+        return type(e)
+
+
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+@pytest.mark.parametrize("value", [1e39, -1e300])
+def test_addmm_coefficient_past_float32_raises_as_torch(name, value):
+    c, a, b = torch.randn(3), torch.randn(4, 5), torch.randn(5, 3)
+    want = _outcome(lambda: torch.addmm(c, a, b, **{name: value}))
+    assert want is RuntimeError  # the premise
+    with gemsops.use_gemsops(devices=("cpu",)):
+        with pytest.raises(RuntimeError, match="overflow"):
+            torch.addmm(c, a, b, **{name: value})
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_norm_shape_not_trailing_raises_as_torch(affine):
+    """normalized_shape must be the input's trailing sizes, with or
+    without parameters (whose sizes C checks)."""
+    torch.manual_seed(8)
+    x = torch.randn(3, 5, 8, requires_grad=True)
+    w, b = (torch.randn(5), torch.randn(5)) if affine else (None, None)
+    F = torch.nn.functional
+    assert _outcome(lambda: F.layer_norm(x, (5,), w, b)) is RuntimeError
+    with gemsops.use_gemsops(devices=("cpu",)):
+        with pytest.raises(RuntimeError, match="normalized_shape"):
+            F.layer_norm(x, (5,), w, b)
+        with pytest.raises(RuntimeError):
+            torch.native_layer_norm(x, [2], None, None, 1e-5)
+    y, mean, rstd = torch.native_layer_norm(x.detach(), [8], None, None, 1e-5)
+    g = torch.randn_like(y)
+    args = (g, x.detach(), [4], mean, rstd, None, None, [True, False, False])
+    bwd = torch.ops.aten.native_layer_norm_backward
+    assert _outcome(lambda: bwd(*args)) is RuntimeError
+    with gemsops.use_gemsops(devices=("cpu",)):
+        with pytest.raises(RuntimeError):
+            bwd(*args)
+
+
+def test_layer_norm_backward_as_torch_where_torch_refuses():
+    """A bias of its own dtype beside no weight, and statistics of another
+    dtype, are torch's kernel's to serve or refuse."""
+    torch.manual_seed(9)
+    F = torch.nn.functional
+    x = torch.randn(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+
+    def bias_only():
+        F.layer_norm(x, (8,), None, b).sum().backward()
+        return x.grad.clone(), b.grad.clone()
+
+    want = _outcome(bias_only)
+    x.grad = b.grad = None
+    with gemsops.use_gemsops(devices=("cpu",)):
+        got = _outcome(bias_only)
+    if isinstance(want, type):
+        assert got is want
+    else:
+        torch.testing.assert_close(got, want)
+    xf = torch.randn(4, 8)
+    y, mean, rstd = torch.native_layer_norm(xf, [8], None, None, 1e-5)
+    args = (torch.randn_like(y), xf, [8], mean.double(), rstd.double())
+    args += (None, None, [True, False, False])
+    bwd = torch.ops.aten.native_layer_norm_backward
+    want = _outcome(lambda: bwd(*args))
+    with gemsops.use_gemsops(devices=("cpu",)):
+        got = _outcome(lambda: bwd(*args))
+    if isinstance(want, type):
+        assert got is want
+    else:
+        torch.testing.assert_close(got[0], want[0])
+
+
+def test_include_and_exclude_take_one_name():
+    a, b = torch.randn(4, 5), torch.randn(5, 3)
+    _global.counts.clear()
+    with gemsops.use_gemsops(devices="cpu", include="mm"):
+        torch.mm(a, b)
+        torch.prod(a)
+    assert _global.counts["mm"] == 1 and _global.counts["prod"] == 0
+    with gemsops.use_gemsops(devices="cpu", exclude="mm"):
+        torch.mm(a, b)
+        torch.prod(a)
+    assert _global.counts["mm"] == 1 and _global.counts["prod"] == 1

@@ -114,6 +114,42 @@ def test_opcheck_mm_bmm(dtype, device):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_addmm(dtype, device):
+    torch.manual_seed(3)
+    kw = dict(dtype=dtype, device=device)
+    a = torch.randn(5, 7, **kw, requires_grad=True)
+    b = torch.randn(7, 3, **kw, requires_grad=True)
+    for bias in (torch.randn(3, **kw), torch.randn(5, 1, **kw)):
+        for beta, alpha in ((1.0, 1.0), (0.5, -2.0), (0.0, 1.0)):
+            torch.library.opcheck(
+                ops.addmm.default,
+                (bias.requires_grad_(), a, b, beta, alpha),
+            )
+
+
+def test_compiled_linear_bias_in_the_epilogue(device):
+    """Compiled nn.Linear with a bias runs gemsops::addmm (one rounding),
+    giving eager's bits, not a product rounded and then the bias added."""
+    torch.manual_seed(5)
+    lin = gemsops.nn.Linear(256, 64).to(device, torch.bfloat16)
+    x = torch.randn(64, 256, device=device, dtype=torch.bfloat16)
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(
+            str(n.target) for n in gm.graph.nodes if n.op == "call_function"
+        )
+        return gm.forward
+
+    torch._dynamo.reset()
+    got = torch.compile(lin, backend=backend, fullgraph=True)(x)
+    assert "gemsops.addmm" in " ".join(seen)
+    assert torch.equal(got, lin(x))
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(lin, fullgraph=True)(x), lin(x))
+
+
 class Block(torch.nn.Module):
     """LayerNorm, a matmul family product of each kind, and prod."""
 

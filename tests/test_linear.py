@@ -295,7 +295,7 @@ def test_addmm_alpha_zero_leaves_the_product_out(beta, dtype, device):
         ((5,), (3, 5), (4, 3)),  # the bias would enlarge the output
         ((2, 5), (3, 5), (4, 2, 3)),
         ((5,), (3, 5), (2, 1, 3)),
-        ((2, 5), (5,), (2,)),  # a 1-D weight takes no bias
+        ((2, 5), (5,), (2,)),  # 2-D input: a 1-D weight takes no bias
         ((2, 5), (5,), ()),
     ],
 )
@@ -308,6 +308,48 @@ def test_linear_bias_that_torch_refuses(x_shape, w_shape, b_shape, device):
     assert expected is RuntimeError  # the premise
     with pytest.raises(expected, match="linear"):
         gemsops.linear(x, w, b)
+
+
+@pytest.mark.parametrize("x_shape", [(5,), (2, 4, 5)])
+def test_linear_one_dim_weight_with_a_bias(x_shape, device):
+    """Beside an input that is not 2-D, torch's linear takes a 1-D weight
+    and a bias (matmul, then the add)."""
+    x = torch.randn(x_shape, dtype=torch.float64, device=device)
+    w = torch.randn(5, dtype=torch.float64, device=device)
+    b = torch.randn((), dtype=torch.float64, device=device)
+    ref = torch.nn.functional.linear(x, w, b)
+    out = gemsops.linear(x.float(), w.float(), b.float())
+    assert out.shape == ref.shape
+    assert_close(out, ref, torch.float32, chain_len=5)
+
+
+def test_linear_backward_of_operands_that_are_not_dense(device):
+    """A weight or input with padded columns (a slice, transposed) gets
+    its gradient through contiguous buffers, as torch's."""
+    torch.manual_seed(6)
+    padded_w = torch.randn(5, 4, device=device)[:, :3].t().requires_grad_()
+    padded_x = torch.randn(5, 4, device=device)[:, :2].t().requires_grad_()
+    x = torch.randn(2, 5, device=device, requires_grad=True)
+    w = torch.randn(3, 5, device=device, requires_grad=True)
+    for xi, wi in ((x, padded_w), (padded_x, w)):
+        g = torch.randn(xi.shape[0], wi.shape[0], device=device)
+        gemsops.linear(xi, wi).backward(g)
+        want_x = g.double() @ wi.detach().double()
+        want_w = g.double().t() @ xi.detach().double()
+        assert_close(xi.grad, want_x, torch.float32, chain_len=3)
+        assert_close(wi.grad, want_w, torch.float32, chain_len=2)
+
+
+def test_linear_bias_rounds_once_under_autocast_cpu():
+    """The general path (autocast, traced code) adds the bias in the
+    product's epilogue: eager's bits, one rounding."""
+    torch.manual_seed(7)
+    g = gemsops.nn.Linear(256, 64).bfloat16()
+    x = torch.randn(3, 64, 256).bfloat16()
+    want = g(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = g(x)
+    assert torch.equal(got, want)
 
 
 @pytest.mark.parametrize("b_shape", [(1, 3), (3,), (1,), ()])

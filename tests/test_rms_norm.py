@@ -270,3 +270,38 @@ def test_errors():
     # torch's type for a dtype it has no kernel for
     with pytest.raises(NotImplementedError, match="floating point"):
         gemsops.rms_norm(x.long(), (8,))
+
+
+def test_inference_input_with_a_weight_that_wants_grad(device):
+    """x made under inference_mode, the weight trained: torch's composite
+    saves no inference tensor, and neither does gemsops."""
+    torch.manual_seed(13)
+    with torch.inference_mode():
+        x = torch.randn(4, 8, device=device)
+    w = torch.randn(8, device=device, requires_grad=True)
+    gemsops.rms_norm(x, (8,), w).square().sum().backward()
+    xd = x.clone().double()
+    wd = w.detach().double().requires_grad_()
+    F.rms_norm(xd, (8,), wd).square().sum().backward()
+    torch.testing.assert_close(w.grad.double(), wd.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("wdtype", [torch.int64, torch.bool])
+def test_integer_weight_as_torch(wdtype, device):
+    x = torch.randn(3, 4, device=device)
+    w = torch.tensor([1, 0, 3, 4], device=device).to(wdtype)
+    want = F.rms_norm(x.double(), (4,), w)
+    got = gemsops.rms_norm(x, (4,), w)
+    assert got.dtype == F.rms_norm(x, (4,), w).dtype
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_complex_input_is_torchs(device):
+    """No kernel of ours: complex input takes torch's composite, as
+    torch.nn.RMSNorm's does."""
+    torch.manual_seed(14)
+    x = torch.randn(3, 8, dtype=torch.complex64, device=device)
+    want = torch.nn.RMSNorm(8, device=device)(x)
+    got = gemsops.nn.RMSNorm(8, device=device)(x)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want)

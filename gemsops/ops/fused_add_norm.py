@@ -59,8 +59,14 @@ class FusedAddNormFunction(torch.autograd.Function):
         want_dx = need[0] or need[1]
         want_dw = need[3] and weight is not None
         want_db = need[4] and ctx.has_bias
-        if gy is None:
-            gy = torch.zeros_like(h)
+        if gy is None:  # y unused: dW and dB stay None, as torch's
+            if gh is None:
+                return (None,) * 7
+            return (
+                gh if need[0] else None,
+                gh if need[1] else None,
+                *((None,) * 5),
+            )
         if torch.is_grad_enabled():  # create_graph: differentiable ops
             if ctx.rms:
                 dx, dw = rn._backward_op(
@@ -81,7 +87,10 @@ class FusedAddNormFunction(torch.autograd.Function):
             if gh is not None:
                 dx = dx + gh
         else:
-            dx, dw, db = _backward(
+            db = None
+            if want_db and ln.bias_grad_apart(h, weight, bias):
+                db, want_db = ln.grad_bias(gy, len(ctx.shape), bias), False
+            dx, dw, db_kernel = _backward(
                 gy,
                 gh,
                 h,
@@ -94,6 +103,7 @@ class FusedAddNormFunction(torch.autograd.Function):
                 want_dw,
                 want_db,
             )
+            db = db if db is not None else db_kernel
         return (
             dx if need[0] else None,
             dx if need[1] else None,

@@ -182,23 +182,8 @@ def _backward(
     bias=None,
 ):
     nd = len(shape)
-    if (
-        want_db
-        and weight is None
-        and bias is not None
-        and bias.dtype != x.dtype
-    ):
-        # no weight and a bias of its own dtype (fp32 beside half input):
-        # dB, the rows' sum of dy, comes out in the bias' dtype as torch's
-        # does; the kernel writes its dW/dB in the weight's dtype only
-        # (summed over the leading dims, not a reshape to (-1, N): N may
-        # be 0, and sum(()) would sum every dim)
-        lead = tuple(range(grad_out.dim() - nd))
-        db = (
-            grad_out.sum(lead, dtype=torch.float32)
-            if lead
-            else grad_out.float()
-        ).to(bias.dtype)
+    if want_db and bias_grad_apart(x, weight, bias):
+        db = grad_bias(grad_out, nd, bias)
         dx, dw, _ = _backward(
             grad_out,
             x,
@@ -227,6 +212,22 @@ def _backward(
         want_dx or want_dw or want_db,
     )
     return dx, dw, db
+
+
+def bias_grad_apart(x, weight, bias):
+    """No weight and a bias of its own dtype (fp32 beside half input): the
+    kernels write dW/dB in the weight's dtype only, so dB is summed apart
+    (grad_bias), in the bias' dtype as torch's."""
+    return weight is None and bias is not None and bias.dtype != x.dtype
+
+
+def grad_bias(grad_out, nd, bias):
+    """dB, the rows' sum of dy, in fp32 and then the bias' dtype (summed
+    over the leading dims, not a reshape to (-1, N): N may be 0)."""
+    lead = tuple(range(grad_out.dim() - nd))
+    if lead:
+        return grad_out.sum(lead, dtype=torch.float32).to(bias.dtype)
+    return grad_out.to(torch.float32, copy=True).to(bias.dtype)
 
 
 def grad_outputs(x, shape, weight, want_dx, want_dw, want_db=False):
@@ -510,7 +511,6 @@ def _backward_formula(g, x, nd, xhat, r, weight):
     """aten's LayerNorm backward in torch's ops, given x-hat and rstd in
     the statistics' dtype: (dx in x's dtype, dw and db unrounded)."""
     cols = tuple(range(x.dim() - nd, x.dim()))
-    rows = tuple(range(x.dim() - nd))
     gf = g.to(xhat.dtype)
     gw = gf * weight.to(gf.dtype) if weight is not None else gf
     dx = r * (
@@ -518,7 +518,14 @@ def _backward_formula(g, x, nd, xhat, r, weight):
         - gw.mean(cols, keepdim=True)
         - xhat * (gw * xhat).mean(cols, keepdim=True)
     )
-    return dx.to(x.dtype), (gf * xhat).sum(rows), gf.sum(rows)
+    return dx.to(x.dtype), sum_rows(gf * xhat, nd), sum_rows(gf, nd)
+
+
+def sum_rows(t, nd):
+    """t summed over its leading dims (all but the last nd): a copy of t
+    where there are none, since sum(()) would sum every dim."""
+    rows = tuple(range(t.dim() - nd))
+    return t.sum(rows) if rows else t.clone()
 
 
 def _param_dtypes_ok(x, weight, bias, fn="layer_norm"):

@@ -13,7 +13,7 @@ import numbers
 import torch
 
 from .. import _C
-from .._dispatch import eager, eager_apply
+from .._dispatch import eager, eager_apply, register_autocast, torch_only
 from ._out import into as _into
 from .matmul import (
     SUPPORTED,
@@ -133,6 +133,85 @@ def _row_sums_fit(g, x):
 _addmm_function = eager_apply(AddmmFunction)
 
 
+# ---- torch.library op: traced code keeps the epilogue's one rounding ----
+
+
+@torch.library.custom_op(
+    "gemsops::addmm", mutates_args=(), device_types=("cpu", "cuda")
+)
+def _addmm_op(
+    input: torch.Tensor,
+    mat1: torch.Tensor,
+    mat2: torch.Tensor,
+    beta: float,
+    alpha: float,
+) -> torch.Tensor:
+    """beta * input + alpha * mat1 @ mat2 ([m, k] x [k, n], input broadcast
+    to [m, n]), rounded once in the kernel's epilogue."""
+    return _fused(_plain(input), _plain(mat1), _plain(mat2), alpha, beta)
+
+
+@_addmm_op.register_fake
+def _(input, mat1, mat2, beta, alpha):
+    return mat1.new_empty(mat1.shape[0], mat2.shape[1])
+
+
+def _addmm_op_setup(ctx, inputs, output):
+    input, mat1, mat2, beta, alpha = inputs
+    ctx.save_for_backward(mat1, mat2)
+    ctx.alpha, ctx.beta, ctx.input_shape = alpha, beta, input.shape
+
+
+def _addmm_op_grad(ctx, g):
+    mat1, mat2 = ctx.saved_tensors
+    need = ctx.needs_input_grad
+    ga = g * ctx.alpha if ctx.alpha != 1 else g
+    d1, d2 = product_grads(mm, mat1, mat2, ga, need[1:3])
+    di = None
+    if need[0]:
+        gb = g * ctx.beta if ctx.beta not in (0, 1) else g
+        di = gb.sum_to_size(ctx.input_shape)
+        if ctx.beta == 0:  # as torch: input's gradient is zeros
+            di = torch.zeros_like(di)
+    return di, d1, d2, None, None
+
+
+_addmm_op.register_autograd(_addmm_op_grad, setup_context=_addmm_op_setup)
+for _device in ("cpu", "cuda"):  # the autocast dtype, as torch.addmm
+    register_autocast(torch.ops.gemsops.addmm.default, _device, "lower")
+
+
+def _traced_addmm_ok(input, mat1, mat2, alpha, beta):
+    """Traced code (compile, export, autocast, the JIT tracer, meta) whose
+    addmm the op above takes: numbers for alpha and beta, 2-D mats of one
+    supported dtype (or autocast's to come) on one device, an input that
+    broadcasts to [m, n]. Not under torch_only(), whose ops are torch's."""
+    if isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor):
+        return False
+    if isinstance(alpha, complex) or isinstance(beta, complex):
+        return False
+    if not (
+        isinstance(input, _Tensor)
+        and isinstance(mat1, _Tensor)
+        and isinstance(mat2, _Tensor)
+        and mat1.dim() == 2
+        and mat2.dim() == 2
+        and mat1.shape[1] == mat2.shape[0]
+        and input.dim() <= 2
+        and _broadcasts(input.shape, (mat1.shape[0], mat2.shape[1]))
+        and input.device == mat1.device
+        and mat2.device == mat1.device
+    ):
+        return False
+    dtypes = (input.dtype, mat1.dtype, mat2.dtype)
+    if not all(d in SUPPORTED for d in dtypes):
+        return False
+    same = dtypes[0] == dtypes[1] == dtypes[2]
+    return (same or torch.is_autocast_enabled(mat1.device.type)) and not (
+        torch_only()
+    )
+
+
 def _folds(t):
     """C folds t's leading dims into rows of one stride (the views of
     nn.Linear's products in _C)."""
@@ -175,7 +254,7 @@ class LinearFunction(torch.autograd.Function):
         if need_x and transposed(x):  # x's gradient in x's layout
             dx = _mm(weight.mT, g.mT).mT
         elif need_x:
-            dx = torch.empty_like(x)  # contiguous: x is, or is not dense
+            dx = torch.empty_like(x, memory_format=torch.contiguous_format)
             _launch_product(_C.linear_grad_input, g, weight, dx)
         if need_w and transposed(weight):  # (x^T g)^T, the weight's layout
             dw = x.new_empty(x.shape[-1], g.shape[-1])
@@ -183,7 +262,9 @@ class LinearFunction(torch.autograd.Function):
         elif need_w:
             if need_b and _row_sums_fit(g, x):
                 db = g.new_empty(g.shape[-1])
-            dw = torch.empty_like(weight)  # contiguous, as the weight
+            dw = torch.empty_like(
+                weight, memory_format=torch.contiguous_format
+            )
             _launch_product(_C.linear_grad_weight, g, x, dw, row_sums=db)
         if need_b and db is None:
             db = _rows(g).sum(0)
@@ -341,6 +422,8 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         and _broadcasts(input.shape, (mat1.shape[0], mat2.shape[1]))
     ):
         return _addmm(_plain(input), _plain(mat1), _plain(mat2), alpha, beta)
+    if alpha != 0 and _traced_addmm_ok(input, mat1, mat2, alpha, beta):
+        return _addmm_op(input, mat1, mat2, float(beta), float(alpha))
     c = mm(mat1, mat2)
     if input.dtype != c.dtype and not torch.is_autocast_enabled(c.device.type):
         raise RuntimeError(
@@ -410,12 +493,37 @@ def linear(input, weight, bias=None):
                 f"linear(): argument '{name}' (position {pos}) must be "
                 f"Tensor, not {type(t).__name__}"
             )
-    if weight.dim() not in (1, 2) or (weight.dim() == 1 and bias is not None):
+    # torch's linear takes a 2-D input with a bias to addmm, which
+    # refuses a 1-D weight; other inputs go to matmul, which takes one
+    if weight.dim() not in (1, 2) or (
+        weight.dim() == 1 and bias is not None and input.dim() == 2
+    ):
         raise RuntimeError(
             "linear(): weight must be a 2-D tensor"
-            + (", or 1-D without a bias" if bias is None else "")
+            + (
+                ", or 1-D beside an input that is not 2-D"
+                if bias is not None
+                else ", or 1-D"
+            )
             + f", got {weight.dim()}-D of shape {list(weight.shape)}"
         )
+    if (
+        bias is not None
+        and isinstance(input, _Tensor)
+        and input.dim() >= 1
+        and weight.dim() == 2
+        and input.shape[-1] == weight.shape[1]
+        and bias.dim() <= 1
+        and _broadcasts(bias.shape, weight.shape[:1])
+        and (
+            bias.dtype == input.dtype
+            or torch.is_autocast_enabled(input.device.type)
+        )
+    ):
+        # the bias in the product's epilogue, rounded once, as torch's
+        # addmm (traced code: compile, autocast, the JIT tracer)
+        y = addmm(bias, input.reshape(-1, input.shape[-1]), weight.t())
+        return y.view(*input.shape[:-1], weight.shape[0])
     y = matmul(input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
         return y

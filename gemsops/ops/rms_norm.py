@@ -20,6 +20,8 @@ from .. import _C
 from .._dispatch import eager, eager_apply, torch_only
 from . import layer_norm as ln
 
+_COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
+
 
 def _eps(eps, dtype):
     if eps is None:
@@ -45,8 +47,10 @@ def _weight_for(x, w):
     promoted, then cast to x's dtype); the kernels take x's dtype, or fp32
     beside half x, where that promotion is exact. Any other weight is cast
     there first (fp64 beside fp32 x: within an ulp of torch's)."""
-    if w is None or w.dtype == x.dtype or not w.is_floating_point():
+    if w is None or w.dtype == x.dtype or w.is_complex():
         return w
+    if not w.is_floating_point():  # an integer or bool weight: x's dtype
+        return w.to(x.dtype) if x.is_floating_point() else w
     half = x.dtype in (torch.float16, torch.bfloat16)
     if half and w.dtype == torch.float32:
         return w
@@ -95,6 +99,8 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x, shape, weight, eps):
         out, rstd = _forward(x, shape, weight, eps)
         ctx.shape, ctx.eps = shape, eps
+        if x.is_inference():  # cannot be saved; torch's composite saves none
+            x = x.clone()
         ctx.save_for_backward(x, weight, rstd)
         return out
 
@@ -218,7 +224,6 @@ def _backward_composite(g, x, weight, eps, shape):
     recomputed from x so that its dependence on x is differentiated."""
     nd = len(shape)
     cols = tuple(range(x.dim() - nd, x.dim()))
-    rows = tuple(range(x.dim() - nd))
     cd = ln._stats_dtype(x.dtype)
     xf, gf = x.to(cd), g.to(cd)
     r = torch.rsqrt((xf * xf).mean(cols, keepdim=True) + eps)
@@ -226,7 +231,7 @@ def _backward_composite(g, x, weight, eps, shape):
     gw = gf * weight.to(cd) if weight is not None else gf
     dx = r * (gw - xhat * (gw * xhat).mean(cols, keepdim=True))
     pdtype = weight.dtype if weight is not None else x.dtype
-    return dx.to(x.dtype), (gf * xhat).sum(rows).to(pdtype)
+    return dx.to(x.dtype), ln.sum_rows(gf * xhat, nd).to(pdtype)
 
 
 def _forward_torch(x, shape, weight, eps):
@@ -300,6 +305,8 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     input, shape, weight, _ = ln._prepare(
         input, normalized_shape, weight, None, "rms_norm"
     )
+    if input.dtype in _COMPLEX:  # no kernel of ours: torch's composite
+        return torch.nn.functional.rms_norm(input, shape, weight, eps)
     eps = _eps(eps, input.dtype)
     weight = _weight_for(input, weight)
     if not eager((input, weight)):
