@@ -342,10 +342,9 @@ GEMSOPS_SK_FN int64_t
 gemsops_sk_piece(const struct gemsops_sk_schedule *s, int64_t begin,
                  int64_t end, int64_t *tile, int64_t *k0, int64_t *k1)
 {
-    const int64_t t = s->range32
-                          ? (int64_t)gemsops_sk_div(s->by_iters,
-                                                    (uint32_t)(end - 1))
-                          : (end - 1) / s->iters;
+    const int64_t t =
+        s->range32 ? (int64_t)gemsops_sk_div(s->by_iters, (uint32_t)(end - 1))
+                   : (end - 1) / s->iters;
     const int64_t tile_begin = t * s->iters;
     const int64_t first = begin > tile_begin ? begin : tile_begin;
     *tile = s->dp_tiles + t;
