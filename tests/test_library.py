@@ -114,6 +114,20 @@ def test_opcheck_mm_bmm(dtype, device):
     )
 
 
+def _recording_backend():
+    """(targets, backend): a torch.compile backend that runs the graph as
+    traced and lists the targets of its calls."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(
+            str(n.target) for n in gm.graph.nodes if n.op == "call_function"
+        )
+        return gm.forward
+
+    return seen, backend
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_opcheck_addmm(dtype, device):
     torch.manual_seed(3)
@@ -134,14 +148,7 @@ def test_compiled_linear_bias_in_the_epilogue(device):
     torch.manual_seed(5)
     lin = gemsops.nn.Linear(256, 64).to(device, torch.bfloat16)
     x = torch.randn(64, 256, device=device, dtype=torch.bfloat16)
-    seen = []
-
-    def backend(gm, example_inputs):
-        seen.extend(
-            str(n.target) for n in gm.graph.nodes if n.op == "call_function"
-        )
-        return gm.forward
-
+    seen, backend = _recording_backend()
     torch._dynamo.reset()
     got = torch.compile(lin, backend=backend, fullgraph=True)(x)
     assert "gemsops.addmm" in " ".join(seen)
@@ -248,14 +255,7 @@ def test_compile_fullgraph_matches_eager(backend, dynamic, device):
 
 def test_compiled_ops_are_in_the_graph():
     """The FX graph holds gemsops ops, not a Python call."""
-    seen = []
-
-    def backend(gm, example_inputs):
-        seen.extend(
-            str(n.target) for n in gm.graph.nodes if n.op == "call_function"
-        )
-        return gm.forward
-
+    seen, backend = _recording_backend()
     torch._dynamo.reset()
     f = torch.compile(
         lambda x, w: gemsops.mm(
