@@ -2,7 +2,8 @@
 model with gemsops.nn.Linear in its place, timed in one run.
 
     python benchmark/gpt_step.py [--tokens 8x1024 --d 768 --layers 4]
-                                 [--layernorm] [--phases] [--json FILE]
+                                 [--layernorm] [--compile] [--phases]
+                                 [--json FILE]
 
 The block: LayerNorm, a fused qkv Linear, causal scaled-dot-product
 attention (torch's), the output projection, LayerNorm, a 4d MLP with GELU;
@@ -10,7 +11,9 @@ residual adds. A step is zero_grad, forward, a mean-square loss, backward
 and an SGD update. Only the Linear layers differ between the two models
 (same weights: the gemsops model is a copy whose Linear modules are
 gemsops.nn.Linear, a subclass); with --layernorm its LayerNorm modules
-are gemsops.nn.LayerNorm as well. Rounds alternate the two models; the
+are gemsops.nn.LayerNorm as well; with --compile both models run through
+torch.compile (torch's Linear as Inductor lowers it, gemsops' as its
+gemsops::addmm op). Rounds alternate the two models; the
 figure is the median step time of each, and torch's over gemsops' (above
 1: gemsops' step is faster). --json FILE appends the result."""
 
@@ -111,6 +114,11 @@ def main():
         help="gemsops.nn.LayerNorm in place of torch's too",
     )
     ap.add_argument(
+        "--compile",
+        action="store_true",
+        help="both models through torch.compile",
+    )
+    ap.add_argument(
         "--phases",
         action="store_true",
         help="host time of each phase of a step, each model",
@@ -125,11 +133,13 @@ def main():
     ours = with_gemsops_linear(ref, a.layernorm)
     x = torch.randn(b, t, a.d, device=dev, dtype=torch.bfloat16)
     models = {"torch": ref, "gemsops": ours}
+    if a.compile:
+        models = {k: torch.compile(m) for k, m in models.items()}
     opts = {
         k: torch.optim.SGD(m.parameters(), lr=1e-4) for k, m in models.items()
     }
     with torch.no_grad():  # the two agree before timing
-        y0, y1 = ref(x).float(), ours(x).float()
+        y0, y1 = (m(x).float() for m in models.values())
         err = ((y0 - y1).norm() / y0.norm()).item()
     for k, m in models.items():
         step_time(m, x, opts[k], 3)  # warm-up: plans, workspaces, autotune
@@ -163,6 +173,8 @@ def main():
     ratio = med["torch"] / med["gemsops"]
     name = torch.cuda.get_device_name()
     swapped = "Linear, LayerNorm" if a.layernorm else "Linear"
+    if a.compile:
+        swapped += "; both compiled"
     print(
         f"GPT step, bf16, {b}x{t} tokens, d={a.d}, {a.layers} layers, "
         f"{heads} heads on {name}: torch {med['torch'] * 1e3:.3f} ms, "
@@ -176,6 +188,7 @@ def main():
             "layers": a.layers,
             "heads": heads,
             "gemsops_modules": swapped,
+            "compiled": a.compile,
             "gpu": name,
             "torch": torch.__version__,
             "torch_ms": med["torch"] * 1e3,
