@@ -340,6 +340,20 @@ def test_linear_backward_of_operands_that_are_not_dense(device):
         assert_close(wi.grad, want_w, torch.float32, chain_len=2)
 
 
+@pytest.mark.parametrize("x_shape", [(0,), (3, 0), (2, 3, 0)])
+def test_linear_of_no_in_features_is_the_bias(x_shape):
+    """k = 0 on the general path (here autocast): the product is zeros,
+    the output the bias broadcast."""
+    x, w, b = torch.randn(x_shape), torch.randn(4, 0), torch.randn(4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got, want = (
+            gemsops.linear(x, w, b),
+            torch.nn.functional.linear(x, w, b),
+        )
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert torch.equal(got, want)
+
+
 def test_linear_bias_rounds_once_under_autocast_cpu():
     """The general path (autocast, traced code) adds the bias in the
     product's epilogue: eager's bits, one rounding."""

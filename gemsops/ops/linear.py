@@ -522,7 +522,7 @@ def linear(input, weight, bias=None):
     ):
         # the bias in the product's epilogue, rounded once, as torch's
         # addmm (traced code: compile, autocast, the JIT tracer)
-        y = addmm(bias, input.reshape(-1, input.shape[-1]), weight.t())
+        y = addmm(bias, _rows(input), weight.t())
         return y.view(*input.shape[:-1], weight.shape[0])
     y = matmul(input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
