@@ -11,13 +11,13 @@ fails that would not fail anyway. disable() drops the registrations, which
 restores torch's kernels."""
 
 import contextlib
-import math
 import warnings
 from collections import Counter
 
 import torch
 
 from .ops import layer_norm as _ln
+from .ops import linear as _linear
 from .ops import matmul as _mm
 from .ops import prod as _prod
 
@@ -33,7 +33,6 @@ OPS = (
 _KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 _MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 _lib = None
 _state = None  # the arguments enable() was called with
@@ -69,17 +68,18 @@ def _native_layer_norm(x, normalized_shape, weight, bias, eps):
         _plain(x), shape, _ln._param(weight), _ln._param(bias), eps
     )
     st = _ln._stat_shape(x, len(shape))
-    mean, rstd = mean.view(st), rstd.view(st)
+    sd = _torch_stats_dtype(x, weight, bias)
+    return out, mean.view(st).to(sd), rstd.view(st).to(sd)
+
+
+def _torch_stats_dtype(x, weight, bias):
+    """The statistics' dtype of torch's native_layer_norm: fp32 for half
+    input (fp64 for fp64), but on the CPU the input's own unless a
+    parameter is fp32."""
     mixed = any(p is not None and p.dtype != x.dtype for p in (weight, bias))
-    if (
-        x.device.type == "cpu"
-        and x.dtype in (torch.float16, torch.bfloat16)
-        and not mixed
-    ):
-        # torch's CPU kernel returns the statistics in the input's dtype,
-        # in fp32 where the parameters are fp32
-        mean, rstd = mean.to(x.dtype), rstd.to(x.dtype)
-    return out, mean, rstd
+    if x.device.type == "cpu" and not mixed:
+        return x.dtype
+    return _ln._stats_dtype(x.dtype)
 
 
 def _native_layer_norm_backward(
@@ -92,11 +92,12 @@ def _native_layer_norm_backward(
     _need(not (want_dw and weight is None) and not (want_db and bias is None))
     shape = tuple(normalized_shape)
     _need(_shape_ok(x, shape))
-    sd = _ln._stats_dtype(x.dtype)
-    # statistics of another dtype, and a bias of its own dtype beside no
-    # weight, are torch's to refuse or serve
-    _need(mean.dtype in (x.dtype, sd) and rstd.dtype == mean.dtype)
+    # statistics of another dtype than torch's forward gives, and a bias of
+    # its own dtype beside no weight, are torch's to refuse or serve
+    want = _torch_stats_dtype(x, weight, bias)
+    _need(mean.dtype == want and rstd.dtype == want)
     _need(weight is not None or bias is None or bias.dtype == x.dtype)
+    sd = _ln._stats_dtype(x.dtype)
     mean, rstd = (_plain(s).to(sd).reshape(-1) for s in (mean, rstd))
     return _ln._backward(
         grad_out,
@@ -108,7 +109,6 @@ def _native_layer_norm_backward(
         want_dx,
         want_dw,
         want_db,
-        bias=_ln._param(bias),
     )
 
 
@@ -161,18 +161,12 @@ def _bmm3(a, b):
     return _mm._mm(_plain(a), _plain(b))
 
 
-def _coefficient_ok(value):
-    """alpha or beta torch's kernel would take: past float32's range,
-    torch refuses it (its error, from the fallback)."""
-    if isinstance(value, complex):
-        return False
-    v = float(value)
-    return not math.isfinite(v) or abs(v) <= _FLOAT32_MAX
-
-
 def _addmm(bias, a, b, *, beta=1, alpha=1):
     _mm_ok(a, b)
-    _need(_coefficient_ok(alpha) and _coefficient_ok(beta))
+    # what gemsops.addmm refuses (past float32's range, say) raises, and
+    # torch's kernel gets the call and raises its own error
+    alpha = _linear._coefficient("alpha", alpha, a)
+    beta = _linear._coefficient("beta", beta, a)
     # alpha 0: the product's NaNs must not spread; torch's kernel skips it
     _need(alpha != 0)
     _need(

@@ -243,18 +243,22 @@ def test_layer_norm_backward_as_torch_where_torch_refuses():
         assert got is want
     else:
         torch.testing.assert_close(got, want)
-    xf = torch.randn(4, 8)
-    y, mean, rstd = torch.native_layer_norm(xf, [8], None, None, 1e-5)
-    args = (torch.randn_like(y), xf, [8], mean.double(), rstd.double())
-    args += (None, None, [True, False, False])
     bwd = torch.ops.aten.native_layer_norm_backward
-    want = _outcome(lambda: bwd(*args))
-    with gemsops.use_gemsops(devices=("cpu",)):
-        got = _outcome(lambda: bwd(*args))
-    if isinstance(want, type):
-        assert got is want
-    else:
-        torch.testing.assert_close(got[0], want[0])
+    for dtype, stats in (
+        (torch.float32, torch.float64),
+        (torch.bfloat16, torch.float32),
+    ):
+        xf = torch.randn(4, 8, dtype=dtype)
+        y, mean, rstd = torch.native_layer_norm(xf, [8], None, None, 1e-5)
+        args = (torch.randn_like(y), xf, [8], mean.to(stats), rstd.to(stats))
+        args += (None, None, [True, False, False])
+        want = _outcome(lambda: bwd(*args))
+        with gemsops.use_gemsops(devices=("cpu",)):
+            got = _outcome(lambda: bwd(*args))
+        if isinstance(want, type):
+            assert got is want
+        else:
+            torch.testing.assert_close(got[0], want[0])
 
 
 def test_include_and_exclude_take_one_name():

@@ -142,6 +142,19 @@ def test_opcheck_addmm(dtype, device):
             )
 
 
+def test_addmm_op_refuses_batched_mats(device):
+    """The kernel would fold a batched mat1's rows; the fake kernel's shape
+    is 2-D: the op takes 2-D mats only, real and fake alike."""
+    a, b = (
+        torch.randn(2, 4, 5, device=device),
+        torch.randn(5, 3, device=device),
+    )
+    with pytest.raises(RuntimeError, match="2-D"):
+        ops.addmm(torch.randn(3, device=device), a, b, 1.0, 1.0)
+    with pytest.raises(RuntimeError, match="2-D"):
+        ops.addmm(*(t.to("meta") for t in (b[0], a, b)), 1.0, 1.0)
+
+
 def test_compiled_linear_bias_in_the_epilogue(device):
     """Compiled nn.Linear with a bias runs gemsops::addmm (one rounding),
     giving eager's bits, not a product rounded and then the bias added."""

@@ -310,17 +310,27 @@ def test_linear_bias_that_torch_refuses(x_shape, w_shape, b_shape, device):
         gemsops.linear(x, w, b)
 
 
-@pytest.mark.parametrize("x_shape", [(5,), (2, 4, 5)])
-def test_linear_one_dim_weight_with_a_bias(x_shape, device):
-    """Beside an input that is not 2-D, torch's linear takes a 1-D weight
-    and a bias (matmul, then the add)."""
-    x = torch.randn(x_shape, dtype=torch.float64, device=device)
-    w = torch.randn(5, dtype=torch.float64, device=device)
-    b = torch.randn((), dtype=torch.float64, device=device)
-    ref = torch.nn.functional.linear(x, w, b)
-    out = gemsops.linear(x.float(), w.float(), b.float())
-    assert out.shape == ref.shape
-    assert_close(out, ref, torch.float32, chain_len=5)
+@pytest.mark.parametrize("b_shape", [(), (1,), (4,)])
+@pytest.mark.parametrize("x_shape", [(5,), (2, 4, 5), (4, 2, 5)])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_linear_one_dim_weight_with_a_bias(x_shape, b_shape, contiguous):
+    """A 1-D weight beside a bias: torch takes or refuses it by the input's
+    rank and layout; gemsops does the same, with the same values."""
+    torch.manual_seed(15)
+    x = torch.randn(x_shape, dtype=torch.float64)
+    if not contiguous and x.dim() == 3:
+        x = x.transpose(0, 1)
+    w, b = torch.randn(5, dtype=torch.float64), torch.randn(b_shape)
+    F = torch.nn.functional
+    try:
+        want = F.linear(x, w, b.double())
+    except RuntimeError:
+        with pytest.raises(RuntimeError):
+            gemsops.linear(x.float(), w.float(), b)
+        return
+    out = gemsops.linear(x.float(), w.float(), b)
+    assert out.shape == want.shape
+    assert_close(out, want, torch.float32, chain_len=5)
 
 
 def test_linear_backward_of_operands_that_are_not_dense(device):

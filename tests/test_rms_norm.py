@@ -279,11 +279,16 @@ def test_inference_input_with_a_weight_that_wants_grad(device):
     with torch.inference_mode():
         x = torch.randn(4, 8, device=device)
     w = torch.randn(8, device=device, requires_grad=True)
-    gemsops.rms_norm(x, (8,), w).square().sum().backward()
     xd = x.clone().double()
     wd = w.detach().double().requires_grad_()
     F.rms_norm(xd, (8,), wd).square().sum().backward()
+    gemsops.rms_norm(x, (8,), w).square().sum().backward()
     torch.testing.assert_close(w.grad.double(), wd.grad, rtol=1e-5, atol=1e-5)
+    w.grad = None  # the op's path (autocast) saves no inference tensor too
+    with torch.autocast(device, dtype=torch.bfloat16):
+        y = gemsops.rms_norm(x, (8,), w)
+    y.float().square().sum().backward()
+    torch.testing.assert_close(w.grad.double(), wd.grad, rtol=0.05, atol=0.05)
 
 
 @pytest.mark.parametrize("wdtype", [torch.int64, torch.bool])

@@ -87,23 +87,18 @@ class FusedAddNormFunction(torch.autograd.Function):
             if gh is not None:
                 dx = dx + gh
         else:
-            db = None
-            if want_db and ln.bias_grad_apart(h, weight, bias):
-                db, want_db = ln.grad_bias(gy, len(ctx.shape), bias), False
-            dx, dw, db_kernel = _backward(
+            dx, dw, db = _backward(
                 gy,
                 gh,
                 h,
                 ctx.shape,
                 weight,
+                bias,
                 mean,
                 rstd,
                 ctx.rms,
-                want_dx,
-                want_dw,
-                want_db,
+                (want_dx, want_dw, want_db),
             )
-            db = db if db is not None else db_kernel
         return (
             dx if need[0] else None,
             dx if need[1] else None,
@@ -118,10 +113,25 @@ class FusedAddNormFunction(torch.autograd.Function):
 _fused_add_norm_function = eager_apply(FusedAddNormFunction)
 
 
-def _backward(
-    gy, gh, h, shape, weight, mean, rstd, rms, want_dx, want_dw, want_db
-):
+def _backward(gy, gh, h, shape, weight, bias, mean, rstd, rms, wanted):
+    """(dx, dW, dB) by the one fused kernel; a bias of its own dtype
+    beside no weight has its dB summed apart (layer_norm's rule)."""
+    want_dx, want_dw, want_db = wanted
     nd = len(shape)
+    if want_db and ln.bias_grad_apart(h, weight, bias):
+        dx, dw, _ = _backward(
+            gy,
+            gh,
+            h,
+            shape,
+            weight,
+            None,
+            mean,
+            rstd,
+            rms,
+            (want_dx, want_dw, False),
+        )
+        return dx, dw, ln.grad_bias(gy, nd, bias)
     det = torch.are_deterministic_algorithms_enabled()
     gy = ln._rows(ln._plain(gy), nd)
     if gh is not None:

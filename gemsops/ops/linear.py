@@ -2,9 +2,11 @@
 over gemsops' matmul. In eager code the bias (and alpha, beta) go through
 the kernel's epilogue: alpha * A @ B + beta * bias in fp32, rounded once,
 as torch's addmm does it; the bias's gradient is the sum of the output's
-over rows. Traced code (compile, export, modes) and calls the epilogue
-cannot take run the product, then torch's add. The products, forward and
-backward, run on gemsops' kernels on transposed views without copies."""
+over rows. Traced code (compile, export, autocast, the JIT tracer, meta
+tensors) takes the same epilogue through the gemsops::addmm op; calls it
+cannot take (batched mats, a bias that is a tensor-valued alpha's) run the
+product, then torch's add. The products, forward and backward, run on
+gemsops' kernels on transposed views without copies."""
 
 import functools
 import math
@@ -82,11 +84,17 @@ class AddmmFunction(torch.autograd.Function):
         if d1 is not None and mat1.dim() != 2:
             d1 = d1.reshape(mat1.shape)
         if need[0] and di is None:
-            gb = g * ctx.beta if ctx.beta not in (0, 1) else g
-            di = gb.sum_to_size(ctx.input_shape)
-            if ctx.beta == 0:  # as torch: input's gradient is zeros
-                di = torch.zeros_like(di)
+            di = _grad_input(g, ctx.beta, ctx.input_shape)
         return di, d1, d2, None, None
+
+
+def _grad_input(g, beta, shape):
+    """addmm's input gradient: beta * g summed to the input's shape (zeros
+    at beta == 0, as torch's)."""
+    if beta == 0:
+        return g.new_zeros(shape)
+    gb = g * beta if beta != 1 else g
+    return gb.sum_to_size(shape)
 
 
 @functools.lru_cache(maxsize=None)
@@ -148,12 +156,24 @@ def _addmm_op(
 ) -> torch.Tensor:
     """beta * input + alpha * mat1 @ mat2 ([m, k] x [k, n], input broadcast
     to [m, n]), rounded once in the kernel's epilogue."""
+    _check_op_mats(mat1, mat2)
     return _fused(_plain(input), _plain(mat1), _plain(mat2), alpha, beta)
 
 
 @_addmm_op.register_fake
 def _(input, mat1, mat2, beta, alpha):
+    _check_op_mats(mat1, mat2)
     return mat1.new_empty(mat1.shape[0], mat2.shape[1])
+
+
+def _check_op_mats(mat1, mat2):
+    """The op's mats are 2-D (the kernel would fold mat1's batch dims,
+    which the fake kernel's shape does not)."""
+    if mat1.dim() != 2 or mat2.dim() != 2:
+        raise RuntimeError(
+            "gemsops::addmm: mat1 and mat2 must be 2-D, got "
+            f"{mat1.dim()}-D and {mat2.dim()}-D"
+        )
 
 
 def _addmm_op_setup(ctx, inputs, output):
@@ -167,12 +187,7 @@ def _addmm_op_grad(ctx, g):
     need = ctx.needs_input_grad
     ga = g * ctx.alpha if ctx.alpha != 1 else g
     d1, d2 = product_grads(mm, mat1, mat2, ga, need[1:3])
-    di = None
-    if need[0]:
-        gb = g * ctx.beta if ctx.beta not in (0, 1) else g
-        di = gb.sum_to_size(ctx.input_shape)
-        if ctx.beta == 0:  # as torch: input's gradient is zeros
-            di = torch.zeros_like(di)
+    di = _grad_input(g, ctx.beta, ctx.input_shape) if need[0] else None
     return di, d1, d2, None, None
 
 
@@ -493,20 +508,19 @@ def linear(input, weight, bias=None):
                 f"linear(): argument '{name}' (position {pos}) must be "
                 f"Tensor, not {type(t).__name__}"
             )
-    # torch's linear takes a 2-D input with a bias to addmm, which
-    # refuses a 1-D weight; other inputs go to matmul, which takes one
     if weight.dim() not in (1, 2) or (
         weight.dim() == 1 and bias is not None and input.dim() == 2
     ):
         raise RuntimeError(
             "linear(): weight must be a 2-D tensor"
-            + (
-                ", or 1-D beside an input that is not 2-D"
-                if bias is not None
-                else ", or 1-D"
-            )
+            + (", or 1-D beside an input not 2-D" if bias is not None else "")
             + f", got {weight.dim()}-D of shape {list(weight.shape)}"
         )
+    if weight.dim() == 1 and bias is not None:
+        # a vector product and a bias: torch takes or refuses it by the
+        # input's rank and layout (addmm refuses the 1-D weight, matmul
+        # then add takes it); its own function decides, and computes it
+        return torch.nn.functional.linear(input, weight, bias)
     if (
         bias is not None
         and isinstance(input, _Tensor)

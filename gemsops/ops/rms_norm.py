@@ -90,6 +90,13 @@ def _backward(grad_out, x, shape, weight, rstd, want_dx, want_dw, det=None):
     return dx, dw
 
 
+def _savable(x):
+    """x as the backward may keep it: an inference tensor (a weight trained
+    on inference-mode input) cannot be saved, and torch's composite saves
+    none, so a copy is."""
+    return x.clone() if x.is_inference() else x
+
+
 class RMSNormFunction(torch.autograd.Function):
     """The eager path; under create_graph the backward is the
     gemsops::rms_norm_backward op, whose own autograd gives second order
@@ -99,9 +106,7 @@ class RMSNormFunction(torch.autograd.Function):
     def forward(ctx, x, shape, weight, eps):
         out, rstd = _forward(x, shape, weight, eps)
         ctx.shape, ctx.eps = shape, eps
-        if x.is_inference():  # cannot be saved; torch's composite saves none
-            x = x.clone()
-        ctx.save_for_backward(x, weight, rstd)
+        ctx.save_for_backward(_savable(x), weight, rstd)
         return out
 
     @staticmethod
@@ -152,7 +157,7 @@ def _(input, normalized_shape, weight, eps):
 def _rms_norm_setup(ctx, inputs, output):
     input, shape, weight, eps = inputs
     ctx.shape, ctx.eps = tuple(shape), eps
-    ctx.save_for_backward(input, weight, output[1])
+    ctx.save_for_backward(_savable(input), weight, output[1])
     ctx.mark_non_differentiable(output[1])
 
 
