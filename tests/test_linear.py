@@ -598,3 +598,38 @@ def test_addmm_bool_coefficients_scale_as_0_or_1(alpha, beta, device):
     fb = float(be) if not isinstance(be, torch.Tensor) else float(be.item())
     ref = fb * inp.double() + fa * (a.double() @ b.double())
     assert_close(out, ref, torch.float32, chain_len=5)
+
+
+@pytest.mark.parametrize("alpha,beta", [(0, 1), (1, 0), (2.0, 0.5)])
+def test_addmm_under_functorch_transforms(alpha, beta):
+    """grad and vmap of addmm (alpha or beta 0 included) are torch's."""
+    torch.manual_seed(16)
+    c, a, b = torch.randn(3), torch.randn(4, 5), torch.randn(5, 3)
+
+    def ours(a):
+        return gemsops.addmm(c, a, b, alpha=alpha, beta=beta)
+
+    def theirs(a):
+        return torch.addmm(c, a, b, alpha=alpha, beta=beta)
+
+    got = torch.func.grad(lambda a: ours(a).square().sum())(a)
+    want = torch.func.grad(lambda a: theirs(a).square().sum())(a)
+    torch.testing.assert_close(got, want)
+    got = torch.func.vmap(ours)(a.expand(2, 4, 5))
+    torch.testing.assert_close(got, theirs(a).expand(2, 4, 3))
+
+
+def test_addmm_compiled_with_alpha_an_argument():
+    """A compiled function's alpha (a symbolic number under dynamic=True)
+    passes addmm's coefficient check."""
+    torch.manual_seed(17)
+    c, a, b = torch.randn(3), torch.randn(4, 5), torch.randn(5, 3)
+    torch._dynamo.reset()
+    f = torch.compile(
+        lambda c, a, b, alpha: gemsops.addmm(c, a, b, alpha=alpha),
+        fullgraph=True,
+        dynamic=True,
+    )
+    for alpha in (2.0, 3.0):
+        want = torch.addmm(c.double(), a.double(), b.double(), alpha=alpha)
+        assert_close(f(c, a, b, alpha), want, torch.float32, chain_len=5)

@@ -400,8 +400,10 @@ def _coefficient(name, value, like):
         torch.float32,
     )
     if narrow and not isinstance(value, complex):
-        v = float(value)
-        if math.isfinite(v) and abs(v) > _FLOAT32_MAX:
+        # comparisons only: Dynamo may hold a symbolic number (a compiled
+        # function's argument), which math.isfinite cannot take
+        v = abs(float(value))
+        if _FLOAT32_MAX < v < math.inf:
             raise RuntimeError(
                 f"addmm(): {name}={value!r} cannot be converted to float "
                 "without overflow"
@@ -427,6 +429,8 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         )
     alpha = _coefficient("alpha", alpha, mat1)
     beta = _coefficient("beta", beta, mat1)
+    if torch_only():  # functorch, forward-mode AD: torch's ops throughout
+        return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
     if (
         alpha != 0
         and _epilogue_ok(input, mat1, mat2)
