@@ -200,7 +200,7 @@ def _traced_addmm_ok(input, mat1, mat2, alpha, beta):
     """Traced code (compile, export, autocast, the JIT tracer, meta) whose
     addmm the op above takes: numbers for alpha and beta, 2-D mats of one
     supported dtype (or autocast's to come) on one device, an input that
-    broadcasts to [m, n]. Not under torch_only(), whose ops are torch's."""
+    broadcasts to [m, n]."""
     if isinstance(alpha, torch.Tensor) or isinstance(beta, torch.Tensor):
         return False
     if isinstance(alpha, complex) or isinstance(beta, complex):
@@ -222,9 +222,7 @@ def _traced_addmm_ok(input, mat1, mat2, alpha, beta):
     if not all(d in SUPPORTED for d in dtypes):
         return False
     same = dtypes[0] == dtypes[1] == dtypes[2]
-    return (same or torch.is_autocast_enabled(mat1.device.type)) and not (
-        torch_only()
-    )
+    return same or torch.is_autocast_enabled(mat1.device.type)
 
 
 def _folds(t):
@@ -429,8 +427,6 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         )
     alpha = _coefficient("alpha", alpha, mat1)
     beta = _coefficient("beta", beta, mat1)
-    if torch_only():  # functorch, forward-mode AD: torch's ops throughout
-        return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
     if (
         alpha != 0
         and _epilogue_ok(input, mat1, mat2)
@@ -441,6 +437,8 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         and _broadcasts(input.shape, (mat1.shape[0], mat2.shape[1]))
     ):
         return _addmm(_plain(input), _plain(mat1), _plain(mat2), alpha, beta)
+    if torch_only():  # functorch, forward-mode AD: torch's ops throughout
+        return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
     if alpha != 0 and _traced_addmm_ok(input, mat1, mat2, alpha, beta):
         return _addmm_op(input, mat1, mat2, float(beta), float(alpha))
     c = mm(mat1, mat2)
