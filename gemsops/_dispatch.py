@@ -8,7 +8,13 @@ function may call the op's Python implementation directly (what the
 dispatcher would end up calling anyway). Anything unusual (tracing, a
 dispatch or function mode, a tensor subclass, a functorch transform,
 autocast, forward-mode AD, meta tensors) takes the op, or torch's own ops
-where the custom op cannot serve (`torch_only()`)."""
+where the custom op cannot serve (`torch_only()`).
+
+The ops are defined by `define_op`, not torch.library.custom_op: the same
+schema, kernels and registrations, without the Python custom_op wraps
+around every call (an aliasing check after the kernel, a metadata object
+and an out-argument test in the autograd kernel), which compiled code
+pays on every op it calls."""
 
 import torch
 import torch.autograd.forward_ad as _forward_ad
@@ -19,6 +25,10 @@ _any_autocast = torch._C._is_any_autocast_enabled
 _has_torch_function = torch._C._has_torch_function
 _functorch = torch._C._functorch.peek_interpreter_stack
 _tracing = torch._C._get_tracing_state
+_grad_enabled = torch._C.is_grad_enabled
+_any_requires_grad = torch._C._any_requires_grad
+_below_autograd = torch._C._AutoDispatchBelowAutograd
+_after_autograd = torch._C._after_autograd_keyset
 
 LIB = torch.library.Library("gemsops", "FRAGMENT")
 
@@ -112,3 +122,81 @@ def register_autocast(op, device_type, policy):
         key_name,
         with_keyset=True,
     )
+
+
+class Op:
+    """A gemsops op made by define_op: calls go to its OpOverload; the
+    fake kernel and the autograd formula are registered as on a
+    torch.library.custom_op (register_fake, register_autograd)."""
+
+    def __init__(self, name, fn):
+        schema = torch.library.infer_schema(fn, mutates_args=())
+        LIB.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+        for key in ("CPU", "CUDA"):
+            LIB.impl(name, fn, key)
+        self.overload = getattr(torch.ops.gemsops, name).default
+        self.__doc__ = fn.__doc__
+
+    def __call__(self, *args):
+        return self.overload(*args)
+
+    def register_fake(self, fn):
+        torch.library.register_fake(self.overload, fn, lib=LIB)
+        return fn
+
+    def register_autograd(self, backward, setup_context):
+        LIB.impl(
+            self.overload._schema.name.split("::")[1],
+            _autograd_kernel(self.overload, backward, setup_context),
+            "Autograd",
+            with_keyset=True,
+        )
+
+
+def define_op(name):
+    """Decorator: `gemsops::name` from the function's annotated signature
+    (its schema, as torch.library.infer_schema reads it), the function as
+    its CPU and CUDA kernel."""
+    return lambda fn: Op(name, fn)
+
+
+def _autograd_kernel(op, backward, setup_context):
+    """The Autograd kernel of op: without grad (compiled graphs, no_grad,
+    inference) straight on to the kernels below autograd; with grad, an
+    autograd Function recording setup_context and backward, whose
+    signatures are register_autograd's."""
+    arguments = op._schema.arguments
+
+    def full(args):
+        # the dispatcher drops trailing arguments equal to their defaults
+        return args + tuple(a.default_value for a in arguments[len(args) :])
+
+    class Recorded(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, keyset, *args):
+            with _below_autograd():
+                out = op.redispatch(keyset & _after_autograd, *args)
+            setup_context(ctx, args, out)
+            return out
+
+        @staticmethod
+        def backward(ctx, *grads):
+            need = ctx.needs_input_grad
+            ctx.needs_input_grad = need[1:]
+            try:
+                result = backward(ctx, *grads)
+            finally:
+                ctx.needs_input_grad = need
+            if isinstance(result, tuple):
+                return (None, *result)
+            return None, result
+
+    Recorded.__name__ = f"GemsopsBackward_{op._opname}"
+
+    def kernel(keyset, *args):
+        if _grad_enabled() and _any_requires_grad(*args):
+            return Recorded.apply(keyset, *full(args))
+        with _below_autograd():
+            return op.redispatch(keyset & _after_autograd, *args)
+
+    return kernel

@@ -81,6 +81,27 @@ def test_opcheck_layer_norm_backward(mask, device):
     )
 
 
+def test_op_default_left_out_with_grad(device):
+    """A call that leaves out a trailing default (the dispatcher passes the
+    kernels fewer arguments) still records the op for autograd: second
+    order through layer_norm_backward against torch's, in float64."""
+    torch.manual_seed(3)
+    kw = dict(dtype=torch.float64, device=device)
+    x, g = (torch.randn(6, 10, **kw, requires_grad=True) for _ in range(2))
+    w, b = (torch.randn(10, **kw, requires_grad=True) for _ in range(2))
+    _, mean, rstd = ops.layer_norm(x.detach(), [10], w.detach(), None, 1e-5)
+    dx, dw, _ = ops.layer_norm_backward(
+        g, x, [10], mean, rstd, w, b, [True, True, True]
+    )
+    y = torch.nn.functional.layer_norm(x, (10,), w, b, 1e-5)
+    rdx, rdw = torch.autograd.grad(y, (x, w), g, create_graph=True)
+    v, u = torch.randn_like(dx), torch.randn_like(dw)
+    got = torch.autograd.grad((dx * v).sum() + (dw * u).sum(), (x, w, g))
+    want = torch.autograd.grad((rdx * v).sum() + (rdw * u).sum(), (x, w, g))
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
+
+
 @pytest.mark.parametrize(
     "x, dim",
     [

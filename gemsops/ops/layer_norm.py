@@ -14,6 +14,7 @@ import torch
 from .. import _C, _workspace
 from .._dispatch import (
     cast_floating,
+    define_op,
     eager,
     eager_apply,
     register_autocast,
@@ -332,9 +333,7 @@ def _stat_shape(x, nd):
     return tuple(x.shape[: x.dim() - nd]) + (1,) * nd
 
 
-@torch.library.custom_op(
-    "gemsops::layer_norm", mutates_args=(), device_types=("cpu", "cuda")
-)
+@define_op("layer_norm")
 def _layer_norm_op(
     input: torch.Tensor,
     normalized_shape: Sequence[int],
@@ -406,11 +405,7 @@ def _unwanted(like, dtype):
     return like.new_empty((0,), dtype=dtype)
 
 
-@torch.library.custom_op(
-    "gemsops::layer_norm_backward",
-    mutates_args=(),
-    device_types=("cpu", "cuda"),
-)
+@define_op("layer_norm_backward")
 def _layer_norm_backward_op(
     grad_out: torch.Tensor,
     input: torch.Tensor,

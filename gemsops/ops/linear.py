@@ -15,7 +15,13 @@ import numbers
 import torch
 
 from .. import _C
-from .._dispatch import eager, eager_apply, register_autocast, torch_only
+from .._dispatch import (
+    define_op,
+    eager,
+    eager_apply,
+    register_autocast,
+    torch_only,
+)
 from ._out import into as _into
 from .matmul import (
     SUPPORTED,
@@ -144,9 +150,7 @@ _addmm_function = eager_apply(AddmmFunction)
 # ---- torch.library op: traced code keeps the epilogue's one rounding ----
 
 
-@torch.library.custom_op(
-    "gemsops::addmm", mutates_args=(), device_types=("cpu", "cuda")
-)
+@define_op("addmm")
 def _addmm_op(
     input: torch.Tensor,
     mat1: torch.Tensor,

@@ -36,7 +36,13 @@ import os
 import torch
 
 from .. import _C, _workspace
-from .._dispatch import eager, eager_apply, register_autocast, torch_only
+from .._dispatch import (
+    define_op,
+    eager,
+    eager_apply,
+    register_autocast,
+    torch_only,
+)
 from ._out import into as _into
 
 _compiling = torch.compiler.is_compiling
@@ -320,17 +326,13 @@ def _op_grad(ctx, grad):
     return _grads(ctx, a, b, grad, False)
 
 
-@torch.library.custom_op(
-    "gemsops::mm", mutates_args=(), device_types=("cpu", "cuda")
-)
+@define_op("mm")
 def _mm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[m, k] x [k, n] -> [m, n] (contiguous), Stream-K."""
     return _op_impl(a, b)
 
 
-@torch.library.custom_op(
-    "gemsops::bmm", mutates_args=(), device_types=("cpu", "cuda")
-)
+@define_op("bmm")
 def _bmm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[B, m, k] x [B, k, n] -> [B, m, n] (contiguous), Stream-K."""
     return _op_impl(a, b)

@@ -12,7 +12,13 @@ from typing import Optional
 import torch
 
 from .. import _C, _workspace
-from .._dispatch import eager, eager_apply, register_autocast, torch_only
+from .._dispatch import (
+    define_op,
+    eager,
+    eager_apply,
+    register_autocast,
+    torch_only,
+)
 from ._out import into as _into
 
 _compiling = torch.compiler.is_compiling
@@ -143,9 +149,7 @@ def _kept_shape(x, dim):
     return () if dim is None else tuple(x.shape[:dim] + x.shape[dim + 1 :])
 
 
-@torch.library.custom_op(
-    "gemsops::prod", mutates_args=(), device_types=("cpu", "cuda")
-)
+@define_op("prod")
 def _prod_op(input: torch.Tensor, dim: Optional[int]) -> torch.Tensor:
     """The product of input (at least 1-D) over dim (normalised), or of
     all of it for None, without keepdim: int64 for bool and integer
@@ -175,9 +179,7 @@ def _prod_grad(ctx, grad):
 _prod_op.register_autograd(_prod_grad, setup_context=_prod_setup)
 
 
-@torch.library.custom_op(
-    "gemsops::prod_backward", mutates_args=(), device_types=("cpu", "cuda")
-)
+@define_op("prod_backward")
 def _prod_backward_op(
     input: torch.Tensor, dim: Optional[int], grad: torch.Tensor
 ) -> torch.Tensor:

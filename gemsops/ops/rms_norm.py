@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C
-from .._dispatch import eager, eager_apply, torch_only
+from .._dispatch import define_op, eager, eager_apply, torch_only
 from . import layer_norm as ln
 
 _COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
@@ -129,9 +129,7 @@ _rms_norm_function = eager_apply(RMSNormFunction)
 # ---- torch.library ops ---------------------------------------------------
 
 
-@torch.library.custom_op(
-    "gemsops::rms_norm", mutates_args=(), device_types=("cpu", "cuda")
-)
+@define_op("rms_norm")
 def _rms_norm_op(
     input: torch.Tensor,
     normalized_shape: Sequence[int],
@@ -179,11 +177,7 @@ def _backward_op(grad_out, x, shape, rstd, weight, mask, eps):
     return ln._none_unless(mask, dx, dw)
 
 
-@torch.library.custom_op(
-    "gemsops::rms_norm_backward",
-    mutates_args=(),
-    device_types=("cpu", "cuda"),
-)
+@define_op("rms_norm_backward")
 def _rms_norm_backward_op(
     grad_out: torch.Tensor,
     input: torch.Tensor,
