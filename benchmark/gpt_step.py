@@ -157,7 +157,7 @@ def main():
             print(
                 prof.key_averages().table(
                     sort_by="cuda_time_total",
-                    row_limit=14,
+                    row_limit=30 if a.compile else 14,
                     max_name_column_width=230,
                 )
             )

@@ -94,6 +94,15 @@ def cases(device, dtype):
         },
         (lx, lw, lb),
     )
+    yield (
+        "addmm 64x64x64",
+        {
+            "torch": lambda b, x, w: torch.addmm(b, x, w),
+            "gemsops": lambda b, x, w: gemsops.addmm(b, x, w),
+            "gemsops op": lambda b, x, w: ops.addmm(b, x, w, 1.0, 1.0),
+        },
+        (lb, lx, lw),
+    )
 
 
 def main():
