@@ -120,7 +120,16 @@ dtype_from_dl(gemsops_dl_dtype d)
     case GEMSOPS_DL_BOOL:
         return d.bits == 8 ? GEMSOPS_BOOL : GEMSOPS_DTYPE_UNSUPPORTED;
     case GEMSOPS_DL_UINT:
-        return d.bits == 8 ? GEMSOPS_UINT8 : GEMSOPS_DTYPE_UNSUPPORTED;
+        return d.bits == 8    ? GEMSOPS_UINT8
+               : d.bits == 16 ? GEMSOPS_UINT16
+               : d.bits == 32 ? GEMSOPS_UINT32
+               : d.bits == 64 ? GEMSOPS_UINT64
+                              : GEMSOPS_DTYPE_UNSUPPORTED;
+    case GEMSOPS_DL_COMPLEX:
+        return d.bits == 32    ? GEMSOPS_COMPLEX32
+               : d.bits == 64  ? GEMSOPS_COMPLEX64
+               : d.bits == 128 ? GEMSOPS_COMPLEX128
+                               : GEMSOPS_DTYPE_UNSUPPORTED;
     case GEMSOPS_DL_INT:
         return d.bits == 8    ? GEMSOPS_INT8
                : d.bits == 16 ? GEMSOPS_INT16

@@ -46,11 +46,11 @@ is_float(gemsops_dtype d)
 static int
 check_input(const struct gemsops_tensor *x, const char *fn)
 {
-    if (x->dtype == GEMSOPS_DTYPE_UNSUPPORTED) {
+    if (x->dtype >= GEMSOPS_DTYPE_UNSUPPORTED) {
         PyErr_Format(PyExc_NotImplementedError,
                      "%s(): argument 'input' has a dtype gemsops does not "
-                     "support (complex and 8-bit floats are not)",
-                     fn);
+                     "support (%s; complex and 8-bit floats are not)",
+                     fn, gemsops_dtype_name(x->dtype));
         return -1;
     }
     return gemsops_check_backend(x, fn, "input") ||

@@ -13,7 +13,13 @@ def _pairs(device):
     x = torch.randn(4, 8, device=device)
     w, b = torch.randn(8, device=device), torch.randn(8, device=device)
     m = torch.randn(8, 3, device=device)
+    c = torch.randn(3, device=device)
     yield "mm", lambda: gemsops.mm(x, m), lambda: torch.mm(x, m)
+    yield (
+        "addmm",
+        lambda: gemsops.addmm(c, x, m, beta=0.5),
+        lambda: torch.addmm(c, x, m, beta=0.5),
+    )
     yield (
         "mm mixed",
         lambda: gemsops.mm(x, m.bfloat16()),
@@ -82,6 +88,20 @@ def test_cpu_autocast_backward():
     assert y.dtype == torch.bfloat16
     y.float().sum().backward()
     assert a.grad.dtype == torch.float32 and m.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+)
+def test_addmm_float64_input_refused_as_torch(device):
+    # autocast leaves float64 alone: the input no longer matches the mats
+    c = torch.randn(4, 3, dtype=torch.float64, device=device)
+    x, m = torch.randn(4, 8, device=device), torch.randn(8, 3, device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        with pytest.raises(RuntimeError, match="dtype"):
+            torch.addmm(c, x, m)
+        with pytest.raises(RuntimeError, match="float64"):
+            gemsops.addmm(c, x, m)
 
 
 def test_autocast_off_inside_region():

@@ -50,7 +50,13 @@ def test_valid_call_passes():
             RuntimeError,
             "floating point",
         ),
-        ("x", torch.ones(8, 16, dtype=torch.complex64), RuntimeError, "input"),
+        (
+            "x",
+            torch.ones(8, 16, dtype=torch.complex64),
+            NotImplementedError,
+            "'input' must be a floating point tensor (float16, bfloat16, "
+            "float32 or float64), got complex64",
+        ),
         ("w", torch.ones(15), RuntimeError, "weight of shape [15]"),
         (
             "w",
@@ -93,6 +99,19 @@ def test_forward_argument_checks(field, value, exc, words):
         call_fwd(a)
     assert words in str(info.value)
     assert str(info.value).startswith("layer_norm(")
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize(
+    "fn",
+    ["layer_norm", "fused_add_layer_norm", "fused_add_rms_norm"],
+)
+def test_norm_names_an_unsupported_dtype(fn, dtype):
+    x = torch.randn(4, 8, dtype=dtype)
+    args = (x, x.clone()) if fn.startswith("fused") else (x,)
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(NotImplementedError, match=f"got {name}$"):
+        getattr(gemsops, fn)(*args, (8,))
 
 
 def test_output_overlapping_input_is_refused():

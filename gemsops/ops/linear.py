@@ -25,6 +25,7 @@ from .._dispatch import (
 from ._out import into as _into
 from .matmul import (
     SUPPORTED,
+    _autocast_casts,
     _launch_product,
     _mm,
     matmul,
@@ -446,7 +447,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     if alpha != 0 and _traced_addmm_ok(input, mat1, mat2, alpha, beta):
         return _addmm_op(input, mat1, mat2, float(beta), float(alpha))
     c = mm(mat1, mat2)
-    if input.dtype != c.dtype and not torch.is_autocast_enabled(c.device.type):
+    if input.dtype != c.dtype and not _autocast_casts(input, c):
         raise RuntimeError(
             f"addmm(): expected input of dtype {c.dtype}, got {input.dtype}"
         )

@@ -22,7 +22,15 @@ typedef enum gemsops_dtype {
     GEMSOPS_INT16,
     GEMSOPS_INT32,
     GEMSOPS_INT64,
-    GEMSOPS_DTYPE_UNSUPPORTED /* anything DLPack can describe that we do not */
+    /* Anything DLPack can describe that gemsops does not compute: this
+     * value and the ones after it, which name the type for messages. */
+    GEMSOPS_DTYPE_UNSUPPORTED,
+    GEMSOPS_UINT16,
+    GEMSOPS_UINT32,
+    GEMSOPS_UINT64,
+    GEMSOPS_COMPLEX32,
+    GEMSOPS_COMPLEX64,
+    GEMSOPS_COMPLEX128,
 } gemsops_dtype;
 
 typedef enum gemsops_device_type {
