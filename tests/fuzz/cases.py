@@ -187,7 +187,7 @@ def case_layer_norm(ctx):
                 bound = (
                     oracle.rstd_bound(r, eps, math.prod(pshape), sd)
                     if name == "rstd"
-                    else None
+                    else oracle.mean_bound(x, len(pshape), sd)
                 )
                 close(
                     name,

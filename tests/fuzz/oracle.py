@@ -628,6 +628,23 @@ def rstd_bound(rstd_ref, eps, n, acc_dtype):
     return 0.5 * r * rel_var * var / var_eps
 
 
+def mean_bound(x, nd, acc_dtype):
+    """|error| of a row mean summed in acc_dtype over the last nd dims of
+    x (n elements): ~2 log2(n) + 2 roundings of the row's root mean
+    square (spread and mean together), the bound of a tree of sums taken
+    around a shift within the row's range, as a one-pass LayerNorm takes
+    them. Where the mean cancels far below the spread, that is far above
+    testing's relative tolerance of the mean alone."""
+    n = math.prod(x.shape[x.dim() - nd :])
+    if not x.numel() or n == 0:
+        return None
+    rows = x.detach().double().reshape(-1, n)
+    rms = rows.square().mean(1).sqrt()
+    u = torch.finfo(acc_dtype).eps / 2
+    bound = (2 * math.log2(max(n, 2)) + 2) * u * rms
+    return bound.reshape(x.shape[: x.dim() - nd] + (1,) * nd)
+
+
 def f64_ln_terms(g, x, w, mean, rstd, rows):
     """The rounding of the largest term a float64 LayerNorm gradient sums
     or cancels (close's f64_atol), None for other dtypes."""
