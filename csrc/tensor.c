@@ -21,11 +21,12 @@ gemsops_dtype_size(gemsops_dtype dtype)
 const char *
 gemsops_dtype_name(gemsops_dtype dtype)
 {
-    static const char *names[] = {
-        "float32",     "float64", "float16", "bfloat16",  "bool",
-        "uint8",       "int8",    "int16",   "int32",     "int64",
-        "unsupported", "uint16",  "uint32",  "uint64",    "complex32",
-        "complex64",   "complex128"};
+    static const char *names[] = {"float32",   "float64",     "float16",
+                                  "bfloat16",  "bool",        "uint8",
+                                  "int8",      "int16",       "int32",
+                                  "int64",     "unsupported", "uint16",
+                                  "uint32",    "uint64",      "complex32",
+                                  "complex64", "complex128"};
     if ((int)dtype >= 0 && dtype <= GEMSOPS_COMPLEX128) {
         return names[dtype];
     }

@@ -135,6 +135,7 @@ class Op:
         for key in ("CPU", "CUDA"):
             LIB.impl(name, fn, key)
         self.overload = getattr(torch.ops.gemsops, name).default
+        self.fn = fn
         self.__doc__ = fn.__doc__
 
     def __call__(self, *args):
@@ -147,7 +148,7 @@ class Op:
     def register_autograd(self, backward, setup_context):
         LIB.impl(
             self.overload._schema.name.split("::")[1],
-            _autograd_kernel(self.overload, backward, setup_context),
+            _autograd_kernel(self.overload, self.fn, backward, setup_context),
             "Autograd",
             with_keyset=True,
         )
@@ -160,11 +161,27 @@ def define_op(name):
     return lambda fn: Op(name, fn)
 
 
-def _autograd_kernel(op, backward, setup_context):
-    """The Autograd kernel of op: without grad (compiled graphs, no_grad,
-    inference) straight on to the kernels below autograd; with grad, an
-    autograd Function recording setup_context and backward, whose
-    signatures are register_autograd's."""
+# What a plain CPU or CUDA tensor's dispatch holds below autograd: the
+# backend and the view tracking (no kernel of ours: a fallthrough). Any
+# other key there (a mode's Python key, functionalization, fake tensors,
+# the negative bit) takes the dispatcher's way.
+_K = torch._C.DispatchKey
+_PLAIN_BELOW = {
+    (
+        torch._C.DispatchKeySet(backend) | torch._C.DispatchKeySet(view)
+    ).raw_repr()
+    for backend in (_K.CPU, _K.CUDA)
+    for view in (_K.ADInplaceOrView, backend)
+}
+
+
+def _autograd_kernel(op, fn, backward, setup_context):
+    """The Autograd kernel of op: without grad (compiled graphs, no_grad)
+    on to the kernels below autograd, straight to the backend kernel fn
+    where nothing else lies below (a second trip through the dispatcher
+    costs more host time than the launch); with grad, an autograd Function
+    recording setup_context and backward, whose signatures are
+    register_autograd's."""
     arguments = op._schema.arguments
 
     def full(args):
@@ -196,6 +213,8 @@ def _autograd_kernel(op, backward, setup_context):
     def kernel(keyset, *args):
         if _grad_enabled() and _any_requires_grad(*args):
             return Recorded.apply(keyset, *full(args))
+        if (keyset & _after_autograd).raw_repr() in _PLAIN_BELOW:
+            return fn(*args)
         with _below_autograd():
             return op.redispatch(keyset & _after_autograd, *args)
 

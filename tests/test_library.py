@@ -81,6 +81,39 @@ def test_opcheck_layer_norm_backward(mask, device):
     )
 
 
+def test_op_without_grad_under_a_dispatch_mode(device):
+    """A no-grad call of an op goes straight to its kernel only for plain
+    tensors: a dispatch mode still sees the op, and the answers agree."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(4)
+    a = torch.randn(6, 5, device=device, requires_grad=True)
+    b = torch.randn(5, 3, device=device)
+    want = a.detach().double() @ b.double()
+    with torch.no_grad():
+        plain = ops.mm(a, b)
+        with Seen() as seen:
+            moded = ops.mm(a, b)
+    assert "gemsops.mm.default" in seen.ops
+    assert not plain.requires_grad and not moded.requires_grad
+    for got in (plain, moded):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    neg = torch._neg_view(-a.detach())  # a key below autograd: redispatched
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ops.mm(neg, b).double(), want, rtol=1e-5, atol=1e-5
+        )
+
+
 def test_op_default_left_out_with_grad(device):
     """A call that leaves out a trailing default (the dispatcher passes the
     kernels fewer arguments) still records the op for autograd: second
