@@ -104,7 +104,7 @@ def test_forward_argument_checks(field, value, exc, words):
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
 @pytest.mark.parametrize(
     "fn",
-    ["layer_norm", "fused_add_layer_norm", "fused_add_rms_norm"],
+    ["layer_norm", "native_layer_norm", "fused_add_layer_norm"],
 )
 def test_norm_names_an_unsupported_dtype(fn, dtype):
     x = torch.randn(4, 8, dtype=dtype)
@@ -323,3 +323,84 @@ def test_cuda_kept_workspace_protocol():
         )
         for o, r in zip(outs, ref):
             torch.testing.assert_close(o.double(), r, rtol=1e-4, atol=1e-4)
+
+
+def _norm_call(fn, x, shape, weight=None, eps=None):
+    f = getattr(gemsops, fn)
+    kw = {} if eps is None else {"eps": eps}
+    if fn.startswith("fused"):
+        return f(x, x.clone(), shape, weight, **kw)[0]
+    out = f(x, shape, weight, **kw)
+    return out[0] if fn == "native_layer_norm" else out
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        "layer_norm",
+        "native_layer_norm",
+        "rms_norm",
+        "fused_add_layer_norm",
+        "fused_add_rms_norm",
+    ],
+)
+def test_norm_checks_hold_where_c_does_not_see(fn):
+    # torch's ops under vmap and forward-mode AD, the fake kernel under
+    # meta tensors: the eager call's refusals, not a broadcast weight or
+    # an integer normalized
+    x, bad = torch.randn(2, 8), torch.randn(3, 8)
+    ints = torch.arange(16).reshape(2, 8)
+    same = "Expected weight to be of same shape as normalized_shape"
+    calls = {
+        "eager": lambda w, t=x: _norm_call(fn, t, (8,), w),
+        "vmap": lambda w, t=x: torch.func.vmap(
+            lambda r: _norm_call(fn, r, (8,), w)
+        )(t),
+        "jvp": lambda w, t=x: torch.func.jvp(
+            lambda r: _norm_call(fn, r, (8,), w), (t,), (t,)
+        ),
+        "meta": lambda w, t=x: _norm_call(
+            fn, t.to("meta"), (8,), None if w is None else w.to("meta")
+        ),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match=same):
+            call(bad)
+        if name == "jvp":
+            continue  # torch.func.jvp refuses an integer primal itself
+        with pytest.raises(NotImplementedError, match="got int64"):
+            call(None, ints)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        "layer_norm",
+        "native_layer_norm",
+        "rms_norm",
+        "fused_add_layer_norm",
+        "fused_add_rms_norm",
+    ],
+)
+def test_norm_eps_taken_as_torch_takes_a_float(fn):
+    from fractions import Fraction
+
+    x = torch.randn(3, 8)
+    want = _norm_call(fn, x, (8,), eps=0.5)
+    for eps in (np.float32(0.5), torch.tensor(0.5), Fraction(1, 2) * 1.0):
+        torch.testing.assert_close(_norm_call(fn, x, (8,), eps=eps), want)
+    for eps in (np.array(0.5), Fraction(1, 2), "0.5", torch.tensor([0.5])):
+        with pytest.raises(TypeError, match=f"{fn}\\(\\): argument 'eps'"):
+            _norm_call(fn, x, (8,), eps=eps)
+
+
+@pytest.mark.parametrize("fn", ["rms_norm", "fused_add_rms_norm"])
+def test_rms_input_with_too_few_dims_is_a_value_error(fn):
+    for x, shape in (
+        (torch.randn(2, 3, 4), (1, 2, 3, 4)),
+        (torch.tensor(1.0), (1,)),
+    ):
+        with pytest.raises(ValueError):
+            torch.nn.functional.rms_norm(x, shape)
+        with pytest.raises(ValueError, match=f"{fn}\\(\\): input must have"):
+            _norm_call(fn, x, shape)

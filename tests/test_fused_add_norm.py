@@ -220,14 +220,38 @@ def test_compiled_matches_eager():
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("rms", [False, True])
+def test_residual_the_kernel_cannot_read_is_added_as_torch(rms):
+    # broadcast, promoted or a number: torch's x + residual, then the norm
+    torch.manual_seed(5)
+    x = torch.randn(4, 8)
+    w = torch.randn(8, dtype=torch.float64)
+    fused = gemsops.fused_add_rms_norm if rms else gemsops.fused_add_layer_norm
+    norm = F.rms_norm if rms else F.layer_norm
+    for res in (torch.randn(8), torch.randn(1, 8), x.double(), 1.5):
+        y, h = fused(x, res, (8,))
+        want_h = x + res
+        torch.testing.assert_close(h, want_h, rtol=0, atol=0)
+        torch.testing.assert_close(y, norm(want_h, (8,)))
+    y, _ = fused(x.double(), x.double() * 0.5, (8,), w.double())
+    torch.testing.assert_close(y, norm(x.double() * 1.5, (8,), w.double()))
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        x + torch.randn(4, 9)
+    with pytest.raises(RuntimeError, match="size of tensor"):
+        fused(x, torch.randn(4, 9), (8,))
+
+
+def test_complex_rms_as_torch():
+    # rms_norm hands complex input to torch; so does the fused add
+    torch.manual_seed(6)
+    x, r = (torch.randn(3, 8, dtype=torch.complex64) for _ in range(2))
+    y, h = gemsops.fused_add_rms_norm(x, r, (8,))
+    torch.testing.assert_close(h, x + r, rtol=0, atol=0)
+    torch.testing.assert_close(y, F.rms_norm(x + r, (8,)))
+
+
 def test_errors():
     x = torch.randn(4, 8)
-    with pytest.raises(RuntimeError, match="residual"):
-        gemsops.fused_add_layer_norm(x, torch.randn(4, 9), (8,))
-    with pytest.raises(RuntimeError, match="residual"):
-        gemsops.fused_add_rms_norm(x, x.double(), (8,))
-    with pytest.raises(TypeError, match="residual"):
-        gemsops.fused_add_layer_norm(x, 1.0, (8,))
     with pytest.raises(RuntimeError, match="bias"):
         gemsops._C.add_norm_fwd(
             x,

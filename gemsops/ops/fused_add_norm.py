@@ -157,26 +157,26 @@ def _traced(x, residual, shape, weight, bias, eps, rms):
     h = x + residual
     if torch_only():  # torch's ops (forward-mode AD, functorch)
         if rms:
-            return rn._forward_torch(h, shape, weight, eps), h
-        return ln._forward_torch(h, shape, weight, bias, eps)[0], h
+            fn = "fused_add_rms_norm"
+            return rn._forward_torch(h, shape, weight, eps, fn), h
+        fn = "fused_add_layer_norm"
+        return ln._forward_torch(h, shape, weight, bias, eps, fn)[0], h
     if rms:
         return rn._rms_norm_op(h, shape, weight, eps)[0], h
     return ln._layer_norm_op(h, shape, weight, bias, eps)[0], h
 
 
-def _check_residual(x, residual, fn):
-    if not isinstance(residual, torch.Tensor):
-        raise ln._not_tensor(TypeError, fn, "residual", residual)
-    if residual.shape != x.shape or residual.dtype != x.dtype:
-        raise RuntimeError(
-            f"{fn}(): residual ({tuple(residual.shape)}, {residual.dtype}) "
-            f"must have input's shape and dtype ({tuple(x.shape)}, "
-            f"{x.dtype})"
-        )
-    if residual.device != x.device:
-        raise RuntimeError(
-            f"{fn}(): residual is on {residual.device}, input on {x.device}"
-        )
+def _fits(x, residual):
+    """residual is what the fused kernels read beside x: a tensor of x's
+    shape, dtype and device. Anything else (a broadcast, another dtype, a
+    number) is added by torch's rules and normalized apart, as the
+    unfused expression would."""
+    return (
+        isinstance(residual, torch.Tensor)
+        and residual.shape == x.shape
+        and residual.dtype == x.dtype
+        and residual.device == x.device
+    )
 
 
 def fused_add_layer_norm(
@@ -185,10 +185,14 @@ def fused_add_layer_norm(
     """(layer_norm(h), h) with h = input + residual, in one pass each way.
     weight/bias as gemsops.layer_norm's (fp32 beside half input too)."""
     fn = "fused_add_layer_norm"
+    if not (isinstance(input, torch.Tensor) and _fits(input, residual)):
+        h = input + residual
+        return ln.layer_norm(h, normalized_shape, weight, bias, eps), h
     input, shape, weight, bias = ln._prepare(
         input, normalized_shape, weight, bias, fn
     )
-    _check_residual(input, residual, fn)
+    if type(eps) is not float:
+        eps = ln.eps_arg(eps, fn)
     if not eager((input, residual, weight, bias)):
         return _traced(input, residual, shape, weight, bias, eps, False)
     return _fused_add_norm_function(
@@ -202,11 +206,15 @@ def fused_add_rms_norm(
     """(rms_norm(h), h) with h = input + residual, in one pass each way;
     eps=None is torch's default, as gemsops.rms_norm's."""
     fn = "fused_add_rms_norm"
-    input, shape, weight, _ = ln._prepare(
-        input, normalized_shape, weight, None, fn
-    )
-    _check_residual(input, residual, fn)
-    eps = rn._eps(eps, input.dtype)
+    if not (
+        isinstance(input, torch.Tensor)
+        and _fits(input, residual)
+        and not input.is_complex()  # rms_norm hands it to torch
+    ):
+        h = input + residual
+        return rn.rms_norm(h, normalized_shape, weight, eps), h
+    input, shape, weight = rn._prepare(input, normalized_shape, weight, fn)
+    eps = rn._eps(eps, input.dtype, fn)
     weight = rn._weight_for(input, weight)
     if not eager((input, residual, weight)):
         return _traced(input, residual, shape, weight, None, eps, True)

@@ -6,6 +6,7 @@ come from torch's caching allocator on the right device) and passes them
 down; the C side validates and launches on torch's current stream."""
 
 import math
+import numbers
 import operator
 from typing import Optional, Sequence
 
@@ -353,6 +354,12 @@ def _layer_norm_op(
 
 @_layer_norm_op.register_fake
 def _(input, normalized_shape, weight, bias, eps):
+    check_traced(
+        input,
+        normalized_shape,
+        (("weight", weight), ("bias", bias)),
+        "layer_norm",
+    )
     st = _stat_shape(input, len(normalized_shape))
     sd = _stats_dtype(input.dtype)
     return (
@@ -523,28 +530,51 @@ def sum_rows(t, nd):
     return t.sum(rows) if rows else t.clone()
 
 
-def _param_dtypes_ok(x, weight, bias, fn="layer_norm"):
-    """The kernels' rule for the parameters' dtype (x's, or fp32 beside a
-    half x), for the torch-ops path, which would compute with any."""
-    half = x.dtype in (torch.float16, torch.bfloat16)
-    for name, p in (("weight", weight), ("bias", bias)):
-        if p is None or p.dtype == x.dtype:
-            continue
-        if half and p.dtype == torch.float32:
-            continue
-        want = str(x.dtype).replace("torch.", "")
-        raise RuntimeError(
-            f"{fn}(): argument '{name}' has dtype "
-            f"{str(p.dtype).replace('torch.', '')}; expected "
-            + (f"{want} or float32" if half else want)
+_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_traced(x, shape, params, fn):
+    """The C boundary's rules for the arguments where C does not see them
+    (torch's ops under forward-mode AD and functorch, the ops' fake
+    kernels under meta and fake tensors), with its exceptions and
+    messages: x a floating tensor, each parameter (name, tensor or None)
+    of normalized_shape's shape and of x's dtype (or fp32 beside a half
+    x) and device."""
+    if x.dtype not in _FLOATING:
+        raise NotImplementedError(
+            f"{fn}(): argument 'input' must be a floating point tensor "
+            "(float16, bfloat16, float32 or float64), got "
+            + str(x.dtype).removeprefix("torch.")
         )
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    for name, p in params:
+        if p is None:
+            continue
+        if tuple(p.shape) != tuple(shape):
+            raise RuntimeError(
+                f"{fn}(): Expected {name} to be of same shape as "
+                f"normalized_shape, but got {name} of shape "
+                f"{list(p.shape)} and normalized_shape = {list(shape)}"
+            )
+        if p.dtype != x.dtype and not (half and p.dtype == torch.float32):
+            want = str(x.dtype).removeprefix("torch.")
+            raise RuntimeError(
+                f"{fn}(): argument '{name}' has dtype "
+                f"{str(p.dtype).removeprefix('torch.')}; expected "
+                + (f"{want} or float32" if half else want)
+            )
+        if p.device != x.device:
+            raise RuntimeError(
+                f"{fn}(): Expected all tensors to be on the same device, "
+                f"but '{name}' is on {p.device} and 'input' is on {x.device}"
+            )
 
 
-def _forward_torch(x, shape, weight, bias, eps):
+def _forward_torch(x, shape, weight, bias, eps, fn="layer_norm"):
     """native_layer_norm in torch's differentiable ops, for torch_only()
     (forward-mode AD, functorch): (out, mean, rstd) as the op returns
     them, the statistics in fp32 (fp64 for fp64 input)."""
-    _param_dtypes_ok(x, weight, bias)
+    check_traced(x, shape, (("weight", weight), ("bias", bias)), fn)
     if x.is_cuda and torch.is_autocast_enabled("cuda"):
         # the op's CUDA autocast rule (fp32), as torch's layer_norm
         x, weight, bias = cast_floating(
@@ -568,7 +598,9 @@ def _forward_torch(x, shape, weight, bias, eps):
 def _backward_torch(g, x, shape, mean, rstd, weight, bias, mask):
     """layer_norm_backward in torch's differentiable ops at the given
     statistics (aten's formula), for torch_only()."""
-    _param_dtypes_ok(x, weight, bias, "layer_norm_backward")
+    check_traced(
+        x, shape, (("weight", weight), ("bias", bias)), "layer_norm_backward"
+    )
     cd, st = _stats_dtype(x.dtype), _stat_shape(x, len(shape))
     r = rstd.to(cd).reshape(st)
     xhat = (x.to(cd) - mean.to(cd).reshape(st)) * r
@@ -681,6 +713,25 @@ def _prepare(input, normalized_shape, weight, bias, fn="layer_norm"):
     return input, shape, _param(weight), _param(bias)
 
 
+def eps_arg(eps, fn, alt=""):
+    """eps as a float, taken as torch's float arguments take it: a Python
+    or NumPy number (bool too) or a 0-d real tensor; anything else is a
+    TypeError naming fn (C would take any object with __float__)."""
+    if isinstance(eps, (int, float)) or (
+        isinstance(eps, numbers.Real) and hasattr(eps, "dtype")  # NumPy's
+    ):
+        return float(eps)
+    if (
+        isinstance(eps, torch.Tensor)
+        and eps.dim() == 0
+        and not eps.is_complex()
+    ):
+        return float(eps)
+    raise TypeError(
+        f"{fn}(): argument 'eps' must be float{alt}, not {type(eps).__name__}"
+    )
+
+
 def _not_tensor(exc, fn, name, value, alt=""):
     return exc(
         f"{fn}(): argument '{name}' must be a Tensor{alt}, not "
@@ -694,6 +745,8 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     input, shape, weight, bias = _prepare(
         input, normalized_shape, weight, bias
     )
+    if type(eps) is not float:
+        eps = eps_arg(eps, "layer_norm")
     if not eager((input, weight, bias)):
         if torch_only():
             return _forward_torch(input, shape, weight, bias, eps)[0]
@@ -717,12 +770,15 @@ def native_layer_norm(
     """Like torch.native_layer_norm: (out, mean, rstd), statistics in fp32
     (fp64 for fp64 input) of shape input.shape[:-k] + (1,) * k;
     differentiable through out, as torch's."""
+    fn = "native_layer_norm"
     input, shape, weight, bias = _prepare(
-        input, normalized_shape, weight, bias
+        input, normalized_shape, weight, bias, fn
     )
+    if type(eps) is not float:
+        eps = eps_arg(eps, fn)
     if not eager((input, weight, bias)):
         if torch_only():
-            return _forward_torch(input, shape, weight, bias, eps)
+            return _forward_torch(input, shape, weight, bias, eps, fn)
         return _layer_norm_op(input, shape, weight, bias, eps)
     if _needs_grad(input, weight, bias):
         out, mean, rstd = _layer_norm_function(

@@ -11,7 +11,6 @@ atomic dW in one launch, sharing the LayerNorm backward's kept workspace.
 """
 
 import math
-import numbers
 from typing import Optional, Sequence
 
 import torch
@@ -23,23 +22,31 @@ from . import layer_norm as ln
 _COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
 
 
-def _eps(eps, dtype):
+def _eps(eps, dtype, fn="rms_norm"):
     if eps is None:
         # an integer input gets no eps: C refuses its dtype next
         if not dtype.is_floating_point:
             return 0.0
         half = dtype in (torch.float16, torch.bfloat16)
         return torch.finfo(torch.float32 if half else dtype).eps
-    # what torch's float arguments take: numbers (bool included) and
-    # 0-d tensors
-    if isinstance(eps, numbers.Real) or (
-        isinstance(eps, torch.Tensor) and eps.dim() == 0
-    ):
-        return float(eps)
-    raise TypeError(
-        f"rms_norm(): argument 'eps' must be float or None, not "
-        f"{type(eps).__name__}"
+    return ln.eps_arg(eps, fn, " or None")
+
+
+def _prepare(input, normalized_shape, weight, fn):
+    """ln._prepare, after torch's rms_norm refusal of an input with fewer
+    dims than normalized_shape (a 0-d one too): ValueError."""
+    if isinstance(input, torch.Tensor):
+        shape = ln._normalized_shape(normalized_shape, fn)
+        if shape and input.dim() < len(shape):
+            raise ValueError(
+                f"{fn}(): input must have at least {len(shape)} "
+                f"dimensions (normalized_shape {list(shape)}), got "
+                f"{input.dim()}"
+            )
+    input, shape, weight, _ = ln._prepare(
+        input, normalized_shape, weight, None, fn
     )
+    return input, shape, weight
 
 
 def _weight_for(x, w):
@@ -145,6 +152,7 @@ def _rms_norm_op(
 
 @_rms_norm_op.register_fake
 def _(input, normalized_shape, weight, eps):
+    ln.check_traced(input, normalized_shape, (("weight", weight),), "rms_norm")
     st = ln._stat_shape(input, len(normalized_shape))
     return (
         torch.empty_like(input, memory_format=torch.contiguous_format),
@@ -233,8 +241,9 @@ def _backward_composite(g, x, weight, eps, shape):
     return dx.to(x.dtype), ln.sum_rows(gf * xhat, nd).to(pdtype)
 
 
-def _forward_torch(x, shape, weight, eps):
+def _forward_torch(x, shape, weight, eps, fn="rms_norm"):
     """rms_norm in torch's differentiable ops, for torch_only()."""
+    ln.check_traced(x, shape, (("weight", weight),), fn)
     cols = tuple(range(x.dim() - len(shape), x.dim()))
     xf = x.to(ln._stats_dtype(x.dtype))
     y = xf * torch.rsqrt((xf * xf).mean(cols, keepdim=True) + eps)
@@ -293,16 +302,8 @@ _rms_norm_backward_op.register_autograd(
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """Drop-in for torch.nn.functional.rms_norm. weight may be fp32 with
     fp16/bf16 input (mixed precision); the output has input's dtype."""
-    if isinstance(input, torch.Tensor) and input.dim() == 0:
-        # torch refuses an empty normalized_shape first (RuntimeError)
-        if not ln._normalized_shape(normalized_shape, "rms_norm"):
-            ln._check_shape(input, (), "rms_norm")
-        raise ValueError(  # torch's type for this refusal
-            "rms_norm(): input must have at least 1 dimension, got a 0-d "
-            "tensor"
-        )
-    input, shape, weight, _ = ln._prepare(
-        input, normalized_shape, weight, None, "rms_norm"
+    input, shape, weight = _prepare(
+        input, normalized_shape, weight, "rms_norm"
     )
     if input.dtype in _COMPLEX:  # no kernel of ours: torch's composite
         return torch.nn.functional.rms_norm(input, shape, weight, eps)
