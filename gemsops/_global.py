@@ -209,6 +209,7 @@ def _kernel(name, impl, original):
             RuntimeError,
             NotImplementedError,
             IndexError,
+            OverflowError,
         ):
             pass  # torch's kernel decides (and raises what torch raises)
         else:

@@ -199,6 +199,14 @@ def test_addmm_coefficient_past_float32_raises_as_torch(name, value):
             torch.addmm(c, a, b, **{name: value})
 
 
+def test_addmm_int_coefficient_past_int64_as_torch():
+    c, a, b = torch.randn(3), torch.randn(4, 5), torch.randn(5, 3)
+    want = torch.addmm(c, a, b, alpha=2**63)
+    with gemsops.use_gemsops(devices=("cpu",)):
+        got = torch.addmm(c, a, b, alpha=2**63)
+    torch.testing.assert_close(got, want)
+
+
 @pytest.mark.parametrize("affine", [False, True])
 def test_layer_norm_shape_not_trailing_raises_as_torch(affine):
     """normalized_shape must be the input's trailing sizes, with or

@@ -1,8 +1,10 @@
 """gemsops.addmm, gemsops.linear and gemsops.nn.Linear against torch's,
 forward and backward, with float64 references."""
 
+import fractions
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -269,6 +271,63 @@ def test_addmm_coefficients_as_torch(value, name, dtype, device):
     ref = torch.addmm(inp.double(), a.double(), b.double(), **kw)
     assert out.dtype == dtype
     assert_close(out, ref, dtype, chain_len=5)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        1 + 0j,
+        np.complex128(1 + 0j),
+        np.bool_(True),
+        np.float32(0.5),
+        fractions.Fraction(1, 3),
+        torch.tensor(2.0, requires_grad=True),
+        2**63,
+        2**64 - 1,
+        2**64,
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+def test_addmm_coefficient_kinds_as_torch(value, name, device):
+    # the kinds of number torch's argument parser takes or refuses
+    inp = torch.randn(7, device=device)
+    a, b = torch.randn(3, 5, device=device), torch.randn(5, 7, device=device)
+    kw = {name: value}
+    expected = raised_type(lambda: torch.addmm(inp, a, b, **kw))
+    if expected is not None:
+        with pytest.raises(expected, match=name):
+            gemsops.addmm(inp, a, b, **kw)
+        return
+    ref = torch.addmm(inp.double(), a.double(), b.double(), **kw)
+    assert_close(gemsops.addmm(inp, a, b, **kw), ref, torch.float32)
+
+
+def test_addmm_alpha_scales_the_grads_after_the_products(device):
+    # alpha on a half gradient first would overflow (alpha 1e5) or flush
+    # to zero (alpha 1e-8) where torch's gradients are finite, nonzero
+    for alpha, v in ((1e5, 1e-3), (1e-8, 100.0)):
+        kw = dict(dtype=torch.float16, device=device)
+        ours = [
+            torch.full(s, v, **kw, requires_grad=True)
+            for s in ((2, 3), (3, 2))
+        ]
+        theirs = [t.detach().clone().requires_grad_() for t in ours]
+        zero = torch.zeros(2, 2, **kw)
+        gemsops.addmm(zero, *ours, alpha=alpha).float().sum().backward()
+        torch.addmm(zero, *theirs, alpha=alpha).float().sum().backward()
+        for o, t in zip(ours, theirs):
+            assert torch.isfinite(o.grad).all() and (o.grad != 0).all()
+            torch.testing.assert_close(o.grad, t.grad, rtol=2e-3, atol=0)
+
+
+def test_linear_0d_weight_refused_as_torch(device):
+    x = torch.randn(3, 4, device=device)
+    w, b = torch.tensor(1.0, device=device), torch.randn(5, device=device)
+    with pytest.raises(RuntimeError):
+        torch.nn.functional.linear(x, w, b)
+    with pytest.raises(RuntimeError, match="weight"):
+        gemsops.linear(x, w, b)
 
 
 @pytest.mark.parametrize("beta", [0, 1, 0.5])

@@ -10,8 +10,8 @@ gemsops' kernels on transposed views without copies."""
 
 import functools
 import math
-import numbers
 
+import numpy as _np
 import torch
 
 from .. import _C
@@ -81,18 +81,28 @@ class AddmmFunction(torch.autograd.Function):
         if g.is_neg():  # C reads raw memory: give it the values
             g = g.resolve_neg()
         product = mm if torch.is_grad_enabled() else _mm  # create_graph
-        ga = _rows(g * ctx.alpha if ctx.alpha != 1 else g)
+        ga = _rows(g)
         need = ctx.needs_input_grad
         di = None
         x = _rows(mat1)
         if _bias_grad_fused(ctx, product, g, ga, x, mat2):
             di = ga.new_empty(ga.shape[-1])
-        d1, d2 = product_grads(product, x, mat2, ga, need[1:], di)
+        d1, d2 = _scaled(
+            product_grads(product, x, mat2, ga, need[1:], di), ctx.alpha
+        )
         if d1 is not None and mat1.dim() != 2:
             d1 = d1.reshape(mat1.shape)
         if need[0] and di is None:
             di = _grad_input(g, ctx.beta, ctx.input_shape)
         return di, d1, d2, None, None
+
+
+def _scaled(grads, alpha):
+    """The mats' gradients times alpha, after their products (as torch's
+    addmm backward: alpha on g first would overflow or flush a half g)."""
+    if alpha == 1:
+        return grads
+    return tuple(None if d is None else d * alpha for d in grads)
 
 
 def _grad_input(g, beta, shape):
@@ -190,8 +200,7 @@ def _addmm_op_setup(ctx, inputs, output):
 def _addmm_op_grad(ctx, g):
     mat1, mat2 = ctx.saved_tensors
     need = ctx.needs_input_grad
-    ga = g * ctx.alpha if ctx.alpha != 1 else g
-    d1, d2 = product_grads(mm, mat1, mat2, ga, need[1:3])
+    d1, d2 = _scaled(product_grads(mm, mat1, mat2, g, need[1:3]), ctx.alpha)
     di = _grad_input(g, ctx.beta, ctx.input_shape) if need[0] else None
     return di, d1, d2, None, None
 
@@ -322,7 +331,7 @@ def _linear_ok(x, weight, bias):
         and bias.dtype is dtype
         and bias.device == device
         and bias.dim() == 1
-        and bias.shape[0] == weight.shape[0]
+        and bias.shape == weight.shape[:1]
         and not bias.is_neg()
     ):
         return False
@@ -374,24 +383,38 @@ _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 def _coefficient(name, value, like):
-    """addmm's alpha or beta, refused as torch refuses it: a number (or a
-    0-d tensor, passed on as it is); an int beyond int64 is OverflowError;
-    for a real tensor a complex value, and for a half or float32 one a
-    finite value past float32's range (torch converts it to the float it
-    computes in), are RuntimeError."""
+    """addmm's alpha or beta, taken and refused as torch takes them: a
+    Python or NumPy number (bool too) or a 0-d tensor that needs no grad
+    (passed on as it is); an int outside [-2^63, 2^64) is OverflowError;
+    for a real tensor a complex value with an imaginary part, and for a
+    half or float32 one a finite value past float32's range (torch
+    converts it to the float it computes in), are RuntimeError."""
     if isinstance(value, torch.Tensor) and value.dim() == 0:
+        if value.requires_grad:  # torch's argument parser refuses it
+            raise TypeError(
+                f"addmm(): argument '{name}' must be Number, not a Tensor "
+                "that requires grad"
+            )
         # a bool scales as 0 or 1 (torch.add refuses a bool alpha)
         return int(value.item()) if value.dtype == torch.bool else value
+    if isinstance(value, _np.generic):
+        value = value.item()  # a NumPy scalar: its Python number
     if isinstance(value, bool):
         return int(value)
-    if not isinstance(value, numbers.Number):
+    if not isinstance(
+        value, (int, float, complex, torch.SymInt, torch.SymFloat)
+    ):
         raise TypeError(
             f"addmm(): argument '{name}' must be Number, not "
             f"{type(value).__name__}"
         )
-    if isinstance(value, int) and not -_INT64 <= value < _INT64:
-        raise OverflowError(f"addmm(): {name}={value} is too big for int64")
+    if isinstance(value, int) and not -_INT64 <= value < 2 * _INT64:
+        raise OverflowError(
+            f"addmm(): {name}={value} is outside int64 and uint64"
+        )
     real = not (isinstance(like, torch.Tensor) and like.is_complex())
+    if isinstance(value, complex) and real and value.imag == 0:
+        value = value.real
     if isinstance(value, complex) and real:
         raise RuntimeError(
             f"addmm(): {name}={value!r} cannot be converted to a real "
