@@ -104,6 +104,41 @@ def test_addmm_float64_input_refused_as_torch(device):
             gemsops.addmm(c, x, m)
 
 
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)]
+)
+def test_out_variants_compute_in_their_inputs_dtype(device):
+    # out= is on no autocast list: fp32 in, an fp32 out, a bf16 out refused
+    torch.manual_seed(7)
+    a, b = torch.randn(3, 4, device=device), torch.randn(4, 5, device=device)
+    c = torch.randn(5, device=device)
+    calls = {
+        "mm": (
+            lambda o: torch.mm(a, b, out=o),
+            lambda o: gemsops.mm(a, b, out=o),
+        ),
+        "matmul": (
+            lambda o: torch.matmul(a, b, out=o),
+            lambda o: gemsops.matmul(a, b, out=o),
+        ),
+        "addmm": (
+            lambda o: torch.addmm(c, a, b, out=o),
+            lambda o: gemsops.addmm(c, a, b, out=o),
+        ),
+    }
+    for name, (theirs, mine) in calls.items():
+        with torch.autocast(device, dtype=torch.bfloat16):
+            want = theirs(torch.empty(3, 5, device=device))
+            got = mine(torch.empty(3, 5, device=device))
+            assert got.dtype == want.dtype == torch.float32, name
+            torch.testing.assert_close(got, want, msg=name)
+            half = torch.empty(3, 5, device=device, dtype=torch.bfloat16)
+            with pytest.raises(RuntimeError):
+                theirs(half)
+            with pytest.raises(RuntimeError, match="dtype"):
+                mine(half)
+
+
 def test_autocast_off_inside_region():
     x = torch.randn(4, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -321,6 +321,28 @@ def test_addmm_alpha_scales_the_grads_after_the_products(device):
             torch.testing.assert_close(o.grad, t.grad, rtol=2e-3, atol=0)
 
 
+def test_argument_names_in_type_errors_as_torch():
+    a, b = torch.randn(3, 5), torch.randn(5, 7)
+    cases = [
+        (lambda: gemsops.mm(a, [1]), "'mat2'"),
+        (lambda: gemsops.bmm(a[None], None), "'mat2'"),
+        (lambda: gemsops.matmul(a, "x"), "'other'"),
+        (
+            lambda: gemsops.addmm(torch.randn(7), "x", b),
+            "addmm(): argument 'mat1'",
+        ),
+        (
+            lambda: gemsops.addmm(torch.randn(7), a, 2),
+            "addmm(): argument 'mat2'",
+        ),
+        (lambda: gemsops.linear(None, b), "linear(): argument 'input'"),
+    ]
+    for call, words in cases:
+        with pytest.raises(TypeError) as info:
+            call()
+        assert words in str(info.value)
+
+
 def test_linear_0d_weight_refused_as_torch(device):
     x = torch.randn(3, 4, device=device)
     w, b = torch.tensor(1.0, device=device), torch.randn(5, device=device)

@@ -23,7 +23,17 @@ def into(fn, out, inputs, compute):
             "automatic differentiation, but one of the arguments requires "
             "grad."
         )
-    r = compute()
+    # torch's out= variants are on no autocast list: they compute in
+    # their inputs' dtypes, autocast or not
+    device = next(
+        (t.device.type for t in inputs if isinstance(t, torch.Tensor)),
+        out.device.type,
+    )
+    if torch.is_autocast_enabled(device):
+        with torch.autocast(device, enabled=False):
+            r = compute()
+    else:
+        r = compute()
     if out.dtype != r.dtype:
         raise RuntimeError(
             f"{fn}(): expected out tensor to have dtype {r.dtype}, but got "

@@ -448,11 +448,16 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
             (input, mat1, mat2),
             lambda: addmm(input, mat1, mat2, beta=beta, alpha=alpha),
         )
-    if not isinstance(input, torch.Tensor):
-        raise TypeError(
-            "addmm(): argument 'input' (position 1) must be Tensor, not "
-            f"{type(input).__name__}"
-        )
+    for pos, name, t in (
+        (1, "input", input),
+        (2, "mat1", mat1),
+        (3, "mat2", mat2),
+    ):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"addmm(): argument '{name}' (position {pos}) must be "
+                f"Tensor, not {type(t).__name__}"
+            )
     alpha = _coefficient("alpha", alpha, mat1)
     beta = _coefficient("beta", beta, mat1)
     if (
@@ -532,6 +537,11 @@ def linear(input, weight, bias=None):
         ):
             return _linear_function(input, weight, bias)
         return _linear(input, weight, bias)
+    if not isinstance(input, torch.Tensor):
+        raise TypeError(
+            "linear(): argument 'input' (position 1) must be Tensor, not "
+            f"{type(input).__name__}"
+        )
     for pos, name, t in ((2, "weight", weight), (3, "bias", bias)):
         if not isinstance(t, torch.Tensor) and (t is not None or pos == 2):
             raise TypeError(

@@ -353,7 +353,9 @@ def _operands(fn, a, b):
     if not isinstance(a, torch.Tensor):
         raise _not_tensor(fn, "input", a)
     if not isinstance(b, torch.Tensor):
-        raise _not_tensor(fn, "other", b)
+        # torch's names: mm(input, mat2), bmm(input, mat2), matmul(input,
+        # other); addmm's mats come through mm
+        raise _not_tensor(fn, "other" if fn == "matmul" else "mat2", b)
     if a.dtype != b.dtype:
         refused = _kernel_refused(fn, a, b)
         if refused is not None:
