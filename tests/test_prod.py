@@ -200,6 +200,9 @@ def test_errors():
         gemsops.prod(x, 2)
     with pytest.raises(NotImplementedError, match="complex"):
         gemsops.prod(torch.randn(3, dtype=torch.complex64))
+    with pytest.raises(NotImplementedError, match="complex"):  # not autograd's
+        gemsops.prod(x.requires_grad_(), dtype=torch.complex64)
+    x.requires_grad_(False)
     with pytest.raises(TypeError, match="'input' must be a Tensor"):
         gemsops.prod([1.0, 2.0])
     with pytest.raises(TypeError, match="'dim' must be int"):
