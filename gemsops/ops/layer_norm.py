@@ -127,9 +127,10 @@ def _stats_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _forward(x, shape, weight, bias, eps, want_stats=True):
-    """Returns (out, mean, rstd); mean/rstd flat [M], or None when not
-    wanted (inference skips allocating them)."""
+def _forward(x, shape, weight, bias, eps, want_stats=True, stats_shape=None):
+    """Returns (out, mean, rstd); mean/rstd flat [M] (or of stats_shape,
+    M elements), or None when not wanted (inference skips allocating
+    them)."""
     nd = len(shape)
     if not x.is_contiguous() and not _rows_view_ok(x, nd):
         x = x.contiguous()
@@ -137,10 +138,12 @@ def _forward(x, shape, weight, bias, eps, want_stats=True):
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     mean = rstd = None
     if want_stats:  # two allocations cost less than one plus two views
-        rows = math.prod(x.shape[: x.dim() - nd])
+        if stats_shape is None:
+            stats_shape = math.prod(x.shape[: x.dim() - nd])
         sd = _stats_dtype(x.dtype)
-        mean = x.new_empty(rows, dtype=sd)  # no device argument to parse
-        rstd = x.new_empty(rows, dtype=sd)
+        # no device argument to parse; C takes any shape of M elements
+        mean = x.new_empty(stats_shape, dtype=sd)
+        rstd = x.new_empty(stats_shape, dtype=sd)
     if x.numel() == 0:
         # nothing to compute, but C checks the arguments as for any size
         _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, None)
@@ -345,11 +348,10 @@ def _layer_norm_op(
     """torch.native_layer_norm: (out, mean, rstd), statistics of shape
     input.shape[:-k] + (1,) * k in fp32 (fp64 for fp64 input)."""
     shape = tuple(normalized_shape)
-    out, mean, rstd = _forward(
-        _plain(input), shape, _param(weight), _param(bias), eps
-    )
     st = _stat_shape(input, len(shape))
-    return out, mean.view(st), rstd.view(st)
+    return _forward(
+        _plain(input), shape, _param(weight), _param(bias), eps, stats_shape=st
+    )
 
 
 @_layer_norm_op.register_fake

@@ -64,15 +64,17 @@ def _weight_for(x, w):
     return w.to(torch.float32 if half else x.dtype)
 
 
-def _forward(x, shape, weight, eps, want_rstd=True):
-    """(out, rstd): rstd flat [M] (fp32, fp64 for fp64 input) or None."""
+def _forward(x, shape, weight, eps, want_rstd=True, rstd_shape=None):
+    """(out, rstd): rstd flat [M] (or of rstd_shape, M elements; fp32,
+    fp64 for fp64 input) or None."""
     nd = len(shape)
     x = ln._rows(x, nd)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     rstd = None
     if want_rstd:
-        rows = math.prod(x.shape[: x.dim() - nd])
-        rstd = x.new_empty(rows, dtype=ln._stats_dtype(x.dtype))
+        if rstd_shape is None:
+            rstd_shape = math.prod(x.shape[: x.dim() - nd])
+        rstd = x.new_empty(rstd_shape, dtype=ln._stats_dtype(x.dtype))
     ws = ln.fwd_scratch(x, weight, None, nd)
     _C.rms_norm_fwd(x, weight, nd, eps, out, rstd, ws)
     return out, rstd
@@ -146,8 +148,10 @@ def _rms_norm_op(
     """(out, rstd), rstd of shape input.shape[:-k] + (1,) * k in fp32
     (fp64 for fp64 input)."""
     shape = tuple(normalized_shape)
-    out, rstd = _forward(ln._plain(input), shape, ln._param(weight), eps)
-    return out, rstd.view(ln._stat_shape(input, len(shape)))
+    st = ln._stat_shape(input, len(shape))
+    return _forward(
+        ln._plain(input), shape, ln._param(weight), eps, rstd_shape=st
+    )
 
 
 @_rms_norm_op.register_fake
