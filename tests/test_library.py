@@ -367,6 +367,23 @@ def test_export_dynamic_batch():
     _close(ep.module()(x), model(x))
 
 
+def test_compiled_norms_take_each_eps():
+    # eps is an argument of the compiled function, changed call to call
+    torch._dynamo.reset()
+    F = torch.nn.functional
+
+    def f(x, eps):
+        return gemsops.layer_norm(x, (8,), eps=eps) + gemsops.rms_norm(
+            x, (8,), eps=eps
+        )
+
+    g = torch.compile(f, backend="aot_eager", fullgraph=True)
+    x = torch.randn(4, 8)
+    for eps in (1e-5, 1e-2, 0.5, 2):
+        want = F.layer_norm(x, (8,), eps=eps) + F.rms_norm(x, (8,), eps=eps)
+        torch.testing.assert_close(g(x, eps), want)
+
+
 def test_eager_errors_unchanged_in_compiled_code():
     """Argument checks run before the op, so compiled code raises what
     eager raises."""

@@ -719,6 +719,8 @@ def eps_arg(eps, fn, alt=""):
     """eps as a float, taken as torch's float arguments take it: a Python
     or NumPy number (bool too) or a 0-d real tensor; anything else is a
     TypeError naming fn (C would take any object with __float__)."""
+    if isinstance(eps, (torch.SymFloat, torch.SymInt)):
+        return eps  # a compiled function's symbolic argument
     if isinstance(eps, (int, float)) or (
         isinstance(eps, numbers.Real) and hasattr(eps, "dtype")  # NumPy's
     ):
