@@ -325,6 +325,15 @@ def test_cuda_kept_workspace_protocol():
             torch.testing.assert_close(o.double(), r, rtol=1e-4, atol=1e-4)
 
 
+NORMS = [
+    "layer_norm",
+    "native_layer_norm",
+    "rms_norm",
+    "fused_add_layer_norm",
+    "fused_add_rms_norm",
+]
+
+
 def _norm_call(fn, x, shape, weight=None, eps=None):
     f = getattr(gemsops, fn)
     kw = {} if eps is None else {"eps": eps}
@@ -334,16 +343,7 @@ def _norm_call(fn, x, shape, weight=None, eps=None):
     return out[0] if fn == "native_layer_norm" else out
 
 
-@pytest.mark.parametrize(
-    "fn",
-    [
-        "layer_norm",
-        "native_layer_norm",
-        "rms_norm",
-        "fused_add_layer_norm",
-        "fused_add_rms_norm",
-    ],
-)
+@pytest.mark.parametrize("fn", NORMS)
 def test_norm_checks_hold_where_c_does_not_see(fn):
     # torch's ops under vmap and forward-mode AD, the fake kernel under
     # meta tensors: the eager call's refusals, not a broadcast weight or
@@ -372,16 +372,7 @@ def test_norm_checks_hold_where_c_does_not_see(fn):
             call(None, ints)
 
 
-@pytest.mark.parametrize(
-    "fn",
-    [
-        "layer_norm",
-        "native_layer_norm",
-        "rms_norm",
-        "fused_add_layer_norm",
-        "fused_add_rms_norm",
-    ],
-)
+@pytest.mark.parametrize("fn", NORMS)
 def test_norm_eps_taken_as_torch_takes_a_float(fn):
     from fractions import Fraction
 
