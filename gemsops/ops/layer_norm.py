@@ -6,10 +6,10 @@ come from torch's caching allocator on the right device) and passes them
 down; the C side validates and launches on torch's current stream."""
 
 import math
-import numbers
 import operator
 from typing import Optional, Sequence
 
+import numpy as _np
 import torch
 
 from .. import _C, _workspace
@@ -63,19 +63,22 @@ def _shape_item(s, i, fn):
     )
 
 
-def _check_shape(x, shape, fn="layer_norm"):
-    # RuntimeError, as torch raises for these
+def _check_shape(x, shape, fn="layer_norm", few_dims=RuntimeError):
+    # RuntimeError, as torch raises for these; few_dims for an input of
+    # fewer dims than shape (torch's rms_norm: ValueError)
     if len(shape) == 0:
         raise RuntimeError(
             f"{fn}(): Expected normalized_shape to be at least "
             "1-dimensional, i.e., containing at least one element, but got "
             f"normalized_shape = {list(shape)}"
         )
-    if x.dim() < len(shape) or x.shape[x.dim() - len(shape) :] != shape:
-        raise RuntimeError(
+    few = x.dim() < len(shape)
+    if few or x.shape[x.dim() - len(shape) :] != shape:
+        raise (few_dims if few else RuntimeError)(
             f"{fn}(): Given normalized_shape={list(shape)}, expected "
             f"input with shape [*, {', '.join(map(str, shape))}], but got "
             f"input of size{list(x.shape)}"
+            + (" (fewer dimensions than normalized_shape)" if few else "")
         )
 
 
@@ -698,7 +701,14 @@ _layer_norm_backward_op.register_autograd(
 register_autocast(torch.ops.gemsops.layer_norm.default, "cuda", "fp32")
 
 
-def _prepare(input, normalized_shape, weight, bias, fn="layer_norm"):
+def _prepare(
+    input,
+    normalized_shape,
+    weight,
+    bias,
+    fn="layer_norm",
+    few_dims=RuntimeError,
+):
     if not isinstance(input, torch.Tensor):
         raise TypeError(
             f"{fn}(): argument 'input' must be a Tensor, not "
@@ -709,7 +719,7 @@ def _prepare(input, normalized_shape, weight, bias, fn="layer_norm"):
     if bias is not None and not isinstance(bias, torch.Tensor):
         raise _not_tensor(TypeError, fn, "bias", bias, " or None")
     shape = _normalized_shape(normalized_shape, fn)
-    _check_shape(input, shape, fn)
+    _check_shape(input, shape, fn, few_dims)
     if not _compiling() and input.is_neg():
         input = input.resolve_neg()
     return input, shape, _param(weight), _param(bias)
@@ -722,7 +732,8 @@ def eps_arg(eps, fn, alt=""):
     if isinstance(eps, (torch.SymFloat, torch.SymInt)):
         return eps  # a compiled function's symbolic argument
     if isinstance(eps, (int, float)) or (
-        isinstance(eps, numbers.Real) and hasattr(eps, "dtype")  # NumPy's
+        isinstance(eps, _np.generic)
+        and not isinstance(eps, _np.complexfloating)
     ):
         return float(eps)
     if (

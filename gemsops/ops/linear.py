@@ -448,16 +448,12 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
             (input, mat1, mat2),
             lambda: addmm(input, mat1, mat2, beta=beta, alpha=alpha),
         )
-    for pos, name, t in (
-        (1, "input", input),
-        (2, "mat1", mat1),
-        (3, "mat2", mat2),
+    if not (
+        isinstance(input, torch.Tensor)
+        and isinstance(mat1, torch.Tensor)
+        and isinstance(mat2, torch.Tensor)
     ):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(
-                f"addmm(): argument '{name}' (position {pos}) must be "
-                f"Tensor, not {type(t).__name__}"
-            )
+        raise _addmm_not_tensor(input, mat1, mat2)
     alpha = _coefficient("alpha", alpha, mat1)
     beta = _coefficient("beta", beta, mat1)
     if (
@@ -495,6 +491,15 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     if beta == 0:
         return _BetaZero.apply(c, input)
     return torch.add(c, input.to(c.dtype), alpha=beta)
+
+
+def _addmm_not_tensor(*args):
+    for pos, (name, t) in enumerate(zip(("input", "mat1", "mat2"), args), 1):
+        if not isinstance(t, torch.Tensor):
+            return TypeError(
+                f"addmm(): argument '{name}' (position {pos}) must be "
+                f"Tensor, not {type(t).__name__}"
+            )
 
 
 class _AlphaZero(torch.autograd.Function):

@@ -310,12 +310,9 @@ def prod(input, dim=None, keepdim=False, *, dtype=None, out=None):
     d = None if dim is None else _normalize_dim(dim, input.dim())
     cast = None
     if dtype is not None:
-        if dtype.is_complex:  # before the autograd rule below: no kernel
-            raise NotImplementedError(
-                f"prod(): gemsops has no kernel for complex input ({dtype})"
-            )
         if (
             not dtype.is_floating_point
+            and not dtype.is_complex  # no kernel: refused below
             and input.requires_grad
             and torch.is_grad_enabled()
         ):  # as torch refuses

@@ -33,18 +33,10 @@ def _eps(eps, dtype, fn="rms_norm"):
 
 
 def _prepare(input, normalized_shape, weight, fn):
-    """ln._prepare, after torch's rms_norm refusal of an input with fewer
+    """ln._prepare with torch's rms_norm refusal of an input with fewer
     dims than normalized_shape (a 0-d one too): ValueError."""
-    if isinstance(input, torch.Tensor):
-        shape = ln._normalized_shape(normalized_shape, fn)
-        if shape and input.dim() < len(shape):
-            raise ValueError(
-                f"{fn}(): input must have at least {len(shape)} "
-                f"dimensions (normalized_shape {list(shape)}), got "
-                f"{input.dim()}"
-            )
     input, shape, weight, _ = ln._prepare(
-        input, normalized_shape, weight, None, fn
+        input, normalized_shape, weight, None, fn, ValueError
     )
     return input, shape, weight
 
