@@ -285,6 +285,32 @@ from_exchange_api(const gemsops_dl_exchange_api *api, PyObject *obj,
     return rc;
 }
 
+/* The exception for a tensor its producer would not export: torch's own
+ * for such an operand. A layout other than strided (sparse, nested) is an
+ * op with no kernel for it (NotImplementedError, as torch's dispatcher
+ * says); a strided tensor on a device DLPack cannot name (meta) is a
+ * device mismatch (RuntimeError). Another producer's refusal stays a
+ * TypeError. Only reached on the error path. */
+static PyObject *
+unexportable_error(PyObject *obj)
+{
+    PyObject *layout = PyObject_GetAttrString(obj, "layout");
+    if (layout == NULL) {
+        PyErr_Clear();
+        return PyExc_TypeError;
+    }
+    PyObject *name = PyObject_Str(layout);
+    Py_DECREF(layout);
+    if (name == NULL) {
+        PyErr_Clear();
+        return PyExc_RuntimeError;
+    }
+    const int strided =
+        PyUnicode_CompareWithASCIIString(name, "torch.strided") == 0;
+    Py_DECREF(name);
+    return strided ? PyExc_RuntimeError : PyExc_NotImplementedError;
+}
+
 /* The view of obj, and whether the producer marked it read-only (only
  * versioned capsules can say so; torch tensors are always writable). */
 static int
@@ -326,7 +352,7 @@ import_tensor(PyObject *obj, const char *fn, const char *arg,
         if (PyErr_ExceptionMatches(PyExc_BufferError)) {
             PyObject *type, *value, *tb;
             PyErr_Fetch(&type, &value, &tb);
-            PyErr_Format(PyExc_TypeError,
+            PyErr_Format(unexportable_error(obj),
                          "%s(): argument '%s' cannot be exported through "
                          "DLPack: %S",
                          fn, arg, value ? value : Py_None);

@@ -295,6 +295,26 @@ def test_meta_beside_cpu_is_a_device_error():
             fn(b.mT, a.mT)
 
 
+def test_meta_parameter_beside_cpu_input_is_a_device_error():
+    # as torch: RuntimeError, not the DLPack refusal's TypeError
+    x, w = torch.randn(2, 8), torch.empty(8, device="meta")
+    for fn in (gemsops.layer_norm, gemsops.rms_norm):
+        with pytest.raises(RuntimeError, match="'weight'.*meta"):
+            fn(x, (8,), w)
+
+
+def test_sparse_operands_are_not_implemented():
+    dense = torch.randn(4, 4)
+    sparse = dense.to_sparse()
+    for call in (
+        lambda: gemsops.prod(sparse),
+        lambda: gemsops.mm(sparse, dense),
+        lambda: gemsops.mm(dense, sparse),
+    ):
+        with pytest.raises(NotImplementedError, match="layout"):
+            call()
+
+
 def test_prod_dtype_under_autocast_and_jvp():
     # the dtype= given stays, as torch's autocast policy for prod keeps it
     x, t = torch.rand(3, 5) + 0.5, torch.randn(3, 5)
