@@ -380,7 +380,14 @@ def test_norm_eps_taken_as_torch_takes_a_float(fn):
     want = _norm_call(fn, x, (8,), eps=0.5)
     for eps in (np.float32(0.5), torch.tensor(0.5), Fraction(1, 2) * 1.0):
         torch.testing.assert_close(_norm_call(fn, x, (8,), eps=eps), want)
-    for eps in (np.array(0.5), Fraction(1, 2), "0.5", torch.tensor([0.5])):
+    refused = (
+        np.array(0.5),
+        Fraction(1, 2),
+        "0.5",
+        torch.tensor([0.5]),
+        torch.tensor(0.5, requires_grad=True),
+    )
+    for eps in refused:
         with pytest.raises(TypeError, match=f"{fn}\\(\\): argument 'eps'"):
             _norm_call(fn, x, (8,), eps=eps)
 

@@ -515,6 +515,20 @@ def test_cuda_forward_access_widths(rows, n, dtype):
     check_four_norms(*make((m, n), 1, dtype, "cuda"))
 
 
+# fp32 rows of 513 to 1024 elements take one warp at eight accesses a
+# thread where all rows fit one wave of 1024 threads an SM (32 rows an
+# SM), four accesses past it: both sides of that line, ragged rows too.
+@pytest.mark.cuda
+@pytest.mark.parametrize("n", [516, 768, 1000, 1024])
+@pytest.mark.parametrize("side", [0, 1])
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+def test_cuda_forward_fp32_one_wave_rows(affine, side, n):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    check_four_norms(
+        *make((sms * 32 + side, n), 1, torch.float32, "cuda", affine)
+    )
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 7, 64, 1000, 4097, 65536, 262144, 1048576])
 def test_cuda_row_lengths_up_to_2_20(n):

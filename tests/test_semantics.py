@@ -857,3 +857,60 @@ def test_matmul_dot_of_empty_vectors():
     got = gemsops.matmul(a, b)
     assert got.shape == () and got.item() == 0.0
     assert math.isclose(torch.matmul(a, b).item(), got.item())
+
+
+@pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
+def test_nested_input_computed_as_torch(layout):
+    # no kernel of ours takes nested tensors: torch's own functions do
+    parts = [torch.randn(2, 8), torch.randn(3, 8)]
+    w, b, g = torch.randn(5, 8), torch.randn(5), torch.randn(8)
+    calls = [
+        (lambda x: gemsops.linear(x, w, b), lambda x: F.linear(x, w, b)),
+        (
+            lambda x: gemsops.layer_norm(x, (8,), g, g),
+            lambda x: F.layer_norm(x, (8,), g, g),
+        ),
+    ]
+    if layout is torch.jagged:  # torch's rms_norm refuses strided nested
+        calls.append(
+            (
+                lambda x: gemsops.rms_norm(x, (8,), g),
+                lambda x: F.rms_norm(x, (8,), g),
+            )
+        )
+    for ours, theirs in calls:
+        x = torch.nested.nested_tensor(parts, layout=layout)
+        for got, want in zip(ours(x).unbind(), theirs(x).unbind()):
+            close(got, want)
+
+
+def test_sparse_input_to_linear_computed_as_torch():
+    x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
+    for sparse in (x.to_sparse(), x.to_sparse_csr()):
+        close(gemsops.linear(sparse, w, b), F.linear(x, w, b))
+        close(gemsops.linear(sparse, w), F.linear(x, w))
+
+
+def test_flop_counter_counts_the_products_as_torch():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def flops(module_cls, fn):
+        torch.manual_seed(0)
+        layer = module_cls(8, 5)
+        x = torch.randn(2, 3, 8, requires_grad=True)
+        with FlopCounterMode(display=False) as counter:
+            fn(layer, x).sum().backward()
+        return counter.get_total_flops()
+
+    def mats(layer, x):
+        return torch.bmm(x, x.mT) @ x @ layer.weight.t()
+
+    def gems_mats(layer, x):
+        return gemsops.matmul(gemsops.bmm(x, x.mT), x) @ layer.weight.t()
+
+    linear = flops(torch.nn.Linear, lambda m, x: m(x))
+    assert linear > 0
+    assert flops(gemsops.nn.Linear, lambda m, x: m(x)) == linear
+    want = flops(torch.nn.Linear, mats)
+    assert want > 0
+    assert flops(torch.nn.Linear, gems_mats) == want

@@ -727,8 +727,9 @@ def _prepare(
 
 def eps_arg(eps, fn, alt=""):
     """eps as a float, taken as torch's float arguments take it: a Python
-    or NumPy number (bool too) or a 0-d real tensor; anything else is a
-    TypeError naming fn (C would take any object with __float__)."""
+    or NumPy number (bool too) or a 0-d real tensor that does not require
+    grad; anything else is a TypeError naming fn (C would take any object
+    with __float__)."""
     if isinstance(eps, (torch.SymFloat, torch.SymInt)):
         return eps  # a compiled function's symbolic argument
     if isinstance(eps, (int, float)) or (
@@ -740,6 +741,7 @@ def eps_arg(eps, fn, alt=""):
         isinstance(eps, torch.Tensor)
         and eps.dim() == 0
         and not eps.is_complex()
+        and not eps.requires_grad
     ):
         return float(eps)
     raise TypeError(
@@ -757,6 +759,11 @@ def _not_tensor(exc, fn, name, value, alt=""):
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Drop-in for torch.nn.functional.layer_norm. weight/bias may be fp32
     with fp16/bf16 input (mixed precision); the output has input's dtype."""
+    if isinstance(input, torch.Tensor) and input.is_nested:
+        # no kernel for nested tensors: torch's own computes them
+        return torch.nn.functional.layer_norm(
+            input, normalized_shape, weight, bias, eps
+        )
     input, shape, weight, bias = _prepare(
         input, normalized_shape, weight, bias
     )

@@ -13,6 +13,7 @@ import math
 
 import numpy as _np
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C
 from .._dispatch import (
@@ -30,11 +31,13 @@ from .matmul import (
     _mm,
     matmul,
     mm,
+    product_flops,
     product_grads,
     transposed,
 )
 
 _Tensor = torch.Tensor
+_strided = torch.strided
 _grad_enabled = torch.is_grad_enabled
 
 
@@ -210,6 +213,11 @@ for _device in ("cpu", "cuda"):  # the autocast dtype, as torch.addmm
     register_autocast(torch.ops.gemsops.addmm.default, _device, "lower")
 
 
+@register_flop_formula(torch.ops.gemsops.addmm)
+def _addmm_flop_formula(input_shape, a_shape, b_shape, *args, **kw):
+    return product_flops(a_shape, b_shape)  # the add uncounted, as aten's
+
+
 def _traced_addmm_ok(input, mat1, mat2, alpha, beta):
     """Traced code (compile, export, autocast, the JIT tracer, meta) whose
     addmm the op above takes: numbers for alpha and beta, 2-D mats of one
@@ -340,6 +348,8 @@ def _linear_ok(x, weight, bias):
         and dtype in SUPPORTED
         and weight.device == device
         and weight.dim() == 2
+        and x.layout is _strided
+        and not x.is_nested
         and x.dim() >= 1
         and x.shape[-1] == weight.shape[1]
         and not x.is_neg()
@@ -553,6 +563,9 @@ def linear(input, weight, bias=None):
                 f"linear(): argument '{name}' (position {pos}) must be "
                 f"Tensor, not {type(t).__name__}"
             )
+    if input.is_nested or input.layout is not _strided:
+        # no kernel for nested or sparse input: torch's own computes it
+        return torch.nn.functional.linear(input, weight, bias)
     if weight.dim() not in (1, 2) or (
         weight.dim() == 1 and bias is not None and input.dim() == 2
     ):

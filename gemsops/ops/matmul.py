@@ -34,6 +34,7 @@ import math
 import os
 
 import torch
+from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C, _workspace
 from .._dispatch import (
@@ -345,6 +346,17 @@ for _op in (_mm_op, _bmm_op):
 for _device in ("cpu", "cuda"):  # the autocast dtype, as torch.mm / bmm
     register_autocast(torch.ops.gemsops.mm.default, _device, "lower")
     register_autocast(torch.ops.gemsops.bmm.default, _device, "lower")
+
+
+def product_flops(a_shape, b_shape):
+    """FlopCounterMode's count of a product [*, m, k] x [*, k, n], as for
+    aten's mm and bmm: 2mnk a matrix."""
+    return 2 * math.prod(a_shape[:-1]) * a_shape[-1] * b_shape[-1]
+
+
+@register_flop_formula([torch.ops.gemsops.mm, torch.ops.gemsops.bmm])
+def _product_flop_formula(a_shape, b_shape, *args, out_shape=None, **kw):
+    return product_flops(a_shape, b_shape)
 
 
 def _operands(fn, a, b):

@@ -298,6 +298,11 @@ _rms_norm_backward_op.register_autograd(
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """Drop-in for torch.nn.functional.rms_norm. weight may be fp32 with
     fp16/bf16 input (mixed precision); the output has input's dtype."""
+    if isinstance(input, torch.Tensor) and input.is_nested:
+        # no kernel for nested tensors: torch's own computes them
+        return torch.nn.functional.rms_norm(
+            input, normalized_shape, weight, eps
+        )
     input, shape, weight = _prepare(
         input, normalized_shape, weight, "rms_norm"
     )
