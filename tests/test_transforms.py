@@ -358,3 +358,18 @@ def test_rows_of_nothing_under_forward_ad():
         got = [fwAD.unpack_dual(o).primal for o in got]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, equal_nan=True)
+
+
+def test_native_layer_norm_statistics_not_differentiable_under_transforms():
+    # as torch's native_layer_norm: under torch.func and forward-mode AD
+    # mean and rstd carry no gradient and no tangent
+    x, t = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, 6)
+    for i in (1, 2):
+        for fn in (
+            lambda v: gemsops.native_layer_norm(v, (6,))[i],
+            lambda v: torch.native_layer_norm(v, (6,), None, None, 1e-5)[i],
+        ):
+            g = torch.func.grad(lambda v: fn(v).sum())(x)
+            assert torch.equal(g, torch.zeros_like(x))
+            _, tangent = torch.func.jvp(fn, (x,), (t.double(),))
+            assert torch.equal(tangent, torch.zeros_like(tangent))

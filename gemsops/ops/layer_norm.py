@@ -597,7 +597,8 @@ def _forward_torch(x, shape, weight, bias, eps, fn="layer_norm"):
         y = y * weight.to(y.dtype)
     if bias is not None:
         y = y + bias.to(y.dtype)
-    return y.to(x.dtype), mean, rstd
+    # the statistics are not differentiable, as torch's native_layer_norm's
+    return y.to(x.dtype), mean.detach(), rstd.detach()
 
 
 def _backward_torch(g, x, shape, mean, rstd, weight, bias, mask):
