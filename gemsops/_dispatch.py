@@ -136,6 +136,7 @@ class Op:
             LIB.impl(name, fn, key)
         self.overload = getattr(torch.ops.gemsops, name).default
         self.fn = fn
+        self.composite = None
         self.__doc__ = fn.__doc__
 
     def __call__(self, *args):
@@ -145,10 +146,18 @@ class Op:
         torch.library.register_fake(self.overload, fn, lib=LIB)
         return fn
 
+    def register_composite(self, fn):
+        """The op in torch's differentiable ops, with its arguments and
+        outputs: what its Autograd kernel computes under forward-mode AD
+        and the torch.func transforms (torch_only()), where the recorded
+        autograd Function would drop the tangent or be refused."""
+        self.composite = fn
+        return fn
+
     def register_autograd(self, backward, setup_context):
         LIB.impl(
             self.overload._schema.name.split("::")[1],
-            _autograd_kernel(self.overload, self.fn, backward, setup_context),
+            _autograd_kernel(self, backward, setup_context),
             "Autograd",
             with_keyset=True,
         )
@@ -175,13 +184,14 @@ _PLAIN_BELOW = {
 }
 
 
-def _autograd_kernel(op, fn, backward, setup_context):
-    """The Autograd kernel of op: without grad (compiled graphs, no_grad)
-    on to the kernels below autograd, straight to the backend kernel fn
-    where nothing else lies below (a second trip through the dispatcher
-    costs more host time than the launch); with grad, an autograd Function
-    recording setup_context and backward, whose signatures are
-    register_autograd's."""
+def _autograd_kernel(defined, backward, setup_context):
+    """The Autograd kernel of a defined Op: its composite where torch_only()
+    holds; without grad (compiled graphs, no_grad) on to the kernels below
+    autograd, straight to the backend kernel where nothing else lies below
+    (a second trip through the dispatcher costs more host time than the
+    launch); with grad, an autograd Function recording setup_context and
+    backward, whose signatures are register_autograd's."""
+    op, fn = defined.overload, defined.fn
     arguments = op._schema.arguments
 
     def full(args):
@@ -211,6 +221,14 @@ def _autograd_kernel(op, fn, backward, setup_context):
     Recorded.__name__ = f"GemsopsBackward_{op._opname}"
 
     def kernel(keyset, *args):
+        # torch_only(), its cheapest test first: a call on this path's
+        # host time
+        if (
+            (_forward_ad._current_level >= 0 or _functorch() is not None)
+            and defined.composite is not None
+            and not _is_compiling()
+        ):
+            return defined.composite(*full(args))
         if _grad_enabled() and _any_requires_grad(*args):
             return Recorded.apply(keyset, *full(args))
         if (keyset & _after_autograd).raw_repr() in _PLAIN_BELOW:

@@ -373,3 +373,53 @@ def test_native_layer_norm_statistics_not_differentiable_under_transforms():
             assert torch.equal(g, torch.zeros_like(x))
             _, tangent = torch.func.jvp(fn, (x,), (t.double(),))
             assert torch.equal(tangent, torch.zeros_like(tangent))
+
+
+def _direct_ops():
+    """Each forward op called as torch.ops.gemsops.*, beside the same
+    computation in torch's ops; float64 inputs."""
+    ops = torch.ops.gemsops
+    d = dict(dtype=torch.float64)
+    x, w, b = torch.randn(3, 6, **d), torch.randn(6, **d), torch.randn(6, **d)
+    m1, m2 = torch.randn(3, 4, **d), torch.randn(4, 5, **d)
+    bt = torch.randn(2, 3, 4, **d), torch.randn(2, 4, 5, **d)
+    return [
+        (
+            lambda v: ops.layer_norm(v, [6], w, b, 1e-5)[0],
+            lambda v: F.layer_norm(v, (6,), w, b, 1e-5),
+            x,
+        ),
+        (
+            lambda v: ops.rms_norm(v, [6], w, 1e-6)[0],
+            lambda v: F.rms_norm(v, (6,), w, 1e-6),
+            x,
+        ),
+        (lambda v: ops.prod(v, 1), lambda v: torch.prod(v, 1), x),
+        (lambda v: ops.prod(v, None), lambda v: torch.prod(v), x),
+        (lambda v: ops.mm(v, m2), lambda v: torch.mm(v, m2), m1),
+        (lambda v: ops.bmm(v, bt[1]), lambda v: torch.bmm(v, bt[1]), bt[0]),
+        (
+            lambda v: ops.addmm(b[:5], v, m2, 0.5, 2.0),
+            lambda v: torch.addmm(b[:5], v, m2, beta=0.5, alpha=2.0),
+            m1,
+        ),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_direct_ops_under_forward_ad_and_func_grad(case):
+    # the ops themselves, not only the public functions, give tangents
+    # and gradients (their composites in torch's ops)
+    ours, theirs, v = _direct_ops()[case]
+    t = torch.randn_like(v)
+    got, want = (
+        torch.func.jvp(ours, (v,), (t,)),
+        torch.func.jvp(theirs, (v,), (t,)),
+    )
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert want[1].abs().sum() > 0
+    torch.testing.assert_close(
+        torch.func.grad(lambda u: ours(u).sum())(v),
+        torch.func.grad(lambda u: theirs(u).sum())(v),
+    )

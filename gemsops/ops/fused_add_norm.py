@@ -158,7 +158,7 @@ def _traced(x, residual, shape, weight, bias, eps, rms):
     if torch_only():  # torch's ops (forward-mode AD, functorch)
         if rms:
             fn = "fused_add_rms_norm"
-            return rn._forward_torch(h, shape, weight, eps, fn), h
+            return rn._forward_torch(h, shape, weight, eps, fn)[0], h
         fn = "fused_add_layer_norm"
         return ln._forward_torch(h, shape, weight, bias, eps, fn)[0], h
     if rms:

@@ -398,6 +398,11 @@ _layer_norm_op.register_autograd(
 )
 
 
+@_layer_norm_op.register_composite
+def _(input, normalized_shape, weight, bias, eps):
+    return _forward_torch(input, tuple(normalized_shape), weight, bias, eps)
+
+
 def _none_unless(mask, *ts):
     return tuple(t if m else None for m, t in zip(mask, ts))
 

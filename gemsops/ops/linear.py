@@ -209,6 +209,13 @@ def _addmm_op_grad(ctx, g):
 
 
 _addmm_op.register_autograd(_addmm_op_grad, setup_context=_addmm_op_setup)
+
+
+@_addmm_op.register_composite
+def _(input, mat1, mat2, beta, alpha):
+    return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
+
+
 for _device in ("cpu", "cuda"):  # the autocast dtype, as torch.addmm
     register_autocast(torch.ops.gemsops.addmm.default, _device, "lower")
 

@@ -340,6 +340,8 @@ def _bmm_op(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 _OPS = {2: _mm_op, 3: _bmm_op}
+_mm_op.register_composite(torch.mm)
+_bmm_op.register_composite(torch.bmm)
 for _op in (_mm_op, _bmm_op):
     _op.register_fake(_op_fake)
     _op.register_autograd(_op_grad, setup_context=_op_setup)

@@ -179,6 +179,11 @@ def _prod_grad(ctx, grad):
 _prod_op.register_autograd(_prod_grad, setup_context=_prod_setup)
 
 
+@_prod_op.register_composite
+def _(input, dim):
+    return torch.prod(input) if dim is None else torch.prod(input, dim)
+
+
 @define_op("prod_backward")
 def _prod_backward_op(
     input: torch.Tensor, dim: Optional[int], grad: torch.Tensor

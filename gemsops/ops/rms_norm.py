@@ -174,6 +174,11 @@ def _rms_norm_grad(ctx, grad_out, _grstd):
 _rms_norm_op.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
 
 
+@_rms_norm_op.register_composite
+def _(input, normalized_shape, weight, eps):
+    return _forward_torch(input, tuple(normalized_shape), weight, eps)
+
+
 def _backward_op(grad_out, x, shape, rstd, weight, mask, eps):
     dx, dw = torch.ops.gemsops.rms_norm_backward(
         grad_out, x, shape, rstd, weight, list(mask), eps
@@ -238,14 +243,16 @@ def _backward_composite(g, x, weight, eps, shape):
 
 
 def _forward_torch(x, shape, weight, eps, fn="rms_norm"):
-    """rms_norm in torch's differentiable ops, for torch_only()."""
+    """rms_norm in torch's differentiable ops, for torch_only(): (out,
+    rstd) as the op returns them, rstd not differentiable."""
     ln.check_traced(x, shape, (("weight", weight),), fn)
     cols = tuple(range(x.dim() - len(shape), x.dim()))
     xf = x.to(ln._stats_dtype(x.dtype))
-    y = xf * torch.rsqrt((xf * xf).mean(cols, keepdim=True) + eps)
+    rstd = torch.rsqrt((xf * xf).mean(cols, keepdim=True) + eps)
+    y = xf * rstd
     if weight is not None:
         y = y * weight.to(y.dtype)
-    return y.to(x.dtype)
+    return y.to(x.dtype), rstd.detach()
 
 
 def _rms_norm_backward_setup(ctx, inputs, output):
@@ -312,7 +319,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     weight = _weight_for(input, weight)
     if not eager((input, weight)):
         if torch_only():
-            return _forward_torch(input, shape, weight, eps)
+            return _forward_torch(input, shape, weight, eps)[0]
         return _rms_norm_op(input, shape, weight, eps)[0]
     if ln._needs_grad(input, weight, None):
         return _rms_norm_function(input, shape, weight, eps)
