@@ -12,8 +12,10 @@
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
 // a row, each holding E elements in registers (four 16-byte accesses;
-// eight for fp32 rows past 5120; one for too few rows to fill the GPU at
-// four, fwd_one_access_tpr), so x is read from memory exactly once.
+// eight for fp32 rows past 5120 and for fp32 rows of one warp that fit one
+// wave, fwd_fp32_long_tpr and fwd_fp32_one_wave_tpr; one for too few rows
+// to fill the GPU at four, fwd_one_access_tpr), so x is read from memory
+// exactly once.
 // Statistics in one pass and one reduction (stats_shifted): the sums of
 // d = x - K and of d^2, K the mean of the row's first vector, near the
 // row's mean, so that sum(d^2) - sum(d)^2 / N keeps the variance's digits;
@@ -146,10 +148,11 @@ constexpr int fwd_register_min_ctas(int block)
 }
 
 // Eight accesses a thread (32 registers of x): 768 resident threads
-// (<= 85 registers), a lone CTA at 512.
+// (<= 85 registers), a lone CTA at 512; 1024 (<= 64) for the one-warp
+// rows of fwd_fp32_one_wave_tpr, whose reduction is shuffles alone.
 constexpr int fwd_eight_access_min_ctas(int block)
 {
-    return block >= 512 ? 1 : 768 / block;
+    return block >= 512 ? 1 : block < 192 ? 1024 / block : 768 / block;
 }
 
 // One access a thread (four registers of x): 2048 resident threads (<= 32
@@ -1073,7 +1076,8 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         fwd_grid((p->rows + rows_per_cta - 1) / rows_per_cta);
     const int block = layer_norm_block_threads(TPR);
     cudaStream_t stream = (cudaStream_t)p->stream;
-    // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr),
+    // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr,
+    // fwd_fp32_one_wave_tpr),
     // two only for the fused add (fwd_add_two_access_tpr)
     if (p->residual) {
         if constexpr (ACC == 8) {
@@ -1233,7 +1237,7 @@ int dispatch_group(const gemsops_layer_norm_fwd_params *p, int tpr,
 // an SM. The half types at 64 elements a thread and the fused add (x and
 // res in flight at once) ran slower (docs/performance.md). Returns the
 // group, 0 for the rows that keep four accesses.
-constexpr int kFwdEightAccessTprChoices[] = {192, 256, 320, 384, 512};
+constexpr int kFwdEightAccessTprChoices[] = {32, 192, 256, 320, 384, 512};
 
 template <typename T>
 int fwd_fp32_long_tpr(int64_t cols, bool add)
@@ -1274,6 +1278,29 @@ int fwd_one_access_tpr(const gemsops_layer_norm_fwd_params *p, int tpr4,
     }
     return layer_norm_choose_shape(p->cols, V, 256, kFwdOneAccessTprChoices)
         .tpr;
+}
+
+// fp32 rows of 513 to 1024 elements, few enough that a warp a row at
+// eight accesses (32 elements a thread, 1024 resident threads an SM) holds
+// them all in one wave: every row's loads in flight at once and no
+// barrier, where four accesses give a row two warps, a CTA reduction and
+// nearly two waves (4096 x 1024: the whole 16 MB of x in flight). With
+// more rows the one-warp rows lost to four accesses (docs/performance.md).
+// Returns 32, 0 for the rows that keep four accesses, -1 on an error.
+template <typename T, typename P>
+int fwd_fp32_one_wave_tpr(const gemsops_layer_norm_fwd_params *p,
+                          gemsops_status *st)
+{
+    constexpr int E = fwd_elems<T, 8>();
+    if (!std::is_same_v<T, float> || !std::is_same_v<T, P> || p->residual ||
+        p->cols <= E * 16 || p->cols > E * 32) {
+        return 0;
+    }
+    device_facts f;
+    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
+        return -1;
+    }
+    return p->rows * 32 <= (int64_t)f.sm_count * 1024 ? 32 : 0;
 }
 
 // The fused add's half rows past 2048 elements: two accesses a thread
@@ -1341,6 +1368,15 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         return dispatch_group<T, P, RMS, V, 1, kFwdOneAccessTprChoices,
                               (std::is_same_v<T, P> &&
                                sizeof(T) < 8)>(p, one_tpr, "one-access ", st);
+    }
+    const int wave_tpr = vec ? fwd_fp32_one_wave_tpr<T, P>(p, st) : 0;
+    if (wave_tpr < 0) {
+        return st->code;
+    }
+    if (wave_tpr > 0) {
+        return dispatch_group<T, P, RMS, V, 8, kFwdEightAccessTprChoices,
+                              std::is_same_v<T, float>>(p, wave_tpr,
+                                                        "eight-access ", st);
     }
     return vec ? dispatch_group<T, P, RMS, V, 4, kLayerNormFwdTprChoices>(p,
                                                                           tpr,
