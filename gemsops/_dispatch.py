@@ -203,7 +203,12 @@ def _autograd_kernel(defined, backward, setup_context):
         def forward(ctx, keyset, *args):
             with _below_autograd():
                 out = op.redispatch(keyset & _after_autograd, *args)
-            setup_context(ctx, args, out)
+            need = ctx.needs_input_grad  # setup_context sees the op's
+            ctx.needs_input_grad = need[1:]
+            try:
+                setup_context(ctx, args, out)
+            finally:
+                ctx.needs_input_grad = need
             return out
 
         @staticmethod

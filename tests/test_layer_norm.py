@@ -516,17 +516,17 @@ def test_cuda_forward_access_widths(rows, n, dtype):
 
 
 # fp32 rows of 513 to 1024 elements take one warp at eight accesses a
-# thread where all rows fit one wave of 1024 threads an SM (32 rows an
-# SM), four accesses past it: both sides of that line, ragged rows too.
+# thread where the rows fill 3/4 to all of one wave of 1024 threads an SM
+# (24 to 32 rows an SM), four accesses outside: each side of both lines,
+# ragged rows too.
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [516, 768, 1000, 1024])
-@pytest.mark.parametrize("side", [0, 1])
+@pytest.mark.parametrize("rows_an_sm", [(24, -1), (24, 0), (32, 0), (32, 1)])
 @pytest.mark.parametrize("affine", ["both", "weight", "none"])
-def test_cuda_forward_fp32_one_wave_rows(affine, side, n):
+def test_cuda_forward_fp32_one_wave_rows(affine, rows_an_sm, n):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    check_four_norms(
-        *make((sms * 32 + side, n), 1, torch.float32, "cuda", affine)
-    )
+    rows = sms * rows_an_sm[0] + rows_an_sm[1]
+    check_four_norms(*make((rows, n), 1, torch.float32, "cuda", affine))
 
 
 @pytest.mark.cuda

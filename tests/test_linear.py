@@ -710,3 +710,54 @@ def test_addmm_compiled_with_alpha_an_argument():
     for alpha in (2.0, 3.0):
         want = torch.addmm(c.double(), a.double(), b.double(), alpha=alpha)
         assert_close(f(c, a, b, alpha), want, torch.float32, chain_len=5)
+
+
+def _saved_storages(fn, *args):
+    """The storages autograd keeps for fn's backward."""
+    kept = []
+
+    def pack(t):
+        kept.append(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*args)
+    return sorted(kept)
+
+
+@pytest.mark.parametrize("need", range(1, 8))
+def test_products_save_what_torch_saves(need):
+    # a frozen weight keeps no activation alive, as in torch
+    wants = [bool(need & 1), bool(need & 2), bool(need & 4)]
+    x2 = torch.randn(4, 8, requires_grad=wants[0])
+    x3 = torch.randn(2, 4, 8, requires_grad=wants[0])
+    w = torch.randn(5, 8, requires_grad=wants[1])
+    m2 = torch.randn(8, 5, requires_grad=wants[1])
+    b = torch.randn(5, requires_grad=wants[2])
+    pairs = [
+        (gemsops.linear, torch.nn.functional.linear, (x2, w, b)),
+        (gemsops.linear, torch.nn.functional.linear, (x3, w, b)),
+        (gemsops.addmm, torch.addmm, (b, x2, m2)),
+        (gemsops.mm, torch.mm, (x2, m2)),
+        (gemsops.matmul, torch.matmul, (x3, m2)),
+    ]
+    for ours, theirs, args in pairs:
+        assert _saved_storages(ours, *args) == _saved_storages(theirs, *args)
+
+
+def test_unsaved_operands_may_change_or_be_inference_tensors():
+    with torch.inference_mode():
+        x, w = torch.randn(3, 4), torch.randn(5, 4)
+    b = torch.zeros(5, requires_grad=True)
+    for fn in (gemsops.linear, lambda x, w, b: gemsops.addmm(b, x, w.t())):
+        fn(x, w, b).sum().backward()
+        assert torch.equal(b.grad, torch.full((5,), 3.0))
+        b.grad = None
+    a = torch.randn(3, 4, requires_grad=True)
+    m = torch.randn(4, 5)
+    h = a * 1
+    y = gemsops.mm(h, m)
+    with torch.no_grad():
+        h.add_(1)  # not read by a's gradient
+    y.sum().backward()
+    torch.testing.assert_close(a.grad, m.sum(1).expand(3, 4))

@@ -33,6 +33,7 @@ from .matmul import (
     mm,
     product_flops,
     product_grads,
+    save_operands,
     transposed,
 )
 
@@ -73,9 +74,9 @@ class AddmmFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input, mat1, mat2, alpha, beta):
-        ctx.save_for_backward(mat1, mat2)
+        save_operands(ctx, mat1, mat2, ctx.needs_input_grad[1:3])
         ctx.alpha, ctx.beta = alpha, beta
-        ctx.input_shape = input.shape
+        ctx.input_shape, ctx.mat1_shape = input.shape, mat1.shape
         return _fused(input, mat1, mat2, alpha, beta)
 
     @staticmethod
@@ -87,14 +88,15 @@ class AddmmFunction(torch.autograd.Function):
         ga = _rows(g)
         need = ctx.needs_input_grad
         di = None
-        x = _rows(mat1)
-        if _bias_grad_fused(ctx, product, g, ga, x, mat2):
+        x = None if mat1 is None else _rows(mat1)
+        if _bias_grad_fused(ctx, product, ga, x):
             di = ga.new_empty(ga.shape[-1])
         d1, d2 = _scaled(
-            product_grads(product, x, mat2, ga, need[1:], di), ctx.alpha
+            product_grads(product, x, mat2, ga, need[1:], ctx.layouts, di),
+            ctx.alpha,
         )
-        if d1 is not None and mat1.dim() != 2:
-            d1 = d1.reshape(mat1.shape)
+        if d1 is not None and len(ctx.mat1_shape) != 2:
+            d1 = d1.reshape(ctx.mat1_shape)
         if need[0] and di is None:
             di = _grad_input(g, ctx.beta, ctx.input_shape)
         return di, d1, d2, None, None
@@ -122,7 +124,7 @@ def _has_wgmma(index):
     return torch.cuda.get_device_capability(index)[0] == 9
 
 
-def _bias_grad_fused(ctx, product, g, ga, x, mat2):
+def _bias_grad_fused(ctx, product, ga, x):
     """nn.Linear's bias gradient (grad summed over rows) made by the weight
     gradient's kernel: a [n] bias, both gradients asked, alpha = beta = 1
     (so it is ga's column sums), the weight transposed (its gradient's
@@ -136,7 +138,7 @@ def _bias_grad_fused(ctx, product, g, ga, x, mat2):
         and ctx.beta == 1
         and len(ctx.input_shape) == 1
         and ctx.input_shape[0] == ga.shape[-1]
-        and transposed(mat2)
+        and ctx.layouts[1]
         and _row_sums_fit(ga, x)
     )
 
@@ -196,14 +198,16 @@ def _check_op_mats(mat1, mat2):
 
 def _addmm_op_setup(ctx, inputs, output):
     input, mat1, mat2, beta, alpha = inputs
-    ctx.save_for_backward(mat1, mat2)
+    save_operands(ctx, mat1, mat2, ctx.needs_input_grad[1:3])
     ctx.alpha, ctx.beta, ctx.input_shape = alpha, beta, input.shape
 
 
 def _addmm_op_grad(ctx, g):
     mat1, mat2 = ctx.saved_tensors
     need = ctx.needs_input_grad
-    d1, d2 = _scaled(product_grads(mm, mat1, mat2, g, need[1:3]), ctx.alpha)
+    d1, d2 = _scaled(
+        product_grads(mm, mat1, mat2, g, need[1:3], ctx.layouts), ctx.alpha
+    )
     di = _grad_input(g, ctx.beta, ctx.input_shape) if need[0] else None
     return di, d1, d2, None, None
 
@@ -278,7 +282,14 @@ class LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias):
-        ctx.save_for_backward(x, weight)
+        # what the gradients read, as torch's: x for the weight's, the
+        # weight for x's (matmul.save_operands), with their layouts
+        need_x, need_w = ctx.needs_input_grad[:2]
+        ctx.save_for_backward(
+            x if need_w else None, weight if need_x else None
+        )
+        ctx.x_shape = x.shape
+        ctx.layouts = (need_x and transposed(x), need_w and transposed(weight))
         return _linear(x, weight, bias)
 
     @staticmethod
@@ -289,29 +300,28 @@ class LinearFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph: the differentiable ops
             return _linear_graph_grads(ctx, g, x, weight)
         need_x, need_w, need_b = ctx.needs_input_grad
-        shape = x.shape
-        if not (_folds(g) and _folds(x)):
-            g, x = _rows(g), _rows(x)  # copies where the strides do not fold
+        x_t, w_t = ctx.layouts
+        if not (_folds(g) and (x is None or _folds(x))):
+            # copies where the strides do not fold
+            g, x = _rows(g), None if x is None else _rows(x)
         dx = dw = db = None
-        if need_x and transposed(x):  # x's gradient in x's layout
+        if need_x and x_t:  # x's gradient in x's layout
             dx = _mm(weight.mT, g.mT).mT
         elif need_x:
-            dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+            dx = g.new_empty(*g.shape[:-1], weight.shape[1])
             _launch_product(_C.linear_grad_input, g, weight, dx)
-        if need_w and transposed(weight):  # (x^T g)^T, the weight's layout
+        if need_w and w_t:  # (x^T g)^T, the weight's layout
             dw = x.new_empty(x.shape[-1], g.shape[-1])
             dw = _launch_product(_C.linear_grad_weight, x, g, dw).mT
         elif need_w:
             if need_b and _row_sums_fit(g, x):
                 db = g.new_empty(g.shape[-1])
-            dw = torch.empty_like(
-                weight, memory_format=torch.contiguous_format
-            )
+            dw = g.new_empty(g.shape[-1], x.shape[-1])
             _launch_product(_C.linear_grad_weight, g, x, dw, row_sums=db)
         if need_b and db is None:
             db = _rows(g).sum(0)
-        if dx is not None and dx.dim() != len(shape):
-            dx = dx.view(shape)
+        if dx is not None and dx.dim() != len(ctx.x_shape):
+            dx = dx.view(ctx.x_shape)
         return dx, dw, db
 
 
@@ -321,8 +331,8 @@ def _linear_graph_grads(ctx, g, x, weight):
     need_x, need_w, need_b = ctx.needs_input_grad
     g2 = _rows(g)
     dx = mm(g2, weight) if need_x else None
-    if dx is not None and x.dim() != 2:
-        dx = dx.view(x.shape)
+    if dx is not None and len(ctx.x_shape) != 2:
+        dx = dx.view(ctx.x_shape)
     dw = mm(g2.mT, _rows(x)) if need_w else None
     db = g2.sum(0) if need_b else None
     return dx, dw, db

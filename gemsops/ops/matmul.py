@@ -261,7 +261,7 @@ class MatmulFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, a, b):
-        ctx.save_for_backward(a, b)
+        save_operands(ctx, a, b, ctx.needs_input_grad)
         return _mm(a, b)
 
     @staticmethod
@@ -279,28 +279,39 @@ def transposed(t):
     return t.dim() >= 2 and not t.is_contiguous() and t.mT.is_contiguous()
 
 
-def product_grads(mm, a, b, grad, need, col_sums=None):
-    """The gradients of a @ b given grad, each made in its operand's layout:
-    a transposed operand's as (other^T @ grad^T)^T, so that its
-    AccumulateGrad keeps the tensor instead of copying it to the
-    parameter's strides (torch's mm backward does the same). col_sums
+def save_operands(ctx, a, b, need):
+    """Saves what the gradients of a @ b that `need` asks for read, as
+    torch's mm: b for a's, a for b's (a frozen weight keeps no activation
+    alive, and an operand changed in place or made under inference_mode
+    breaks no gradient that does not read it), and the layout of each
+    operand whose gradient is asked (ctx.layouts, for product_grads)."""
+    ctx.save_for_backward(a if need[1] else None, b if need[0] else None)
+    ctx.layouts = (need[0] and transposed(a), need[1] and transposed(b))
+
+
+def product_grads(mm, a, b, grad, need, layouts, col_sums=None):
+    """The gradients of a @ b given grad, each made in its operand's layout
+    (layouts: whether a, b are transposed): a transposed operand's as
+    (other^T @ grad^T)^T, so that its AccumulateGrad keeps the tensor
+    instead of copying it to the parameter's strides (torch's mm backward
+    does the same). a is read only for b's gradient, b for a's. col_sums
     (_mm only, b transposed: nn.Linear's weight): grad's column sums into
     it, from b's gradient's product, whose a is grad^T."""
     da = db = None
     if need[0]:
-        da = mm(b, grad.mT).mT if transposed(a) else mm(grad, b.mT)
+        da = mm(b, grad.mT).mT if layouts[0] else mm(grad, b.mT)
     if col_sums is not None:
         db = _mm(grad.mT, a, row_sums=col_sums).mT
     elif need[1]:
-        db = mm(grad.mT, a).mT if transposed(b) else mm(a.mT, grad)
+        db = mm(grad.mT, a).mT if layouts[1] else mm(a.mT, grad)
     return da, db
 
 
 def _grads(ctx, a, b, grad, direct):
     if grad.is_neg():  # C reads raw memory: give it the values
         grad = grad.resolve_neg()
-    mm = _mm if direct else _OPS[a.dim()]
-    return product_grads(mm, a, b, grad, ctx.needs_input_grad)
+    mm = _mm if direct else _OPS[grad.dim()]
+    return product_grads(mm, a, b, grad, ctx.needs_input_grad, ctx.layouts)
 
 
 # ---- torch.library ops ---------------------------------------------------
@@ -319,7 +330,7 @@ def _op_fake(a, b):
 
 
 def _op_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs)
+    save_operands(ctx, *inputs, ctx.needs_input_grad)
 
 
 def _op_grad(ctx, grad):
