@@ -1280,13 +1280,14 @@ int fwd_one_access_tpr(const gemsops_layer_norm_fwd_params *p, int tpr4,
         .tpr;
 }
 
-// fp32 rows of 513 to 1024 elements, few enough that a warp a row at
-// eight accesses (32 elements a thread, 1024 resident threads an SM) holds
-// them all in one wave: every row's loads in flight at once and no
-// barrier, where four accesses give a row two warps, a CTA reduction and
-// nearly two waves (4096 x 1024: the whole 16 MB of x in flight). With
-// more rows the one-warp rows lost to four accesses (docs/performance.md).
-// Returns 32, 0 for the rows that keep four accesses, -1 on an error.
+// fp32 rows of 513 to 1024 elements, as many as a warp a row at eight
+// accesses (32 elements a thread, 1024 resident threads an SM) holds in
+// one wave, at least three quarters full: every row's loads in flight at
+// once and no barrier, where four accesses give a row two warps, a CTA
+// reduction and nearly two waves (4096 x 1024: the whole 16 MB of x in
+// flight). More rows, or a wave half empty (2048 x 1024), ran slower than
+// four accesses (docs/performance.md). Returns 32, 0 for the rows that
+// keep four accesses, -1 on an error.
 template <typename T, typename P>
 int fwd_fp32_one_wave_tpr(const gemsops_layer_norm_fwd_params *p,
                           gemsops_status *st)
@@ -1300,7 +1301,8 @@ int fwd_fp32_one_wave_tpr(const gemsops_layer_norm_fwd_params *p,
     if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
         return -1;
     }
-    return p->rows * 32 <= (int64_t)f.sm_count * 1024 ? 32 : 0;
+    const int64_t wave = (int64_t)f.sm_count * 1024, threads = p->rows * 32;
+    return threads <= wave && 4 * threads >= 3 * wave ? 32 : 0;
 }
 
 // The fused add's half rows past 2048 elements: two accesses a thread
