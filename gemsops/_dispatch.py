@@ -52,6 +52,17 @@ def eager(tensors):
     )
 
 
+_legacy_batched = torch._C._functorch.is_legacy_batchedtensor
+_functorch_batched = torch._C._functorch.is_batchedtensor
+
+
+def batched(grad):
+    """grad is a vmap's batched tensor (torch.autograd.grad's
+    is_grads_batched, a torch.func.vmap over a backward): it has no storage
+    for C to read, so the eager backward computes with torch's ops."""
+    return _legacy_batched(grad) or _functorch_batched(grad)
+
+
 def torch_only():
     """True where a gemsops custom op cannot give the right answer and the
     caller computes with torch's own ops instead (for the non-eager path):

@@ -423,3 +423,59 @@ def test_direct_ops_under_forward_ad_and_func_grad(case):
         torch.func.grad(lambda u: ours(u).sum())(v),
         torch.func.grad(lambda u: theirs(u).sum())(v),
     )
+
+
+def _batched_grad_cases():
+    """(ours, theirs, args): each eager backward, float64 where gemsops
+    takes it (the products are fp32 only)."""
+    d = dict(dtype=torch.float64, requires_grad=True)
+    x, r = torch.randn(4, 6, **d), torch.randn(4, 6, **d)
+    w, b = torch.randn(6, **d), torch.randn(6, **d)
+    a, m = torch.randn(4, 5, requires_grad=True), torch.randn(5, 3)
+    m.requires_grad_()
+    a3 = torch.randn(2, 4, 5, requires_grad=True)
+    lw, lb = torch.randn(3, 5, requires_grad=True), torch.randn(3)
+    lb.requires_grad_()
+    return [
+        (
+            lambda x, w, b: gemsops.layer_norm(x, (6,), w, b),
+            lambda x, w, b: F.layer_norm(x, (6,), w, b),
+            (x, w, b),
+        ),
+        (
+            lambda x, w: gemsops.rms_norm(x, (6,), w, 1e-6),
+            lambda x, w: F.rms_norm(x, (6,), w, 1e-6),
+            (x, w),
+        ),
+        (lambda x: gemsops.prod(x, 1), lambda x: torch.prod(x, 1), (x,)),
+        (
+            lambda x, r, w, b: gemsops.fused_add_layer_norm(x, r, (6,), w, b)[
+                0
+            ],
+            lambda x, r, w, b: F.layer_norm(x + r, (6,), w, b),
+            (x, r, w, b),
+        ),
+        (
+            lambda x, r, w: gemsops.fused_add_rms_norm(x, r, (6,), w, 1e-6)[0],
+            lambda x, r, w: F.rms_norm(x + r, (6,), w, 1e-6),
+            (x, r, w),
+        ),
+        (gemsops.mm, torch.mm, (a, m)),
+        (gemsops.addmm, torch.addmm, (lb, a, m.mT.contiguous().mT)),
+        (gemsops.linear, F.linear, (a3, lw, lb)),
+        (gemsops.matmul, torch.matmul, (a3, m)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_batched_output_gradients_as_torch(case, device):
+    # torch.autograd.grad(is_grads_batched=True): the backward runs under
+    # vmap, whose batched gradients have no storage for the kernels
+    ours, theirs, args = _batched_grad_cases()[case]
+    args = tuple(t.detach().to(device).requires_grad_() for t in args)
+    y = ours(*args)
+    gs = torch.randn(3, *y.shape, dtype=y.dtype, device=device)
+    got = torch.autograd.grad(y, args, gs, is_grads_batched=True)
+    want = torch.autograd.grad(theirs(*args), args, gs, is_grads_batched=True)
+    for g, t in zip(got, want):
+        torch.testing.assert_close(g, t)

@@ -14,7 +14,7 @@ import math
 import torch
 
 from .. import _C
-from .._dispatch import eager, eager_apply, torch_only
+from .._dispatch import batched, eager, eager_apply, torch_only
 from . import layer_norm as ln
 from . import rms_norm as rn
 
@@ -67,22 +67,28 @@ class FusedAddNormFunction(torch.autograd.Function):
                 gh if need[1] else None,
                 *((None,) * 5),
             )
-        if torch.is_grad_enabled():  # create_graph: differentiable ops
-            if ctx.rms:
+        vmapped = batched(gy) or (gh is not None and batched(gh))
+        if vmapped or torch.is_grad_enabled():
+            # a vmap's gradients: torch's ops; create_graph: differentiable
+            # ops; dh added after
+            mask = (True, want_dw, want_db)
+            if vmapped and ctx.rms:
+                dx, dw = rn._backward_composite(
+                    gy, h, weight, ctx.eps, ctx.shape
+                )
+                dw, db = dw if want_dw else None, None
+            elif vmapped:
+                dx, dw, db = ln._backward_torch(
+                    gy, h, ctx.shape, mean, rstd, weight, bias, mask
+                )
+            elif ctx.rms:
                 dx, dw = rn._backward_op(
-                    gy, h, ctx.shape, rstd, weight, (True, want_dw), ctx.eps
+                    gy, h, ctx.shape, rstd, weight, mask[:2], ctx.eps
                 )
                 db = None
             else:
                 dx, dw, db = ln._backward_op(
-                    gy,
-                    h,
-                    ctx.shape,
-                    mean,
-                    rstd,
-                    weight,
-                    (True, want_dw, want_db),
-                    bias=bias,
+                    gy, h, ctx.shape, mean, rstd, weight, mask, bias=bias
                 )
             if gh is not None:
                 dx = dx + gh

@@ -14,6 +14,7 @@ import torch
 
 from .. import _C, _workspace
 from .._dispatch import (
+    batched,
     cast_floating,
     define_op,
     eager,
@@ -319,7 +320,11 @@ class LayerNormFunction(torch.autograd.Function):
             want_dw and weight is not None,
             want_db and ctx.has_bias,
         )
-        if torch.is_grad_enabled():  # create_graph: differentiable op
+        if batched(grad_out):  # a vmap's gradients: torch's ops
+            dx, dw, db = _backward_torch(
+                grad_out, x, ctx.shape, mean, rstd, weight, bias, mask
+            )
+        elif torch.is_grad_enabled():  # create_graph: differentiable op
             dx, dw, db = _backward_op(
                 grad_out, x, ctx.shape, mean, rstd, weight, mask, bias=bias
             )

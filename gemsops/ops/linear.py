@@ -17,6 +17,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C
 from .._dispatch import (
+    batched,
     define_op,
     eager,
     eager_apply,
@@ -84,7 +85,10 @@ class AddmmFunction(torch.autograd.Function):
         mat1, mat2 = ctx.saved_tensors
         if g.is_neg():  # C reads raw memory: give it the values
             g = g.resolve_neg()
-        product = mm if torch.is_grad_enabled() else _mm  # create_graph
+        if batched(g):  # a vmap's gradients: torch's ops
+            product = torch.matmul
+        else:  # the ops under create_graph
+            product = mm if torch.is_grad_enabled() else _mm
         ga = _rows(g)
         need = ctx.needs_input_grad
         di = None
@@ -297,8 +301,10 @@ class LinearFunction(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         if g.is_neg():  # C reads raw memory: give it the values
             g = g.resolve_neg()
+        if batched(g):  # a vmap's gradients: torch's ops
+            return _linear_graph_grads(ctx, g, x, weight, torch.mm)
         if torch.is_grad_enabled():  # create_graph: the differentiable ops
-            return _linear_graph_grads(ctx, g, x, weight)
+            return _linear_graph_grads(ctx, g, x, weight, mm)
         need_x, need_w, need_b = ctx.needs_input_grad
         x_t, w_t = ctx.layouts
         if not (_folds(g) and (x is None or _folds(x))):
@@ -325,15 +331,16 @@ class LinearFunction(torch.autograd.Function):
         return dx, dw, db
 
 
-def _linear_graph_grads(ctx, g, x, weight):
-    """LinearFunction's gradients through the differentiable ops, so that
-    their graph gives second order ones (create_graph)."""
+def _linear_graph_grads(ctx, g, x, weight, product):
+    """LinearFunction's gradients through differentiable products (gemsops'
+    mm under create_graph, so that their graph gives second order ones;
+    torch's for a vmap's gradients)."""
     need_x, need_w, need_b = ctx.needs_input_grad
     g2 = _rows(g)
-    dx = mm(g2, weight) if need_x else None
+    dx = product(g2, weight) if need_x else None
     if dx is not None and len(ctx.x_shape) != 2:
         dx = dx.view(ctx.x_shape)
-    dw = mm(g2.mT, _rows(x)) if need_w else None
+    dw = product(g2.mT, _rows(x)) if need_w else None
     db = g2.sum(0) if need_b else None
     return dx, dw, db
 

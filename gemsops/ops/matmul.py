@@ -38,6 +38,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C, _workspace
 from .._dispatch import (
+    batched,
     define_op,
     eager,
     eager_apply,
@@ -310,7 +311,10 @@ def product_grads(mm, a, b, grad, need, layouts, col_sums=None):
 def _grads(ctx, a, b, grad, direct):
     if grad.is_neg():  # C reads raw memory: give it the values
         grad = grad.resolve_neg()
-    mm = _mm if direct else _OPS[grad.dim()]
+    if batched(grad):  # a vmap's gradients: torch's ops
+        mm = torch.matmul
+    else:
+        mm = _mm if direct else _OPS[grad.dim()]
     return product_grads(mm, a, b, grad, ctx.needs_input_grad, ctx.layouts)
 
 

@@ -13,6 +13,7 @@ import torch
 
 from .. import _C, _workspace
 from .._dispatch import (
+    batched,
     define_op,
     eager,
     eager_apply,
@@ -134,6 +135,8 @@ class ProdFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
+        if batched(grad):  # a vmap's gradients: torch's ops
+            return _backward_composite(x, ctx.dim, grad), None
         if torch.is_grad_enabled():
             return _prod_backward_op(x, ctx.dim, grad), None
         return _backward(x, ctx.dim, grad), None

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C
-from .._dispatch import define_op, eager, eager_apply, torch_only
+from .._dispatch import batched, define_op, eager, eager_apply, torch_only
 from . import layer_norm as ln
 
 _COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
@@ -115,7 +115,12 @@ class RMSNormFunction(torch.autograd.Function):
         x, weight, rstd = ctx.saved_tensors
         want_dx, _, want_dw, _ = ctx.needs_input_grad
         mask = (want_dx, want_dw and weight is not None)
-        if torch.is_grad_enabled():  # create_graph: differentiable op
+        if batched(grad_out):  # a vmap's gradients: torch's ops
+            dx, dw = _backward_composite(
+                grad_out, x, weight, ctx.eps, ctx.shape
+            )
+            dx, dw = ln._none_unless(mask, dx, dw)
+        elif torch.is_grad_enabled():  # create_graph: differentiable op
             dx, dw = _backward_op(
                 grad_out, x, ctx.shape, rstd, weight, mask, ctx.eps
             )
