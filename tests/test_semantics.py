@@ -914,3 +914,51 @@ def test_flop_counter_counts_the_products_as_torch():
     want = flops(torch.nn.Linear, mats)
     assert want > 0
     assert flops(torch.nn.Linear, gems_mats) == want
+
+
+def test_eps_below_the_statistics_type_as_torch(device):
+    # eps is taken in the statistics' type (fp32 for fp32 input), as
+    # torch's kernels take it: 1e-300 is 0 there, and a row with no spread
+    # normalizes to 0 * inf
+    ones, zeros = (
+        torch.ones(2, 8, device=device),
+        torch.zeros(2, 8, device=device),
+    )
+    for got, want in (
+        (
+            gemsops.layer_norm(ones, (8,), eps=1e-300),
+            F.layer_norm(ones, (8,), eps=1e-300),
+        ),
+        (
+            gemsops.rms_norm(zeros, (8,), eps=1e-300),
+            F.rms_norm(zeros, (8,), eps=1e-300),
+        ),
+    ):
+        assert want.isnan().all()
+        assert got.isnan().all()
+
+
+def test_out_requiring_grad_refused_as_torch():
+    a = torch.ones(2, 2)
+    w = torch.zeros(2, 2, requires_grad=True)
+    for call in (
+        lambda o: gemsops.mm(a, a, out=o),
+        lambda o: gemsops.addmm(a, a, a, out=o),
+        lambda o: gemsops.prod(a, 1, out=o[0]),
+    ):
+        with pytest.raises(RuntimeError, match="out=.*requires grad"):
+            call(w * 1)
+
+
+@pytest.mark.parametrize("name", ["uint16", "uint32", "uint64"])
+def test_prod_wide_unsigned_dtype_refused_as_torch(name):
+    dtype = getattr(torch, name)
+    x = torch.tensor([[2, 3]])
+    with pytest.raises(NotImplementedError):
+        torch.prod(x, 1, dtype=dtype)
+    for call in (
+        lambda: gemsops.prod(x, 1, dtype=dtype),
+        lambda: gemsops.prod(x.to(dtype), dtype=dtype),
+    ):
+        with pytest.raises(NotImplementedError, match="dtype"):
+            call()

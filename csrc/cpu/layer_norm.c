@@ -170,6 +170,9 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
         }
         return GEMSOPS_OK;
     }
+    /* eps in the statistics' type, as torch's kernels and ours on the GPU
+     * take it: an eps below fp32's range is 0 there for a constant row */
+    const double eps = sd == GEMSOPS_FLOAT64 ? p->eps : (double)(float)p->eps;
     double *w = load_param(p->weight, p->param_dtype, n, 1.0);
     double *b = load_param(p->bias, p->param_dtype, n, 0.0);
     int failed = w == NULL || b == NULL;
@@ -191,7 +194,7 @@ gemsops_layer_norm_fwd_cpu(const struct gemsops_layer_norm_fwd_params *p,
                 p->residual ? (char *)p->h + r * p->h_row_stride * es : NULL;
             fwd_row((const char *)p->x + r * p->x_row_stride * es, res, h,
                     (char *)p->y + r * p->y_row_stride * es, p->dtype, n, buf,
-                    w, b, p->eps, p->rms, &mean, &rstd);
+                    w, b, eps, p->rms, &mean, &rstd);
             if (p->mean != NULL) {
                 gemsops_store_f64(p->mean, sd, r, mean);
             }

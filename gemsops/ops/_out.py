@@ -16,7 +16,7 @@ def into(fn, out, inputs, compute):
             f"{fn}(): argument 'out' must be Tensor, not {type(out).__name__}"
         )
     if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in inputs
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (*inputs, out)
     ):
         raise RuntimeError(
             f"{fn}(): functions with out=... arguments don't support "

@@ -315,6 +315,10 @@ def prod(input, dim=None, keepdim=False, *, dtype=None, out=None):
         raise TypeError("prod(): keepdim=True needs a dim")
     if dtype is not None:
         dtype = _dtype(dtype)
+        if dtype in _UNSIGNED_WIDE:  # torch has no product of these either
+            raise NotImplementedError(
+                f"prod(): no kernel for dtype={dtype} (torch has none)"
+            )
     d = None if dim is None else _normalize_dim(dim, input.dim())
     cast = None
     if dtype is not None:
