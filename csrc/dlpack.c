@@ -286,11 +286,12 @@ from_exchange_api(const gemsops_dl_exchange_api *api, PyObject *obj,
 }
 
 /* The exception for a tensor its producer would not export: torch's own
- * for such an operand. A layout other than strided (sparse, nested) is an
+ * for such an operand. A layout other than strided (sparse, jagged) is an
  * op with no kernel for it (NotImplementedError, as torch's dispatcher
  * says); a strided tensor on a device DLPack cannot name (meta) is a
- * device mismatch (RuntimeError). Another producer's refusal stays a
- * TypeError. Only reached on the error path. */
+ * device mismatch (RuntimeError). A producer whose layout cannot be read
+ * (not torch's) refused for its own reasons: TypeError. Only reached on
+ * the error path. */
 static PyObject *
 unexportable_error(PyObject *obj)
 {
@@ -303,7 +304,7 @@ unexportable_error(PyObject *obj)
     Py_DECREF(layout);
     if (name == NULL) {
         PyErr_Clear();
-        return PyExc_RuntimeError;
+        return PyExc_TypeError;
     }
     const int strided =
         PyUnicode_CompareWithASCIIString(name, "torch.strided") == 0;

@@ -237,11 +237,11 @@ def _autograd_kernel(defined, backward, setup_context):
     Recorded.__name__ = f"GemsopsBackward_{op._opname}"
 
     def kernel(keyset, *args):
-        # torch_only(), its cheapest test first: a call on this path's
-        # host time
+        # torch_only(), its cheapest tests first: every call of a compiled
+        # graph passes here
         if (
-            (_forward_ad._current_level >= 0 or _functorch() is not None)
-            and defined.composite is not None
+            defined.composite is not None
+            and (_forward_ad._current_level >= 0 or _functorch() is not None)
             and not _is_compiling()
         ):
             return defined.composite(*full(args))

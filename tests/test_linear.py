@@ -761,3 +761,17 @@ def test_unsaved_operands_may_change_or_be_inference_tensors():
         h.add_(1)  # not read by a's gradient
     y.sum().backward()
     torch.testing.assert_close(a.grad, m.sum(1).expand(3, 4))
+
+
+def test_frozen_weight_with_transposed_batched_input():
+    # x's gradient without x saved: an N-D x folds into rows, whatever
+    # its layout
+    x = torch.randn(2, 5, 3).transpose(1, 2).requires_grad_()
+    w, b = torch.randn(4, 5), torch.randn(4, requires_grad=True)
+    g = torch.randn(2, 3, 4)  # folds into rows as it is
+    for bias in (None, b):
+        got = torch.autograd.grad(gemsops.linear(x, w, bias), x, g)[0]
+        want = torch.autograd.grad(
+            torch.nn.functional.linear(x, w, bias), x, g
+        )[0]
+        torch.testing.assert_close(got, want)

@@ -76,7 +76,7 @@ class FusedAddNormFunction(torch.autograd.Function):
                 dx, dw = rn._backward_composite(
                     gy, h, weight, ctx.eps, ctx.shape
                 )
-                dw, db = dw if want_dw else None, None
+                (dw,), db = ln._none_unless((want_dw,), dw), None
             elif vmapped:
                 dx, dw, db = ln._backward_torch(
                     gy, h, ctx.shape, mean, rstd, weight, bias, mask

@@ -287,13 +287,17 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
         # what the gradients read, as torch's: x for the weight's, the
-        # weight for x's (matmul.save_operands), with their layouts
+        # weight for x's (as matmul.save_operands), with their layouts; an
+        # N-D x's gradient is made in rows, contiguous
         need_x, need_w = ctx.needs_input_grad[:2]
         ctx.save_for_backward(
             x if need_w else None, weight if need_x else None
         )
         ctx.x_shape = x.shape
-        ctx.layouts = (need_x and transposed(x), need_w and transposed(weight))
+        ctx.layouts = (
+            need_x and x.dim() == 2 and transposed(x),
+            need_w and transposed(weight),
+        )
         return _linear(x, weight, bias)
 
     @staticmethod
