@@ -162,6 +162,42 @@ fill_view(const gemsops_dl_tensor *dl, const char *fn, const char *arg,
             return -1;
         }
     }
+    /* Every count and extent below (numel, row views, overlap tests) is an
+     * int64 product: a shape whose element count or byte extent does not
+     * fit would wrap (to 0: "empty", hence contiguous) and let a launch
+     * past its checks. No producer of real memory makes one. */
+    int64_t count = 1, extent = 0, extent_bytes;
+    int wraps = 0, extent_wraps = 0;
+    for (int i = 0; i < dl->ndim; i++) {
+        const int64_t size = dl->shape[i];
+        int64_t span;
+        if (size < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "%s(): argument '%s' has a negative size (%lld in "
+                         "dim %d)",
+                         fn, arg, (long long)size, i);
+            return -1;
+        }
+        wraps |= __builtin_mul_overflow(count, size, &count);
+        if (dl->strides && size > 1) { /* strides >= 0 here (above) */
+            extent_wraps |=
+                __builtin_mul_overflow(size - 1, dl->strides[i], &span) ||
+                __builtin_add_overflow(extent, span, &extent);
+        }
+    }
+    if (!dl->strides && count > 0) {
+        extent = count - 1;
+    }
+    const int64_t item = (dl->dtype.bits * (int64_t)dl->dtype.lanes + 7) / 8;
+    extent_wraps |=
+        __builtin_mul_overflow(extent + 1, item > 0 ? item : 1, &extent_bytes);
+    if (wraps || (count > 0 && extent_wraps)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s(): argument '%s' spans more elements or bytes than "
+                     "a 64-bit count holds",
+                     fn, arg);
+        return -1;
+    }
     t->data = (char *)dl->data + dl->byte_offset;
     t->dtype = dtype_from_dl(dl->dtype);
     t->device_type = dl->device.device_type;
@@ -208,11 +244,20 @@ from_capsule_protocol(PyObject *obj, const char *fn, const char *arg,
                       struct gemsops_tensor *t, int *read_only)
 {
     PyObject *cap = call_dunder_dlpack(obj);
-    if (cap == NULL && PyErr_ExceptionMatches(PyExc_BufferError) &&
-        PyObject_HasAttrString(obj, "detach")) {
+    if (cap == NULL && PyErr_ExceptionMatches(PyExc_BufferError)) {
         /* torch refuses tensors that require grad; a detached alias
-         * shares the storage and is fine for reading and writing. */
-        PyErr_Clear();
+         * shares the storage and is fine for reading and writing. The
+         * attribute probe clears errors: the producer's is kept across it
+         * for a producer without detach. */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (!PyObject_HasAttrString(obj, "detach")) {
+            PyErr_Restore(type, value, tb);
+            return -1;
+        }
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
         PyObject *det = PyObject_CallMethod(obj, "detach", NULL);
         if (det == NULL) {
             return -1;

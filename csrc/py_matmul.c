@@ -455,7 +455,8 @@ parse_cuda_extras(PyObject *const *args, const struct product_form *form,
  * out's shape (its broadcast dims read with stride 0). */
 static int
 parse_epilogue(PyObject *const *args, const char *fn,
-               const struct gemsops_tensor *c, struct gemsops_matmul_params *p)
+               const struct gemsops_tensor *c, struct gemsops_matmul_params *p,
+               struct gemsops_tensor *bias)
 {
     double alpha = PyFloat_AsDouble(args[1]);
     double beta =
@@ -506,6 +507,7 @@ parse_epilogue(PyObject *const *args, const char *fn,
         return -1;
     }
     p->bias = t.data;
+    *bias = t;
     p->bias_bs = st[0];
     p->bias_rs = st[1];
     p->bias_cs = st[2];
@@ -517,7 +519,9 @@ parse_epilogue(PyObject *const *args, const char *fn,
 static int
 parse_row_sums(PyObject *arg, const struct product_form *form,
                const struct gemsops_tensor *a, const struct gemsops_tensor *b,
-               const struct gemsops_tensor *c, struct gemsops_matmul_params *p)
+               const struct gemsops_tensor *c,
+               const struct gemsops_tensor *bias,
+               struct gemsops_matmul_params *p)
 {
     const char *fn = form->fn;
     if (arg == Py_None) {
@@ -542,11 +546,12 @@ parse_row_sums(PyObject *arg, const struct product_form *form,
                      gemsops_dtype_name(t.dtype), sr, (long long)p->batch);
         return -1;
     }
+    /* the sums are stored before the epilogue reads the bias */
     const struct gemsops_tensor *w[] = {c, &t};
-    const struct gemsops_tensor *r[] = {a, b};
+    const struct gemsops_tensor *r[] = {a, b, bias};
     const char *wn[] = {form->names[2], "row_sums"};
-    const char *rn[] = {form->names[0], form->names[1]};
-    if (gemsops_check_no_overlap(w, wn, 2, r, rn, 2, fn)) {
+    const char *rn[] = {form->names[0], form->names[1], "bias"};
+    if (gemsops_check_no_overlap(w, wn, 2, r, rn, p->bias ? 3 : 2, fn)) {
         return -1;
     }
     p->row_sums = t.data;
@@ -568,11 +573,12 @@ run_product(PyObject *const *args, Py_ssize_t nargs,
         return NULL;
     }
     struct gemsops_matmul_params p;
-    struct gemsops_tensor a, b, c;
+    struct gemsops_tensor a, b, c, bias;
     if (parse_problem(args, form, &p, &a, &b, &c) ||
         parse_cuda_extras(args, form, &a, &b, &c, &p) ||
-        (nargs >= 15 && parse_epilogue(args + 12, fn, &c, &p)) ||
-        (nargs == 16 && parse_row_sums(args[15], form, &a, &b, &c, &p))) {
+        (nargs >= 15 && parse_epilogue(args + 12, fn, &c, &p, &bias)) ||
+        (nargs == 16 &&
+         parse_row_sums(args[15], form, &a, &b, &c, &bias, &p))) {
         return NULL;
     }
     const int cuda = a.device_type == GEMSOPS_CUDA;
@@ -701,6 +707,19 @@ streamk_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         if (parse_ll(args[i], fn, names[i], lo[i], hi[i], &v[i])) {
             return NULL;
         }
+    }
+    /* the check counts every (tile, k-step) cell: a bound on them keeps
+     * its products in 64 bits and its table in memory */
+    int64_t cells = (v[0] + v[4] - 1) / v[4], cells_bound = (int64_t)1 << 28;
+    if (__builtin_mul_overflow(cells, (v[1] + v[5] - 1) / v[5], &cells) ||
+        __builtin_mul_overflow(cells, v[3], &cells) ||
+        __builtin_mul_overflow(cells, (v[2] + v[6] - 1) / v[6], &cells) ||
+        cells > cells_bound) {
+        PyErr_Format(PyExc_ValueError,
+                     "streamk_check(): the problem has more than %lld (tile, "
+                     "k-step) cells to check",
+                     (long long)cells_bound);
+        return NULL;
     }
     struct gemsops_sk_schedule s;
     gemsops_sk_plan(&s, v[0], v[1], v[2], v[3], (int)v[4], (int)v[5],

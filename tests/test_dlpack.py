@@ -1,5 +1,7 @@
 """The DLPack boundary: what C sees of tensors from torch and NumPy."""
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
@@ -80,3 +82,92 @@ def test_cuda_tensor_info():
     x = torch.randn(4, 4, device="cuda")
     dtype, dev, idx, *_ = _C.tensor_info(x)
     assert dev == 2 and idx == x.device.index
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [
+        ("code", ctypes.c_uint8),
+        ("bits", ctypes.c_uint8),
+        ("lanes", ctypes.c_uint16),
+    ]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManaged(ctypes.Structure):
+    _fields_ = [
+        ("dl_tensor", _DLTensor),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", ctypes.c_void_p),
+    ]
+
+
+class ClaimingProducer:
+    """A DLPack producer that describes `base`'s float32 memory (kept
+    alive here) with any shape and strides it is given."""
+
+    def __init__(self, base, shape, strides):
+        self.base = base
+        self.shape = (ctypes.c_int64 * len(shape))(*shape)
+        self.strides = (ctypes.c_int64 * len(shape))(*strides)
+        m = _DLManaged()
+        m.dl_tensor.data = base.ctypes.data
+        m.dl_tensor.device = _DLDevice(1, 0)
+        m.dl_tensor.ndim = len(shape)
+        m.dl_tensor.dtype = _DLDataType(2, 32, 1)
+        m.dl_tensor.shape = self.shape
+        m.dl_tensor.strides = self.strides
+        self.managed = m
+
+    def __dlpack__(self, *args, **kwargs):
+        new = ctypes.pythonapi.PyCapsule_New
+        new.restype = ctypes.py_object
+        new.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+        return new(ctypes.addressof(self.managed), b"dltensor", None)
+
+
+def test_sizes_whose_count_overflows_refused():
+    # 2^62 x 4 stride-0 rows: the element count wraps to 0 in 64 bits,
+    # which read as empty (and contiguous) would let the launch through
+    one, out = np.ones(1, np.float32), np.zeros(1, np.float32)
+    huge = (2**62, 4)
+    for call in (
+        lambda: _C.layer_norm_fwd(
+            ClaimingProducer(one, huge, (0, 0)),
+            None,
+            None,
+            1,
+            1e-5,
+            ClaimingProducer(out, huge, (0, 0)),
+            None,
+            None,
+            None,
+        ),
+        lambda: _C.tensor_info(ClaimingProducer(one, (2**40, 2**40), (0, 0))),
+    ):
+        with pytest.raises(ValueError, match="64-bit"):
+            call()
+    assert out[0] == 0
+    # the same producer with a size that fits is read as usual
+    assert _C.tensor_info(ClaimingProducer(one, (8, 4), (0, 0)))[3] == (8, 4)
+
+
+def test_a_producers_buffer_error_is_a_type_error():
+    # NumPy refuses to export a big-endian array (BufferError): the
+    # refusal reaches the caller as a TypeError, not a SystemError
+    with pytest.raises(TypeError, match="DLPack"):
+        _C.tensor_info(np.zeros((4, 8), ">f4"))

@@ -404,3 +404,16 @@ def test_rms_input_with_too_few_dims_is_a_value_error(fn):
             ValueError, match=f"{fn}\\(\\): Given normalized_shape"
         ):
             _norm_call(fn, x, shape)
+
+
+def test_row_sums_may_not_alias_the_bias():
+    # the sums are stored before the epilogue reads the bias
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 4), np.float32)
+    out, shared = np.zeros((4, 4), np.float32), np.full(4, 100, np.float32)
+    args = (a, b, out, 0, 0, 0, 0, None, None, 0, 0, None)
+    with pytest.raises(RuntimeError, match="'row_sums' overlaps input 'bias'"):
+        _C.matmul(*args, shared, 1.0, 1.0, shared)
+    sums = np.zeros(4, np.float32)
+    _C.matmul(*args, shared, 1.0, 1.0, sums)
+    np.testing.assert_array_equal(out, np.full((4, 4), 103, np.float32))
+    np.testing.assert_array_equal(sums, np.full(4, 3, np.float32))

@@ -179,3 +179,14 @@ def test_split_k_cuts_every_tile_into_equal_pieces():
     for m, n, k, ctas in [(2048, 2048, 4096, 132), (256, 256, 448, 132)]:
         s = check(m, n, k, bk=64, ctas=ctas, mode="split-k")
         assert s["split"] == 0 and s["sk_tiles"] == 0, (m, n, k)
+
+
+def test_check_refuses_more_cells_than_it_can_count():
+    # tiles x k-steps past 2^28 (2^64 here, wrapping in 64 bits) refused
+    # before any table is made
+    for args in (
+        (1, 1, 2**40, 2**30, 1, 1, 1, 1, 1, 0, 0),
+        (2**40, 2**24, 1, 1, 1, 1, 1, 1, 1, 2, 0),
+    ):
+        with pytest.raises(ValueError, match="cells"):
+            gemsops._C.streamk_check(*args)
