@@ -628,6 +628,30 @@ def rstd_bound(rstd_ref, eps, n, acc_dtype):
     return 0.5 * r * rel_var * var / var_eps
 
 
+def ln_out_bound(x, nd, w, eps, acc_dtype):
+    """|error| of LayerNorm's output (x - mean) * rstd * w where a negative
+    eps cancels against the variance: rstd's error (rstd_bound) times
+    |x - mean| * |w|, plus the mean's (mean_bound) times rstd * |w|. None
+    where eps >= 0 (close's tolerance holds)."""
+    n = math.prod(x.shape[x.dim() - nd :])
+    if eps >= 0 or not x.numel() or n == 0:
+        return None
+    rows = x.detach().double().cpu().reshape(-1, n)
+    mean = rows.mean(1, keepdim=True)
+    rstd = (rows.var(1, unbiased=False, keepdim=True) + eps).rsqrt()
+    u = torch.finfo(acc_dtype).eps / 2
+    mean_err = (
+        (2 * math.log2(max(n, 2)) + 2)
+        * u
+        * rows.square().mean(1, keepdim=True).sqrt()
+    )
+    err = (rows - mean).abs() * rstd_bound(rstd, eps, n, acc_dtype)
+    err = err + mean_err * rstd
+    if w is not None:
+        err = err * w.detach().double().cpu().abs().reshape(1, n)
+    return err.reshape(x.shape)
+
+
 def mean_bound(x, nd, acc_dtype):
     """|error| of a row mean summed in acc_dtype over the last nd dims of
     x (n elements): ~2 log2(n) + 2 roundings of the row's root mean
