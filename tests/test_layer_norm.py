@@ -87,6 +87,26 @@ def test_forward(shape, nd, dtype, device):
     assert_close(rstd, rrstd.view(stat_shape), torch.float32, name="rstd")
 
 
+# Rows whose first element lies three spreads from their mean, with
+# weights near 100 (an error in the mean comes out a hundredfold), and a
+# weight 8 bytes off its 16-byte alignment (CUDA: the scalar kernel, whose
+# shifted sums, taken around a lone first element, left the mean several
+# times further off than torch's; fuzz seed 55 case 1757): the output as
+# close to float64 as torch's own on the same device.
+def test_forward_first_element_far_from_mean(device):
+    g = torch.Generator().manual_seed(1757)
+    x = 3 * torch.randn(64, 2000, generator=g)
+    x[:, 0] = 9.0
+    w = (100 + 0.01 * torch.randn(2002, generator=g)).to(device)[2:]
+    x = x.to(device)
+    ref = torch.nn.functional.layer_norm(x.double(), (2000,), w.double())
+    ours = gemsops.layer_norm(x, (2000,), w)
+    theirs = torch.nn.functional.layer_norm(x, (2000,), w)
+    err = float((ours.double() - ref).abs().mean())
+    torch_err = float((theirs.double() - ref).abs().mean())
+    assert err <= 2 * torch_err, (err, torch_err)
+
+
 # Each presence of weight and bias, in rows held in registers (1000) and in
 # rows streamed twice (CUDA: 40000 elements are past every dtype's register
 # rows, so the looped kernel's pass 2 sees each combination too).

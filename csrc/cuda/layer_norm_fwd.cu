@@ -21,9 +21,10 @@
 // row's mean, so that sum(d^2) - sum(d)^2 / N keeps the variance's digits;
 // a row whose mean lies far from K against its spread, or whose sums are
 // not finite, takes a second pass around the mean found. That second
-// pass, and the fused add's variant (stats_two_pass, a row sum first),
-// are the corrected two-pass step: the squared deviations from a first
-// mean, summed with the deviations themselves, which correct the mean and
+// pass, and the variant of the fused add and of the scalar kernel
+// (stats_two_pass, a row sum first), are the corrected two-pass step: the
+// squared deviations from a first mean, summed with the deviations
+// themselves, which correct the mean and
 // the variance (the first mean's rounding error would otherwise
 // stay in every x - mean, and with a small eps a constant row would
 // normalize to +-1 instead of 0). Short rows pack several per CTA. One CTA
@@ -512,12 +513,16 @@ __global__ void __launch_bounds__(
         }
         // the fused add's kernel holds x and res in flight: there the
         // shifted pass's extra values cost registers (spills, then 56 -> 63)
-        // and time (docs/performance.md), so it keeps the two passes
+        // and time (docs/performance.md), so it keeps the two passes. So
+        // does the scalar kernel: its shift, a lone element, may lie
+        // spreads from the mean, and the shifted sum's rounding, which
+        // grows with N |mean - K|, left the mean several times further
+        // off than torch's (fuzz seed 55 case 1757)
         A mean = 0, rstd;
         if constexpr (RMS) {
             rstd = stats_rms<TPR, STEP>(a, xv, lim, red, parity);
         }
-        else if constexpr (ADD) {
+        else if constexpr (ADD || VEC == 1) {
             rstd = stats_two_pass<TPR, STEP>(a, xv, lim, red, parity, mean);
         }
         else {
