@@ -639,12 +639,7 @@ def ln_out_bound(x, nd, w, eps, acc_dtype):
     rows = x.detach().double().cpu().reshape(-1, n)
     mean = rows.mean(1, keepdim=True)
     rstd = (rows.var(1, unbiased=False, keepdim=True) + eps).rsqrt()
-    u = torch.finfo(acc_dtype).eps / 2
-    mean_err = (
-        (2 * math.log2(max(n, 2)) + 2)
-        * u
-        * rows.square().mean(1, keepdim=True).sqrt()
-    )
+    mean_err = mean_bound(x.detach().cpu(), nd, acc_dtype).reshape(-1, 1)
     err = (rows - mean).abs() * rstd_bound(rstd, eps, n, acc_dtype)
     err = err + mean_err * rstd
     if w is not None:
