@@ -256,12 +256,26 @@ __device__ __forceinline__ acc_t<T> stats_two_pass(
     return corrected_stats(a, mean0, dev, mean);
 }
 
+// The share of the shifted sum of squares that m2 = sum((x - mean)^2) must
+// keep for the one pass to stand: with N (var + (mean - K)^2) in the sum,
+// a share s allows |mean - K| up to sqrt(1 / s - 1) spreads. Past that the
+// difference cancels the variance's digits, and the sum of x - K, whose
+// rounding grows with N |mean - K|, the mean's. Half x rounds its output
+// above either error up to sqrt(3) spreads; fp32 and fp64 output keeps the
+// mean's digits, which stay near torch's within half a spread (fuzz seed
+// 55 case 1757 and test_forward_first_access_far_from_mean).
+template <typename T>
+__host__ __device__ constexpr float shift_kept_share()
+{
+    return sizeof(T) >= 4 ? 0.8f : 0.25f;
+}
+
 // The register kernel's statistics in one pass and one reduction: the sums
 // of d = x - center and of d^2, center first the mean K of the row's first
-// vector. Where the mean lies far from K against the spread
-// (the difference below would cancel digits: m2 under a quarter of the sum
-// of squares), or a sum is not finite, the pass runs once more around the
-// mean found: the corrected two-pass step. Returns rstd.
+// vector. Where the mean lies far from K against the spread (m2 under
+// shift_kept_share of the sum of squares), or a sum is not finite, the pass
+// runs once more around the mean found: the corrected two-pass step.
+// Returns rstd.
 template <int TPR, int ROWS_PER_CTA, int STEP, typename T, typename P, int VEC,
           int ITEMS>
 __device__ __forceinline__ acc_t<T> stats_shifted(
@@ -289,7 +303,8 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
         off = sums[0] * a.inv_cols;
         m2 = sums[1] - sums[0] * off;
         bool again =
-            pass == 0 && !(m2 >= A(0.25) * sums[1] && isfinite(sums[1]));
+            pass == 0 &&
+            !(m2 >= A(shift_kept_share<T>()) * sums[1] && isfinite(sums[1]));
         // the same choice across the threads that meet in the next pass's
         // shuffles (a warp of rows) or barrier (two rows a CTA)
         if constexpr (TPR <= 32) {
