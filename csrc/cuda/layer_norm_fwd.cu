@@ -200,21 +200,35 @@ __device__ __forceinline__ A corrected_stats(const fwd_args<T, P> &a, A mean0,
     return rsqrt(m2 * a.inv_cols + a.eps);
 }
 
-// The register kernel's shift: the mean of the row's first vector, a value
-// near the row's mean, so that the sums of x - K and (x - K)^2 keep the
-// variance's digits.
+// The register kernel's shift: the mean of the row's first accesses, a
+// value near the row's mean, so that the sums of x - K and (x - K)^2 keep
+// the variance's digits. fp32 and fp64 rows, held to half a spread
+// (shift_kept_share), average four accesses: K's distance from the mean,
+// a spread over sqrt(4 VEC), passes half a spread on one fp32 row in
+// twenty rather than one in three, and a row past it pays a second
+// reduction.
 template <typename T, int VEC, typename P>
 __device__ __forceinline__ acc_t<T> row_shift(const fwd_args<T, P> &a,
                                               int64_t row)
 {
     using A = acc_t<T>;
-    const vec_t<T, VEC> v = load_vec<T, VEC>(a.x + row * a.x_stride);
+    constexpr int ACCESSES = sizeof(T) >= 4 ? 4 : 1;
+    const int n = ACCESSES == 1 || a.cols >= ACCESSES * VEC
+                      ? ACCESSES
+                      : (int)(a.cols / VEC);
     A k = 0;
 #pragma unroll
-    for (int i = 0; i < VEC; i++) {
-        k += widen<A>(v.v[i]);
+    for (int j = 0; j < ACCESSES; j++) {
+        if (j < n) {
+            const vec_t<T, VEC> v =
+                load_vec<T, VEC>(a.x + row * a.x_stride + j * VEC);
+#pragma unroll
+            for (int i = 0; i < VEC; i++) {
+                k += widen<A>(v.v[i]);
+            }
+        }
     }
-    return k / (A)VEC;
+    return k / (A)(n * VEC);
 }
 
 // The register kernel's statistics, two passes: the row sum gives a first
