@@ -17,19 +17,18 @@
 // to fill the GPU at four, fwd_one_access_tpr), so x is read from memory
 // exactly once.
 // Statistics in one pass and one reduction (stats_shifted): the sums of
-// d = x - K and of d^2, K the mean of the row's first vector, near the
-// row's mean, so that sum(d^2) - sum(d)^2 / N keeps the variance's digits;
-// a row whose mean lies far from K against its spread, or whose sums are
-// not finite, takes a second pass around the mean found. That second
+// d = x - K and of d^2, K the mean of the row's first accesses (row_shift),
+// near the row's mean, so that sum(d^2) - sum(d)^2 / N keeps the variance's
+// digits; a row whose mean lies far from K against its spread, or whose sums
+// are not finite, takes a second pass around the mean found. That second
 // pass, and the variant of the fused add and of the scalar kernel
 // (stats_two_pass, a row sum first), are the corrected two-pass step: the
 // squared deviations from a first mean, summed with the deviations
-// themselves, which correct the mean and
-// the variance (the first mean's rounding error would otherwise
-// stay in every x - mean, and with a small eps a constant row would
-// normalize to +-1 instead of 0). Short rows pack several per CTA. One CTA
-// per row group, not persistent: the SM overlaps one CTA's reductions with
-// another's loads.
+// themselves, which correct the mean and the variance (the first mean's
+// rounding error would otherwise stay in every x - mean, and with a small eps
+// a constant row would normalize to +-1 instead of 0). Short rows pack
+// several per CTA. One CTA per row group, not persistent: the SM overlaps one
+// CTA's reductions with another's loads.
 //
 // layer_norm_fwd_looped (longer rows): one CTA per row streams it twice.
 // Pass 1 takes chunks of 4 accesses per thread, computes each chunk's mean
@@ -276,8 +275,8 @@ __device__ __forceinline__ acc_t<T> stats_two_pass(
 // difference cancels the variance's digits, and the sum of x - K, whose
 // rounding grows with N |mean - K|, the mean's. Half x rounds its output
 // above either error up to sqrt(3) spreads; fp32 and fp64 output keeps the
-// mean's digits, which stay near torch's within half a spread (fuzz seed
-// 55 case 1757 and test_forward_first_access_far_from_mean).
+// mean's digits, which stay near torch's within half a spread
+// (test_forward_first_access_far_from_mean).
 template <typename T>
 __host__ __device__ constexpr float shift_kept_share()
 {
@@ -285,8 +284,8 @@ __host__ __device__ constexpr float shift_kept_share()
 }
 
 // The register kernel's statistics in one pass and one reduction: the sums
-// of d = x - center and of d^2, center first the mean K of the row's first
-// vector. Where the mean lies far from K against the spread (m2 under
+// of d = x - center and of d^2, center first the row's shift K (row_shift).
+// Where the mean lies far from K against the spread (m2 under
 // shift_kept_share of the sum of squares), or a sum is not finite, the pass
 // runs once more around the mean found: the corrected two-pass step.
 // Returns rstd.
