@@ -133,6 +133,19 @@ constexpr int fwd_min_ctas(int block)
     return block > 512 ? 1 : block == 512 ? 2 : resident / block;
 }
 
+// The short-rows kernel's bound: fwd_min_ctas, but seven CTAs an SM (<= 72
+// registers) for LayerNorm of half x with fp32 parameters, whose w and b
+// (16 registers of fp32) beside four rows of x spilled 24-34 bytes under 64
+// (ptxas), a spill that cost more than the eighth CTA gains
+// (docs/performance.md). The fused add's 20-byte spill there costs less:
+// it keeps eight.
+template <typename T, typename P, int VEC, bool RMS, bool ADD>
+constexpr int fwd_short_min_ctas()
+{
+    return !RMS && !ADD && sizeof(P) > sizeof(T) ? 7
+                                                 : fwd_min_ctas<T, VEC>(128);
+}
+
 // The register kernel's bound: fwd_min_ctas, but three 384-thread CTAs an
 // SM (1152 threads, <= 56 registers) rather than two (768) for the half
 // types, where 56 registers hold the kernel without spilling (ptxas). The
@@ -315,9 +328,8 @@ __device__ __forceinline__ acc_t<T> stats_shifted(
         row_sum<TPR, 2>(sums, red, parity);
         off = sums[0] * a.inv_cols;
         m2 = sums[1] - sums[0] * off;
-        bool again =
-            pass == 0 &&
-            !(m2 >= A(shift_kept_share<T>()) * sums[1] && isfinite(sums[1]));
+        bool again = pass == 0 && !(m2 >= A(shift_kept_share<T>()) * sums[1] &&
+                                    isfinite(sums[1]));
         // the same choice across the threads that meet in the next pass's
         // shuffles (a warp of rows) or barrier (two rows a CTA)
         if constexpr (TPR <= 32) {
@@ -615,7 +627,8 @@ __device__ __forceinline__ acc_t<T> short_row_stats(const fwd_args<T, P> &a,
 // statistics are live at a time; lanes of a row meet in xor shuffles,
 // never a barrier.
 template <typename T, typename P, int G, int VEC, bool RMS, bool ADD>
-__global__ void __launch_bounds__(128, fwd_min_ctas<T, VEC>(128))
+__global__ void __launch_bounds__(128,
+                                  fwd_short_min_ctas<T, P, VEC, RMS, ADD>())
     layer_norm_fwd_short_rows(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
