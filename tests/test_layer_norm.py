@@ -89,13 +89,13 @@ def test_forward(shape, nd, dtype, device):
 
 # Rows whose first 16 bytes lie 1.6 spreads from the row's mean, with
 # weights near 100 (an error in the mean comes out a hundredfold). CUDA's
-# register kernels take their sums around that first access (one element
-# in the scalar kernel, which a weight 8 bytes off its alignment selects;
-# 4 in the vector kernel); a shift under sqrt(3) spreads from the mean
-# takes no second pass, and the shifted sums' rounding grows with
-# N |mean - shift| (fuzz seed 55 case 1757: the scalar kernel's mean
-# several times further off than torch's). The output as close to float64
-# as torch's own on the same device.
+# register kernels sum x around a shift taken from the row's first
+# accesses, and that sum's rounding grows with N |mean - shift|: the
+# scalar kernel (which a weight 8 bytes off its alignment selects) and the
+# vector kernel each left the mean several times further off than torch's
+# while the shift stayed under their second pass's trigger (fuzz seed 55
+# case 1757). The output as close to float64 as torch's own on the same
+# device.
 @pytest.mark.parametrize("kernel", ["scalar", "vector"])
 def test_forward_first_access_far_from_mean(kernel, device):
     g = torch.Generator().manual_seed(1757)
