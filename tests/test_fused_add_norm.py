@@ -282,6 +282,7 @@ def test_errors():
         (torch.float16, torch.float16),
         (torch.bfloat16, torch.bfloat16),
         (torch.bfloat16, torch.float32),
+        (torch.float16, torch.float32),
         (torch.float64, torch.float64),
     ],
 )
