@@ -212,6 +212,20 @@ __device__ __forceinline__ A corrected_stats(const fwd_args<T, P> &a, A mean0,
     return rsqrt(m2 * a.inv_cols + a.eps);
 }
 
+// The share of the shifted sum of squares that m2 = sum((x - mean)^2) must
+// keep for the one pass to stand: with N (var + (mean - K)^2) in the sum,
+// a share s allows |mean - K| up to sqrt(1 / s - 1) spreads. Past that the
+// difference cancels the variance's digits, and the sum of x - K, whose
+// rounding grows with N |mean - K|, the mean's. Half x rounds its output
+// above either error up to sqrt(3) spreads; fp32 and fp64 output keeps the
+// mean's digits, which stay near torch's within half a spread
+// (test_forward_first_access_far_from_mean).
+template <typename T>
+__host__ __device__ constexpr float shift_kept_share()
+{
+    return sizeof(T) >= 4 ? 0.8f : 0.25f;
+}
+
 // The register kernel's shift: the mean of the row's first accesses, a
 // value near the row's mean, so that the sums of x - K and (x - K)^2 keep
 // the variance's digits. fp32 and fp64 rows, held to half a spread
@@ -224,7 +238,7 @@ __device__ __forceinline__ acc_t<T> row_shift(const fwd_args<T, P> &a,
                                               int64_t row)
 {
     using A = acc_t<T>;
-    constexpr int ACCESSES = sizeof(T) >= 4 ? 4 : 1;
+    constexpr int ACCESSES = shift_kept_share<T>() > 0.25f ? 4 : 1;
     const int n = ACCESSES == 1 || a.cols >= ACCESSES * VEC
                       ? ACCESSES
                       : (int)(a.cols / VEC);
@@ -280,20 +294,6 @@ __device__ __forceinline__ acc_t<T> stats_two_pass(
     }
     row_sum<TPR, 2>(dev, red, parity);
     return corrected_stats(a, mean0, dev, mean);
-}
-
-// The share of the shifted sum of squares that m2 = sum((x - mean)^2) must
-// keep for the one pass to stand: with N (var + (mean - K)^2) in the sum,
-// a share s allows |mean - K| up to sqrt(1 / s - 1) spreads. Past that the
-// difference cancels the variance's digits, and the sum of x - K, whose
-// rounding grows with N |mean - K|, the mean's. Half x rounds its output
-// above either error up to sqrt(3) spreads; fp32 and fp64 output keeps the
-// mean's digits, which stay near torch's within half a spread
-// (test_forward_first_access_far_from_mean).
-template <typename T>
-__host__ __device__ constexpr float shift_kept_share()
-{
-    return sizeof(T) >= 4 ? 0.8f : 0.25f;
 }
 
 // The register kernel's statistics in one pass and one reduction: the sums
