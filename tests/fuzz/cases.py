@@ -283,6 +283,9 @@ def case_layer_norm(ctx):
                 if rows
                 else None
             )
+            db_bound = (
+                oracle.ln_db_bound(g, len(pshape), dtype) if rows else None
+            )
             close("out", ours[0], ref[0], theirs[0], dtype, torch_slack=2.0)
             for name, o, r, t in zip(
                 ("dx", "dw", "db"), ours[1], ref[1], theirs[1]
@@ -303,7 +306,9 @@ def case_layer_norm(ctx):
                     reduce_len=rows if name != "dx" else 1,
                     loose=name == "dx" and _nonfinite(w, g),
                     f64_atol=f64_atol if name != "db" else None,
-                    bound={"dx": bound, "dw": dw_bound}.get(name),
+                    bound={"dx": bound, "dw": dw_bound, "db": db_bound}.get(
+                        name
+                    ),
                 )
 
         differential(
@@ -485,7 +490,11 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
                 reduce_len=rows if name != "dx" else 1,
                 loose=name == "dx" and w_nonfinite,
                 f64_atol=f64_atol if name == "dx" else None,
-                bound=bound if name == "dx" else None,
+                bound=bound
+                if name == "dx"
+                else oracle.ln_db_bound(g, len(pshape), dtype)
+                if name == "db" and rows and g.shape == x.shape
+                else None,
             )
 
     differential(ctx, theirs, ours, check, inputs, tags)
@@ -629,7 +638,12 @@ def case_norms(ctx):
                 t.dtype,
                 torch_slack=2.0,
                 reduce_len=rows if name in ("dw", "db") else 1,
-                bound={"dx": bound, "dres": bound, "dw": dw_bound}.get(name),
+                bound={
+                    "dx": bound,
+                    "dres": bound,
+                    "dw": dw_bound,
+                    "db": oracle.ln_db_bound(gs_[0], nd, dtype),
+                }.get(name),
                 f64_atol=f64_atol if name != "db" else None,
                 loose=_nonfinite(w, *gs),
             )

@@ -533,6 +533,25 @@ def ln_dw_bound(g, x, mean, rstd, nd, dtype, stored=True):
     return err.sum(lead) if lead else err  # sum(()) would sum every dim
 
 
+def ln_db_bound(g, nd, dtype):
+    """Bound on a LayerNorm dB's error (dB = sum over rows of dy): twice
+    a pairwise sum's worst-case rounding, 2 log2(rows) ulps of the
+    accumulation type on the sum of |dy|; one row's dy lost or doubled
+    lies far outside it. Torch's own error on one column's sum can be
+    near zero by chance, so twice torch's error alone fails sums as exact
+    as their order allows (seed 58 case 190: one column over 16384 fp32
+    rows, 3.4x torch's error, 1.5 ulps of the sum of |dy|).
+    None where there is nothing to bound."""
+    if not g.numel() or g.is_complex() or g.dim() < nd:
+        return None
+    lead = tuple(range(g.dim() - nd))
+    rows = math.prod(g.shape[: g.dim() - nd])
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    ulps = 2 * math.log2(max(rows, 2)) * torch.finfo(acc).eps
+    err = ulps * g.detach().cpu().double().abs()
+    return err.sum(lead) if lead else err
+
+
 def close(
     name,
     ours,

@@ -518,7 +518,7 @@ def _c_ln_bwd(ctx):
                     if name == "grad_input"
                     else oracle.ln_dw_bound(g, x, mean, rstd, nd, dtype, False)
                     if name == "grad_weight"
-                    else None
+                    else oracle.ln_db_bound(g, nd, dtype)
                 )
                 if rows
                 else None,
