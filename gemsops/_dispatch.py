@@ -33,6 +33,17 @@ _after_autograd = torch._C._after_autograd_keyset
 LIB = torch.library.Library("gemsops", "FRAGMENT")
 
 
+def refuse_nested(fn, name, t):
+    """Nested tensors reach no kernel; like the other non-strided
+    operands, which DLPack refuses at the C boundary, they are
+    NotImplementedError."""
+    if t.is_nested:
+        raise NotImplementedError(
+            f"{fn}(): argument '{name}' is a nested tensor; gemsops "
+            "takes strided tensors"
+        )
+
+
 def eager(tensors):
     """True when `tensors` (a tuple, its first entry a tensor; None entries
     allowed) may go straight to the kernels: no tracing (the JIT tracer

@@ -281,3 +281,25 @@ def test_layer_norm_backward_under_jvp_without_leading_dims():
     assert tangent[1].shape == (5,) and tangent[2].shape == (5,)
     # linear in g: the tangent at g is the value at g
     torch.testing.assert_close(tangent[2], want[2])
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm", "add_ln", "add_rms"])
+@pytest.mark.parametrize("shape, ns", [((3, 0), (0,)), ((2, 0, 4), (0, 4))])
+def test_norm_second_order_over_empty_rows_as_torch(op, shape, ns, device):
+    # rows of no elements: the first-order gradient is empty, and so is the
+    # second (torch's), not a refusal from the vjp of nothing
+    x = f64(*shape, device=device)
+    w = f64(*ns, device=device)
+    ours = {
+        "layer_norm": lambda x, w: gemsops.layer_norm(x, ns, w),
+        "rms_norm": lambda x, w: gemsops.rms_norm(x, ns, w),
+        "add_ln": lambda x, w: gemsops.fused_add_layer_norm(x, x, ns, w)[0],
+        "add_rms": lambda x, w: gemsops.fused_add_rms_norm(x, x, ns, w)[0],
+    }[op]
+    gx, gw = torch.autograd.grad(ours(x, w).sum(), (x, w), create_graph=True)
+    assert gx.shape == x.shape and gw.shape == w.shape
+    second = torch.autograd.grad(
+        gx.sum() + gw.sum(), (x, w), allow_unused=True
+    )
+    for s, t in zip(second, (x, w)):
+        assert s is None or (s.shape == t.shape and s.numel() == 0)

@@ -646,24 +646,18 @@ def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
         c if m and c is not None and c.numel() else None
         for c, m in zip((gdx, gdw, gdb), ctx.mask)
     )
-    eps = _eps_of(x, rstd, ctx.shape)
-    # torch.func.vjp: the result stays differentiable with respect to the
-    # saved tensors' own history (third order and up), without counting
-    # twice a path from x to grad_out
-    if weight is None:
-        _, vjp = torch.func.vjp(
-            lambda g, x: _composite_masked(g, x, None, eps, ctx, cots), g, x
-        )
-        dg, dx = vjp(_cotangents(cots))
-        dw = None
+    primals = (g, x) if weight is None else (g, x, weight)
+    if all(c is None for c in cots):
+        grads = second_order_zeros(primals)
     else:
-        _, vjp = torch.func.vjp(
-            lambda g, x, w: _composite_masked(g, x, w, eps, ctx, cots),
-            g,
-            x,
-            weight,
+        eps = _eps_of(x, rstd, ctx.shape)
+        grads = second_order_vjp(
+            lambda g, x, w=None: _composite_masked(g, x, w, eps, ctx, cots),
+            primals,
+            cots,
         )
-        dg, dx, dw = vjp(_cotangents(cots))
+    dg, dx = grads[0], grads[1]
+    dw = grads[2] if weight is not None else None
     if torch.is_grad_enabled():  # create_graph: a third order may follow
         dg, dx, dw = _NoThirdOrder.apply("layer_norm", dg, dx, dw)
     return (
@@ -702,8 +696,21 @@ def _composite_masked(g, x, w, eps, ctx, cots):
     return tuple(o for o, c in zip(outs, cots) if c is not None)
 
 
-def _cotangents(cots):
-    return tuple(c for c in cots if c is not None)
+def second_order_vjp(composite, primals, cots):
+    """The vector-Jacobian product of a composite backward (its outputs
+    those whose cotangent in cots is not None) at primals. torch.func.vjp:
+    the result stays differentiable with respect to the saved tensors' own
+    history (third order and up), without counting twice a path from x to
+    grad_out."""
+    _, vjp = torch.func.vjp(composite, *primals)
+    return vjp(tuple(c for c in cots if c is not None))
+
+
+def second_order_zeros(primals):
+    """Second order where nothing flows back (every gradient asked of the
+    backward is empty or unasked): zeros, as torch gives; torch.func.vjp
+    refuses a function with no outputs."""
+    return tuple(torch.zeros_like(p) for p in primals)
 
 
 _layer_norm_backward_op.register_autograd(

@@ -21,6 +21,7 @@ from .._dispatch import (
     define_op,
     eager,
     eager_apply,
+    refuse_nested,
     register_autocast,
     torch_only,
 )
@@ -418,6 +419,8 @@ def _plain(t):
 
 _INT64 = 1 << 63
 _FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+# half the least subnormal: float32 rounds it (to even) and below to 0
+_FLOAT32_ROUNDS_TO_ZERO = 2.0**-150
 
 
 def _coefficient(name, value, like):
@@ -472,6 +475,10 @@ def _coefficient(name, value, like):
                 f"addmm(): {name}={value!r} cannot be converted to float "
                 "without overflow"
             )
+        if 0 < v <= _FLOAT32_ROUNDS_TO_ZERO:
+            # 0 in the float torch computes in: the input (or the product)
+            # is then not read, and its NaNs do not spread
+            return 0.0
     return value
 
 
@@ -492,6 +499,8 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         and isinstance(mat2, torch.Tensor)
     ):
         raise _addmm_not_tensor(input, mat1, mat2)
+    for name, t in (("input", input), ("mat1", mat1), ("mat2", mat2)):
+        refuse_nested("addmm", name, t)
     alpha = _coefficient("alpha", alpha, mat1)
     beta = _coefficient("beta", beta, mat1)
     if (

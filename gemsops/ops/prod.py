@@ -17,6 +17,7 @@ from .._dispatch import (
     define_op,
     eager,
     eager_apply,
+    refuse_nested,
     register_autocast,
     torch_only,
 )
@@ -306,6 +307,7 @@ def prod(input, dim=None, keepdim=False, *, dtype=None, out=None):
             "prod(): argument 'input' must be a Tensor, not "
             f"{type(input).__name__}"
         )
+    refuse_nested("prod", "input", input)
     if keepdim is not False and keepdim is not True:
         raise TypeError(
             "prod(): argument 'keepdim' must be bool, not "

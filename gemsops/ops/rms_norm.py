@@ -282,8 +282,10 @@ def _rms_norm_backward_grad(ctx, gdx, gdw):
         return tuple(o for o, c in zip(outs, cots) if c is not None)
 
     primals = (g, x) if weight is None else (g, x, weight)
-    _, vjp = torch.func.vjp(composite, *primals)
-    grads = vjp(tuple(c for c in cots if c is not None))
+    if all(c is None for c in cots):
+        grads = ln.second_order_zeros(primals)
+    else:
+        grads = ln.second_order_vjp(composite, primals, cots)
     dg, dx = grads[0], grads[1]
     dw = grads[2] if weight is not None else None
     if torch.is_grad_enabled():  # create_graph: a third order may follow
