@@ -301,8 +301,10 @@ def test_addmm_coefficient_below_float32_unreads_its_term(
     assert torch.equal(got.isnan(), nan)
     if name == "beta":  # torch's rule too, on every device and dtype
         assert torch.equal(torch.addmm(inp, a, b, **kw).isnan(), nan)
-    # (torch's CUDA products, and its CPU half ones, spread the product's
-    # NaN at alpha = 0 as well; gemsops does not: addmm's docstring)
+    # (not torch's for alpha: its CPU half products spread the product's
+    # NaN even at alpha = 0, and its CUDA fp32 product at alpha = 1e-46,
+    # a double it does not skip and a float that is 0; gemsops follows
+    # addmm's docstring)
     # float64 keeps the coefficient: its NaNs are where the float one is 0
     ref = torch.addmm(inp.double(), a.double(), b.double(), **kw)
     finite = ~nan & ~ref.isnan()
