@@ -33,15 +33,17 @@ _after_autograd = torch._C._after_autograd_keyset
 LIB = torch.library.Library("gemsops", "FRAGMENT")
 
 
-def refuse_nested(fn, name, t):
-    """Nested tensors reach no kernel; like the other non-strided
+def nested_refused(fn, named):
+    """The error for the first nested tensor of named ((name, tensor)
+    pairs): nested tensors reach no kernel, and like the other non-strided
     operands, which DLPack refuses at the C boundary, they are
-    NotImplementedError."""
-    if t.is_nested:
-        raise NotImplementedError(
-            f"{fn}(): argument '{name}' is a nested tensor; gemsops "
-            "takes strided tensors"
-        )
+    NotImplementedError. Callers test `is_nested` inline (a per-call host
+    cost) and call this only to raise."""
+    name = next(n for n, t in named if t.is_nested)
+    return NotImplementedError(
+        f"{fn}(): argument '{name}' is a nested tensor; gemsops takes "
+        "strided tensors"
+    )
 
 
 def eager(tensors):

@@ -21,7 +21,7 @@ from .._dispatch import (
     define_op,
     eager,
     eager_apply,
-    refuse_nested,
+    nested_refused,
     register_autocast,
     torch_only,
 )
@@ -499,8 +499,10 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         and isinstance(mat2, torch.Tensor)
     ):
         raise _addmm_not_tensor(input, mat1, mat2)
-    for name, t in (("input", input), ("mat1", mat1), ("mat2", mat2)):
-        refuse_nested("addmm", name, t)
+    if input.is_nested or mat1.is_nested or mat2.is_nested:
+        raise nested_refused(
+            "addmm", (("input", input), ("mat1", mat1), ("mat2", mat2))
+        )
     alpha = _coefficient("alpha", alpha, mat1)
     beta = _coefficient("beta", beta, mat1)
     if (

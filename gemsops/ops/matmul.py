@@ -42,7 +42,7 @@ from .._dispatch import (
     define_op,
     eager,
     eager_apply,
-    refuse_nested,
+    nested_refused,
     register_autocast,
     torch_only,
 )
@@ -386,8 +386,9 @@ def _operands(fn, a, b):
         # torch's names: mm(input, mat2), bmm(input, mat2), matmul(input,
         # other); addmm's mats come through mm
         raise _not_tensor(fn, "other" if fn == "matmul" else "mat2", b)
-    refuse_nested(fn, "input", a)
-    refuse_nested(fn, "other" if fn == "matmul" else "mat2", b)
+    if a.is_nested or b.is_nested:
+        name_b = "other" if fn == "matmul" else "mat2"
+        raise nested_refused(fn, (("input", a), (name_b, b)))
     if a.dtype != b.dtype:
         refused = _kernel_refused(fn, a, b)
         if refused is not None:

@@ -17,7 +17,7 @@ from .._dispatch import (
     define_op,
     eager,
     eager_apply,
-    refuse_nested,
+    nested_refused,
     register_autocast,
     torch_only,
 )
@@ -307,7 +307,8 @@ def prod(input, dim=None, keepdim=False, *, dtype=None, out=None):
             "prod(): argument 'input' must be a Tensor, not "
             f"{type(input).__name__}"
         )
-    refuse_nested("prod", "input", input)
+    if input.is_nested:
+        raise nested_refused("prod", (("input", input),))
     if keepdim is not False and keepdim is not True:
         raise TypeError(
             "prod(): argument 'keepdim' must be bool, not "
