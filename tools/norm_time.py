@@ -14,7 +14,10 @@ usage: python -m tools.norm_time case ...
   e.g. ln,16384,4096,bfloat16  addrms,4096,12288,float16,fp32
   ln_bwd,8192,8192,float16  addln_bwd_dh,16384,4096,bfloat16
 NORM_TIME_LIGER=1 times Liger's fused add + RMSNorm forward beside ours
-(a `liger` line) for the addrms cases, where it imports."""
+(a `liger` line) for the addrms cases, where it imports.
+NORM_TIME_COMPILED=1 times torch.compile of F.layer_norm beside ours (a
+`compiled` line) for the ln forward cases: the peer furthest ahead on
+short rows."""
 
 import os
 import sys
@@ -68,6 +71,13 @@ def time_case(spec, table):
     )
     ms = bench._timed(fn, args)[0]
     print(f"{spec:30s} gems {ms * 1e3:9.2f}us", flush=True)
+    if op == "ln" and not bwd and os.environ.get("NORM_TIME_COMPILED"):
+        from benchmark.test_layer_norm_perf import compiled
+
+        found = compiled(torch.nn.functional.layer_norm).get("compiled")
+        if found is not None:
+            ms = bench._timed(found, (x, (n,), w, b))[0]
+            print(f"{spec:30s} compiled {ms * 1e3:9.2f}us", flush=True)
     if op == "addrms" and not bwd and os.environ.get("NORM_TIME_LIGER"):
         from benchmark.test_norms_perf import add_peers
 

@@ -505,6 +505,22 @@ __device__ __forceinline__ void load_added_items(const fwd_args<T, P> &a,
     }
 }
 
+// load_vec where ok, zeros elsewhere, chosen as raw words: a choice
+// between two vectors of half types is made 16 bits at a time, and their
+// words re-assembled from the halves (PRMTs a thread per access).
+template <typename T, int VEC>
+__device__ __forceinline__ vec_t<T, VEC> load_vec_or_zero(const T *p, bool ok)
+{
+    using W = typename raw_word<sizeof(T) * VEC>::type;
+    W w{};
+    if (ok) {
+        w = *reinterpret_cast<const W *>(p);
+    }
+    vec_t<T, VEC> out;
+    *reinterpret_cast<W *>(&out) = w;
+    return out;
+}
+
 template <typename T, typename P, int TPR, int VEC, bool RMS, bool ADD,
           int ACC>
 __global__ void __launch_bounds__(
@@ -546,9 +562,8 @@ __global__ void __launch_bounds__(
             const T *xr = a.x + row * a.x_stride + col0;
 #pragma unroll
             for (int i = 0; i < ITEMS; i++) {
-                xv[i] = row_ok && i * STEP < lim
-                            ? load_vec<T, VEC>(xr + i * STEP)
-                            : zero_vec<T, VEC>();
+                xv[i] = load_vec_or_zero<T, VEC>(xr + i * STEP,
+                                                 row_ok && i * STEP < lim);
             }
         }
         // the fused add's kernel holds x and res in flight: there the
