@@ -233,15 +233,30 @@ __host__ __device__ constexpr float shift_kept_share()
 // a spread over sqrt(4 VEC), passes half a spread on one fp32 row in
 // twenty rather than one in three, and a row past it pays a second
 // reduction.
+template <typename T>
+__host__ __device__ constexpr int shift_accesses()
+{
+    return shift_kept_share<T>() > 0.25f ? 4 : 1;
+}
+
+// The row's first accesses that its shift averages: shift_accesses, or
+// as many as a shorter row holds.
+template <typename T, int VEC, typename P>
+__device__ __forceinline__ int shift_count(const fwd_args<T, P> &a)
+{
+    constexpr int ACCESSES = shift_accesses<T>();
+    return ACCESSES == 1 || a.cols >= ACCESSES * VEC ? ACCESSES
+                                                     : (int)(a.cols / VEC);
+}
+
+// K from the row's first vectors, loaded again.
 template <typename T, int VEC, typename P>
 __device__ __forceinline__ acc_t<T> row_shift(const fwd_args<T, P> &a,
                                               int64_t row)
 {
     using A = acc_t<T>;
-    constexpr int ACCESSES = shift_kept_share<T>() > 0.25f ? 4 : 1;
-    const int n = ACCESSES == 1 || a.cols >= ACCESSES * VEC
-                      ? ACCESSES
-                      : (int)(a.cols / VEC);
+    constexpr int ACCESSES = shift_accesses<T>();
+    const int n = shift_count<T, VEC>(a);
     A k = 0;
 #pragma unroll
     for (int j = 0; j < ACCESSES; j++) {
@@ -257,11 +272,35 @@ __device__ __forceinline__ acc_t<T> row_shift(const fwd_args<T, P> &a,
     return k / (A)(n * VEC);
 }
 
+// row_shift from registers, where a warp holds the row (TPR <= 32) and the
+// accesses averaged are item 0 of the row's first lanes (TPR >=
+// shift_accesses): shuffles rather than a load of the row's first vectors
+// behind a branch. The lanes past a shorter row hold zeros there (the
+// zero fill), so the sum is that of the row's first vectors alone.
+template <int TPR, typename T, int VEC, typename P>
+__device__ __forceinline__ acc_t<T> row_shift_from_lanes(
+    const fwd_args<T, P> &a, const vec_t<T, VEC> &first)
+{
+    using A = acc_t<T>;
+    A k = 0;
+#pragma unroll
+    for (int i = 0; i < VEC; i++) {
+        k += widen<A>(first.v[i]);
+    }
+#pragma unroll
+    for (int off = 1; off < shift_accesses<T>(); off *= 2) {
+        k += __shfl_xor_sync(0xffffffffu, k, off);
+    }
+    k = __shfl_sync(0xffffffffu, k, (threadIdx.x % 32) & ~(TPR - 1));
+    return k / (A)(shift_count<T, VEC>(a) * VEC);
+}
+
 // The register kernel's statistics, two passes: the row sum gives a first
 // mean, then the corrected two-pass step (corrected_stats). Returns rstd.
-template <int TPR, int STEP, typename T, typename P, int VEC, int ITEMS>
+template <int TPR, int STEP, typename T, typename P, int VEC, int ITEMS,
+          typename L>
 __device__ __forceinline__ acc_t<T> stats_two_pass(
-    const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], int lim,
+    const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], L lim,
     acc_t<T> *red, int &parity, acc_t<T> &mean)
 {
     using A = acc_t<T>;
@@ -303,13 +342,19 @@ __device__ __forceinline__ acc_t<T> stats_two_pass(
 // runs once more around the mean found: the corrected two-pass step.
 // Returns rstd.
 template <int TPR, int ROWS_PER_CTA, int STEP, typename T, typename P, int VEC,
-          int ITEMS>
+          int ITEMS, typename L>
 __device__ __forceinline__ acc_t<T> stats_shifted(
-    const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], int lim,
+    const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], L lim,
     bool row_ok, int64_t row, acc_t<T> *red, int &parity, acc_t<T> &mean)
 {
     using A = acc_t<T>;
-    A center = row_ok ? row_shift<T, VEC>(a, row) : A(0);
+    A center;
+    if constexpr (TPR <= 32 && TPR >= shift_accesses<T>()) {
+        center = row_shift_from_lanes<TPR>(a, xv[0]);
+    }
+    else {
+        center = row_ok ? row_shift<T, VEC>(a, row) : A(0);
+    }
     A sums[2], off, m2;
 #pragma unroll 1
     for (int pass = 0;; pass++) {
@@ -385,10 +430,11 @@ __device__ __forceinline__ void add_item_squares(
 }
 
 // The register kernel's RMSNorm statistic: one pass, one reduction.
-template <int TPR, int STEP, typename T, typename P, int VEC, int ITEMS>
+template <int TPR, int STEP, typename T, typename P, int VEC, int ITEMS,
+          typename L>
 __device__ __forceinline__ acc_t<T> stats_rms(const fwd_args<T, P> &a,
                                               const vec_t<T, VEC> (&xv)[ITEMS],
-                                              int lim, acc_t<T> *red,
+                                              L lim, acc_t<T> *red,
                                               int &parity)
 {
     acc_t<T> sum_sq[1] = {0};
@@ -447,9 +493,9 @@ __device__ __forceinline__ void with_affine(const void *w, const void *b,
 // The register kernel's output for one row's items, w and b widened from
 // their words.
 template <bool HAS_W, bool HAS_B, int STEP, typename T, typename P, int VEC,
-          int ITEMS, typename A>
+          int ITEMS, typename L, typename A>
 __device__ __forceinline__ void normalize_items(
-    const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], int lim,
+    const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], L lim,
     int64_t col0, T *yr, A mean, A rstd)
 {
 #pragma unroll
@@ -475,11 +521,12 @@ __device__ __forceinline__ void normalize_items(
 // bounds test and the previous item's store waited out a DRAM round trip
 // each, SASS; all four at once spilled, ptxas). Items past the row are
 // zeros.
-template <int STEP, int BATCH, typename T, typename P, int VEC, int ITEMS>
+template <int STEP, int BATCH, typename T, typename P, int VEC, int ITEMS,
+          typename L>
 __device__ __forceinline__ void load_added_items(const fwd_args<T, P> &a,
                                                  vec_t<T, VEC> (&xv)[ITEMS],
                                                  int64_t row, bool row_ok,
-                                                 int lim, int64_t col0)
+                                                 L lim, int64_t col0)
 {
     const T *xr = a.x + row * a.x_stride + col0;
     const T *rr = a.res + row * a.res_stride + col0;
@@ -521,8 +568,32 @@ __device__ __forceinline__ vec_t<T, VEC> load_vec_or_zero(const T *p, bool ok)
     return out;
 }
 
+// Where a thread's items end: item i lies in its row when i * STEP < the
+// limit. Whole rows (cols == TPR * E, every item of every thread inside
+// the row) take a constant the compiler folds, so that no item's loads,
+// sums and stores sit behind a branch of their own; other rows the
+// thread's columns left from its first.
+template <int END>
+struct whole_row_end {
+    __host__ __device__ constexpr operator int() const
+    {
+        return END;
+    }
+};
+
+template <bool WHOLE, int END>
+__device__ __forceinline__ auto items_end(int cols_left)
+{
+    if constexpr (WHOLE) {
+        return whole_row_end<END>{};
+    }
+    else {
+        return cols_left;
+    }
+}
+
 template <typename T, typename P, int TPR, int VEC, bool RMS, bool ADD,
-          int ACC>
+          int ACC, bool WHOLE>
 __global__ void __launch_bounds__(
     layer_norm_block_threads(TPR),
     fwd_register_bound<T, P, VEC, ADD, ACC>(layer_norm_block_threads(TPR)))
@@ -544,9 +615,8 @@ __global__ void __launch_bounds__(
     const int64_t group = blockIdx.x;
     const int64_t groups = gridDim.x;
     const int64_t col0 = lane * VEC;
-    // item i of this thread is valid when i * STEP < lim
     const int slab_cols = (int)a.cols; // <= TPR * E
-    const int lim = slab_cols - lane * VEC;
+    const auto lim = items_end<WHOLE, ITEMS * STEP>(slab_cols - lane * VEC);
 
     // One row per thread and step: four accesses a thread already keep
     // enough bytes in flight, and registers go to occupancy.
@@ -1126,6 +1196,33 @@ inline unsigned fwd_grid(int64_t row_groups)
     return (unsigned)std::min<int64_t>(row_groups, (int64_t)1 << 30);
 }
 
+// Whole rows (items_end) have kernels of their own where a row is a warp
+// or less at four accesses: groups of 8 to 32 threads (rows of fewer
+// whole vectors take the short-rows kernel), whose few elements a row
+// weigh least against each item's branches.
+template <int TPR, int VEC, int ACC>
+constexpr bool fwd_has_whole_rows_kernel()
+{
+    return VEC > 1 && ACC == 4 && TPR >= 8 && TPR <= 32;
+}
+
+template <typename T, typename P, bool RMS, int TPR, int VEC, bool ADD,
+          int ACC>
+void launch_registers(const gemsops_layer_norm_fwd_params *p, unsigned grid,
+                      int block)
+{
+    cudaStream_t stream = (cudaStream_t)p->stream;
+    if constexpr (fwd_has_whole_rows_kernel<TPR, VEC, ACC>()) {
+        if (p->cols == (int64_t)TPR * fwd_elems<T, ACC>()) {
+            layer_norm_fwd_registers<T, P, TPR, VEC, RMS, ADD, ACC, true>
+                <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+            return;
+        }
+    }
+    layer_norm_fwd_registers<T, P, TPR, VEC, RMS, ADD, ACC, false>
+        <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+}
+
 // The fused add (x's partner res given) is its own instantiation of each
 // kernel: it loads twice the bytes a step, and sharing one body with a
 // run-time branch spilled the looped kernel under its register bound.
@@ -1136,7 +1233,6 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     const unsigned grid =
         fwd_grid((p->rows + rows_per_cta - 1) / rows_per_cta);
     const int block = layer_norm_block_threads(TPR);
-    cudaStream_t stream = (cudaStream_t)p->stream;
     // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr,
     // fwd_fp32_one_wave_tpr),
     // two only for the fused add (fwd_add_two_access_tpr)
@@ -1147,8 +1243,7 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
                                 "the fused add");
         }
         else {
-            layer_norm_fwd_registers<T, P, TPR, VEC, RMS, true, ACC>
-                <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+            launch_registers<T, P, RMS, TPR, VEC, true, ACC>(p, grid, block);
         }
     }
     else {
@@ -1158,8 +1253,7 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
                                 "without the fused add");
         }
         else {
-            layer_norm_fwd_registers<T, P, TPR, VEC, RMS, false, ACC>
-                <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+            launch_registers<T, P, RMS, TPR, VEC, false, ACC>(p, grid, block);
         }
     }
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_registers");
