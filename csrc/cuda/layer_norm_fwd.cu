@@ -15,7 +15,9 @@
 // eight for fp32 rows past 5120 and for fp32 rows of one warp that fit one
 // wave, fwd_fp32_long_tpr and fwd_fp32_one_wave_tpr; one for too few rows
 // to fill the GPU at four, fwd_one_access_tpr), so x is read from memory
-// exactly once.
+// exactly once. Rows that fill every item of groups of 8 to 32 threads
+// (N = TPR * E) have kernels of their own with no per-item bounds
+// (items_end).
 // Statistics in one pass and one reduction (stats_shifted): the sums of
 // d = x - K and of d^2, K the mean of the row's first accesses (row_shift),
 // near the row's mean, so that sum(d^2) - sum(d)^2 / N keeps the variance's
