@@ -1202,10 +1202,15 @@ inline unsigned fwd_grid(int64_t row_groups)
 // or less at four accesses: groups of 8 to 32 threads (rows of fewer
 // whole vectors take the short-rows kernel), whose few elements a row
 // weigh least against each item's branches.
+constexpr bool fwd_whole_rows_group(int tpr)
+{
+    return tpr >= 8 && tpr <= 32;
+}
+
 template <int TPR, int VEC, int ACC>
 constexpr bool fwd_has_whole_rows_kernel()
 {
-    return VEC > 1 && ACC == 4 && TPR >= 8 && TPR <= 32;
+    return VEC > 1 && ACC == 4 && fwd_whole_rows_group(TPR);
 }
 
 template <typename T, typename P, bool RMS, int TPR, int VEC, bool ADD,
@@ -1429,8 +1434,12 @@ int fwd_one_access_tpr(const gemsops_layer_norm_fwd_params *p, int tpr4,
         return -1;
     }
     // up to 512 rather than 256: fp32 1024 x 1000 (496 threads an SM at
-    // four) gained in all four norms; 4096 x 512 half (496 too) ran level
-    if (p->rows * tpr4 >= (int64_t)f.sm_count * 512) {
+    // four) gained in all four norms. Whole rows (items_end) stop at 256:
+    // with no per-item branches their four accesses overtook one from 256
+    // threads an SM (4096 x 512 half, 8192 x 256 half, 4096 x 256 fp32)
+    const bool whole = fwd_whole_rows_group(tpr4) &&
+                       p->cols == (int64_t)tpr4 * fwd_elems<T>();
+    if (p->rows * tpr4 >= (int64_t)f.sm_count * (whole ? 256 : 512)) {
         return 0;
     }
     return layer_norm_choose_shape(p->cols, V, 256, kFwdOneAccessTprChoices)
