@@ -357,11 +357,12 @@ def test_prod_keepdim_must_be_bool(keepdim):
     )
 
 
-def test_prod_keepdim_needs_dim():
+@pytest.mark.parametrize("keepdim", [True, False])
+def test_prod_keepdim_needs_dim(keepdim):
     x = torch.rand(3, 4)
     same_outcome(
-        lambda: torch.prod(x, keepdim=True),
-        lambda: gemsops.prod(x, keepdim=True),
+        lambda: torch.prod(x, keepdim=keepdim),
+        lambda: gemsops.prod(x, keepdim=keepdim),
     )
 
 

@@ -276,7 +276,18 @@ def _prod_not_eager(x, d, dtype_given):
     return _prod_op(x, d)
 
 
-def prod(input, dim=None, keepdim=False, *, dtype=None, out=None):
+class _KeepdimDefault:
+    """keepdim's default, False, told apart from a keepdim given without a
+    dim, which torch refuses (it has no prod(input, keepdim=...))."""
+
+    def __repr__(self):
+        return "False"
+
+
+_KEEPDIM_DEFAULT = _KeepdimDefault()
+
+
+def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
     """gemsops.prod(input, *, dtype=None) -> 0-d tensor;
     gemsops.prod(input, dim, keepdim=False, *, dtype=None, out=None).
 
@@ -309,13 +320,15 @@ def prod(input, dim=None, keepdim=False, *, dtype=None, out=None):
         )
     if input.is_nested:
         raise nested_refused("prod", (("input", input),))
+    if keepdim is _KEEPDIM_DEFAULT:
+        keepdim = False
+    elif dim is None:
+        raise TypeError(f"prod(): keepdim={keepdim!r} needs a dim")
     if keepdim is not False and keepdim is not True:
         raise TypeError(
             "prod(): argument 'keepdim' must be bool, not "
             f"{type(keepdim).__name__}"
         )
-    if dim is None and keepdim:  # torch has no prod(input, keepdim=...)
-        raise TypeError("prod(): keepdim=True needs a dim")
     if dtype is not None:
         dtype = _dtype(dtype)
         if dtype in _UNSIGNED_WIDE:  # torch has no product of these either
