@@ -809,3 +809,17 @@ def test_frozen_weight_with_transposed_batched_input():
             torch.nn.functional.linear(x, w, bias), x, g
         )[0]
         torch.testing.assert_close(got, want)
+
+
+def test_refusals_name_the_function_called():
+    # the product inside is gemsops' matmul; a refusal names what was called
+    x, w = (torch.randn(*s, dtype=torch.float64) for s in ((3, 4), (5, 4)))
+    with pytest.raises(NotImplementedError, match=r"^linear\(\).*float64"):
+        gemsops.linear(x, w)
+    i, j, c = (
+        torch.ones(*s, dtype=torch.int64) for s in ((3, 4), (4, 5), (3, 5))
+    )
+    with pytest.raises(NotImplementedError, match=r"^addmm\(\).*int64"):
+        gemsops.addmm(c, i, j)
+    with pytest.raises(RuntimeError, match=r"^linear\(\).*same dtype"):
+        gemsops.linear(x.float(), w)
