@@ -31,9 +31,9 @@ from .matmul import (
     _autocast_casts,
     _launch_product,
     _mm,
-    _operands,
-    matmul,
+    matmul_as,
     mm,
+    mm_as,
     product_flops,
     product_grads,
     save_operands,
@@ -520,8 +520,7 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
     if alpha != 0 and _traced_addmm_ok(input, mat1, mat2, alpha, beta):
         return _addmm_op(input, mat1, mat2, float(beta), float(alpha))
-    # mm's own checks first, so that a refusal names addmm, not mm
-    c = mm(*_operands("addmm", mat1, mat2))
+    c = mm_as("addmm", mat1, mat2)
     if input.dtype != c.dtype and not _autocast_casts(input, c):
         raise RuntimeError(
             f"addmm(): expected input of dtype {c.dtype}, got {input.dtype}"
@@ -637,9 +636,7 @@ def linear(input, weight, bias=None):
         # addmm (traced code: compile, autocast, the JIT tracer)
         y = addmm(bias, _rows(input), weight.t())
         return y.view(*input.shape[:-1], weight.shape[0])
-    # matmul's own checks first, so that a refusal names linear
-    input, weight = _operands("linear", input, weight)
-    y = matmul(input, weight.t() if weight.dim() == 2 else weight)
+    y = matmul_as("linear", input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
         return y
     # the bias may not enlarge y; a 1-D input's product is a row, as

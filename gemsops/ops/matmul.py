@@ -377,20 +377,22 @@ def _product_flop_formula(a_shape, b_shape, *args, out_shape=None, **kw):
     return product_flops(a_shape, b_shape)
 
 
-def _operands(fn, a, b):
-    """a and b checked as torch checks them (types, then dtypes, then
-    devices), without the negative bit (C reads raw memory)."""
+def _operands(fn, a, b, name=None):
+    """a and b checked as torch checks fn's (types, then dtypes, then
+    devices), without the negative bit (C reads raw memory); the errors
+    name `name`, the function called (linear, addmm), where it is not fn."""
+    kernel_fn, fn = fn, name or fn
     if not isinstance(a, torch.Tensor):
         raise _not_tensor(fn, "input", a)
     if not isinstance(b, torch.Tensor):
         # torch's names: mm(input, mat2), bmm(input, mat2), matmul(input,
         # other); addmm's mats come through mm
-        raise _not_tensor(fn, "other" if fn == "matmul" else "mat2", b)
+        raise _not_tensor(fn, "other" if kernel_fn == "matmul" else "mat2", b)
     if a.is_nested or b.is_nested:
-        name_b = "other" if fn == "matmul" else "mat2"
+        name_b = "other" if kernel_fn == "matmul" else "mat2"
         raise nested_refused(fn, (("input", a), (name_b, b)))
     if a.dtype != b.dtype:
-        refused = _kernel_refused(fn, a, b)
+        refused = _kernel_refused(kernel_fn, a, b)
         if refused is not None:
             raise _unsupported(fn, refused.dtype)
         if not _autocast_casts(a, b):
@@ -516,14 +518,19 @@ def mm(input, mat2, *, out=None):
     """torch.mm: [m, k] x [k, n] -> [m, n]."""
     if out is not None:
         return _into("mm", out, (input, mat2), lambda: mm(input, mat2))
-    input, mat2 = _operands("mm", input, mat2)
+    return mm_as("mm", input, mat2)
+
+
+def mm_as(name, input, mat2):
+    """mm, its errors naming `name`: the function that called it (addmm)."""
+    input, mat2 = _operands("mm", input, mat2, name)
     if input.dim() != 2 or mat2.dim() != 2:
         raise RuntimeError(
-            f"mm(): both arguments must be matrices, got "
+            f"{name}(): both arguments must be matrices, got "
             f"{input.dim()}-D and {mat2.dim()}-D"
         )
     if input.shape[1] != mat2.shape[0]:
-        raise _shapes_error("mm", input, mat2)
+        raise _shapes_error(name, input, mat2)
     return _product(input, mat2)
 
 
@@ -549,26 +556,32 @@ def matmul(input, other, *, out=None):
         return _into(
             "matmul", out, (input, other), lambda: matmul(input, other)
         )
-    input, other = _operands("matmul", input, other)
+    return matmul_as("matmul", input, other)
+
+
+def matmul_as(name, input, other):
+    """matmul, its errors naming `name`: the function that called it
+    (linear)."""
+    input, other = _operands("matmul", input, other, name)
     da, db = input.dim(), other.dim()
     if da == 0 or db == 0:
         raise RuntimeError(
-            "matmul(): both arguments to matmul need to be at "
+            f"{name}(): both arguments to matmul need to be at "
             f"least 1D, but they are {da}D and {db}D"
         )
     if da == db and (da == 2 or da == 3 and input.shape[0] == other.shape[0]):
         if input.shape[-1] != other.shape[-2]:
-            raise _shapes_error("matmul", input, other)
+            raise _shapes_error(name, input, other)
         return _product(input, other)  # mm / bmm: no views needed
     a = input.unsqueeze(0) if da == 1 else input  # [.., m, k]
     b = other.unsqueeze(-1) if db == 1 else other  # [.., k, n]
     if a.shape[-1] != b.shape[-2]:
-        raise _shapes_error("matmul", input, other)
+        raise _shapes_error(name, input, other)
     try:
         batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except RuntimeError:
         raise RuntimeError(
-            f"matmul(): batch dimensions {list(a.shape[:-2])} and "
+            f"{name}(): batch dimensions {list(a.shape[:-2])} and "
             f"{list(b.shape[:-2])} do not broadcast (shapes "
             f"{list(input.shape)} and {list(other.shape)})"
         ) from None
