@@ -541,6 +541,32 @@ def test_cuda_forward_access_widths(rows, n, dtype):
     check_four_norms(*make((m, n), 1, dtype, "cuda"))
 
 
+# Rows that fill every item of a group of 8, 16 or 32 threads at four
+# accesses (half 256, 512 and 1024 elements, fp32 128, 256 and 512) run the
+# whole-row kernels, whose item bounds are constants; too few of them for
+# 256 threads an SM take one access a thread. Each side of that line, the
+# last CTA holding part of its rows, parameters of x's type and fp32 ones
+# (those keep four accesses on both sides), the four norms.
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    "dtype,affine",
+    [
+        (d, a)
+        for d in FLOAT_DTYPES
+        for a in ("both", "none", "fp32")
+        if not (d == torch.float32 and a == "fp32")
+    ],
+)
+@pytest.mark.parametrize("group", [8, 16, 32])
+@pytest.mark.parametrize("side", ["one-access", "whole"])
+def test_cuda_forward_whole_rows(side, group, dtype, affine):
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    line = sms * 256 // group
+    m = line - 1 if side == "one-access" else line + 5
+    check_four_norms(*make((m, group * 4 * vec), 1, dtype, "cuda", affine))
+
+
 # fp32 rows of 513 to 1024 elements take one warp at eight accesses a
 # thread where the rows fill 3/4 to all of one wave of 1024 threads an SM
 # (24 to 32 rows an SM), four accesses outside: each side of both lines,

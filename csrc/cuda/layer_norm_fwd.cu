@@ -518,6 +518,36 @@ __device__ __forceinline__ void normalize_items(
     }
 }
 
+// v(), a vector loaded, where ok; zeros elsewhere, chosen as raw words: a
+// choice between two vectors of half types is made 16 bits at a time, and
+// their words re-assembled from the halves (PRMTs a thread per access).
+template <typename T, int VEC, typename Load>
+__device__ __forceinline__ vec_t<T, VEC> vec_or_zero(bool ok, Load v)
+{
+    using W = typename raw_word<sizeof(T) * VEC>::type;
+    W w{};
+    if (ok) {
+        const vec_t<T, VEC> loaded = v();
+        w = *reinterpret_cast<const W *>(&loaded);
+    }
+    vec_t<T, VEC> out;
+    *reinterpret_cast<W *>(&out) = w;
+    return out;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ vec_t<T, VEC> load_vec_or_zero(const T *p, bool ok)
+{
+    return vec_or_zero<T, VEC>(ok, [p] { return load_vec<T, VEC>(p); });
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ vec_t<T, VEC> load_vec_ro_or_zero(const T *p,
+                                                             bool ok)
+{
+    return vec_or_zero<T, VEC>(ok, [p] { return load_vec_ro<T, VEC>(p); });
+}
+
 // The fused add's pass over a row's items: x and res of two items loaded
 // before their h = x + res is stored (each item's loads behind its own
 // bounds test and the previous item's store waited out a DRAM round trip
@@ -539,10 +569,8 @@ __device__ __forceinline__ void load_added_items(const fwd_args<T, P> &a,
 #pragma unroll
         for (int k = 0; k < BATCH; k++) {
             const bool ok = row_ok && (i0 + k) * STEP < lim;
-            xv[i0 + k] = ok ? load_vec_ro<T, VEC>(xr + (i0 + k) * STEP)
-                            : zero_vec<T, VEC>();
-            rv[k] = ok ? load_vec_ro<T, VEC>(rr + (i0 + k) * STEP)
-                       : zero_vec<T, VEC>();
+            xv[i0 + k] = load_vec_ro_or_zero<T, VEC>(xr + (i0 + k) * STEP, ok);
+            rv[k] = load_vec_ro_or_zero<T, VEC>(rr + (i0 + k) * STEP, ok);
         }
 #pragma unroll
         for (int k = 0; k < BATCH; k++) {
@@ -552,22 +580,6 @@ __device__ __forceinline__ void load_added_items(const fwd_args<T, P> &a,
             }
         }
     }
-}
-
-// load_vec where ok, zeros elsewhere, chosen as raw words: a choice
-// between two vectors of half types is made 16 bits at a time, and their
-// words re-assembled from the halves (PRMTs a thread per access).
-template <typename T, int VEC>
-__device__ __forceinline__ vec_t<T, VEC> load_vec_or_zero(const T *p, bool ok)
-{
-    using W = typename raw_word<sizeof(T) * VEC>::type;
-    W w{};
-    if (ok) {
-        w = *reinterpret_cast<const W *>(p);
-    }
-    vec_t<T, VEC> out;
-    *reinterpret_cast<W *>(&out) = w;
-    return out;
 }
 
 // Where a thread's items end: item i lies in its row when i * STEP < the
@@ -1207,6 +1219,13 @@ constexpr bool fwd_whole_rows_group(int tpr)
     return tpr >= 8 && tpr <= 32;
 }
 
+// Whether rows of cols elements fill every item of a group of tpr threads
+// holding elems each, and the group has a whole-rows kernel.
+constexpr bool fwd_takes_whole_rows(int tpr, int elems, int64_t cols)
+{
+    return fwd_whole_rows_group(tpr) && cols == (int64_t)tpr * elems;
+}
+
 template <int TPR, int VEC, int ACC>
 constexpr bool fwd_has_whole_rows_kernel()
 {
@@ -1220,7 +1239,7 @@ void launch_registers(const gemsops_layer_norm_fwd_params *p, unsigned grid,
 {
     cudaStream_t stream = (cudaStream_t)p->stream;
     if constexpr (fwd_has_whole_rows_kernel<TPR, VEC, ACC>()) {
-        if (p->cols == (int64_t)TPR * fwd_elems<T, ACC>()) {
+        if (fwd_takes_whole_rows(TPR, fwd_elems<T, ACC>(), p->cols)) {
             layer_norm_fwd_registers<T, P, TPR, VEC, RMS, ADD, ACC, true>
                 <<<grid, block, 0, stream>>>(make_args<T, P>(p));
             return;
@@ -1437,8 +1456,7 @@ int fwd_one_access_tpr(const gemsops_layer_norm_fwd_params *p, int tpr4,
     // four) gained in all four norms. Whole rows (items_end) stop at 256:
     // with no per-item branches their four accesses overtook one from 256
     // threads an SM (4096 x 512 half, 8192 x 256 half, 4096 x 256 fp32)
-    const bool whole = fwd_whole_rows_group(tpr4) &&
-                       p->cols == (int64_t)tpr4 * fwd_elems<T>();
+    const bool whole = fwd_takes_whole_rows(tpr4, fwd_elems<T>(), p->cols);
     if (p->rows * tpr4 >= (int64_t)f.sm_count * (whole ? 256 : 512)) {
         return 0;
     }
