@@ -548,40 +548,6 @@ __device__ __forceinline__ vec_t<T, VEC> load_vec_ro_or_zero(const T *p,
     return vec_or_zero<T, VEC>(ok, [p] { return load_vec_ro<T, VEC>(p); });
 }
 
-// The fused add's pass over a row's items: x and res of two items loaded
-// before their h = x + res is stored (each item's loads behind its own
-// bounds test and the previous item's store waited out a DRAM round trip
-// each, SASS; all four at once spilled, ptxas). Items past the row are
-// zeros.
-template <int STEP, int BATCH, typename T, typename P, int VEC, int ITEMS,
-          typename L>
-__device__ __forceinline__ void load_added_items(const fwd_args<T, P> &a,
-                                                 vec_t<T, VEC> (&xv)[ITEMS],
-                                                 int64_t row, bool row_ok,
-                                                 L lim, int64_t col0)
-{
-    const T *xr = a.x + row * a.x_stride + col0;
-    const T *rr = a.res + row * a.res_stride + col0;
-    T *hr = a.h + row * a.h_stride + col0;
-#pragma unroll
-    for (int i0 = 0; i0 < ITEMS; i0 += BATCH) {
-        vec_t<T, VEC> rv[BATCH];
-#pragma unroll
-        for (int k = 0; k < BATCH; k++) {
-            const bool ok = row_ok && (i0 + k) * STEP < lim;
-            xv[i0 + k] = load_vec_ro_or_zero<T, VEC>(xr + (i0 + k) * STEP, ok);
-            rv[k] = load_vec_ro_or_zero<T, VEC>(rr + (i0 + k) * STEP, ok);
-        }
-#pragma unroll
-        for (int k = 0; k < BATCH; k++) {
-            if (row_ok && (i0 + k) * STEP < lim) {
-                add_rounded(xv[i0 + k], rv[k]);
-                store_vec(hr + (i0 + k) * STEP, xv[i0 + k]);
-            }
-        }
-    }
-}
-
 // Where a thread's items end: item i lies in its row when i * STEP < the
 // limit. Whole rows (cols == TPR * E, every item of every thread inside
 // the row) take a constant the compiler folds, so that no item's loads,
@@ -603,6 +569,51 @@ __device__ __forceinline__ auto items_end(int cols_left)
     }
     else {
         return cols_left;
+    }
+}
+
+// The fused add's pass over a row's items: x and res of two items loaded
+// before their h = x + res is stored (each item's loads behind its own
+// bounds test and the previous item's store waited out a DRAM round trip
+// each, SASS; all four at once spilled, ptxas). Items past the row are
+// zeros: whole rows (a constant bound, ok the row's alone) fill them as
+// whole words; ragged rows keep the select, which the word fill slowed
+// by 3-8% there (docs/performance.md).
+template <int STEP, int BATCH, typename T, typename P, int VEC, int ITEMS,
+          typename L>
+__device__ __forceinline__ void load_added_items(const fwd_args<T, P> &a,
+                                                 vec_t<T, VEC> (&xv)[ITEMS],
+                                                 int64_t row, bool row_ok,
+                                                 L lim, int64_t col0)
+{
+    const T *xr = a.x + row * a.x_stride + col0;
+    const T *rr = a.res + row * a.res_stride + col0;
+    T *hr = a.h + row * a.h_stride + col0;
+#pragma unroll
+    for (int i0 = 0; i0 < ITEMS; i0 += BATCH) {
+        vec_t<T, VEC> rv[BATCH];
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) {
+            const bool ok = row_ok && (i0 + k) * STEP < lim;
+            if constexpr (std::is_integral_v<L>) {
+                xv[i0 + k] = ok ? load_vec_ro<T, VEC>(xr + (i0 + k) * STEP)
+                                : zero_vec<T, VEC>();
+                rv[k] = ok ? load_vec_ro<T, VEC>(rr + (i0 + k) * STEP)
+                           : zero_vec<T, VEC>();
+            }
+            else {
+                xv[i0 + k] =
+                    load_vec_ro_or_zero<T, VEC>(xr + (i0 + k) * STEP, ok);
+                rv[k] = load_vec_ro_or_zero<T, VEC>(rr + (i0 + k) * STEP, ok);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < BATCH; k++) {
+            if (row_ok && (i0 + k) * STEP < lim) {
+                add_rounded(xv[i0 + k], rv[k]);
+                store_vec(hr + (i0 + k) * STEP, xv[i0 + k]);
+            }
+        }
     }
 }
 
