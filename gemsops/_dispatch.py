@@ -178,10 +178,15 @@ class Op:
         self.composite = fn
         return fn
 
-    def register_autograd(self, backward, setup_context):
+    def register_autograd(self, backward, setup_context, materialize=True):
+        """backward(ctx, *grads) and setup_context(ctx, inputs, output), as
+        torch.library.register_autograd's; materialize=False hands backward
+        None for an output no gradient reached (torch's undefined gradient),
+        not zeros, so that it can leave an input unused where torch's own
+        formula does."""
         LIB.impl(
             self.overload._schema.name.split("::")[1],
-            _autograd_kernel(self, backward, setup_context),
+            _autograd_kernel(self, backward, setup_context, materialize),
             "Autograd",
             with_keyset=True,
         )
@@ -208,7 +213,7 @@ _PLAIN_BELOW = {
 }
 
 
-def _autograd_kernel(defined, backward, setup_context):
+def _autograd_kernel(defined, backward, setup_context, materialize):
     """The Autograd kernel of a defined Op: its composite where torch_only()
     holds; without grad (compiled graphs, no_grad) on to the kernels below
     autograd, straight to the backend kernel where nothing else lies below
@@ -225,6 +230,7 @@ def _autograd_kernel(defined, backward, setup_context):
     class Recorded(torch.autograd.Function):
         @staticmethod
         def forward(ctx, keyset, *args):
+            ctx.set_materialize_grads(materialize)
             with _below_autograd():
                 out = op.redispatch(keyset & _after_autograd, *args)
             need = ctx.needs_input_grad  # setup_context sees the op's

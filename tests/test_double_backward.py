@@ -303,3 +303,47 @@ def test_norm_second_order_over_empty_rows_as_torch(op, shape, ns, device):
     )
     for s, t in zip(second, (x, w)):
         assert s is None or (s.shape == t.shape and s.numel() == 0)
+
+
+NORMS_WITH_TORCH = {
+    "layer_norm": (
+        lambda x, ns, w: gemsops.layer_norm(x, ns, w),
+        lambda x, ns, w: torch.nn.functional.layer_norm(x, ns, w),
+    ),
+    "rms_norm": (
+        lambda x, ns, w: gemsops.rms_norm(x, ns, w),
+        lambda x, ns, w: torch.nn.functional.rms_norm(x, ns, w),
+    ),
+    "add_ln": (
+        lambda x, ns, w: gemsops.fused_add_layer_norm(x, x, ns, w)[0],
+        lambda x, ns, w: torch.nn.functional.layer_norm(x + x, ns, w),
+    ),
+    "add_rms": (
+        lambda x, ns, w: gemsops.fused_add_rms_norm(x, x, ns, w)[0],
+        lambda x, ns, w: torch.nn.functional.rms_norm(x + x, ns, w),
+    ),
+}
+
+
+@pytest.mark.parametrize("op", list(NORMS_WITH_TORCH))
+def test_norm_weight_unused_in_second_order_as_torch(op, device):
+    # dW is free of W: the second order of dW alone leaves W unused, which
+    # torch.autograd.grad reports (an error, or None with allow_unused),
+    # where x is used and gets a gradient
+    torch.manual_seed(0)
+    x = f64(3, 5, device=device)
+    w = f64(5, device=device)
+    cot = torch.randn(3, 5, dtype=torch.float64, device=device)
+    results = []
+    for fn in NORMS_WITH_TORCH[op]:
+        _, gw = torch.autograd.grad(
+            (fn(x, (5,), w) * cot).sum(), (x, w), create_graph=True
+        )
+        with pytest.raises(RuntimeError, match="not have been used"):
+            torch.autograd.grad(gw.sum(), w, retain_graph=True)
+        results.append(
+            torch.autograd.grad(gw.sum(), (x, w), allow_unused=True)
+        )
+    (ours_x, ours_w), (ref_x, ref_w) = results
+    assert ours_w is None and ref_w is None
+    torch.testing.assert_close(ours_x, ref_x)

@@ -384,6 +384,25 @@ def test_compiled_norms_take_each_eps():
         torch.testing.assert_close(g(x, eps), want)
 
 
+def test_compiled_addmm_takes_a_tensor_alpha(device):
+    # a 0-d tensor alpha, as torch.addmm takes it, compiles whole (a tensor
+    # beta goes the same way, but torch's own addmm decomposition guards
+    # on its value then, so that case fails in torch as well)
+    torch._dynamo.reset()
+    alpha = torch.tensor(0.75, device=device)
+
+    def f(bias, a, b):
+        return gemsops.addmm(bias, a, b, alpha=alpha)
+
+    g = torch.compile(f, backend="aot_eager", fullgraph=True)
+    bias, a, b = (
+        torch.randn(s, device=device) for s in ((3,), (2, 4), (4, 3))
+    )
+    torch.testing.assert_close(
+        g(bias, a, b), torch.addmm(bias, a, b, alpha=alpha)
+    )
+
+
 def test_eager_errors_unchanged_in_compiled_code():
     """Argument checks run before the op, so compiled code raises what
     eager raises."""

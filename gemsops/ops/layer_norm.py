@@ -657,7 +657,7 @@ def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
             cots,
         )
     dg, dx = grads[0], grads[1]
-    dw = grads[2] if weight is not None else None
+    dw = weight_second_order(grads, weight, cots)
     if torch.is_grad_enabled():  # create_graph: a third order may follow
         dg, dx, dw = _NoThirdOrder.apply("layer_norm", dg, dx, dw)
     return (
@@ -706,6 +706,18 @@ def second_order_vjp(composite, primals, cots):
     return vjp(tuple(c for c in cots if c is not None))
 
 
+def weight_second_order(grads, weight, cots):
+    """The weight's part of a norm's second order (grads from
+    second_order_vjp or _zeros over (grad_out, x, weight), cots with dx's
+    first): the weight reaches the backward's outputs only through dx (dw
+    and db are free of it), so without a cotangent for dx it is unused, and
+    torch.autograd.grad says so (an error, or None with allow_unused) as it
+    does for torch's norms, where zeros would be a silent difference."""
+    if weight is None or cots[0] is None:
+        return None
+    return grads[2]
+
+
 def second_order_zeros(primals):
     """Second order where nothing flows back (every gradient asked of the
     backward is empty or unasked): zeros, as torch gives; torch.func.vjp
@@ -714,7 +726,9 @@ def second_order_zeros(primals):
 
 
 _layer_norm_backward_op.register_autograd(
-    _layer_norm_backward_grad, setup_context=_layer_norm_backward_setup
+    _layer_norm_backward_grad,
+    setup_context=_layer_norm_backward_setup,
+    materialize=False,  # weight_second_order tells an unused weight
 )
 register_autocast(torch.ops.gemsops.layer_norm.default, "cuda", "fp32")
 

@@ -506,6 +506,12 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         )
     alpha = _coefficient("alpha", alpha, mat1)
     beta = _coefficient("beta", beta, mat1)
+    if torch.compiler.is_compiling() and (
+        isinstance(alpha, _Tensor) or isinstance(beta, _Tensor)
+    ):
+        # a 0-d tensor's value is data Dynamo cannot branch on; torch's
+        # addmm takes it into the graph as it is
+        return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
     if (
         alpha != 0
         and _epilogue_ok(input, mat1, mat2)

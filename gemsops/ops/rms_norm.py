@@ -287,7 +287,7 @@ def _rms_norm_backward_grad(ctx, gdx, gdw):
     else:
         grads = ln.second_order_vjp(composite, primals, cots)
     dg, dx = grads[0], grads[1]
-    dw = grads[2] if weight is not None else None
+    dw = ln.weight_second_order(grads, weight, cots)
     if torch.is_grad_enabled():  # create_graph: a third order may follow
         dg, dx, dw = ln._NoThirdOrder.apply("rms_norm", dg, dx, dw)
     return (
@@ -302,7 +302,9 @@ def _rms_norm_backward_grad(ctx, gdx, gdw):
 
 
 _rms_norm_backward_op.register_autograd(
-    _rms_norm_backward_grad, setup_context=_rms_norm_backward_setup
+    _rms_norm_backward_grad,
+    setup_context=_rms_norm_backward_setup,
+    materialize=False,  # ln.weight_second_order tells an unused weight
 )
 
 
