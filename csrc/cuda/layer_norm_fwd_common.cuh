@@ -1,0 +1,241 @@
+// LayerNorm forward, the pieces its three kernels share (layer_norm_fwd.cu
+// says which kernel takes which rows): elements per thread and the
+// kernels' register bounds, their arguments, the corrected two-pass
+// statistics, RMSNorm's statistic, and the affine output with w and b
+// present or absent at compile time.
+#pragma once
+
+#include <type_traits>
+
+#include "convert.cuh"
+
+namespace gemsops {
+namespace {
+
+// Elements per thread in the forward: ACC 16-byte accesses in flight,
+// four, or eight for the register kernel's long fp32 rows
+// (fwd_fp32_long_tpr).
+template <typename T, int ACC = 4>
+__host__ __device__ constexpr int fwd_elems()
+{
+    return ACC * 16 / sizeof(T);
+}
+
+// Widest thread group per row. Half types and fp32: 1024 threads hold
+// rows up to 32768 half or 16384 fp32 elements in registers, read once;
+// that beat 256/512 threads and the looped kernel. A lone 1024-thread CTA
+// per SM idles in its barriers, but the looped kernel's second pass over
+// L2 cost more. fp64 at 512 (its registers double). Longer rows go to the
+// looped kernel.
+template <typename T>
+constexpr int fwd_max_tpr()
+{
+    return sizeof(T) == 8 ? 512 : 1024;
+}
+
+template <typename T, typename P>
+struct fwd_args {
+    const T *x;
+    T *y;
+    const P *w;
+    const P *b;
+    acc_t<T> *mean;
+    acc_t<T> *rstd;
+    int64_t rows, cols, x_stride, y_stride;
+    acc_t<T> eps;
+    // 1 / cols, rounded once on the host: the register and short-row
+    // kernels, near issue-bound on an H200, multiply by it where each row
+    // took IEEE divisions, and take rstd by rsqrt, as torch's kernels do
+    acc_t<T> inv_cols;
+    const T *res; // the fused add: NULL, or x's partner (h = x + res)
+    T *h; // with res: h written, in the dtype (torch's add rounds so)
+    int64_t res_stride, h_stride;
+};
+
+// x = x + r rounded to T, as torch's add (in the accumulator type, which
+// is exact for two half values and torch's own type for fp32/fp64).
+template <typename T, int VEC>
+__device__ __forceinline__ void add_rounded(vec_t<T, VEC> &x,
+                                            const vec_t<T, VEC> &r)
+{
+    using A = acc_t<T>;
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        x.v[v] = from_acc<T>(widen<A>(x.v[v]) + widen<A>(r.v[v]));
+    }
+}
+
+// Register budget for CTAs of up to 512: 1024 resident threads per SM
+// (<= 64 registers) for 16-byte accesses of 2- and 4-byte types, so that
+// one CTA's barriers overlap another's loads (eight CTAs of 128 rather
+// than six or seven: their 64 bytes in flight a thread are what keeps DRAM
+// busy); 768 (<= 85) for fp64 and the scalar fallback, which spilled under
+// 64. A lone CTA of 640 to 1024 takes 64 to 85 registers.
+template <typename T, int VEC>
+constexpr int fwd_min_ctas(int block)
+{
+    const int resident = sizeof(T) <= 4 && VEC > 1 ? 1024 : 768;
+    return block > 512 ? 1 : block == 512 ? 2 : resident / block;
+}
+
+// The short-rows kernel's bound: fwd_min_ctas, but seven CTAs an SM (<= 72
+// registers) for LayerNorm of half x with fp32 parameters, whose w and b
+// (16 registers of fp32) beside four rows of x spilled 24-34 bytes under 64
+// (ptxas), a spill that cost more than the eighth CTA gains
+// (docs/performance.md). The fused add's 20-byte spill there costs less:
+// it keeps eight.
+template <typename T, typename P, int VEC, bool RMS, bool ADD>
+constexpr int fwd_short_min_ctas()
+{
+    return !RMS && !ADD && sizeof(P) > sizeof(T) ? 7
+                                                 : fwd_min_ctas<T, VEC>(128);
+}
+
+// The register kernel's bound: fwd_min_ctas, but three 384-thread CTAs an
+// SM (1152 threads, <= 56 registers) rather than two (768) for the half
+// types, where 56 registers hold the kernel without spilling (ptxas). The
+// plain fp16 kernel with fp32 parameters spilled 32 bytes there, so it
+// keeps two.
+template <typename T, typename P, int VEC, bool ADD>
+constexpr int fwd_register_min_ctas(int block)
+{
+    constexpr bool three =
+        sizeof(T) == 2 && VEC > 1 &&
+        (ADD || !(std::is_same_v<T, __half> && std::is_same_v<P, float>));
+    return block == 384 && three ? 3 : fwd_min_ctas<T, VEC>(block);
+}
+
+// Eight accesses a thread (32 registers of x): 768 resident threads
+// (<= 85 registers), a lone CTA at 512; 1024 (<= 64) for the one-warp
+// rows of fwd_fp32_one_wave_tpr, whose reduction is shuffles alone.
+constexpr int fwd_eight_access_min_ctas(int block)
+{
+    return block >= 512 ? 1 : block < 192 ? 1024 / block : 768 / block;
+}
+
+// One access a thread (four registers of x): 2048 resident threads (<= 32
+// registers), so that the rows' threads of a small grid spread over every
+// SM's schedulers rather than a few threads each waiting out four loads.
+constexpr int fwd_one_access_min_ctas(int block)
+{
+    return 2048 / block;
+}
+
+// Two accesses a thread (the fused add's half rows, x and res of both in
+// flight: 16 registers of loads): as many CTAs as fit in 1536 resident
+// threads (<= 40 registers), but three of 384 threads and a lone CTA of
+// 1024, where the RMSNorm kernels spilled at 40 (ptxas).
+constexpr int fwd_two_access_min_ctas(int block)
+{
+    return block >= 768 ? 1 : block == 384 ? 3 : 1536 / block;
+}
+
+// The register kernel's bound for ACC accesses a thread.
+template <typename T, typename P, int VEC, bool ADD, int ACC>
+constexpr int fwd_register_bound(int block)
+{
+    return ACC == 4   ? fwd_register_min_ctas<T, P, VEC, ADD>(block)
+           : ACC == 8 ? fwd_eight_access_min_ctas(block)
+           : ACC == 2 ? fwd_two_access_min_ctas(block)
+                      : fwd_one_access_min_ctas(block);
+}
+
+// The corrected two-pass step of a row held in registers: from the first
+// mean mean0 and the row's sums of squared deviations from it (dev[0]) and
+// of the deviations themselves (dev[1]), the mean and rstd. mean0's
+// rounding error comes back as the deviations' mean; a row holding inf or
+// NaN, or overflowing, keeps the plain two-pass values.
+template <typename T, typename P, typename A>
+__device__ __forceinline__ A corrected_stats(const fwd_args<T, P> &a, A mean0,
+                                             const A (&dev)[2], A &mean)
+{
+    const A shift = dev[1] * a.inv_cols;
+    const bool fix = isfinite(shift);
+    mean = fix ? mean0 + shift : mean0;
+    A m2 = fix ? dev[0] - dev[1] * shift : dev[0];
+    m2 = m2 < A(0) ? A(0) : m2; // NaN stays NaN
+    return rsqrt(m2 * a.inv_cols + a.eps);
+}
+
+// RMSNorm's statistic from a row's sum of squares: 1 / sqrt(mean(x^2) +
+// eps), with no mean to find and no cancellation to guard against.
+template <typename T, typename P, typename A>
+__device__ __forceinline__ A rms_rstd(const fwd_args<T, P> &a, A sum_sq)
+{
+    return rsqrt(sum_sq * a.inv_cols + a.eps);
+}
+
+// x's squares summed into acc, VEC elements of one access.
+template <typename A, typename T, int VEC>
+__device__ __forceinline__ void add_squares(const vec_t<T, VEC> &x, A &acc)
+{
+    A f[VEC];
+    widen_vec<A>(x, f);
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        acc = fma(f[v], f[v], acc);
+    }
+}
+
+// The squares of a thread's items i with i * STEP < lim summed into acc.
+template <int STEP, typename A, typename T, int VEC, int ITEMS, typename L>
+__device__ __forceinline__ void add_item_squares(
+    const vec_t<T, VEC> (&xv)[ITEMS], L lim, A &acc)
+{
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        if (i * STEP < lim) {
+            add_squares(xv[i], acc);
+        }
+    }
+}
+
+// y = (x - mean) * (rstd * w) + b for one vector: one multiply and one fma
+// after the exact difference, with w and b present or absent at compile
+// time. Tested in the element loop, their presence had each element's
+// arithmetic issued both ways under predicates (a quarter of the register
+// kernel's instructions: docs/performance.md).
+template <bool HAS_W, bool HAS_B, typename A, int VEC>
+__device__ __forceinline__ void affine(const A (&x)[VEC], A mean, A rstd,
+                                       const A (&w)[VEC], const A (&b)[VEC],
+                                       A (&out)[VEC])
+{
+#pragma unroll
+    for (int v = 0; v < VEC; v++) {
+        const A scale = HAS_W ? rstd * w[v] : rstd;
+        const A d = x[v] - mean;
+        out[v] = HAS_B ? fma(d, scale, b[v]) : d * scale;
+    }
+}
+
+// Calls f(has_w, has_b), each a std::bool_constant: the presence of w and
+// b tested once, outside the element loops that affine() unrolls. RMSNorm
+// has no bias (dispatch() refuses one).
+template <bool RMS, typename F>
+__device__ __forceinline__ void with_affine(const void *w, const void *b,
+                                            F &&f)
+{
+    if constexpr (RMS) {
+        if (w) {
+            f(std::true_type{}, std::false_type{});
+        }
+        else {
+            f(std::false_type{}, std::false_type{});
+        }
+    }
+    else if (w && b) {
+        f(std::true_type{}, std::true_type{});
+    }
+    else if (w) {
+        f(std::true_type{}, std::false_type{});
+    }
+    else if (b) {
+        f(std::false_type{}, std::true_type{});
+    }
+    else {
+        f(std::false_type{}, std::false_type{});
+    }
+}
+
+} // namespace
+} // namespace gemsops
