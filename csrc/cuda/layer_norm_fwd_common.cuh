@@ -1,8 +1,9 @@
 // LayerNorm forward, the pieces its three kernels share (layer_norm_fwd.cu
 // says which kernel takes which rows): elements per thread and the
-// kernels' register bounds, their arguments, the corrected two-pass
+// register budget, the kernels' arguments, the corrected two-pass
 // statistics, RMSNorm's statistic, and the affine output with w and b
-// present or absent at compile time.
+// present or absent at compile time. Each kernel's own launch bounds sit
+// beside it.
 #pragma once
 
 #include <type_traits>
@@ -76,68 +77,6 @@ constexpr int fwd_min_ctas(int block)
 {
     const int resident = sizeof(T) <= 4 && VEC > 1 ? 1024 : 768;
     return block > 512 ? 1 : block == 512 ? 2 : resident / block;
-}
-
-// The short-rows kernel's bound: fwd_min_ctas, but seven CTAs an SM (<= 72
-// registers) for LayerNorm of half x with fp32 parameters, whose w and b
-// (16 registers of fp32) beside four rows of x spilled 24-34 bytes under 64
-// (ptxas), a spill that cost more than the eighth CTA gains
-// (docs/performance.md). The fused add's 20-byte spill there costs less:
-// it keeps eight.
-template <typename T, typename P, int VEC, bool RMS, bool ADD>
-constexpr int fwd_short_min_ctas()
-{
-    return !RMS && !ADD && sizeof(P) > sizeof(T) ? 7
-                                                 : fwd_min_ctas<T, VEC>(128);
-}
-
-// The register kernel's bound: fwd_min_ctas, but three 384-thread CTAs an
-// SM (1152 threads, <= 56 registers) rather than two (768) for the half
-// types, where 56 registers hold the kernel without spilling (ptxas). The
-// plain fp16 kernel with fp32 parameters spilled 32 bytes there, so it
-// keeps two.
-template <typename T, typename P, int VEC, bool ADD>
-constexpr int fwd_register_min_ctas(int block)
-{
-    constexpr bool three =
-        sizeof(T) == 2 && VEC > 1 &&
-        (ADD || !(std::is_same_v<T, __half> && std::is_same_v<P, float>));
-    return block == 384 && three ? 3 : fwd_min_ctas<T, VEC>(block);
-}
-
-// Eight accesses a thread (32 registers of x): 768 resident threads
-// (<= 85 registers), a lone CTA at 512; 1024 (<= 64) for the one-warp
-// rows of fwd_fp32_one_wave_tpr, whose reduction is shuffles alone.
-constexpr int fwd_eight_access_min_ctas(int block)
-{
-    return block >= 512 ? 1 : block < 192 ? 1024 / block : 768 / block;
-}
-
-// One access a thread (four registers of x): 2048 resident threads (<= 32
-// registers), so that the rows' threads of a small grid spread over every
-// SM's schedulers rather than a few threads each waiting out four loads.
-constexpr int fwd_one_access_min_ctas(int block)
-{
-    return 2048 / block;
-}
-
-// Two accesses a thread (the fused add's half rows, x and res of both in
-// flight: 16 registers of loads): as many CTAs as fit in 1536 resident
-// threads (<= 40 registers), but three of 384 threads and a lone CTA of
-// 1024, where the RMSNorm kernels spilled at 40 (ptxas).
-constexpr int fwd_two_access_min_ctas(int block)
-{
-    return block >= 768 ? 1 : block == 384 ? 3 : 1536 / block;
-}
-
-// The register kernel's bound for ACC accesses a thread.
-template <typename T, typename P, int VEC, bool ADD, int ACC>
-constexpr int fwd_register_bound(int block)
-{
-    return ACC == 4   ? fwd_register_min_ctas<T, P, VEC, ADD>(block)
-           : ACC == 8 ? fwd_eight_access_min_ctas(block)
-           : ACC == 2 ? fwd_two_access_min_ctas(block)
-                      : fwd_one_access_min_ctas(block);
 }
 
 // The corrected two-pass step of a row held in registers: from the first

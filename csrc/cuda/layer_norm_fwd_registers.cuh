@@ -12,6 +12,55 @@
 namespace gemsops {
 namespace {
 
+// The register kernel's bound: fwd_min_ctas, but three 384-thread CTAs an
+// SM (1152 threads, <= 56 registers) rather than two (768) for the half
+// types, where 56 registers hold the kernel without spilling (ptxas). The
+// plain fp16 kernel with fp32 parameters spilled 32 bytes there, so it
+// keeps two.
+template <typename T, typename P, int VEC, bool ADD>
+constexpr int fwd_register_min_ctas(int block)
+{
+    constexpr bool three =
+        sizeof(T) == 2 && VEC > 1 &&
+        (ADD || !(std::is_same_v<T, __half> && std::is_same_v<P, float>));
+    return block == 384 && three ? 3 : fwd_min_ctas<T, VEC>(block);
+}
+
+// Eight accesses a thread (32 registers of x): 768 resident threads
+// (<= 85 registers), a lone CTA at 512; 1024 (<= 64) for the one-warp
+// rows of fwd_fp32_one_wave_tpr, whose reduction is shuffles alone.
+constexpr int fwd_eight_access_min_ctas(int block)
+{
+    return block >= 512 ? 1 : block < 192 ? 1024 / block : 768 / block;
+}
+
+// One access a thread (four registers of x): 2048 resident threads (<= 32
+// registers), so that the rows' threads of a small grid spread over every
+// SM's schedulers rather than a few threads each waiting out four loads.
+constexpr int fwd_one_access_min_ctas(int block)
+{
+    return 2048 / block;
+}
+
+// Two accesses a thread (the fused add's half rows, x and res of both in
+// flight: 16 registers of loads): as many CTAs as fit in 1536 resident
+// threads (<= 40 registers), but three of 384 threads and a lone CTA of
+// 1024, where the RMSNorm kernels spilled at 40 (ptxas).
+constexpr int fwd_two_access_min_ctas(int block)
+{
+    return block >= 768 ? 1 : block == 384 ? 3 : 1536 / block;
+}
+
+// The register kernel's bound for ACC accesses a thread.
+template <typename T, typename P, int VEC, bool ADD, int ACC>
+constexpr int fwd_register_bound(int block)
+{
+    return ACC == 4   ? fwd_register_min_ctas<T, P, VEC, ADD>(block)
+           : ACC == 8 ? fwd_eight_access_min_ctas(block)
+           : ACC == 2 ? fwd_two_access_min_ctas(block)
+                      : fwd_one_access_min_ctas(block);
+}
+
 // The share of the shifted sum of squares that m2 = sum((x - mean)^2) must
 // keep for the one pass to stand: with N (var + (mean - K)^2) in the sum,
 // a share s allows |mean - K| up to sqrt(1 / s - 1) spreads. Past that the

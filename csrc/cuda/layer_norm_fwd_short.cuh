@@ -9,6 +9,19 @@
 namespace gemsops {
 namespace {
 
+// The short-rows kernel's bound: fwd_min_ctas, but seven CTAs an SM (<= 72
+// registers) for LayerNorm of half x with fp32 parameters, whose w and b
+// (16 registers of fp32) beside four rows of x spilled 24-34 bytes under 64
+// (ptxas), a spill that cost more than the eighth CTA gains
+// (docs/performance.md). The fused add's 20-byte spill there costs less:
+// it keeps eight.
+template <typename T, typename P, int VEC, bool RMS, bool ADD>
+constexpr int fwd_short_min_ctas()
+{
+    return !RMS && !ADD && sizeof(P) > sizeof(T) ? 7
+                                                 : fwd_min_ctas<T, VEC>(128);
+}
+
 // The short-rows kernel's LayerNorm statistics for a row of G lanes, one
 // vector each: the register kernel's corrected two-pass step. Returns rstd.
 template <int G, typename T, typename P, int VEC>
