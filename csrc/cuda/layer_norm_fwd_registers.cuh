@@ -345,7 +345,7 @@ __device__ __forceinline__ auto items_end(int cols_left)
 // each, SASS; all four at once spilled, ptxas). Items past the row are
 // zeros: whole rows (a constant bound, ok the row's alone) fill them as
 // whole words; ragged rows keep the select, which the word fill slowed
-// by 3-8% there (docs/performance.md).
+// there (docs/performance.md).
 template <int STEP, int BATCH, typename T, typename P, int VEC, int ITEMS,
           typename L>
 __device__ __forceinline__ void load_added_items(const fwd_args<T, P> &a,
