@@ -17,6 +17,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C
 from .._dispatch import (
+    _is_compiling,
     batched,
     define_op,
     eager,
@@ -506,9 +507,9 @@ def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
         )
     alpha = _coefficient("alpha", alpha, mat1)
     beta = _coefficient("beta", beta, mat1)
-    if torch.compiler.is_compiling() and (
+    if (
         isinstance(alpha, _Tensor) or isinstance(beta, _Tensor)
-    ):
+    ) and _is_compiling():
         # a 0-d tensor's value is data Dynamo cannot branch on; torch's
         # addmm takes it into the graph as it is
         return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
