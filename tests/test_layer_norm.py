@@ -541,6 +541,15 @@ def test_cuda_forward_access_widths(rows, n, dtype):
     check_four_norms(*make((m, n), 1, dtype, "cuda"))
 
 
+# x's dtype with parameters of its type, none, or fp32 ones
+DTYPE_AFFINE = [
+    (d, a)
+    for d in FLOAT_DTYPES
+    for a in ("both", "none", "fp32")
+    if not (d == torch.float32 and a == "fp32")
+]
+
+
 # Rows that fill every item of a group of 8, 16 or 32 threads at four
 # accesses (half 256, 512 and 1024 elements, fp32 128, 256 and 512) run the
 # whole-row kernels, whose item bounds are constants; too few of them for
@@ -548,15 +557,7 @@ def test_cuda_forward_access_widths(rows, n, dtype):
 # last CTA holding part of its rows, parameters of x's type and fp32 ones
 # (those keep four accesses on both sides), the four norms.
 @pytest.mark.cuda
-@pytest.mark.parametrize(
-    "dtype,affine",
-    [
-        (d, a)
-        for d in FLOAT_DTYPES
-        for a in ("both", "none", "fp32")
-        if not (d == torch.float32 and a == "fp32")
-    ],
-)
+@pytest.mark.parametrize("dtype,affine", DTYPE_AFFINE)
 @pytest.mark.parametrize("group", [8, 16, 32])
 @pytest.mark.parametrize("side", ["one-access", "whole"])
 def test_cuda_forward_whole_rows(side, group, dtype, affine):
@@ -565,6 +566,23 @@ def test_cuda_forward_whole_rows(side, group, dtype, affine):
     line = sms * 256 // group
     m = line - 1 if side == "one-access" else line + 5
     check_four_norms(*make((m, group * 4 * vec), 1, dtype, "cuda", affine))
+
+
+# Rows of three accesses of 32 or 64 threads (half 768 and 1536 elements,
+# fp32 384 and 768) run the three-access kernels, every item full; too few
+# of them for 512 threads an SM at four accesses (the same groups) take one
+# access a thread, and fp32 parameters with half x four accesses. Each
+# side of that line, the last CTA holding part of its rows, the four norms.
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype,affine", DTYPE_AFFINE)
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("side", ["one-access", "three-access"])
+def test_cuda_forward_three_access_rows(side, group, dtype, affine):
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    line = sms * 512 // group
+    m = line - 1 if side == "one-access" else line + 5
+    check_four_norms(*make((m, group * 3 * vec), 1, dtype, "cuda", affine))
 
 
 # fp32 rows of 513 to 1024 elements take one warp at eight accesses a

@@ -16,9 +16,11 @@
 // a row, each holding E elements in registers (four 16-byte accesses;
 // eight for fp32 rows past 5120 and for fp32 rows of one warp that fit one
 // wave, fwd_fp32_long_tpr and fwd_fp32_one_wave_tpr; one for too few rows
-// to fill the GPU at four, fwd_one_access_tpr), so x is read from memory
-// exactly once. Rows that fill every item of groups of 8 to 32 threads
-// (N = TPR * E) have kernels of their own with no per-item bounds
+// to fill the GPU at four, fwd_one_access_tpr; three for rows of 32 or 64
+// threads that four would leave a quarter empty, fwd_three_access_tpr),
+// so x is read from memory exactly once. Rows that fill every item of
+// groups of 8 to 32 threads (N = TPR * E), and every row at three
+// accesses, have kernels of their own with no per-item bounds
 // (items_end).
 // Statistics in one pass and one reduction (stats_shifted): the sums of
 // d = x - K and of d^2, K the mean of the row's first accesses (row_shift),
@@ -129,6 +131,11 @@ void launch_registers(const gemsops_layer_norm_fwd_params *p, unsigned grid,
                       int block)
 {
     cudaStream_t stream = (cudaStream_t)p->stream;
+    if constexpr (ACC == 3) { // whole rows only (fwd_three_access_tpr)
+        layer_norm_fwd_registers<T, P, TPR, VEC, RMS, ADD, ACC, true>
+            <<<grid, block, 0, stream>>>(make_args<T, P>(p));
+        return;
+    }
     if constexpr (fwd_has_whole_rows_kernel<TPR, VEC, ACC>()) {
         if (fwd_takes_whole_rows(TPR, fwd_elems<T, ACC>(), p->cols)) {
             layer_norm_fwd_registers<T, P, TPR, VEC, RMS, ADD, ACC, true>
@@ -152,12 +159,14 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     const int block = layer_norm_block_threads(TPR);
     // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr,
     // fwd_fp32_one_wave_tpr),
-    // two only for the fused add (fwd_add_two_access_tpr)
+    // two only for the fused add (fwd_add_two_access_tpr), three for the
+    // fused add of half types only (fwd_three_access_tpr)
     if (p->residual) {
-        if constexpr (ACC == 8) {
+        if constexpr (ACC == 8 || (ACC == 3 && sizeof(T) != 2)) {
             return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
-                                "layer_norm_fwd: no eight-access kernel for "
-                                "the fused add");
+                                "layer_norm_fwd: no %d-access kernel for "
+                                "the fused add of %s",
+                                ACC, gemsops_dtype_name(p->dtype));
         }
         else {
             launch_registers<T, P, RMS, TPR, VEC, true, ACC>(p, grid, block);
@@ -380,6 +389,30 @@ int fwd_fp32_one_wave_tpr(const gemsops_layer_norm_fwd_params *p,
     return threads <= wave && 4 * threads >= 3 * wave ? 32 : 0;
 }
 
+// Three 16-byte accesses a thread for rows of three times a power of two
+// vectors, 32 or 64 threads a row (768 and 1536 half elements, 384 and
+// 768 fp32), where four accesses give the row as many threads and leave a
+// quarter of their items empty behind per-item bounds: every item full, a
+// constant bound (items_end), fewer registers. Not fp64, nor the fp32
+// fused add (level to 3% slower there; docs/performance.md). Returns the
+// group, 0 for the rows that keep four accesses.
+constexpr int kFwdThreeAccessTprChoices[] = {32, 64};
+
+template <typename T>
+int fwd_three_access_tpr(int64_t cols, bool add)
+{
+    constexpr int E = fwd_elems<T, 3>();
+    if (sizeof(T) == 8 || (add && sizeof(T) != 2) || cols % E != 0) {
+        return 0;
+    }
+    for (int tpr : kFwdThreeAccessTprChoices) {
+        if (cols == (int64_t)tpr * E) {
+            return tpr;
+        }
+    }
+    return 0;
+}
+
 // The fused add's half rows past 2048 elements: two accesses a thread
 // rather than four, twice the threads a row, each with x and res of both
 // its items in flight at once (four accesses' pass over x and res waits
@@ -454,6 +487,13 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         return dispatch_group<T, P, RMS, V, 8, kFwdEightAccessTprChoices,
                               std::is_same_v<T, float>>(p, wave_tpr,
                                                         "eight-access ", st);
+    }
+    const int three_tpr =
+        vec ? fwd_three_access_tpr<T>(p->cols, p->residual != nullptr) : 0;
+    if (three_tpr > 0) {
+        return dispatch_group<T, P, RMS, V, 3, kFwdThreeAccessTprChoices,
+                              (sizeof(T) < 8)>(p, three_tpr, "three-access ",
+                                               st);
     }
     return vec ? dispatch_group<T, P, RMS, V, 4, kLayerNormFwdTprChoices>(p,
                                                                           tpr,

@@ -55,10 +55,10 @@ constexpr int fwd_two_access_min_ctas(int block)
 template <typename T, typename P, int VEC, bool ADD, int ACC>
 constexpr int fwd_register_bound(int block)
 {
-    return ACC == 4   ? fwd_register_min_ctas<T, P, VEC, ADD>(block)
-           : ACC == 8 ? fwd_eight_access_min_ctas(block)
-           : ACC == 2 ? fwd_two_access_min_ctas(block)
-                      : fwd_one_access_min_ctas(block);
+    return ACC == 4 || ACC == 3 ? fwd_register_min_ctas<T, P, VEC, ADD>(block)
+           : ACC == 8           ? fwd_eight_access_min_ctas(block)
+           : ACC == 2           ? fwd_two_access_min_ctas(block)
+                                : fwd_one_access_min_ctas(block);
 }
 
 // The share of the shifted sum of squares that m2 = sum((x - mean)^2) must
@@ -398,8 +398,13 @@ __global__ void __launch_bounds__(
     constexpr int ROWS_PER_CTA = BLOCK / TPR;
     constexpr int STEP = TPR * VEC; // columns between a thread's items
     // the fused add's items loaded together (load_added_items): two for
-    // 16-byte accesses, one for the scalar fallback (spilled at two)
-    constexpr int kAddBatch = VEC > 1 && ITEMS >= 2 ? 2 : 1;
+    // 16-byte accesses, all three of a three-access thread (two, then one,
+    // ran slower), one for the scalar fallback (spilled at two)
+    constexpr int kAddBatch = VEC == 1     ? 1
+                              : ITEMS == 3 ? 3
+                              : ITEMS >= 2 ? 2
+                                           : 1;
+    static_assert(ITEMS % kAddBatch == 0, "whole batches of items");
     __shared__ A red[2 * 32 * 2]; // row_sum of up to 2 values
     int parity = 0;
 
