@@ -552,10 +552,12 @@ DTYPE_AFFINE = [
 
 # Rows that fill every item of a group of 8, 16 or 32 threads at four
 # accesses (half 256, 512 and 1024 elements, fp32 128, 256 and 512) run the
-# whole-row kernels, whose item bounds are constants; too few of them for
-# 256 threads an SM take one access a thread. Each side of that line, the
-# last CTA holding part of its rows, parameters of x's type and fp32 ones
-# (those keep four accesses on both sides), the four norms.
+# whole-row kernels, whose item bounds are constants, but RMSNorm's rows of
+# 16 threads (and bf16 LayerNorm's) the short-rows kernel at 32 lanes of
+# two vectors; too few of them for 256 threads an SM take one access a
+# thread. Each side of that line, the last CTA holding part of its rows,
+# parameters of x's type and fp32 ones (those keep four accesses on both
+# sides, the short-rows kernel aside), the four norms.
 @pytest.mark.cuda
 @pytest.mark.parametrize("dtype,affine", DTYPE_AFFINE)
 @pytest.mark.parametrize("group", [8, 16, 32])

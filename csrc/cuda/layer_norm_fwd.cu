@@ -9,7 +9,8 @@
 //
 // layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2, 4, 8 or 16 of
 // them): G = N / VEC lanes a row, each thread one vector of four rows, so
-// that a warp's access covers whole consecutive rows. Statistics: the
+// that a warp's access covers whole consecutive rows; and rows of 64 (32
+// lanes, two vectors of two rows a thread: run_warp_rows). Statistics: the
 // corrected two-pass step below.
 //
 // layer_norm_fwd_registers (N <= TPR_max * E): TPR consecutive threads own
@@ -186,12 +187,13 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     return GEMSOPS_OK;
 }
 
-template <typename T, typename P, bool RMS, int G, int VEC, bool ADD>
+template <typename T, typename P, bool RMS, int G, int VEC, bool ADD,
+          int L = 1>
 int run_short(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
 {
-    constexpr int64_t cta_rows = 4 * (fwd_elems<T>() / VEC) * (32 / G);
+    constexpr int64_t cta_rows = 4 * (fwd_elems<T>() / VEC / L) * (32 / G);
     const unsigned grid = fwd_grid((p->rows + cta_rows - 1) / cta_rows);
-    layer_norm_fwd_short_rows<T, P, G, VEC, RMS, ADD>
+    layer_norm_fwd_short_rows<T, P, G, L, VEC, RMS, ADD>
         <<<grid, 128, 0, (cudaStream_t)p->stream>>>(make_args<T, P>(p));
     GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_short_rows");
     return GEMSOPS_OK;
@@ -218,6 +220,33 @@ bool run_short_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
     case 16: *rc = run_short<T, P, RMS, 16, VEC, ADD>(p, st); return true;
     default: return false;
     }
+}
+
+// RMSNorm's rows of 64 whole vectors (half 512 elements, fp32 256), and
+// LayerNorm's of bf16 x, go to the short-rows kernel at 32 lanes a row,
+// two vectors a lane and two rows a thread (returns false for the others),
+// where the register kernel gives each thread one row of 16 lanes and
+// loads and widens w and b for it alone: here a thread's w and b serve two
+// rows, as compiled torch's two rows a warp do. LayerNorm's fp16 rows and
+// its fused add ran slower there: its three reduced values a row take a
+// fifth round of shuffles at 32 lanes, and its two-pass statistics widen
+// fp16 x twice, an instruction an element that bf16's shift does not
+// need. Rows of 32 vectors at four rows a thread ran slower in every norm
+// (docs/performance.md). Asked only where rows are many enough for four
+// accesses (fwd_one_access_tpr). Not fp64.
+template <typename T, typename P, bool RMS, int VEC, bool ADD>
+bool run_warp_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
+                   gemsops_status *st)
+{
+    constexpr bool TAKEN =
+        sizeof(T) < 8 && (RMS || (std::is_same_v<T, __nv_bfloat16> && !ADD));
+    if constexpr (TAKEN) {
+        if (p->cols == 64 * VEC) {
+            *rc = run_short<T, P, RMS, 32, VEC, ADD, 2>(p, st);
+            return true;
+        }
+    }
+    return false;
 }
 
 template <typename T, typename P, bool RMS, int VEC, int BLOCK>
@@ -478,6 +507,11 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         return dispatch_group<T, P, RMS, V, 1, kFwdOneAccessTprChoices,
                               (std::is_same_v<T, P> &&
                                sizeof(T) < 8)>(p, one_tpr, "one-access ", st);
+    }
+    if (vec &&
+        (p->residual ? run_warp_rows<T, P, RMS, V, true>(p, &rc, st)
+                     : run_warp_rows<T, P, RMS, V, false>(p, &rc, st))) {
+        return rc;
     }
     const int wave_tpr = vec ? fwd_fp32_one_wave_tpr<T, P>(p, st) : 0;
     if (wave_tpr < 0) {

@@ -1,6 +1,6 @@
 // LayerNorm forward, the short-rows kernel (layer_norm_fwd_short_rows):
-// rows of 1, 2, 4, 8 or 16 16-byte vectors, a vector a lane, several rows
-// a warp access.
+// rows of 1, 2, 4, 8, 16 or 64 16-byte vectors, a vector a lane (two for
+// 64), several rows a warp access.
 #pragma once
 
 #include "layer_norm_fwd_common.cuh"
@@ -22,54 +22,63 @@ constexpr int fwd_short_min_ctas()
                                                  : fwd_min_ctas<T, VEC>(128);
 }
 
-// The short-rows kernel's LayerNorm statistics for a row of G lanes, one
-// vector each: the register kernel's corrected two-pass step. Returns rstd.
-template <int G, typename T, typename P, int VEC>
-__device__ __forceinline__ acc_t<T> short_row_stats(const fwd_args<T, P> &a,
-                                                    const vec_t<T, VEC> &x,
-                                                    acc_t<T> &mean)
+// The short-rows kernel's LayerNorm statistics for a row of G lanes, L
+// vectors each: the register kernel's corrected two-pass step. Returns
+// rstd.
+template <int G, typename T, typename P, int VEC, int L>
+__device__ __forceinline__ acc_t<T> short_row_stats(
+    const fwd_args<T, P> &a, const vec_t<T, VEC> (&x)[L], acc_t<T> &mean)
 {
     using A = acc_t<T>;
     A f[VEC];
     A s[1] = {0};
-    widen_vec<A>(x, f);
 #pragma unroll
-    for (int v = 0; v < VEC; v++) {
-        s[0] += f[v];
+    for (int j = 0; j < L; j++) {
+        widen_vec<A>(x[j], f);
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            s[0] += f[v];
+        }
     }
     warp_sum<G, 1>(s);
     const A mean0 = s[0] * a.inv_cols;
     A dev[2] = {0, 0};
-    widen_vec<A>(x, f);
 #pragma unroll
-    for (int v = 0; v < VEC; v++) {
-        const A d = f[v] - mean0;
-        dev[0] += d * d;
-        dev[1] += d;
+    for (int j = 0; j < L; j++) {
+        widen_vec<A>(x[j], f);
+#pragma unroll
+        for (int v = 0; v < VEC; v++) {
+            const A d = f[v] - mean0;
+            dev[0] += d * d;
+            dev[1] += d;
+        }
     }
     warp_sum<G, 2>(dev);
     return corrected_stats(a, mean0, dev, mean);
 }
 
-// layer_norm_fwd_short_rows: rows of G vectors exactly (G = 1, 2, 4, 8 or 16
-// lanes of one 16-byte access each). Each thread holds one vector of R
-// rows, so one warp instruction covers 32 / G whole consecutive rows (512
-// contiguous bytes). The register kernel gives such a row one, two or four
-// threads holding consecutive vectors, so each of its instructions touches
-// one or two sectors of each of 8 to 32 rows' lines; the fused add, with
-// its h stores, fared worst. Rows are normalized one at a time, so one row's
-// statistics are live at a time; lanes of a row meet in xor shuffles,
-// never a barrier.
-template <typename T, typename P, int G, int VEC, bool RMS, bool ADD>
+// layer_norm_fwd_short_rows: rows of G * L vectors exactly (G = 1, 2, 4,
+// 8 or 16 lanes of one 16-byte access each, or 32 lanes of two).
+// Each thread holds L vectors of each of R rows, so one warp instruction
+// covers 32 / G whole consecutive rows (512 contiguous bytes), and a
+// thread's w and b serve its R rows. The register kernel gives a row of up
+// to 16 vectors one, two or four threads holding consecutive vectors, so
+// each of its instructions touches one or two sectors of each of 8 to 32
+// rows' lines; the fused add, with its h stores, fared worst. A row of 64
+// it gives 16 threads, each loading and widening w and b for that row
+// alone. Rows are normalized one at a time, so one row's statistics are
+// live at a time; lanes of a row meet in xor shuffles, never a barrier.
+template <typename T, typename P, int G, int L, int VEC, bool RMS, bool ADD>
 __global__ void __launch_bounds__(128,
                                   fwd_short_min_ctas<T, P, VEC, RMS, ADD>())
     layer_norm_fwd_short_rows(const fwd_args<T, P> a)
 {
     using A = acc_t<T>;
-    constexpr int R = fwd_elems<T>() / VEC; // rows a thread holds
+    constexpr int R = fwd_elems<T>() / VEC / L; // rows a thread holds
     constexpr int ROW_STEP = 32 / G; // rows between a thread's items
     constexpr int WARP_ROWS = R * ROW_STEP;
     constexpr int CTA_ROWS = 4 * WARP_ROWS;
+    constexpr int LANE_STEP = G * VEC; // columns between a lane's vectors
     const int lane = threadIdx.x % 32;
     const int64_t col = (lane % G) * VEC;
     // warp-uniform loop: the shuffles below need every lane of the warp
@@ -77,29 +86,36 @@ __global__ void __launch_bounds__(128,
              blockIdx.x * (int64_t)CTA_ROWS + threadIdx.x / 32 * WARP_ROWS;
          wbase < a.rows; wbase += (int64_t)gridDim.x * CTA_ROWS) {
         const int64_t row0 = wbase + lane / G;
-        vec_t<T, VEC> xv[R];
+        vec_t<T, VEC> xv[R][L];
 #pragma unroll
         for (int k = 0; k < R; k++) {
             const int64_t row = row0 + k * ROW_STEP;
-            if (row >= a.rows) {
-                xv[k] = zero_vec<T, VEC>();
-            }
-            else if constexpr (ADD) { // x and res read-only, as above
-                xv[k] = load_vec_ro<T, VEC>(a.x + row * a.x_stride + col);
-                add_rounded(xv[k], load_vec_ro<T, VEC>(
-                                       a.res + row * a.res_stride + col));
-                store_vec(a.h + row * a.h_stride + col, xv[k]);
-            }
-            else {
-                xv[k] = load_vec<T, VEC>(a.x + row * a.x_stride + col);
+#pragma unroll
+            for (int j = 0; j < L; j++) {
+                const int64_t c = col + j * LANE_STEP;
+                if (row >= a.rows) {
+                    xv[k][j] = zero_vec<T, VEC>();
+                }
+                else if constexpr (ADD) { // x and res read-only, as above
+                    xv[k][j] = load_vec_ro<T, VEC>(a.x + row * a.x_stride + c);
+                    add_rounded(xv[k][j], load_vec_ro<T, VEC>(
+                                              a.res + row * a.res_stride + c));
+                    store_vec(a.h + row * a.h_stride + c, xv[k][j]);
+                }
+                else {
+                    xv[k][j] = load_vec<T, VEC>(a.x + row * a.x_stride + c);
+                }
             }
         }
-        vec_t<P, VEC> wv, bv;
-        if (a.w) {
-            wv = load_vec<P, VEC>(a.w + col);
-        }
-        if (!RMS && a.b) {
-            bv = load_vec<P, VEC>(a.b + col);
+        vec_t<P, VEC> wv[L], bv[L];
+#pragma unroll
+        for (int j = 0; j < L; j++) {
+            if (a.w) {
+                wv[j] = load_vec<P, VEC>(a.w + col + j * LANE_STEP);
+            }
+            if (!RMS && a.b) {
+                bv[j] = load_vec<P, VEC>(a.b + col + j * LANE_STEP);
+            }
         }
 #pragma unroll
         for (int k = 0; k < R; k++) {
@@ -112,7 +128,10 @@ __global__ void __launch_bounds__(128,
             A mean = 0, rstd;
             if constexpr (RMS) {
                 A sum_sq[1] = {0};
-                add_squares(xv[k], sum_sq[0]);
+#pragma unroll
+                for (int j = 0; j < L; j++) {
+                    add_squares(xv[k][j], sum_sq[0]);
+                }
                 warp_sum<G, 1>(sum_sq);
                 rstd = rms_rstd(a, sum_sq[0]);
             }
@@ -123,21 +142,26 @@ __global__ void __launch_bounds__(128,
             if (row >= a.rows) {
                 continue;
             }
-            A f[VEC], out[VEC];
-            widen_vec<A>(xv[k], f);
-            with_affine<RMS>(a.w, a.b, [&](auto has_w, auto has_b) {
-                constexpr bool W = decltype(has_w)::value;
-                constexpr bool B = decltype(has_b)::value;
-                A wf[VEC], bf[VEC];
-                if constexpr (W) {
-                    widen_vec<A>(wv, wf);
-                }
-                if constexpr (B) {
-                    widen_vec<A>(bv, bf);
-                }
-                affine<W, B>(f, mean, rstd, wf, bf, out);
-            });
-            store_rounded<T, VEC>(a.y + row * a.y_stride + col, out);
+#pragma unroll
+            for (int j = 0; j < L; j++) {
+                A f[VEC], out[VEC];
+                widen_vec<A>(xv[k][j], f);
+                with_affine<RMS>(a.w, a.b, [&](auto has_w, auto has_b) {
+                    constexpr bool W = decltype(has_w)::value;
+                    constexpr bool B = decltype(has_b)::value;
+                    A wf[VEC], bf[VEC];
+                    if constexpr (W) {
+                        widen_vec<A>(wv[j], wf);
+                    }
+                    if constexpr (B) {
+                        widen_vec<A>(bv[j], bf);
+                    }
+                    affine<W, B>(f, mean, rstd, wf, bf, out);
+                });
+                store_rounded<T, VEC>(a.y + row * a.y_stride + col +
+                                          j * LANE_STEP,
+                                      out);
+            }
             if (lane % G == 0 && a.rstd) {
                 if (a.mean) {
                     a.mean[row] = mean;
