@@ -392,6 +392,9 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
     mask = [mask[0], mask[1] and w is not None, mask[2] and b is not None]
 
     def theirs():
+        return _bias_grad_shaped(torch_backward(), g, x, ns, tmean, trstd, b)
+
+    def torch_backward():
         if dtype not in HALF:
             return torch.ops.aten.native_layer_norm_backward(
                 g, x, ns, tmean, trstd, w, b, mask
@@ -441,16 +444,20 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
         )
 
     def check(o, t):
+        d64 = [
+            None if v is None else v.double() for v in (g, x, mean, rstd, b)
+        ]
         ref = torch.ops.aten.native_layer_norm_backward(
-            g.double(),
-            x.double(),
+            d64[0],
+            d64[1],
             pshape,
-            mean.double(),
-            rstd.double(),
+            d64[2],
+            d64[3],
             None if w is None else w.double(),
-            None if b is None else b.double(),
+            d64[4],
             mask,
         )
+        ref = _bias_grad_shaped(ref, *d64[:2], pshape, *d64[2:])
         if rows and mean.numel() == rows and g.shape == x.shape:
             # dx and dW from xhat = (x - mean) * rstd as written: torch's
             # float64 op folds rstd into x * rstd - mean * rstd, whose
@@ -498,6 +505,25 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
             )
 
     differential(ctx, theirs, ours, check, inputs, tags)
+
+
+def _bias_grad_shaped(out, g, x, ns, mean, rstd, b):
+    """torch's backward outputs, db taken from its CPU op where its CUDA
+    op, which allocates db like the weight, returned an empty db for a
+    bias without a weight (its CPU op returns the bias's shape, as
+    gemsops does on both devices)."""
+    out = list(out)
+    if b is None or out[2] is None or out[2].shape == b.shape:
+        return out
+    cpu = [
+        t.cpu().float() if t.dtype in HALF else t.cpu()
+        for t in (g, x, mean, rstd, b)
+    ]
+    db = torch.ops.aten.native_layer_norm_backward(
+        cpu[0], cpu[1], ns, cpu[2], cpu[3], None, cpu[4], [False, False, True]
+    )[2]
+    out[2] = db.to(device=b.device, dtype=b.dtype)
+    return out
 
 
 # ------------------------------------------- RMSNorm and the fused adds
