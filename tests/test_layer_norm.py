@@ -563,11 +563,20 @@ DTYPE_AFFINE = [
 @pytest.mark.parametrize("group", [8, 16, 32])
 @pytest.mark.parametrize("side", ["one-access", "whole"])
 def test_cuda_forward_whole_rows(side, group, dtype, affine):
+    check_rows_by_one_access_line(side, group, 4, 256, dtype, affine)
+
+
+def check_rows_by_one_access_line(side, group, accesses, line, dtype, affine):
+    """The four norms on rows of `accesses` 16-byte vectors for each of
+    `group` threads, one row fewer than the one-access line (rows x group
+    threads under `line` threads an SM) or five past it (the last CTA
+    holding part of its rows)."""
     vec = 16 // torch.empty((), dtype=dtype).element_size()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    line = sms * 256 // group
-    m = line - 1 if side == "one-access" else line + 5
-    check_four_norms(*make((m, group * 4 * vec), 1, dtype, "cuda", affine))
+    rows = sms * line // group
+    m = rows - 1 if side == "one-access" else rows + 5
+    shape = (m, group * accesses * vec)
+    check_four_norms(*make(shape, 1, dtype, "cuda", affine))
 
 
 # Rows of three accesses of 32 or 64 threads (half 768 and 1536 elements,
@@ -580,11 +589,7 @@ def test_cuda_forward_whole_rows(side, group, dtype, affine):
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("side", ["one-access", "three-access"])
 def test_cuda_forward_three_access_rows(side, group, dtype, affine):
-    vec = 16 // torch.empty((), dtype=dtype).element_size()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    line = sms * 512 // group
-    m = line - 1 if side == "one-access" else line + 5
-    check_four_norms(*make((m, group * 3 * vec), 1, dtype, "cuda", affine))
+    check_rows_by_one_access_line(side, group, 3, 512, dtype, affine)
 
 
 # fp32 rows of 513 to 1024 elements take one warp at eight accesses a
