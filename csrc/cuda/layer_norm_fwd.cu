@@ -431,15 +431,20 @@ template <typename T>
 int fwd_three_access_tpr(int64_t cols, bool add)
 {
     constexpr int E = fwd_elems<T, 3>();
-    if (sizeof(T) == 8 || (add && sizeof(T) != 2) || cols % E != 0) {
+    if constexpr (sizeof(T) == 8) {
         return 0;
     }
-    for (int tpr : kFwdThreeAccessTprChoices) {
-        if (cols == (int64_t)tpr * E) {
-            return tpr;
+    else {
+        if ((add && sizeof(T) != 2) || cols % E != 0) {
+            return 0;
         }
+        for (int tpr : kFwdThreeAccessTprChoices) {
+            if (cols == (int64_t)tpr * E) {
+                return tpr;
+            }
+        }
+        return 0;
     }
-    return 0;
 }
 
 // The fused add's half rows past 2048 elements: two accesses a thread
