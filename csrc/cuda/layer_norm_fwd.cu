@@ -148,6 +148,15 @@ void launch_registers(const gemsops_layer_norm_fwd_params *p, unsigned grid,
         <<<grid, block, 0, stream>>>(make_args<T, P>(p));
 }
 
+// Whether the fused add of x of type T has three-access kernels: half
+// types only (the fp32 fused add ran level to 3% slower at three than at
+// four; fwd_three_access_tpr).
+template <typename T>
+constexpr bool fwd_add_three_access()
+{
+    return sizeof(T) == 2;
+}
+
 // The fused add (x's partner res given) is its own instantiation of each
 // kernel: it loads twice the bytes a step, and sharing one body with a
 // run-time branch spilled the looped kernel under its register bound.
@@ -161,9 +170,9 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr,
     // fwd_fp32_one_wave_tpr),
     // two only for the fused add (fwd_add_two_access_tpr), three for the
-    // fused add of half types only (fwd_three_access_tpr)
+    // fused add of half types only (fwd_add_three_access)
     if (p->residual) {
-        if constexpr (ACC == 8 || (ACC == 3 && sizeof(T) != 2)) {
+        if constexpr (ACC == 8 || (ACC == 3 && !fwd_add_three_access<T>())) {
             return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                                 "layer_norm_fwd: no %d-access kernel for "
                                 "the fused add of %s",
@@ -422,9 +431,9 @@ int fwd_fp32_one_wave_tpr(const gemsops_layer_norm_fwd_params *p,
 // vectors, 32 or 64 threads a row (768 and 1536 half elements, 384 and
 // 768 fp32), where four accesses give the row as many threads and leave a
 // quarter of their items empty behind per-item bounds: every item full, a
-// constant bound (items_end), fewer registers. Not fp64, nor the fp32
-// fused add (level to 3% slower there; docs/performance.md). Returns the
-// group, 0 for the rows that keep four accesses.
+// constant bound (items_end), fewer registers. Not fp64, nor the fused
+// add of fp32 (fwd_add_three_access). Returns the group, 0 for the rows
+// that keep four accesses.
 constexpr int kFwdThreeAccessTprChoices[] = {32, 64};
 
 template <typename T>
@@ -435,7 +444,7 @@ int fwd_three_access_tpr(int64_t cols, bool add)
         return 0;
     }
     else {
-        if ((add && sizeof(T) != 2) || cols % E != 0) {
+        if ((add && !fwd_add_three_access<T>()) || cols % E != 0) {
             return 0;
         }
         for (int tpr : kFwdThreeAccessTprChoices) {
