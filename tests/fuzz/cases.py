@@ -60,9 +60,11 @@ def _grads(out, leaves, g):
 
 
 # ---------------------------------------------------------------- LayerNorm
-def _ln_shape_arg(ctx, pshape):
+def _ln_shape_arg(ctx, pshape, lead=None):
     """normalized_shape in a random (valid or invalid) form; returns
-    (value, label)."""
+    (value, label). lead: the input's dim before pshape (None when pshape
+    is the whole shape), which a too-long shape must not repeat, or it
+    names the input's trailing dims and is valid (seed 4305 case 30071)."""
     forms = ["list", "tuple", "size"] + (["int"] if len(pshape) == 1 else [])
     if ctx.chance(0.12):
         forms = ["ndarray", "tensor", "float", "wrong", "empty", "too-long"]
@@ -85,7 +87,7 @@ def _ln_shape_arg(ctx, pshape):
         return list(pshape[:-1]) + [pshape[-1] + 1], f
     if f == "empty":
         return [], f
-    return [2] + list(pshape), f
+    return [2 if lead is None else lead + 1] + list(pshape), f
 
 
 def _eps(ctx):
@@ -122,7 +124,9 @@ def case_layer_norm(ctx):
         b, _ = ctx.tensor(pshape, pdtype, nonfinite=0.01)
     if ctx.chance(0.03) and w is not None:
         w = w.reshape(-1)[: max(w.numel() - 1, 0)]  # wrong weight shape
-    ns, ns_form = _ln_shape_arg(ctx, pshape)
+    ns, ns_form = _ln_shape_arg(
+        ctx, pshape, shape[ndim - nd - 1] if ndim > nd else None
+    )
     eps = _eps(ctx)
     variant = ctx.choice(
         ["F", "F", "native", "module", "grad", "grad", "backward"]
