@@ -7,6 +7,7 @@ import torch
 
 import gemsops
 from gemsops import _C
+from gemsops.testing import assert_close, layer_norm_reference
 
 
 def fwd_args(device="cpu", rows=8, cols=16, dtype=torch.float32):
@@ -37,7 +38,14 @@ def call_fwd(a):
 
 
 def test_valid_call_passes():
-    call_fwd(fwd_args())
+    a = fwd_args()
+    for k in ("out", "mean", "rstd"):
+        a[k].fill_(float("nan"))
+    call_fwd(a)
+    out, mean, rstd = layer_norm_reference(a["x"], (16,), a["w"], a["b"])
+    assert_close(a["out"], out, torch.float32)
+    assert_close(a["mean"], mean.reshape(-1), torch.float32)
+    assert_close(a["rstd"], rstd.reshape(-1), torch.float32)
 
 
 @pytest.mark.parametrize(

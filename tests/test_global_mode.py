@@ -5,6 +5,7 @@ import torch
 
 import gemsops
 from gemsops import _global
+from gemsops.testing import assert_close, layer_norm_reference
 
 
 def _train_step(layer, x):
@@ -57,10 +58,10 @@ def test_profiler_shows_gemsops_kernel():
 def test_fallbacks_never_fail():
     _global.counts.clear()
     d = torch.randn(3, 3, dtype=torch.float64)
+    i = torch.randn(5, 4, dtype=torch.float16)
+    xl, wl, bl = torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
     with gemsops.use_gemsops(devices=("cpu",)):
-        torch.testing.assert_close(
-            torch.mm(d, d), d.numpy() @ d.numpy() if False else torch.mm(d, d)
-        )
+        dd = torch.mm(d, d)
         z = torch.tensor([1 + 1j, 2 - 1j])
         assert torch.prod(z) == (1 + 1j) * (2 - 1j)
         with pytest.raises(RuntimeError):
@@ -68,12 +69,17 @@ def test_fallbacks_never_fail():
         assert torch.prod(torch.arange(1, 6)) == 120
         p = torch.prod(torch.tensor([[1.0, 2], [3, 4]]), 1, keepdim=True)
         assert p.shape == (2, 1) and p[1, 0] == 12
-        i = torch.randn(5, 4, dtype=torch.float16)
-        torch.nn.functional.layer_norm(i, (4,))
-        lin = torch.nn.functional.linear(
-            torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
-        )
-        assert lin.shape == (2, 3, 5)
+        ln = torch.nn.functional.layer_norm(i, (4,))
+        lin = torch.nn.functional.linear(xl, wl, bl)
+    # float64 references made outside the mode
+    torch.testing.assert_close(
+        dd, torch.from_numpy(d.numpy() @ d.numpy()), rtol=1e-12, atol=1e-12
+    )
+    assert ln.dtype == torch.float16
+    assert_close(ln, layer_norm_reference(i, (4,))[0], torch.float16)
+    assert lin.shape == (2, 3, 5)
+    want = xl.double() @ wl.double().T + bl.double()
+    assert_close(lin, want, torch.float32, chain_len=4)
     assert _global.counts["mm:fallback"] > 0
     assert _global.counts["prod:fallback"] > 0
 
@@ -87,6 +93,7 @@ def test_matches_torch_dtypes_and_values():
         torch.prod(a, 0),
         torch.native_layer_norm(a.bfloat16(), (7,), None, None, 1e-5),
     )
+    _global.counts.clear()
     with gemsops.use_gemsops(devices=("cpu",)):
         got = (
             torch.addmm(c, a, b, beta=0.5, alpha=2.0),
@@ -94,11 +101,15 @@ def test_matches_torch_dtypes_and_values():
             torch.prod(a, 0),
             torch.native_layer_norm(a.bfloat16(), (7,), None, None, 1e-5),
         )
+    for op in ("addmm", "bmm", "prod.dim_int", "native_layer_norm"):
+        assert _global.counts[op] == 1, (op, dict(_global.counts))
     for g, w in zip(got[:3], want[:3]):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
-    for g, w in zip(got[3], want[3]):
+    for g, w in zip(got[3], want[3], strict=True):
         assert g.dtype == w.dtype and g.shape == w.shape
         torch.testing.assert_close(g.float(), w.float(), rtol=2e-2, atol=2e-2)
+    ref = layer_norm_reference(a.bfloat16(), (7,))[0]
+    assert_close(got[3][0], ref, torch.bfloat16, torch_out=want[3][0])
 
 
 def test_include_exclude_and_nesting():
@@ -151,10 +162,14 @@ def test_addmm_alpha_zero_keeps_nan_out():
     a, b, c = torch.randn(4, 5), torch.randn(5, 3), torch.randn(4, 3)
     a[1, 2] = float("nan")
     want = torch.addmm(c, a, b, alpha=0, beta=0.5)
+    _global.counts.clear()
     with gemsops.use_gemsops(devices=("cpu",)):
         got = torch.addmm(c, a, b, alpha=0, beta=0.5)
+    # served by torch's own kernel (the mode's fallback), not the product
+    assert _global.counts["addmm:fallback"] == 1, dict(_global.counts)
     assert not got.isnan().any()
     torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got, 0.5 * c, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
@@ -173,9 +188,11 @@ def test_native_layer_norm_statistics_dtype_as_torch_cpu(params):
         "fp32 bias": (None, b),
     }[params]
     want = torch.native_layer_norm(x, (8,), weight, bias, 1e-5)
+    _global.counts.clear()
     with gemsops.use_gemsops(devices=("cpu",)):
         got = torch.native_layer_norm(x, (8,), weight, bias, 1e-5)
-    for g, w_ in zip(got, want):
+    assert _global.counts["native_layer_norm"] == 1, dict(_global.counts)
+    for g, w_ in zip(got, want, strict=True):
         assert g.dtype == w_.dtype and g.shape == w_.shape
         torch.testing.assert_close(g.float(), w_.float(), rtol=2e-2, atol=2e-2)
 
@@ -202,8 +219,10 @@ def test_addmm_coefficient_past_float32_raises_as_torch(name, value):
 def test_addmm_int_coefficient_past_int64_as_torch():
     c, a, b = torch.randn(3), torch.randn(4, 5), torch.randn(5, 3)
     want = torch.addmm(c, a, b, alpha=2**63)
+    _global.counts.clear()
     with gemsops.use_gemsops(devices=("cpu",)):
         got = torch.addmm(c, a, b, alpha=2**63)
+    assert _global.counts["addmm"] == 1, dict(_global.counts)
     torch.testing.assert_close(got, want)
 
 

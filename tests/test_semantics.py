@@ -305,8 +305,10 @@ def same_outcome(torch_call, gemsops_call):
         )
         return
     got = gemsops_call()
+    assert isinstance(got, tuple) == isinstance(want, tuple), (got, want)
     for a, b in zip(
-        *(r if isinstance(r, tuple) else (r,) for r in (got, want))
+        *(r if isinstance(r, tuple) else (r,) for r in (got, want)),
+        strict=True,
     ):
         if b is None:
             assert a is None

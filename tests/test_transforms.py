@@ -239,7 +239,7 @@ def test_meta_tensors(case):
     got, want = ours(*args), theirs(*args)
     got = got if isinstance(got, tuple) else (got,)
     want = want if isinstance(want, tuple) else (want,)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         assert g.device.type == "meta"
         assert (g.shape, g.dtype) == (w.shape, w.dtype)
 

@@ -19,15 +19,17 @@ WORKERS = int(os.environ.get("GEMSOPS_FUZZ_WORKERS", "2"))
 # fails on any failure that matches none of them. Remove an entry when its
 # class is fixed; `python -m tests.fuzz` always reports them.
 KNOWN_OPEN = [
-    # half-type backward error a little above torch's on rare long rows
-    ("layer_norm", "out of tolerance"),
+    # half-type backward error a little above torch's on rare long rows of
+    # the CUDA kernels (the CPU's backward has not shown it: over 190,000
+    # cases of seeds 4301-4306 and this batch's, none out of tolerance)
+    ("cuda", "layer_norm", "out of tolerance"),
 ]
 
 
-def _known_open(r):
+def _known_open(r, device):
     return any(
-        r["family"] == fam and words in r["message"]
-        for fam, words in KNOWN_OPEN
+        device == dev and r["family"] == fam and words in r["message"]
+        for dev, fam, words in KNOWN_OPEN
     )
 
 
@@ -45,7 +47,7 @@ def _batch(device):
         out=report,
     )
     assert len(results) == CASES
-    assert all(_known_open(r) for r in fails), report.getvalue()
+    assert all(_known_open(r, device) for r in fails), report.getvalue()
 
 
 def test_fuzz_cpu():
