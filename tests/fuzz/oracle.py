@@ -666,6 +666,28 @@ def ln_out_bound(x, nd, w, eps, acc_dtype):
     return err.reshape(x.shape)
 
 
+def ln_singular_rows(x, nd, eps, acc_dtype):
+    """Where a negative eps meets the variance within its rounding in
+    acc_dtype (the bound mean_bound takes, on the row's mean square): there
+    rstd is finite or NaN by that rounding alone, in torch's kernel as in
+    ours (seed 4308 case 26762: eps -1, a row of 63 whose var + eps lies
+    under it; torch NaN, ours 5.8e7). A bool mask of x's shape, None where
+    eps >= 0 or no row is so near."""
+    n = math.prod(x.shape[x.dim() - nd :])
+    if not eps < 0 or not x.numel() or n == 0:
+        return None
+    rows = x.detach().double().cpu().reshape(-1, n)
+    var = rows.var(1, unbiased=False)
+    u = torch.finfo(acc_dtype).eps / 2
+    near = (var + eps).abs() <= (2 * math.log2(max(n, 2)) + 2) * u * (
+        rows.square().mean(1)
+    )
+    if not bool(near.any()):
+        return None
+    lead = tuple(x.shape[: x.dim() - nd])
+    return near.reshape(lead + (1,) * nd).expand(x.shape)
+
+
 def mean_bound(x, nd, acc_dtype):
     """|error| of a row mean summed in acc_dtype over the last nd dims of
     x (n elements): ~2 log2(n) + 2 roundings of the row's root mean
