@@ -840,9 +840,7 @@ def native_layer_norm(
         )
     else:
         out, mean, rstd = _forward(input, shape, weight, bias, eps)
-    stat_shape = tuple(input.shape[: input.dim() - len(shape)]) + (1,) * len(
-        shape
-    )
+    stat_shape = _stat_shape(input, len(shape))
     return out, mean.view(stat_shape), rstd.view(stat_shape)
 
 

@@ -103,11 +103,9 @@ def _index(dim):
 def _forward(x, dim):
     """x: at least 1-D; dim: None or normalised. Returns the kept-dims
     result (no keepdim)."""
-    if dim is None:
-        out = torch.empty((), dtype=_out_dtype(x.dtype), device=x.device)
-    else:
-        kept = x.shape[:dim] + x.shape[dim + 1 :]
-        out = torch.empty(kept, dtype=_out_dtype(x.dtype), device=x.device)
+    out = torch.empty(
+        _kept_shape(x, dim), dtype=_out_dtype(x.dtype), device=x.device
+    )
     _C.prod(x, dim, out, _scratch("prod", _C.prod_workspace, x, dim))
     return out
 
