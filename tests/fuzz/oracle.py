@@ -631,6 +631,13 @@ def close(
         raise WrongAnswer(str(e)) from None
 
 
+def sum_rounding(n, acc_dtype):
+    """Relative rounding of a tree of n sums in acc_dtype around a shift
+    within the values' range: ~2 log2(n) + 2 unit roundoffs (the bound of
+    the norms' statistics: rstd_bound, ln_singular_rows, mean_bound)."""
+    return (2 * math.log2(max(n, 2)) + 2) * torch.finfo(acc_dtype).eps / 2
+
+
 def rstd_bound(rstd_ref, eps, n, acc_dtype):
     """|error| of rstd = (var + eps)^-1/2 from a variance rounded to
     acc_dtype over n elements (a relative ~2 log2(n) + 2 ulps): a negative
@@ -642,8 +649,7 @@ def rstd_bound(rstd_ref, eps, n, acc_dtype):
     r = rstd_ref.detach().double().abs()
     var_eps = 1.0 / (r * r)
     var = (var_eps - eps).abs()
-    u = torch.finfo(acc_dtype).eps / 2
-    rel_var = (2 * math.log2(max(n, 2)) + 2) * u
+    rel_var = sum_rounding(n, acc_dtype)
     return 0.5 * r * rel_var * var / var_eps
 
 
@@ -678,10 +684,8 @@ def ln_singular_rows(x, nd, eps, acc_dtype):
         return None
     rows = x.detach().double().cpu().reshape(-1, n)
     var = rows.var(1, unbiased=False)
-    u = torch.finfo(acc_dtype).eps / 2
-    near = (var + eps).abs() <= (2 * math.log2(max(n, 2)) + 2) * u * (
-        rows.square().mean(1)
-    )
+    mean_square = rows.square().mean(1)
+    near = (var + eps).abs() <= sum_rounding(n, acc_dtype) * mean_square
     if not bool(near.any()):
         return None
     lead = tuple(x.shape[: x.dim() - nd])
@@ -700,8 +704,7 @@ def mean_bound(x, nd, acc_dtype):
         return None
     rows = x.detach().double().reshape(-1, n)
     rms = rows.square().mean(1).sqrt()
-    u = torch.finfo(acc_dtype).eps / 2
-    bound = (2 * math.log2(max(n, 2)) + 2) * u * rms
+    bound = sum_rounding(n, acc_dtype) * rms
     return bound.reshape(x.shape[: x.dim() - nd] + (1,) * nd)
 
 
