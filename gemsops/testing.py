@@ -76,6 +76,42 @@ def assert_close(
         )
 
 
+# one rounding of a matmul's output to its dtype (fp32: and its epilogue)
+PRODUCT_RTOL = {
+    torch.float16: 1e-3,
+    torch.bfloat16: 8e-3,
+    torch.float32: 1.3e-6,
+}
+
+
+def product_tolerance(ref, bound, k, dtype):
+    """Elementwise tolerance of sums of k products accumulated in fp32
+    whose float64 value is ref: one rounding of the output to dtype, plus
+    the accumulation's error, 4 sqrt(k) ulps of fp32 times bound (the same
+    sums over the products' magnitudes, |A| |B| for a matmul)."""
+    return (
+        PRODUCT_RTOL[dtype] * ref.abs()
+        + 4 * math.sqrt(max(k, 1)) * 2**-24 * bound
+        + 1e-30
+    )
+
+
+def assert_mm_close(out, a, b, dtype, name="out"):
+    """out ~ torch.matmul(a, b) within product_tolerance, of dtype and the
+    product's shape."""
+    ref = torch.matmul(a.double(), b.double())
+    bound = torch.matmul(a.double().abs(), b.double().abs())
+    tol = product_tolerance(ref, bound, a.shape[-1], dtype)
+    assert out.shape == ref.shape, f"{name}: {out.shape} != {ref.shape}"
+    assert out.dtype == dtype, f"{name}: {out.dtype} != {dtype}"
+    err = (out.double() - ref).abs()
+    bad = err > tol
+    assert not bad.any(), (
+        f"{name}: {int(bad.sum())} of {out.numel()} out "
+        f"of tolerance; worst {err.max().item():.3g}"
+    )
+
+
 def layer_norm_reference(x, shape, weight=None, bias=None, eps=1e-5):
     """float64 LayerNorm and its statistics, the math spelled out."""
     dims = tuple(range(x.dim() - len(shape), x.dim()))

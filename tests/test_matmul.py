@@ -3,7 +3,6 @@ same schedule and fix-up as CUDA, OpenMP threads as CTAs) and on CUDA
 (tests taking `device`, marked `cuda` there)."""
 
 import contextlib
-import math
 import subprocess
 import sys
 
@@ -12,10 +11,15 @@ import torch
 
 import gemsops
 from gemsops.ops.matmul import WGMMA_TILES
-from gemsops.testing import assert_close, raised_type
+from gemsops.testing import (
+    PRODUCT_RTOL,
+    assert_close,
+    assert_mm_close,
+    product_tolerance,
+    raised_type,
+)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
-OUT_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.3e-6}
 SCHEDULES = ["auto", "data-parallel", "stream-k", "hybrid", "split-k"]
 
 
@@ -33,25 +37,6 @@ def schedule(name="auto", **kw):
             spin_limit=old["spin_limit"],
             mainloop=old["mainloop"],
         )
-
-
-def assert_mm_close(out, a, b, dtype, name="out"):
-    """|out - ref| <= one rounding of the output + the fp32 accumulation
-    error, 4 sqrt(k) ulps of fp32 times (|A| |B|)."""
-    ref = torch.matmul(a.double(), b.double())
-    bound = torch.matmul(a.double().abs(), b.double().abs())
-    k = a.shape[-1]
-    tol = (
-        OUT_RTOL[dtype] * ref.abs() + 4 * math.sqrt(k) * 2**-24 * bound + 1e-30
-    )
-    assert out.shape == ref.shape, f"{name}: {out.shape} != {ref.shape}"
-    assert out.dtype == dtype
-    err = (out.double() - ref).abs()
-    bad = err > tol
-    assert not bad.any(), (
-        f"{name}: {int(bad.sum())} of {out.numel()} out "
-        f"of tolerance; worst {err.max().item():.3g}"
-    )
 
 
 def rand(*shape, dtype=torch.float32, device="cpu"):
@@ -548,7 +533,7 @@ def test_split_k_pieces_sum_their_bands(mainloop, dtype):
         assert torch.equal(outs[0], outs[1]), name
         ref = a.double() @ b.double()
         bound = a.double().abs() @ b.double().abs()
-        tol = OUT_RTOL[dtype] * 4 + (2**-9 if f32 else 2**-20)
+        tol = PRODUCT_RTOL[dtype] * 4 + (2**-9 if f32 else 2**-20)
         for got, want, extra in [
             (row, ref + bias.double(), bias.double().abs()),
             (whole, 2 * ref + 0.5 * full.double(), full.double().abs()),
@@ -655,7 +640,7 @@ def test_pingpong_epilogue_batches_backward_and_graphs(dtype):
     bias, full = cu(n, dtype=dtype), cu(m, n, dtype=dtype)
     ref = a.double() @ b.double()
     bound = a.double().abs() @ b.double().abs()
-    tol = OUT_RTOL[dtype] * 4 + 2**-20
+    tol = PRODUCT_RTOL[dtype] * 4 + 2**-20
     with schedule("auto", mainloop="wgmma-pingpong", ctas=3):
         row = gemsops.addmm(bias, a, b)
         whole = gemsops.addmm(full, a, b, beta=0.5, alpha=2.0)
@@ -762,7 +747,7 @@ def test_back_to_back_launches_read_what_the_last_one_wrote(
         bound = x.double().abs() @ w.double().abs()
         if b is not None:
             ref, bound = ref + b.double(), bound + b.double().abs()
-        tol = OUT_RTOL[dtype] * ref.abs() + 4 * math.sqrt(384) * 2**-24 * bound
+        tol = product_tolerance(ref, bound, 384, dtype)
         assert ((y.double() - ref).abs() <= tol).all()
 
 
@@ -883,10 +868,7 @@ def tf32_tolerance(a, b):
     accumulation and the output's rounding of assert_mm_close."""
     ref = torch.matmul(a.double(), b.double())
     bound = torch.matmul(a.double().abs(), b.double().abs())
-    k = a.shape[-1]
-    fp32 = (
-        OUT_RTOL[torch.float32] * ref.abs() + 4 * math.sqrt(k) * 2**-24 * bound
-    )
+    fp32 = product_tolerance(ref, bound, a.shape[-1], torch.float32)
     return ref, fp32, fp32 + 2**-9 * bound
 
 
@@ -1177,7 +1159,7 @@ def test_skinny_layouts_batches_and_epilogue(dtype):
         for bias in (cu(304, dtype=dtype), cu(7, 304, dtype=dtype)):
             got = gemsops.addmm(bias, a, b, beta=0.5, alpha=-2.0)
             want = 0.5 * bias.double() - 2.0 * ref
-            tol = OUT_RTOL[dtype] * want.abs() + 8 * 2048**0.5 * 2**-24 * bound
+            tol = product_tolerance(want, 2.0 * bound, 2048, dtype)
             err = (got.double() - want).abs()
             assert not (err > tol).any(), err.max().item()
         # nn.Linear's dX for a few rows: g [2, 3, 96] @ W [96, 64] as stored
@@ -1423,11 +1405,7 @@ def assert_row_sums(rs, a, dtype, name="row_sums"):
     accumulation's error (as assert_mm_close with b a column of ones)."""
     ref = a.double().sum(-1)
     bound = a.double().abs().sum(-1)
-    tol = (
-        OUT_RTOL[dtype] * ref.abs()
-        + 4 * math.sqrt(max(1, a.shape[-1])) * 2**-24 * bound
-        + 1e-30
-    )
+    tol = product_tolerance(ref, bound, a.shape[-1], dtype)
     assert rs.dtype == dtype and rs.shape == ref.shape
     err = (rs.double() - ref).abs()
     assert not (err > tol).any(), (

@@ -22,7 +22,12 @@ import pytest
 import torch
 
 import gemsops
-from gemsops.testing import assert_close, layer_norm_reference
+from gemsops.testing import (
+    PRODUCT_RTOL,
+    assert_close,
+    layer_norm_reference,
+    product_tolerance,
+)
 
 pytestmark = [
     pytest.mark.cuda,
@@ -219,8 +224,6 @@ def test_prod_forward_backward(shape, dtype, dim, current):
 
 # ------------------------------------------------------------------- matmul
 
-OUT_RTOL = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 1.3e-6}
-
 
 def assert_product_close(
     out, f, operands, k, dtype, name, rounded_partials=False
@@ -231,11 +234,9 @@ def assert_product_close(
     rounded to dtype before being summed)."""
     ref = f(*[t.double().cpu() for t in operands])
     bound = f(*[t.double().cpu().abs() for t in operands])
-    tol = (
-        OUT_RTOL[dtype] * ref.abs() + 4 * math.sqrt(k) * 2**-24 * bound + 1e-30
-    )
+    tol = product_tolerance(ref, bound, k, dtype)
     if rounded_partials:
-        tol = tol + OUT_RTOL[dtype] * bound
+        tol = tol + PRODUCT_RTOL[dtype] * bound
     got = out.detach().double().cpu()
     assert got.shape == ref.shape, f"{name}: {got.shape} != {ref.shape}"
     assert not got.isnan().any(), f"{name}: NaN (unwritten or read too early)"
