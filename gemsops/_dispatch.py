@@ -46,6 +46,15 @@ def nested_refused(fn, named):
     )
 
 
+def not_tensor(fn, name, value, alt="", exc=TypeError):
+    """The error for argument `name` of fn that is not a tensor (alt: what
+    else the argument may be, as " or None")."""
+    return exc(
+        f"{fn}(): argument '{name}' must be a Tensor{alt}, not "
+        f"{type(value).__name__}"
+    )
+
+
 def eager(tensors):
     """True when `tensors` (a tuple, its first entry a tensor; None entries
     allowed) may go straight to the kernels: no tracing (the JIT tracer

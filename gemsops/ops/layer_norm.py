@@ -14,16 +14,16 @@ import torch
 
 from .. import _C, _workspace
 from .._dispatch import (
+    _is_compiling,
     batched,
     cast_floating,
     define_op,
     eager,
     eager_apply,
+    not_tensor,
     register_autocast,
     torch_only,
 )
-
-_compiling = torch.compiler.is_compiling
 
 # backward: device -> stream handle of the kept workspace last used there
 # (C answers "another stream" with the handle to ask _workspace for). A
@@ -116,13 +116,13 @@ def _plain(t):
     """t without the negative bit (torch._neg_view, z.conj().imag): C
     reads raw memory, so it must be given the values themselves. The conj
     bit exists only on complex tensors, which the kernels refuse."""
-    return t.resolve_neg() if not _compiling() and t.is_neg() else t
+    return t.resolve_neg() if not _is_compiling() and t.is_neg() else t
 
 
 def _param(p):
     if p is None:
         return p
-    if not _compiling() and p.is_neg():
+    if not _is_compiling() and p.is_neg():
         p = p.resolve_neg()
     return p if p.is_contiguous() else p.contiguous()
 
@@ -747,12 +747,12 @@ def _prepare(
             f"{type(input).__name__}"
         )
     if weight is not None and not isinstance(weight, torch.Tensor):
-        raise _not_tensor(TypeError, fn, "weight", weight, " or None")
+        raise not_tensor(fn, "weight", weight, " or None")
     if bias is not None and not isinstance(bias, torch.Tensor):
-        raise _not_tensor(TypeError, fn, "bias", bias, " or None")
+        raise not_tensor(fn, "bias", bias, " or None")
     shape = _normalized_shape(normalized_shape, fn)
     _check_shape(input, shape, fn, few_dims)
-    if not _compiling() and input.is_neg():
+    if not _is_compiling() and input.is_neg():
         input = input.resolve_neg()
     return input, shape, _param(weight), _param(bias)
 
@@ -778,13 +778,6 @@ def eps_arg(eps, fn, alt=""):
         return float(eps)
     raise TypeError(
         f"{fn}(): argument 'eps' must be float{alt}, not {type(eps).__name__}"
-    )
-
-
-def _not_tensor(exc, fn, name, value, alt=""):
-    return exc(
-        f"{fn}(): argument '{name}' must be a Tensor{alt}, not "
-        f"{type(value).__name__}"
     )
 
 
@@ -941,10 +934,10 @@ def _backward_args(
         ("rstd", rstd),
     ):
         if not isinstance(t, torch.Tensor):
-            raise _not_tensor(RuntimeError, fn, name, t)
+            raise not_tensor(fn, name, t, exc=RuntimeError)
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and not isinstance(t, torch.Tensor):
-            raise _not_tensor(RuntimeError, fn, name, t, " or None")
+            raise not_tensor(fn, name, t, " or None", RuntimeError)
     if not isinstance(output_mask, (list, tuple)) or len(output_mask) != 3:
         raise RuntimeError(
             f"{fn}(): output_mask must be 3 bools, got {output_mask!r}"

@@ -64,23 +64,20 @@ def _unrows(out, shape):
 
 
 def _fused(input, mat1, mat2, alpha, beta):
-    """alpha * mat1 @ mat2 + beta * input, one launch, no autograd; mat1's
-    batch dims fold into the rows and come back on the result."""
-    out = _mm(_rows(mat1), mat2, input if beta != 0 else None, alpha, beta)
-    return _unrows(out, mat1.shape)
+    """alpha * mat1 @ mat2 + beta * input ([m, k] x [k, n]), one launch,
+    no autograd."""
+    return _mm(mat1, mat2, input if beta != 0 else None, alpha, beta)
 
 
 class AddmmFunction(torch.autograd.Function):
     """alpha * mat1 @ mat2 + beta * input through one launch (input
-    broadcast to [m, n], not read when beta == 0). mat1 may carry batch
-    dims ([*, k], linear's input): they fold into the rows here, where
-    the views cost no autograd nodes."""
+    broadcast to [m, n], not read when beta == 0)."""
 
     @staticmethod
     def forward(ctx, input, mat1, mat2, alpha, beta):
         save_operands(ctx, mat1, mat2, ctx.needs_input_grad[1:3])
         ctx.alpha, ctx.beta = alpha, beta
-        ctx.input_shape, ctx.mat1_shape = input.shape, mat1.shape
+        ctx.input_shape = input.shape
         return _fused(input, mat1, mat2, alpha, beta)
 
     @staticmethod
@@ -92,18 +89,14 @@ class AddmmFunction(torch.autograd.Function):
             product = torch.matmul
         else:  # the ops under create_graph
             product = mm if torch.is_grad_enabled() else _mm
-        ga = _rows(g)
         need = ctx.needs_input_grad
         di = None
-        x = None if mat1 is None else _rows(mat1)
-        if _bias_grad_fused(ctx, product, ga, x):
-            di = ga.new_empty(ga.shape[-1])
+        if _bias_grad_fused(ctx, product, g, mat1):
+            di = g.new_empty(g.shape[-1])
         d1, d2 = _scaled(
-            product_grads(product, x, mat2, ga, need[1:], ctx.layouts, di),
+            product_grads(product, mat1, mat2, g, need[1:], ctx.layouts, di),
             ctx.alpha,
         )
-        if d1 is not None and len(ctx.mat1_shape) != 2:
-            d1 = d1.reshape(ctx.mat1_shape)
         if need[0] and di is None:
             di = _grad_input(g, ctx.beta, ctx.input_shape)
         return di, d1, d2, None, None

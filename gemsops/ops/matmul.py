@@ -38,17 +38,17 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C, _workspace
 from .._dispatch import (
+    _is_compiling,
     batched,
     define_op,
     eager,
     eager_apply,
     nested_refused,
+    not_tensor,
     register_autocast,
     torch_only,
 )
 from ._out import into as _into
-
-_compiling = torch.compiler.is_compiling
 
 SCHEDULES = {
     "auto": 0,
@@ -383,11 +383,11 @@ def _operands(fn, a, b, name=None):
     name `name`, the function called (linear, addmm), where it is not fn."""
     kernel_fn, fn = fn, name or fn
     if not isinstance(a, torch.Tensor):
-        raise _not_tensor(fn, "input", a)
+        raise not_tensor(fn, "input", a)
     if not isinstance(b, torch.Tensor):
         # torch's names: mm(input, mat2), bmm(input, mat2), matmul(input,
         # other); addmm's mats come through mm
-        raise _not_tensor(fn, "other" if kernel_fn == "matmul" else "mat2", b)
+        raise not_tensor(fn, "other" if kernel_fn == "matmul" else "mat2", b)
     if a.is_nested or b.is_nested:
         name_b = "other" if kernel_fn == "matmul" else "mat2"
         raise nested_refused(fn, (("input", a), (name_b, b)))
@@ -408,7 +408,7 @@ def _operands(fn, a, b, name=None):
         )
     if a.dtype not in SUPPORTED:  # torch's type for a dtype without kernel
         raise _unsupported(fn, a.dtype)
-    if not _compiling():  # Dynamo cannot ask; the ops resolve it
+    if not _is_compiling():  # Dynamo cannot ask; the ops resolve it
         if a.is_neg():
             a = a.resolve_neg()
         if b.is_neg():
@@ -488,13 +488,6 @@ def _autocast_casts(a, b):
         and all(
             t.is_floating_point() and t.dtype != torch.float64 for t in (a, b)
         )
-    )
-
-
-def _not_tensor(fn, name, value):
-    return TypeError(
-        f"{fn}(): argument '{name}' must be a Tensor, not "
-        f"{type(value).__name__}"
     )
 
 

@@ -13,6 +13,7 @@ import torch
 
 from .. import _C, _workspace
 from .._dispatch import (
+    _is_compiling,
     batched,
     define_op,
     eager,
@@ -22,8 +23,6 @@ from .._dispatch import (
     torch_only,
 )
 from ._out import into as _into
-
-_compiling = torch.compiler.is_compiling
 
 
 def _scratch(kind, query, x, dim):
@@ -355,7 +354,7 @@ def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
         raise NotImplementedError(
             f"prod(): gemsops has no kernel for complex input ({input.dtype})"
         )
-    if not _compiling() and input.is_neg():  # C reads raw memory
+    if not _is_compiling() and input.is_neg():  # C reads raw memory
         input = input.resolve_neg()
     x = input.reshape(1) if input.dim() == 0 else input
     if not eager((x,)):
