@@ -122,6 +122,19 @@ def test_norm_names_an_unsupported_dtype(fn, dtype):
         getattr(gemsops, fn)(*args, (8,))
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_linear_names_itself_refusing_a_dtype(dtype, bias):
+    # the bias' addmm path included: the error names the function called
+    lin = torch.nn.Linear(3, 2, bias=bias)
+    args = [torch.ones(4, 3, dtype=dtype), lin.weight.detach().to(dtype)]
+    if bias:
+        args.append(lin.bias.detach().to(dtype))
+    name = str(dtype).removeprefix("torch.")
+    with pytest.raises(NotImplementedError, match=f"^linear\\(.*{name}$"):
+        gemsops.linear(*args)
+
+
 def test_output_overlapping_input_is_refused():
     a = fwd_args()
     a["out"] = a["x"]

@@ -1375,7 +1375,8 @@ def test_out_keyword_as_torch(name, shapes, kw, device):
         got = getattr(gemsops, name)(*args, **kw, out=out)
         assert got is out and out.shape == ref.shape
         assert_close(out, ref, torch.float32, chain_len=8)
-    with pytest.warns(UserWarning, match="resized"):
+    # the start of torch's message, which warning filters match
+    with pytest.warns(UserWarning, match="An output with one or more elem"):
         getattr(gemsops, name)(*args, **kw, out=torch.empty(7, device=device))
     # torch's types: a wrong dtype, an input that requires grad
     bad = torch.empty(ref.shape, dtype=torch.float64, device=device)
@@ -1391,6 +1392,38 @@ def test_out_keyword_as_torch(name, shapes, kw, device):
         getattr(gemsops, name)(*args, **kw, out=out)
     with torch.no_grad():
         assert getattr(gemsops, name)(*args, **kw, out=out) is out
+
+
+@pytest.mark.parametrize("name", ["mm", "bmm", "addmm"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_out_dtype_as_torch(name, dtype, device):
+    # torch's .dtype overloads: out_dtype positional after the operands,
+    # fp32 or the inputs' own from half inputs; torch has them on CUDA
+    # only, and gemsops hands them to torch
+    shapes = {
+        "mm": [(3, 40), (40, 5)],
+        "bmm": [(2, 3, 40), (2, 40, 5)],
+        "addmm": [(5,), (3, 40), (40, 5)],
+    }[name]
+    args = [rand(*s, dtype=dtype, device=device) for s in shapes]
+    for out_dtype in (torch.float32, dtype):
+        want = raised_type(lambda: getattr(torch, name)(*args, out_dtype))
+        if want is not None:
+            with pytest.raises(want):
+                getattr(gemsops, name)(*args, out_dtype)
+            continue
+        got = getattr(gemsops, name)(*args, out_dtype)
+        assert got.dtype == out_dtype
+        a, b = args[-2:]
+        ref = torch.matmul(a.double(), b.double())
+        bound = torch.matmul(a.double().abs(), b.double().abs())
+        if name == "addmm":
+            ref, bound = ref + args[0].double(), bound + args[0].double().abs()
+        tol = product_tolerance(ref, bound, 40, out_dtype)
+        assert ((got.double() - ref).abs() <= tol).all(), name
+        out = torch.empty(0, dtype=out_dtype, device=device)
+        assert getattr(gemsops, name)(*args, out_dtype, out=out) is out
+        assert torch.equal(out, got)
 
 
 def test_out_aliasing_an_input(device):

@@ -45,10 +45,11 @@ def into(fn, out, inputs, compute):
         )
     if out.shape != r.shape:
         if out.numel():
+            # torch's first words, which warning filters match from the start
             warnings.warn(
-                f"{fn}(): an output with one or more elements was resized "
-                f"since it had shape {list(out.shape)}, which does not match "
-                f"the required output shape {list(r.shape)}",
+                "An output with one or more elements was resized since it "
+                f"had shape {list(out.shape)}, which does not match the "
+                f"required output shape {list(r.shape)} ({fn}(), out=)",
                 UserWarning,
                 stacklevel=3,
             )

@@ -38,6 +38,7 @@ from .matmul import (
     product_flops,
     product_grads,
     save_operands,
+    torch_out_dtype,
     transposed,
 )
 
@@ -477,10 +478,14 @@ def _coefficient(name, value, like):
     return value
 
 
-def addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
     """torch.addmm: beta * input + alpha * (mat1 @ mat2), input broadcast
     to [m, n]; with beta == 0 input is not read, with alpha == 0 the
     product is not used (their NaNs do not spread)."""
+    if out_dtype is not None:
+        args = (input, mat1, mat2)
+        kw = dict(beta=beta, alpha=alpha)
+        return torch_out_dtype(torch.addmm, args, out_dtype, out, **kw)
     if out is not None:
         return _into(
             "addmm",
@@ -623,6 +628,7 @@ def linear(input, weight, bias=None):
         bias is not None
         and isinstance(input, _Tensor)
         and input.dim() >= 1
+        and input.dtype in SUPPORTED  # else matmul_as refuses it as linear
         and weight.dim() == 2
         and input.shape[-1] == weight.shape[1]
         and bias.dim() <= 1

@@ -507,8 +507,19 @@ def _shapes_error(fn, a, b):
     return RuntimeError(f"{fn}(): shapes cannot be multiplied ({sa} and {sb})")
 
 
-def mm(input, mat2, *, out=None):
+def torch_out_dtype(fn, args, out_dtype, out, **kw):
+    """A product asked for an out_dtype (torch's .dtype overloads: fp32
+    from half inputs, on CUDA; torch 2.13 has no CPU kernel for them) runs
+    torch's own: the gemsops kernels write their inputs' dtype."""
+    if out is not None:
+        kw["out"] = out
+    return fn(*args, out_dtype, **kw)
+
+
+def mm(input, mat2, out_dtype=None, *, out=None):
     """torch.mm: [m, k] x [k, n] -> [m, n]."""
+    if out_dtype is not None:
+        return torch_out_dtype(torch.mm, (input, mat2), out_dtype, out)
     if out is not None:
         return _into("mm", out, (input, mat2), lambda: mm(input, mat2))
     return mm_as("mm", input, mat2)
@@ -527,8 +538,10 @@ def mm_as(name, input, mat2):
     return _product(input, mat2)
 
 
-def bmm(input, mat2, *, out=None):
+def bmm(input, mat2, out_dtype=None, *, out=None):
     """torch.bmm: [B, m, k] x [B, k, n] -> [B, m, n]."""
+    if out_dtype is not None:
+        return torch_out_dtype(torch.bmm, (input, mat2), out_dtype, out)
     if out is not None:
         return _into("bmm", out, (input, mat2), lambda: bmm(input, mat2))
     input, mat2 = _operands("bmm", input, mat2)
