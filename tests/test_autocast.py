@@ -1,6 +1,10 @@
 """Autocast: gemsops follows torch's own lists. Under CPU autocast (bf16)
-the matmul family runs in bf16, layer_norm keeps its input's dtype, prod
-runs in float32; on CUDA layer_norm runs in float32 too."""
+the matmul family runs in bf16, the norms keep their input's dtype, prod
+runs in float32; on CUDA layer_norm and rms_norm run in float32 too."""
+
+import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,11 +13,22 @@ import torch.nn.functional as F
 import gemsops
 
 
-def _pairs(device):
+def _pairs(device, modules=True):
+    """(name, gemsops' call, torch's call) under one autocast region;
+    modules=False leaves out the nn modules (their parameters)."""
     x = torch.randn(4, 8, device=device)
     w, b = torch.randn(8, device=device), torch.randn(8, device=device)
     m = torch.randn(8, 3, device=device)
     c = torch.randn(3, device=device)
+    r = torch.randn(4, 8, device=device)
+    lw = torch.randn(3, 8, device=device)
+    # made, not views: a view of a fake tensor on a device torch was built
+    # without raises (test_cuda_autocast_dtypes_on_fake_tensors)
+    x3, m3 = (
+        torch.randn(1, 4, 8, device=device),
+        torch.randn(1, 8, 3, device=device),
+    )
+    v = torch.randn(8, device=device)
     yield "mm", lambda: gemsops.mm(x, m), lambda: torch.mm(x, m)
     yield (
         "addmm",
@@ -27,14 +42,14 @@ def _pairs(device):
     )
     yield (
         "bmm",
-        lambda: gemsops.bmm(x[None], m[None]),
-        lambda: torch.bmm(x[None], m[None]),
+        lambda: gemsops.bmm(x3, m3),
+        lambda: torch.bmm(x3, m3),
     )
     yield "matmul", lambda: gemsops.matmul(x, m), lambda: torch.matmul(x, m)
     yield (
         "matmul 3d x 1d",
-        lambda: gemsops.matmul(x[None], m[:, 0]),
-        lambda: torch.matmul(x[None], m[:, 0]),
+        lambda: gemsops.matmul(x3, v),
+        lambda: torch.matmul(x3, v),
     )
     yield (
         "layer_norm",
@@ -47,10 +62,31 @@ def _pairs(device):
         lambda: F.layer_norm(x.bfloat16(), (8,), w, b),
     )
     yield (
-        "nn.LayerNorm",
-        lambda: gemsops.nn.LayerNorm(8).to(device)(x),
-        lambda: torch.nn.LayerNorm(8).to(device)(x),
+        "linear",
+        lambda: gemsops.linear(x, lw, c),
+        lambda: F.linear(x, lw, c),
     )
+    yield (
+        "rms_norm",
+        lambda: gemsops.rms_norm(x, (8,), w),
+        lambda: F.rms_norm(x, (8,), w),
+    )
+    yield (
+        "rms_norm bf16 in",
+        lambda: gemsops.rms_norm(x.bfloat16(), (8,)),
+        lambda: F.rms_norm(x.bfloat16(), (8,)),
+    )
+    for i, part in enumerate(("y", "h")):
+        yield (
+            f"fused_add_layer_norm {part}",
+            lambda i=i: gemsops.fused_add_layer_norm(x, r, (8,), w, b)[i],
+            lambda i=i: (F.layer_norm(x + r, (8,), w, b), x + r)[i],
+        )
+        yield (
+            f"fused_add_rms_norm {part}",
+            lambda i=i: gemsops.fused_add_rms_norm(x, r, (8,), w)[i],
+            lambda i=i: (F.rms_norm(x + r, (8,), w), x + r)[i],
+        )
     yield "prod", lambda: gemsops.prod(x), lambda: torch.prod(x)
     yield (
         "prod bf16",
@@ -62,6 +98,20 @@ def _pairs(device):
         lambda: gemsops.prod(x.long(), 1),
         lambda: torch.prod(x.long(), 1),
     )
+    if modules:
+        yield from _module_pairs(device, x)
+
+
+def _module_pairs(device, x):
+    for name, make in (
+        ("LayerNorm", lambda nn: nn.LayerNorm(8)),
+        ("RMSNorm", lambda nn: nn.RMSNorm(8)),
+        ("Linear", lambda nn: nn.Linear(8, 3)),
+    ):
+        theirs = make(torch.nn).to(device)
+        mine = make(gemsops.nn).to(device)
+        mine.load_state_dict(theirs.state_dict())
+        yield f"nn.{name}", lambda mine=mine: mine(x), lambda t=theirs: t(x)
 
 
 def _check(device, dtype):
@@ -173,6 +223,48 @@ def test_autocast_compiled():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cuda_autocast_dtypes_as_torch(dtype):
     _check("cuda", dtype)
+
+
+# CUDA autocast's dispatch on fake CUDA tensors (shapes and dtypes, no
+# values), which needs no GPU: torch.autocast("cuda") turns itself off
+# without one, so the region's state is set directly. In a process of its
+# own: a fake parameter on a device torch was built without aborts it
+# (hence no modules).
+_FAKE_CUDA_AUTOCAST = """
+import importlib.util, json, sys
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+spec = importlib.util.spec_from_file_location("cases", sys.argv[1])
+cases = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cases)
+rows = []
+with FakeTensorMode(allow_non_fake_inputs=True):
+    torch.set_autocast_dtype("cuda", getattr(torch, sys.argv[2]))
+    torch.set_autocast_enabled("cuda", True)
+    torch.autocast_increment_nesting()
+    for name, mine, theirs in cases._pairs("cuda", modules=False):
+        got, want = mine(), theirs()
+        rows.append([name, str(got.dtype), str(want.dtype),
+                     list(got.shape), list(want.shape)])
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_autocast_dtypes_on_fake_tensors(dtype):
+    run = subprocess.run(
+        [sys.executable, "-c", _FAKE_CUDA_AUTOCAST, __file__, dtype],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(run.stdout.splitlines()[-1])
+    assert len(rows) == len(list(_pairs("cpu", modules=False)))
+    # the region did cast: torch's mm gave the autocast dtype
+    assert dict((r[0], r[2]) for r in rows)["mm"] == f"torch.{dtype}"
+    for name, got, want, got_shape, want_shape in rows:
+        assert (got, got_shape) == (want, want_shape), name
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,14 @@ from typing import Optional, Sequence
 import torch
 
 from .. import _C
-from .._dispatch import batched, define_op, eager, eager_apply, torch_only
+from .._dispatch import (
+    batched,
+    define_op,
+    eager,
+    eager_apply,
+    register_autocast,
+    torch_only,
+)
 from . import layer_norm as ln
 
 _COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
@@ -177,6 +184,8 @@ def _rms_norm_grad(ctx, grad_out, _grstd):
 
 
 _rms_norm_op.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
+# torch's CUDA autocast runs rms_norm in fp32, as layer_norm (no CPU rule)
+register_autocast(torch.ops.gemsops.rms_norm.default, "cuda", "fp32")
 
 
 @_rms_norm_op.register_composite
