@@ -1,9 +1,11 @@
 """python -m gemsops: a self-check and demo on whatever device is present.
 
-Runs LayerNorm (forward and backward), prod (forward and the zero-safe
-backward) and the Stream-K matmul against float64 references on the CPU
-and, when a GPU and the CUDA kernels are there, on CUDA; prints what it
-checked and exits non-zero on any mismatch."""
+Runs every op against float64 references on the CPU and, when a GPU and
+the CUDA kernels are there, on CUDA: LayerNorm and RMSNorm (forward and
+the fused backward), the residual add fused into each (both outputs'
+gradients), prod (forward and the zero-safe backward), the Stream-K
+matmul and linear (the bias in the epilogue, and its backward); prints
+what it checked and exits non-zero on any mismatch."""
 
 import sys
 import time
@@ -11,7 +13,25 @@ import time
 import torch
 
 import gemsops
-from gemsops.testing import assert_close, layer_norm_reference
+from gemsops.testing import (
+    assert_close,
+    assert_mm_close,
+    layer_norm_reference,
+    product_tolerance,
+    rms_norm_reference,
+)
+
+
+def _leaves(*ts):
+    return [t.detach().double().requires_grad_() for t in ts]
+
+
+def _assert_grads(names, ts, leaves, dtype, rows):
+    """Each t's gradient against its float64 leaf's; the parameters' are
+    sums over the rows."""
+    for name, t, leaf in zip(names, ts, leaves, strict=True):
+        reduce = rows if name in ("dw", "db") else 1
+        assert_close(t.grad, leaf.grad, dtype, name=name, reduce_len=reduce)
 
 
 def check(device, dtype, m, n):
@@ -21,18 +41,55 @@ def check(device, dtype, m, n):
     g = torch.randn(m, n, dtype=dtype, device=device)
     out = gemsops.layer_norm(x, (n,), w, b)
     out.backward(g)
-    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    leaves = _leaves(x, w, b)
     ref = layer_norm_reference(leaves[0], (n,), leaves[1], leaves[2])[0]
     ref.backward(g.double())
     assert_close(out, ref, dtype)
-    for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
-        assert_close(
-            t.grad,
-            leaf.grad,
-            dtype,
-            name=name,
-            reduce_len=m if name != "dx" else 1,
-        )
+    _assert_grads(("dx", "dw", "db"), (x, w, b), leaves, dtype, m)
+
+
+def check_rms_norm(device, dtype, m, n):
+    x = torch.randn(m, n, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(n, dtype=dtype, device=device, requires_grad=True)
+    g = torch.randn(m, n, dtype=dtype, device=device)
+    out = gemsops.rms_norm(x, (n,), w, eps=1e-6)
+    out.backward(g)
+    leaves = _leaves(x, w)
+    ref = rms_norm_reference(leaves[0], (n,), leaves[1], eps=1e-6)
+    ref.backward(g.double())
+    assert_close(out, ref, dtype)
+    _assert_grads(("dx", "dw"), (x, w), leaves, dtype, m)
+
+
+def check_fused_add(device, dtype, m, n, rms=False):
+    x = torch.randn(m, n, dtype=dtype, device=device, requires_grad=True)
+    r = torch.randn(m, n, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(n, dtype=dtype, device=device, requires_grad=True)
+    b = torch.randn(n, dtype=dtype, device=device, requires_grad=True)
+    gy, gh = (torch.randn(m, n, dtype=dtype, device=device) for _ in "yh")
+    if rms:
+        y, h = gemsops.fused_add_rms_norm(x, r, (n,), w, eps=1e-6)
+        params, names = (w,), ("dw",)
+    else:
+        y, h = gemsops.fused_add_layer_norm(x, r, (n,), w, b)
+        params, names = (w, b), ("dw", "db")
+    torch.autograd.backward((y, h), (gy, gh))
+    assert torch.equal(h, x + r), "h: not torch's x + residual"
+    # float64 at the rounded sum h, as torch's unfused code normalizes it
+    hd, *leaves = _leaves(h, *params)
+    if rms:
+        ref = rms_norm_reference(hd, (n,), leaves[0], eps=1e-6)
+    else:
+        ref = layer_norm_reference(hd, (n,), *leaves)[0]
+    ref.backward(gy.double())
+    assert_close(y, ref, dtype)
+    assert_close(x.grad, hd.grad + gh.double(), dtype, name="dx")
+    assert torch.equal(x.grad, r.grad), "dresidual: not dx"
+    _assert_grads(names, params, leaves, dtype, m)
+
+
+def check_fused_add_rms(device, dtype, m, n):
+    check_fused_add(device, dtype, m, n, rms=True)
 
 
 def check_prod(device, dtype, m, n):
@@ -53,19 +110,40 @@ def check_matmul(device, dtype, m, n):
     k = n
     a = torch.randn(m, k, dtype=dtype, device=device)
     b = torch.randn(k, n, dtype=dtype, device=device)
-    out = gemsops.mm(a, b)
-    ref = a.double() @ b.double()
-    bound = a.double().abs() @ b.double().abs()
-    tol = {torch.float32: 1.3e-6, torch.bfloat16: 8e-3, torch.float16: 1e-3}
-    err = (out.double() - ref).abs()
-    lim = tol[dtype] * ref.abs() + 4 * k**0.5 * 2**-24 * bound
-    assert (err <= lim).all(), f"mm: worst error {err.max().item():.3g}"
+    assert_mm_close(gemsops.mm(a, b), a, b, dtype, name="mm")
+
+
+def check_linear(device, dtype, m, n):
+    # nn.Linear's shapes: the bias in the product's epilogue; x's, the
+    # weight's and the bias' gradients through the kernels' transposed reads
+    k = n
+    x = torch.randn(2, m, k, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(n, k, dtype=dtype, device=device, requires_grad=True)
+    b = torch.randn(n, dtype=dtype, device=device, requires_grad=True)
+    g = torch.randn(2, m, n, dtype=dtype, device=device)
+    y = gemsops.linear(x, w, b)
+    y.backward(g)
+    x2, g2 = x.detach().reshape(-1, k), g.reshape(-1, n)
+    wd, bd = w.detach(), b.detach().double()
+    ref = x2.double() @ wd.double().t() + bd
+    bound = x2.double().abs() @ wd.double().abs().t() + bd.abs()
+    err = (y.detach().reshape(-1, n).double() - ref).abs()
+    tol = product_tolerance(ref, bound, k, dtype)
+    assert (err <= tol).all(), f"linear: worst error {err.max().item():.3g}"
+    assert_mm_close(x.grad.reshape(-1, k), g2, wd, dtype, name="dx")
+    assert_mm_close(w.grad, g2.t(), x2, dtype, name="dw")
+    ones = torch.ones(2 * m, 1, dtype=dtype, device=device)
+    assert_mm_close(b.grad[:, None], g2.t(), ones, dtype, name="db")
 
 
 CHECKS = [
     ("layer_norm fwd+bwd", check, ((4096, 768), (37, 40999), (1000, 64))),
+    ("rms_norm fwd+bwd", check_rms_norm, ((4096, 768), (37, 40999))),
+    ("fused_add_layer_norm fwd+bwd", check_fused_add, ((1000, 768),)),
+    ("fused_add_rms_norm fwd+bwd", check_fused_add_rms, ((1000, 768),)),
     ("prod fwd+bwd", check_prod, ((64, 4096), (1000, 300))),
     ("mm", check_matmul, ((300, 200), (1000, 257))),
+    ("linear fwd+bwd", check_linear, ((300, 200),)),
 ]
 
 
