@@ -30,19 +30,23 @@ _any_requires_grad = torch._C._any_requires_grad
 _below_autograd = torch._C._AutoDispatchBelowAutograd
 _after_autograd = torch._C._after_autograd_keyset
 
+_strided = torch.strided
+
 LIB = torch.library.Library("gemsops", "FRAGMENT")
 
 
-def nested_refused(fn, named):
-    """The error for the first nested tensor of named ((name, tensor)
-    pairs): nested tensors reach no kernel, and like the other non-strided
-    operands, which DLPack refuses at the C boundary, they are
-    NotImplementedError. Callers test `is_nested` inline (a per-call host
-    cost) and call this only to raise."""
-    name = next(n for n, t in named if t.is_nested)
+def layout_refused(fn, named):
+    """The error for the first tensor of named ((name, tensor) pairs) that
+    is nested or of a non-strided layout (sparse, mkldnn), which no kernel
+    takes: NotImplementedError, as the C boundary's for what DLPack cannot
+    export, but naming fn and the argument. Callers test the layouts
+    inline (a per-call host cost) and call this only to raise."""
+    name, t = next(
+        (n, t) for n, t in named if t.is_nested or t.layout is not _strided
+    )
+    what = "a nested tensor" if t.is_nested else f"of layout {t.layout}"
     return NotImplementedError(
-        f"{fn}(): argument '{name}' is a nested tensor; gemsops takes "
-        "strided tensors"
+        f"{fn}(): argument '{name}' is {what}; gemsops takes strided tensors"
     )
 
 

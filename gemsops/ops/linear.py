@@ -22,7 +22,7 @@ from .._dispatch import (
     define_op,
     eager,
     eager_apply,
-    nested_refused,
+    layout_refused,
     register_autocast,
     torch_only,
 )
@@ -499,8 +499,15 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
         and isinstance(mat2, torch.Tensor)
     ):
         raise _addmm_not_tensor(input, mat1, mat2)
-    if input.is_nested or mat1.is_nested or mat2.is_nested:
-        raise nested_refused(
+    if (
+        input.is_nested
+        or mat1.is_nested
+        or mat2.is_nested
+        or input.layout is not _strided
+        or mat1.layout is not _strided
+        or mat2.layout is not _strided
+    ):
+        raise layout_refused(
             "addmm", (("input", input), ("mat1", mat1), ("mat2", mat2))
         )
     alpha = _coefficient("alpha", alpha, mat1)

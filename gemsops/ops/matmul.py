@@ -43,12 +43,14 @@ from .._dispatch import (
     define_op,
     eager,
     eager_apply,
-    nested_refused,
+    layout_refused,
     not_tensor,
     register_autocast,
     torch_only,
 )
 from ._out import into as _into
+
+_strided = torch.strided
 
 SCHEDULES = {
     "auto": 0,
@@ -388,9 +390,14 @@ def _operands(fn, a, b, name=None):
         # torch's names: mm(input, mat2), bmm(input, mat2), matmul(input,
         # other); addmm's mats come through mm
         raise not_tensor(fn, "other" if kernel_fn == "matmul" else "mat2", b)
-    if a.is_nested or b.is_nested:
+    if (
+        a.is_nested
+        or b.is_nested
+        or a.layout is not _strided
+        or b.layout is not _strided
+    ):
         name_b = "other" if kernel_fn == "matmul" else "mat2"
-        raise nested_refused(fn, (("input", a), (name_b, b)))
+        raise layout_refused(fn, (("input", a), (name_b, b)))
     if a.dtype != b.dtype:
         refused = _kernel_refused(kernel_fn, a, b)
         if refused is not None:

@@ -18,7 +18,7 @@ from .._dispatch import (
     define_op,
     eager,
     eager_apply,
-    nested_refused,
+    layout_refused,
     register_autocast,
     torch_only,
 )
@@ -315,8 +315,8 @@ def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
             "prod(): argument 'input' must be a Tensor, not "
             f"{type(input).__name__}"
         )
-    if input.is_nested:
-        raise nested_refused("prod", (("input", input),))
+    if input.is_nested or input.layout is not torch.strided:
+        raise layout_refused("prod", (("input", input),))
     if keepdim is _KEEPDIM_DEFAULT:
         keepdim = False
     elif dim is None:
