@@ -68,25 +68,26 @@ FAILURES = {
 # Where gemsops may differ from torch on purpose. Each entry: (name, why,
 # predicate(case_tags) -> bool). Only these turn a difference into an
 # expected refusal; keep the list short and every entry documented in
-# README.md.
+# docs/design.md, "Deliberate differences from torch" (README: the API's
+# mixed precision).
 DOCUMENTED = [
     (
         "torch-ln-bias-grad",
         "torch's CUDA LayerNorm backward returns an empty gradient for an "
         "expanded (stride-0) bias when the weight's is not asked, and its "
-        "autograd then raises; gemsops returns the gradient (README, "
+        "autograd then raises; gemsops returns the gradient (design.md, "
         "deliberate differences)",
         lambda tags: "ln-expanded-bias-grad" in tags,
     ),
     (
         "matmul-dtypes",
         "matmul takes fp16/bf16/fp32 only; fp64 and integer matrices raise "
-        "NotImplementedError (README, deliberate differences)",
+        "NotImplementedError (design.md, deliberate differences)",
         lambda tags: "matmul-unsupported-dtype" in tags,
     ),
     (
         "prod-complex",
-        "prod refuses complex input with NotImplementedError (README, "
+        "prod refuses complex input with NotImplementedError (design.md, "
         "deliberate differences)",
         lambda tags: "prod-complex" in tags,
     ),
@@ -101,14 +102,14 @@ DOCUMENTED = [
         "layer_norm_backward refuses the parameter dtypes layer_norm refuses "
         "(RuntimeError), where torch's backward alone takes them: torch's own "
         "forward refuses them, so no forward of either made such a call "
-        "(README, deliberate differences)",
+        "(design.md, deliberate differences)",
         lambda tags: "ln-fwd-refused" in tags,
     ),
     (
         "linear-bias-dtype",
         "linear/addmm refuse a bias of another dtype (RuntimeError); torch's "
         "linear casts it on the layouts it sends through matmul and an "
-        "in-place add (README, deliberate differences)",
+        "in-place add (design.md, deliberate differences)",
         lambda tags: "linear-bias-dtype" in tags,
     ),
     (
@@ -174,7 +175,7 @@ def differential(ctx, theirs, ours, check, inputs, tags=()):
             raise ExpectedRefusal(
                 "empty-dtype: gemsops checks dtypes on tensors of no "
                 "elements too, where torch's bmm/matmul/layer_norm_backward "
-                "skip the check (README, deliberate differences)"
+                "skip the check (design.md, deliberate differences)"
             )
         why = documented(tags)
         if why and (
@@ -211,7 +212,7 @@ def _first(r):
 
 # ----- the raw boundary's refusals -----
 # What a raw gemsops._C call raises for each kind of bad argument: torch's
-# convention (README, "The C boundary"; tests/test_errors.py and
+# convention (docs/design.md, "The C boundary"; tests/test_errors.py and
 # tests/test_boundary.py pin the same rules). One table, used by every raw
 # case: kind -> (exact exception type, words the message must hold or None).
 # Types are exact: a NotImplementedError where a RuntimeError is due (or
