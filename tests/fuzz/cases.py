@@ -637,13 +637,15 @@ def case_norms(ctx):
         wc, bc = (None if t is None else t.detach().cpu() for t in (w, b))
         gs_ = [g.cpu() for g in gs]
         hl = _leaves((h, wc, bc), torch.float64)
+        h_ref = hl[0].detach()
         if op == "add_ln":
+            hl[0] = oracle.row_centred(hl[0], nd)  # ln_reference's reason
             y = F.layer_norm(hl[0], pshape, hl[1], hl[2], teps)
         else:
             y = F.rms_norm(hl[0], pshape, hl[1], teps)
         rows = math.prod(shape[: ndim - nd])
-        refs = [y] + ([hl[0]] if op != "rms" else [])
-        skips = [_zero_deviation_times_inf(hl[0], wc, nd, op == "add_ln")]
+        refs = [y] + ([h_ref] if op != "rms" else [])
+        skips = [_zero_deviation_times_inf(h_ref, wc, nd, op == "add_ln")]
         for i, (o, r, t) in enumerate(zip(ours[0], refs, theirs[0])):
             same_meta(f"out{i}", o, t)
             close(
