@@ -18,6 +18,7 @@ from torch.utils.flop_counter import register_flop_formula
 from .. import _C
 from .._dispatch import (
     _is_compiling,
+    _strided,
     batched,
     define_op,
     eager,
@@ -43,7 +44,6 @@ from .matmul import (
 )
 
 _Tensor = torch.Tensor
-_strided = torch.strided
 _grad_enabled = torch.is_grad_enabled
 
 

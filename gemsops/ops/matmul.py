@@ -39,6 +39,7 @@ from torch.utils.flop_counter import register_flop_formula
 from .. import _C, _workspace
 from .._dispatch import (
     _is_compiling,
+    _strided,
     batched,
     define_op,
     eager,
@@ -49,8 +50,6 @@ from .._dispatch import (
     torch_only,
 )
 from ._out import into as _into
-
-_strided = torch.strided
 
 SCHEDULES = {
     "auto": 0,

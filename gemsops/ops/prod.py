@@ -14,6 +14,7 @@ import torch
 from .. import _C, _workspace
 from .._dispatch import (
     _is_compiling,
+    _strided,
     batched,
     define_op,
     eager,
@@ -315,7 +316,7 @@ def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
             "prod(): argument 'input' must be a Tensor, not "
             f"{type(input).__name__}"
         )
-    if input.is_nested or input.layout is not torch.strided:
+    if input.is_nested or input.layout is not _strided:
         raise layout_refused("prod", (("input", input),))
     if keepdim is _KEEPDIM_DEFAULT:
         keepdim = False
