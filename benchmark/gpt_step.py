@@ -2,8 +2,8 @@
 model with gemsops.nn.Linear in its place, timed in one run.
 
     python benchmark/gpt_step.py [--tokens 8x1024 --d 768 --layers 4]
-                                 [--layernorm] [--compile] [--phases]
-                                 [--json FILE]
+                                 [--layernorm | --fused-add] [--compile]
+                                 [--phases] [--json FILE]
 
 The block: LayerNorm, a fused qkv Linear, causal scaled-dot-product
 attention (torch's), the output projection, LayerNorm, a 4d MLP with GELU;
@@ -11,11 +11,14 @@ residual adds. A step is zero_grad, forward, a mean-square loss, backward
 and an SGD update. Only the Linear layers differ between the two models
 (same weights: the gemsops model is a copy whose Linear modules are
 gemsops.nn.Linear, a subclass); with --layernorm its LayerNorm modules
-are gemsops.nn.LayerNorm as well; with --compile both models run through
-torch.compile (torch's Linear as Inductor lowers it, gemsops' as its
-gemsops::addmm op). Rounds alternate the two models; the
-figure is the median step time of each, and torch's over gemsops' (above
-1: gemsops' step is faster). --json FILE appends the result."""
+are gemsops.nn.LayerNorm as well; with --fused-add each residual add and
+the LayerNorm that reads its sum are one gemsops.nn.FusedAddLayerNorm
+(the copy runs as a FusedAddStack: the same sums and norms); with
+--compile both models run through torch.compile (torch's Linear as
+Inductor lowers it, gemsops' as its gemsops::addmm op). Rounds alternate
+the two models; the figure is the median step time of each, and torch's
+over gemsops' (above 1: gemsops' step is faster). --json FILE appends the
+result."""
 
 import argparse
 import copy
@@ -40,28 +43,65 @@ class Block(torch.nn.Module):
         self.fc1 = torch.nn.Linear(d, 4 * d)
         self.fc2 = torch.nn.Linear(4 * d, d)
 
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, -1)
+    def attend(self, h):
+        """The attention sublayer's output, before its residual add."""
+        b, t, d = h.shape
+        q, k, v = self.qkv(h).split(d, -1)
         q, k, v = (
             z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v)
         )
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
+
+    def mlp(self, h):
+        return self.fc2(F.gelu(self.fc1(h)))
+
+    def forward(self, x):
+        x = x + self.attend(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
 
 
-def with_gemsops_linear(model, layer_norm=False):
+class FusedAddStack(torch.nn.Module):
+    """A Sequential of Blocks run with each residual add fused into the
+    LayerNorm that reads its sum (gemsops.nn.FusedAddLayerNorm returns
+    (layer_norm(a + x), a + x)): the same sums and norms as the blocks run
+    in turn, one pass over the activations fewer per add. The first
+    block's ln1 has no add before it; the last block's add stands alone."""
+
+    def __init__(self, blocks):
+        super().__init__()
+        self.blocks = blocks
+
+    def forward(self, x):
+        out = None  # the last sublayer's output, not yet added to x
+        for blk in self.blocks:
+            if out is None:
+                ln = blk.ln1
+                h = gemsops.layer_norm(
+                    x, ln.normalized_shape, ln.weight, ln.bias, ln.eps
+                )
+            else:
+                h, x = blk.ln1(out, x)
+            h, x = blk.ln2(blk.attend(h), x)
+            out = blk.mlp(h)
+        return x + out
+
+
+def with_gemsops_linear(model, layer_norm=False, fused_add=False):
     """A copy of model whose Linear modules (and, with layer_norm, its
-    LayerNorm modules) are gemsops' subclasses."""
+    LayerNorm modules) are gemsops' subclasses; with fused_add, its
+    LayerNorm modules are gemsops.nn.FusedAddLayerNorm and the copy runs
+    as a FusedAddStack."""
     swap = {torch.nn.Linear: gemsops.nn.Linear}
-    if layer_norm:
+    if fused_add:
+        swap[torch.nn.LayerNorm] = gemsops.nn.FusedAddLayerNorm
+    elif layer_norm:
         swap[torch.nn.LayerNorm] = gemsops.nn.LayerNorm
     m = copy.deepcopy(model)
     for mod in m.modules():
         if type(mod) in swap:
             mod.__class__ = swap[type(mod)]
-    return m
+    return FusedAddStack(m) if fused_add else m
 
 
 def step_time(model, x, opt, steps):
@@ -114,6 +154,12 @@ def main():
         help="gemsops.nn.LayerNorm in place of torch's too",
     )
     ap.add_argument(
+        "--fused-add",
+        action="store_true",
+        help="gemsops.nn.FusedAddLayerNorm in place of each residual add "
+        "and the LayerNorm after it (implies --layernorm)",
+    )
+    ap.add_argument(
         "--compile",
         action="store_true",
         help="both models through torch.compile",
@@ -130,7 +176,7 @@ def main():
     dev = "cuda"
     ref = torch.nn.Sequential(*(Block(a.d, heads) for _ in range(a.layers)))
     ref = ref.to(dev, torch.bfloat16)
-    ours = with_gemsops_linear(ref, a.layernorm)
+    ours = with_gemsops_linear(ref, a.layernorm, a.fused_add)
     x = torch.randn(b, t, a.d, device=dev, dtype=torch.bfloat16)
     models = {"torch": ref, "gemsops": ours}
     if a.compile:
@@ -172,7 +218,13 @@ def main():
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["torch"] / med["gemsops"]
     name = torch.cuda.get_device_name()
-    swapped = "Linear, LayerNorm" if a.layernorm else "Linear"
+    swapped = (
+        "Linear, fused add + LayerNorm"
+        if a.fused_add
+        else "Linear, LayerNorm"
+        if a.layernorm
+        else "Linear"
+    )
     if a.compile:
         swapped += "; both compiled"
     print(

@@ -207,6 +207,36 @@ def test_modules_drop_in(kind, device):
     torch.testing.assert_close(y, theirs(x + res), rtol=1e-5, atol=1e-5)
 
 
+def test_gpt_step_fused_add_stack_is_the_blocks(device):
+    """benchmark/gpt_step.py --fused-add: its FusedAddStack, each residual
+    add fused into the LayerNorm that reads its sum, gives the outputs and
+    parameter gradients of the blocks run in turn."""
+    from benchmark import gpt_step
+
+    torch.manual_seed(0)
+    blocks = [gpt_step.Block(32, 2) for _ in range(3)]
+    ref = torch.nn.Sequential(*blocks).to(device)
+    with torch.no_grad():  # parameters away from their 1 / 0 init
+        for m in ref.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.normal_()
+                m.bias.normal_()
+    ours = gpt_step.with_gemsops_linear(ref, fused_add=True)
+    norms = [m for m in ours.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len(norms) == 6
+    assert all(type(m) is gemsops.nn.FusedAddLayerNorm for m in norms)
+    x = torch.randn(2, 8, 32, device=device)
+    y_ref, y = ref(x), ours(x)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    g = torch.randn_like(y_ref)
+    params_ref, params = list(ref.parameters()), list(ours.parameters())
+    assert len(params) == len(params_ref)
+    grads_ref = torch.autograd.grad(y_ref, params_ref, g)
+    grads = torch.autograd.grad(y, params, g)
+    for got, want in zip(grads, grads_ref):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_compiled_matches_eager():
     torch._dynamo.reset()
     x, res = torch.randn(4, 32), torch.randn(4, 32)
