@@ -5,7 +5,8 @@
 //
 // Three kernels, chosen by N (each in a header of its own:
 // layer_norm_fwd_short.cuh, _registers.cuh, _looped.cuh; what they share in
-// layer_norm_fwd_common.cuh); this file plans and launches them:
+// layer_norm_fwd_common.cuh); this file plans them all and launches the
+// first two, layer_norm_fwd_looped.cu the third:
 //
 // layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2, 4, 8 or 16 of
 // them): G = N / VEC lanes a row, each thread one vector of four rows, so
@@ -66,43 +67,12 @@
 #include "device.cuh"
 #include "gemsops/layer_norm.h"
 #include "gemsops/tensor.h"
-#include "layer_norm_fwd_looped.cuh"
 #include "layer_norm_fwd_registers.cuh"
 #include "layer_norm_fwd_short.cuh"
 #include "layer_norm_plan.cuh"
 
 namespace gemsops {
 namespace {
-
-template <typename T, typename P>
-fwd_args<T, P> make_args(const gemsops_layer_norm_fwd_params *p)
-{
-    using A = acc_t<T>;
-    fwd_args<T, P> a;
-    a.x = static_cast<const T *>(p->x);
-    a.y = static_cast<T *>(p->y);
-    a.w = static_cast<const P *>(p->weight);
-    a.b = static_cast<const P *>(p->bias);
-    a.mean = static_cast<A *>(p->mean);
-    a.rstd = static_cast<A *>(p->rstd);
-    a.res = static_cast<const T *>(p->residual);
-    a.h = static_cast<T *>(p->h);
-    a.res_stride = p->residual_row_stride;
-    a.h_stride = p->h_row_stride;
-    a.rows = p->rows;
-    a.cols = p->cols;
-    a.x_stride = p->x_row_stride;
-    a.y_stride = p->y_row_stride;
-    a.eps = (A)p->eps;
-    a.inv_cols = (A)(1.0 / (double)p->cols);
-    return a;
-}
-
-// A CTA per row group (registers) or per row (looped); not persistent.
-inline unsigned fwd_grid(int64_t row_groups)
-{
-    return (unsigned)std::min<int64_t>(row_groups, (int64_t)1 << 30);
-}
 
 // Whole rows (items_end) have kernels of their own where a row is a warp
 // or less at four accesses: groups of 8 to 32 threads (rows of fewer
@@ -256,39 +226,6 @@ bool run_warp_rows(const gemsops_layer_norm_fwd_params *p, int *rc,
         }
     }
     return false;
-}
-
-template <typename T, typename P, bool RMS, int VEC, int BLOCK>
-void launch_looped(const gemsops_layer_norm_fwd_params *p)
-{
-    cudaStream_t stream = (cudaStream_t)p->stream;
-    if (p->residual) {
-        layer_norm_fwd_looped<T, P, VEC, BLOCK, RMS, true>
-            <<<fwd_grid(p->rows), BLOCK, 0, stream>>>(make_args<T, P>(p));
-    }
-    else {
-        layer_norm_fwd_looped<T, P, VEC, BLOCK, RMS, false>
-            <<<fwd_grid(p->rows), BLOCK, 0, stream>>>(make_args<T, P>(p));
-    }
-}
-
-template <typename T, typename P, bool RMS, int VEC>
-int run_looped(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
-{
-    device_facts f;
-    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
-        return st->code;
-    }
-    if constexpr (sizeof(T) < 8) { // fp64: 512 (looped_min_ctas)
-        if (looped_block_for<T>(p->cols, f) == 1024) {
-            launch_looped<T, P, RMS, VEC, 1024>(p);
-            GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
-            return GEMSOPS_OK;
-        }
-    }
-    launch_looped<T, P, RMS, VEC, 512>(p);
-    GEMSOPS_CUDA_CHECK_LAUNCH(st, "layer_norm_fwd_looped");
-    return GEMSOPS_OK;
 }
 
 template <typename T, typename P>
@@ -487,8 +424,7 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
     constexpr int V = 16 / sizeof(T);
     const bool vec = vector_ok<T, P>(p);
     if (p->cols > (int64_t)fwd_max_tpr<T>() * fwd_elems<T>()) {
-        return vec ? run_looped<T, P, RMS, V>(p, st)
-                   : run_looped<T, P, RMS, 1>(p, st);
+        return layer_norm_fwd_looped_launch<T, P, RMS>(p, vec, st);
     }
     int rc;
     if (vec &&

@@ -1,14 +1,16 @@
 // LayerNorm forward, the pieces its three kernels share (layer_norm_fwd.cu
 // says which kernel takes which rows): elements per thread and the
-// register budget, the kernels' arguments, the corrected two-pass
+// register budget, the kernels' arguments and grid, the corrected two-pass
 // statistics, RMSNorm's statistic, and the affine output with w and b
 // present or absent at compile time. Each kernel's own launch bounds sit
 // beside it.
 #pragma once
 
+#include <algorithm>
 #include <type_traits>
 
 #include "convert.cuh"
+#include "gemsops/layer_norm.h"
 
 namespace gemsops {
 namespace {
@@ -52,6 +54,36 @@ struct fwd_args {
     T *h; // with res: h written, in the dtype (torch's add rounds so)
     int64_t res_stride, h_stride;
 };
+
+template <typename T, typename P>
+fwd_args<T, P> make_args(const gemsops_layer_norm_fwd_params *p)
+{
+    using A = acc_t<T>;
+    fwd_args<T, P> a;
+    a.x = static_cast<const T *>(p->x);
+    a.y = static_cast<T *>(p->y);
+    a.w = static_cast<const P *>(p->weight);
+    a.b = static_cast<const P *>(p->bias);
+    a.mean = static_cast<A *>(p->mean);
+    a.rstd = static_cast<A *>(p->rstd);
+    a.res = static_cast<const T *>(p->residual);
+    a.h = static_cast<T *>(p->h);
+    a.res_stride = p->residual_row_stride;
+    a.h_stride = p->h_row_stride;
+    a.rows = p->rows;
+    a.cols = p->cols;
+    a.x_stride = p->x_row_stride;
+    a.y_stride = p->y_row_stride;
+    a.eps = (A)p->eps;
+    a.inv_cols = (A)(1.0 / (double)p->cols);
+    return a;
+}
+
+// The grid: a CTA per row group (registers) or per row (looped); not persistent.
+inline unsigned fwd_grid(int64_t row_groups)
+{
+    return (unsigned)std::min<int64_t>(row_groups, (int64_t)1 << 30);
+}
 
 // x = x + r rounded to T, as torch's add (in the accumulator type, which
 // is exact for two half values and torch's own type for fp32/fp64).
@@ -177,4 +209,15 @@ __device__ __forceinline__ void with_affine(const void *w, const void *b,
 }
 
 } // namespace
+
+// The looped kernel's launch for rows past the register kernel's (vec:
+// 16-byte accesses fit), compiled in layer_norm_fwd_looped.cu, a file of
+// its own: NVVM weighs inlining over a whole module, and beside grown
+// register-kernel instantiations the looped kernels' reciprocal slow path
+// was left a call, and they spilled. Instantiated for the (input,
+// parameter) dtype pairs of layer_norm_fwd.cu's dtype switch.
+template <typename T, typename P, bool RMS>
+int layer_norm_fwd_looped_launch(const gemsops_layer_norm_fwd_params *p,
+                                 bool vec, gemsops_status *st);
+
 } // namespace gemsops
