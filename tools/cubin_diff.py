@@ -4,8 +4,10 @@ namespace's per-compilation hash taken out of the names. A change meant
 for some kernels alone shows there with no GPU: every other kernel is the
 code that already ran.
 
-usage: python -m tools.cubin_diff A.cubin B.cubin
-  make each with the build's device flags, e.g.
+usage: python -m tools.cubin_diff A.cubin[,A2.cubin...] B.cubin[,...]
+  (a comma-separated list: the kernels of several sources taken together,
+  for code moved from one source to another); make each with the build's
+  device flags, e.g.
   nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 \\
       -Iinclude -Icsrc -DGEMSOPS_HAVE_SM90A=1 -DGEMSOPS_HAVE_PDL=1 \\
       -o A.cubin csrc/cuda/layer_norm_fwd.cu
@@ -15,7 +17,9 @@ import re
 import struct
 import sys
 
-ANON = re.compile(r"_GLOBAL__N__\w+?_cu_[0-9a-f]+")
+# the anonymous namespace's name, with the length prefix before it (it
+# changes with the source's name) and the suffix some sources' hashes get
+ANON = re.compile(r"\d+_GLOBAL__N__\w+?_cu_[0-9a-f]+(?:_[0-9]+)?")
 
 
 def kernels(path):
@@ -44,7 +48,10 @@ def kernels(path):
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
-    a, b = kernels(sys.argv[1]), kernels(sys.argv[2])
+    a, b = ({}, {})
+    for side, paths in ((a, sys.argv[1]), (b, sys.argv[2])):
+        for path in paths.split(","):
+            side.update(kernels(path))
     differ = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
     print(
         f"{len(a.keys() & b.keys()) - len(differ)} kernels the same, "
