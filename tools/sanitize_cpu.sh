@@ -27,10 +27,11 @@ if [ "${KEEP:-0}" = 1 ]; then
 else
     trap 'rm -rf "$work"' EXIT
 fi
-# the working tree as it is (uncommitted files included), without built
-# modules or caches
+# the working tree as it is (uncommitted files included; benchmark for
+# the tests that import its models), without built modules or caches
 tar -cf - --exclude='*.so' --exclude=__pycache__ --exclude=.pytest_cache \
-    setup.py pyproject.toml LICENSE README.md csrc include gemsops tests |
+    setup.py pyproject.toml LICENSE README.md csrc include gemsops tests \
+    benchmark |
     tar -C "$work" -xf -
 
 t0=$(date +%s)
