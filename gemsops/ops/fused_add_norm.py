@@ -19,16 +19,19 @@ from . import layer_norm as ln
 from . import rms_norm as rn
 
 
-def _forward(x, res, shape, weight, bias, eps, rms):
-    """(y, h, mean, rstd); mean None for RMSNorm; flat statistics."""
+def _forward(x, res, shape, weight, bias, eps, rms, want_stats=True):
+    """(y, h, mean, rstd); mean None for RMSNorm; flat statistics, or None
+    when not wanted (no gradient to take: inference skips them)."""
     nd = len(shape)
     x, res = ln._rows(x, nd), ln._rows(ln._plain(res), nd)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = torch.empty_like(x, memory_format=torch.contiguous_format)
-    rows = math.prod(x.shape[: x.dim() - nd])
-    sd = ln._stats_dtype(x.dtype)
-    mean = None if rms else x.new_empty(rows, dtype=sd)
-    rstd = x.new_empty(rows, dtype=sd)
+    mean = rstd = None
+    if want_stats:
+        rows = math.prod(x.shape[: x.dim() - nd])
+        sd = ln._stats_dtype(x.dtype)
+        mean = None if rms else x.new_empty(rows, dtype=sd)
+        rstd = x.new_empty(rows, dtype=sd)
     ws = ln.fwd_scratch(x, weight, bias, nd)
     _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd, ws)
     return y, h, mean, rstd
@@ -172,6 +175,17 @@ def _traced(x, residual, shape, weight, bias, eps, rms):
     return ln._layer_norm_op(h, shape, weight, bias, eps)[0], h
 
 
+def _needs_grad(x, res, weight, bias=None):
+    """Autograd records the call: grad mode on and an input requiring
+    grad."""
+    return torch.is_grad_enabled() and (
+        x.requires_grad
+        or res.requires_grad
+        or (weight is not None and weight.requires_grad)
+        or (bias is not None and bias.requires_grad)
+    )
+
+
 def _fits(x, residual):
     """residual is what the fused kernels read beside x: a tensor of x's
     shape, dtype and device. Anything else (a broadcast, another dtype, a
@@ -204,6 +218,10 @@ def fused_add_layer_norm(
         eps = ln.eps_arg(eps, fn)
     if not eager((input, residual, weight, bias)):
         return _traced(input, residual, shape, weight, bias, eps, False)
+    if not _needs_grad(input, residual, weight, bias):
+        return _forward(
+            input, residual, shape, weight, bias, eps, False, False
+        )[:2]
     return _fused_add_norm_function(
         input, residual, shape, weight, bias, eps, False
     )
@@ -227,6 +245,10 @@ def fused_add_rms_norm(
     weight = rn._weight_for(input, weight)
     if not eager((input, residual, weight)):
         return _traced(input, residual, shape, weight, None, eps, True)
+    if not _needs_grad(input, residual, weight):
+        return _forward(
+            input, residual, shape, weight, None, eps, True, False
+        )[:2]
     return _fused_add_norm_function(
         input, residual, shape, weight, None, eps, True
     )
