@@ -87,7 +87,7 @@ class FusedAddStack(torch.nn.Module):
         return x + out
 
 
-def with_gemsops_linear(model, layer_norm=False, fused_add=False):
+def gemsops_copy(model, layer_norm=False, fused_add=False):
     """A copy of model whose Linear modules (and, with layer_norm, its
     LayerNorm modules) are gemsops' subclasses; with fused_add, its
     LayerNorm modules are gemsops.nn.FusedAddLayerNorm and the copy runs
@@ -148,16 +148,17 @@ def main():
     ap.add_argument(
         "--profile", action="store_true", help="kernel table of one step each"
     )
-    ap.add_argument(
+    norms = ap.add_mutually_exclusive_group()
+    norms.add_argument(
         "--layernorm",
         action="store_true",
         help="gemsops.nn.LayerNorm in place of torch's too",
     )
-    ap.add_argument(
+    norms.add_argument(
         "--fused-add",
         action="store_true",
         help="gemsops.nn.FusedAddLayerNorm in place of each residual add "
-        "and the LayerNorm after it (implies --layernorm)",
+        "and the LayerNorm after it (its LayerNorms are gemsops' too)",
     )
     ap.add_argument(
         "--compile",
@@ -176,7 +177,7 @@ def main():
     dev = "cuda"
     ref = torch.nn.Sequential(*(Block(a.d, heads) for _ in range(a.layers)))
     ref = ref.to(dev, torch.bfloat16)
-    ours = with_gemsops_linear(ref, a.layernorm, a.fused_add)
+    ours = gemsops_copy(ref, a.layernorm, a.fused_add)
     x = torch.randn(b, t, a.d, device=dev, dtype=torch.bfloat16)
     models = {"torch": ref, "gemsops": ours}
     if a.compile:

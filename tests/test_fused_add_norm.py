@@ -221,7 +221,7 @@ def test_gpt_step_fused_add_stack_is_the_blocks(device):
             if isinstance(m, torch.nn.LayerNorm):
                 m.weight.normal_()
                 m.bias.normal_()
-    ours = gpt_step.with_gemsops_linear(ref, fused_add=True)
+    ours = gpt_step.gemsops_copy(ref, fused_add=True)
     norms = [m for m in ours.modules() if isinstance(m, torch.nn.LayerNorm)]
     assert len(norms) == 6
     assert all(type(m) is gemsops.nn.FusedAddLayerNorm for m in norms)
@@ -363,3 +363,44 @@ def test_h_requires_grad_only_through_its_addends(rms, device):
         else gemsops.fused_add_layer_norm(xg, r, (8,), w)
     )
     assert h.requires_grad
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "case", ["no_grad", "inference_mode", "plain", "weight_only", "empty"]
+)
+def test_without_autograd_as_the_function(kind, case, device):
+    """A call autograd does not record (grad off, or no input requiring
+    grad) skips the Function and the statistics: its outputs are the
+    Function path's, bit for bit, and neither requires grad."""
+    from gemsops.ops import fused_add_norm as fa
+
+    shape = (0, 24) if case == "empty" else (5, 3, 24)
+    x, res, pshape, w, b = make(kind, shape, 1, torch.bfloat16, device)
+    x = x[:, ::2] if case != "empty" else x  # rows not contiguous
+    res = torch._neg_view(res[:, ::2] if case != "empty" else res)
+    w = w.float()  # fp32 parameters beside bf16 rows
+    b = None if b is None or case == "weight_only" else b.float()
+    need = case in ("no_grad", "inference_mode")
+    x.requires_grad_(need)
+    mode = {
+        "no_grad": torch.no_grad,
+        "inference_mode": torch.inference_mode,
+    }.get(case, torch.enable_grad)
+    with mode():
+        y, h = run(kind, x, res, pshape, w, b)
+    with torch.enable_grad():
+        want_y, want_h = fa._fused_add_norm_function(
+            x.detach(),
+            res.resolve_neg(),
+            pshape,
+            w,
+            None if kind == "rms" else b,
+            1e-5,
+            kind == "rms",
+        )
+    for got, want in ((y, want_y), (h, want_h)):
+        assert not got.requires_grad and got.grad_fn is None
+        assert got.is_inference() == (case == "inference_mode")
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got, want)

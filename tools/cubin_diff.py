@@ -17,9 +17,20 @@ import re
 import struct
 import sys
 
-# the anonymous namespace's name, with the length prefix before it (it
-# changes with the source's name) and the suffix some sources' hashes get
-ANON = re.compile(r"\d+_GLOBAL__N__\w+?_cu_[0-9a-f]+(?:_[0-9]+)?")
+# an anonymous namespace's mangled name: its length, then the name
+ANON = re.compile(r"(\d+)_GLOBAL__N__")
+
+
+def without_anon(name):
+    """name without its anonymous namespaces, each cut by its mangled
+    length (the name holds the source's name and a per-build hash)."""
+    out, at = [], 0
+    for m in ANON.finditer(name):
+        if m.start() < at:  # inside a namespace name already cut
+            continue
+        out.append(name[at : m.start()])
+        at = m.start(1) + len(m.group(1)) + int(m.group(1))
+    return "".join(out) + name[at:]
 
 
 def kernels(path):
@@ -39,9 +50,13 @@ def kernels(path):
         start = names_at + name_off
         name = data[start : data.index(b"\0", start)].decode()
         if name.startswith(".text."):
-            out[ANON.sub("", name[len(".text.") :])] = data[
-                offset : offset + size
-            ]
+            key = without_anon(name[len(".text.") :])
+            if key in out:
+                sys.exit(
+                    f"{path}: two kernels named {key} once the "
+                    "anonymous namespace is cut"
+                )
+            out[key] = data[offset : offset + size]
     return out
 
 
@@ -51,7 +66,10 @@ def main():
     a, b = ({}, {})
     for side, paths in ((a, sys.argv[1]), (b, sys.argv[2])):
         for path in paths.split(","):
-            side.update(kernels(path))
+            more = kernels(path)
+            if side.keys() & more.keys():
+                sys.exit(f"{path}: a kernel of it is in another cubin too")
+            side.update(more)
     differ = sorted(k for k in a.keys() & b.keys() if a[k] != b[k])
     print(
         f"{len(a.keys() & b.keys()) - len(differ)} kernels the same, "

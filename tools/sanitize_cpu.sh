@@ -30,6 +30,7 @@ fi
 # the working tree as it is (uncommitted files included; benchmark for
 # the tests that import its models), without built modules or caches
 tar -cf - --exclude='*.so' --exclude=__pycache__ --exclude=.pytest_cache \
+    --exclude=benchmark/results \
     setup.py pyproject.toml LICENSE README.md csrc include gemsops tests \
     benchmark |
     tar -C "$work" -xf -

@@ -5,8 +5,8 @@
 //
 // Three kernels, chosen by N (each in a header of its own:
 // layer_norm_fwd_short.cuh, _registers.cuh, _looped.cuh; what they share in
-// layer_norm_fwd_common.cuh); this file plans them all and launches the
-// first two, layer_norm_fwd_looped.cu the third:
+// layer_norm_fwd_common.cuh); this file chooses among them and launches the
+// first two, layer_norm_fwd_looped.cu the third (and picks its block):
 //
 // layer_norm_fwd_short_rows (16-byte accesses, N of 1, 2, 4, 8 or 16 of
 // them): G = N / VEC lanes a row, each thread one vector of four rows, so
@@ -59,7 +59,6 @@
 // -k forward, or one case: python tools/ln_time.py 8192,8192:fwd:bfloat16;
 // A/B a change with tools/ab.sh. Measurements behind the choices below:
 // docs/performance.md.
-#include <algorithm>
 #include <type_traits>
 #include <utility>
 

@@ -79,7 +79,9 @@ fwd_args<T, P> make_args(const gemsops_layer_norm_fwd_params *p)
     return a;
 }
 
-// The grid: a CTA per row group (registers) or per row (looped); not persistent.
+// A CTA per row group (register and short-rows kernels) or per row
+// (looped); not persistent: the SM overlaps one CTA's reductions with
+// another's loads.
 inline unsigned fwd_grid(int64_t row_groups)
 {
     return (unsigned)std::min<int64_t>(row_groups, (int64_t)1 << 30);
@@ -211,11 +213,9 @@ __device__ __forceinline__ void with_affine(const void *w, const void *b,
 } // namespace
 
 // The looped kernel's launch for rows past the register kernel's (vec:
-// 16-byte accesses fit), compiled in layer_norm_fwd_looped.cu, a file of
-// its own: NVVM weighs inlining over a whole module, and beside grown
-// register-kernel instantiations the looped kernels' reciprocal slow path
-// was left a call, and they spilled. Instantiated for the (input,
-// parameter) dtype pairs of layer_norm_fwd.cu's dtype switch.
+// 16-byte accesses fit), defined and instantiated, for each (input,
+// parameter) dtype pair of layer_norm_fwd.cu's dtype switch, in
+// layer_norm_fwd_looped.cu.
 template <typename T, typename P, bool RMS>
 int layer_norm_fwd_looped_launch(const gemsops_layer_norm_fwd_params *p,
                                  bool vec, gemsops_status *st);

@@ -1,8 +1,9 @@
-// LayerNorm forward, the looped kernel's launch (the kernel:
-// layer_norm_fwd_looped.cuh; layer_norm_fwd.cu plans every launch and
-// sends rows past the register kernel's here). A translation unit of its
-// own, so that the other kernels' instantiations do not move how NVVM
-// inlines this one's (layer_norm_fwd_looped_launch).
+// LayerNorm forward, the looped kernel's launch: its block and grid (the
+// kernel, its math and its bytes: layer_norm_fwd_looped.cuh; which rows
+// come here: layer_norm_fwd.cu, which plans the forward). A translation
+// unit of its own because NVVM weighs inlining over a whole module: beside
+// grown register-kernel instantiations, the looped kernels' reciprocal
+// slow path was left a call and they spilled (docs/performance.md).
 #include "cuda_check.cuh"
 #include "device.cuh"
 #include "layer_norm_fwd_looped.cuh"

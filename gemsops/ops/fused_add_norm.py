@@ -38,15 +38,14 @@ def _forward(x, res, shape, weight, bias, eps, rms, want_stats=True):
 
 
 class FusedAddNormFunction(torch.autograd.Function):
-    """The eager path. Under create_graph the backward is the norm's
-    differentiable backward op at h plus dh; h is this node's own output,
-    so second-order terms reach x and residual through it."""
+    """The eager path where autograd records the call. Under create_graph
+    the backward is the norm's differentiable backward op at h plus dh; h
+    is this node's own output, so second-order terms reach x and residual
+    through it."""
 
     @staticmethod
     def forward(ctx, x, res, shape, weight, bias, eps, rms):
         y, h, mean, rstd = _forward(x, res, shape, weight, bias, eps, rms)
-        if not any(ctx.needs_input_grad):
-            return y, h
         ctx.shape, ctx.eps, ctx.rms = shape, eps, rms
         ctx.has_bias = bias is not None
         ctx.save_for_backward(h, weight, mean, rstd, bias)
@@ -176,13 +175,9 @@ def _traced(x, residual, shape, weight, bias, eps, rms):
 
 
 def _needs_grad(x, res, weight, bias=None):
-    """Autograd records the call: grad mode on and an input requiring
-    grad."""
-    return torch.is_grad_enabled() and (
-        x.requires_grad
-        or res.requires_grad
-        or (weight is not None and weight.requires_grad)
-        or (bias is not None and bias.requires_grad)
+    """Autograd records the call (the eager path's Function then)."""
+    return ln._needs_grad(x, weight, bias) or (
+        torch.is_grad_enabled() and res.requires_grad
     )
 
 
