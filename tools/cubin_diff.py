@@ -63,7 +63,7 @@ def kernels(path):
 def main():
     if len(sys.argv) != 3:
         sys.exit(__doc__)
-    a, b = ({}, {})
+    a, b = {}, {}
     for side, paths in ((a, sys.argv[1]), (b, sys.argv[2])):
         for path in paths.split(","):
             more = kernels(path)

@@ -177,7 +177,7 @@ def _traced(x, residual, shape, weight, bias, eps, rms):
 def _needs_grad(x, res, weight, bias=None):
     """Autograd records the call (the eager path's Function then)."""
     return ln._needs_grad(x, weight, bias) or (
-        torch.is_grad_enabled() and res.requires_grad
+        res.requires_grad and torch.is_grad_enabled()
     )
 
 
