@@ -155,6 +155,9 @@ def test_transformer_encoder_layer_cuda():
         got = _train_step(layer, x)
         assert counts["mm"] + counts["addmm"] > 0
     torch.testing.assert_close(got[0], want[0], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-3, atol=1e-3)
+    for g, w in zip(got[2], want[2], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-3)
 
 
 def test_addmm_alpha_zero_keeps_nan_out():

@@ -730,6 +730,18 @@ def test_cuda_graph_capture():
     graph.replay()
     torch.cuda.synchronize()
     assert_close(out, layer_norm_reference(x, pshape, w, b)[0], torch.bfloat16)
+    # the replayed backward's gradients, of the new x
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    ref = torch.nn.functional.layer_norm(leaves[0], pshape, *leaves[1:])
+    ref.backward(g.double())
+    for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
+        assert_close(
+            t.grad,
+            leaf.grad,
+            torch.bfloat16,
+            name=name,
+            reduce_len=512 if name != "dx" else 1,
+        )
 
 
 @pytest.mark.parametrize("n", [32, 1000, 4096, 40000])
