@@ -1,6 +1,8 @@
 """Autocast: gemsops follows torch's own lists. Under CPU autocast (bf16)
 the matmul family runs in bf16, the norms keep their input's dtype, prod
-runs in float32; on CUDA layer_norm and rms_norm run in float32 too."""
+runs in float32; on CUDA layer_norm runs in float32 too, and rms_norm as
+the installed torch's rule has it (float32 in torch 2.13, its input's dtype
+in 2.11)."""
 
 import json
 import subprocess

@@ -18,6 +18,7 @@ import torch
 from .. import _C
 from .._dispatch import (
     batched,
+    cast_floating,
     define_op,
     eager,
     eager_apply,
@@ -184,8 +185,14 @@ def _rms_norm_grad(ctx, grad_out, _grstd):
 
 
 _rms_norm_op.register_autograd(_rms_norm_grad, setup_context=_rms_norm_setup)
-# torch's CUDA autocast runs rms_norm in fp32, as layer_norm (no CPU rule)
-register_autocast(torch.ops.gemsops.rms_norm.default, "cuda", "fp32")
+# The installed torch's CUDA autocast rule: rms_norm is on its fp32 list in
+# some releases (2.13: as layer_norm) and on none in others (2.11 keeps the
+# input's dtype). Neither has a CPU rule.
+_CUDA_AUTOCAST_FP32 = torch._C._dispatch_has_kernel_for_dispatch_key(
+    "aten::rms_norm", "AutocastCUDA"
+)
+if _CUDA_AUTOCAST_FP32:
+    register_autocast(torch.ops.gemsops.rms_norm.default, "cuda", "fp32")
 
 
 @_rms_norm_op.register_composite
@@ -260,6 +267,8 @@ def _forward_torch(x, shape, weight, eps, fn="rms_norm"):
     """rms_norm in torch's differentiable ops, for torch_only(): (out,
     rstd) as the op returns them, rstd not differentiable."""
     ln.check_traced(x, shape, (("weight", weight),), fn)
+    if _CUDA_AUTOCAST_FP32 and x.is_cuda and torch.is_autocast_enabled("cuda"):
+        x, weight = cast_floating((x, weight), "cuda", torch.float32)
     cols = tuple(range(x.dim() - len(shape), x.dim()))
     xf = x.to(ln._stats_dtype(x.dtype))
     rstd = torch.rsqrt((xf * xf).mean(cols, keepdim=True) + eps)
