@@ -267,21 +267,61 @@ __device__ __forceinline__ void normalize_items(
     const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], L lim,
     int64_t col0, T *yr, A mean, A rstd)
 {
+    // rows of four or more items keep the order below: holding their
+    // parameters spilled, and long half rows ran slower that way
+    constexpr bool params_first = rounds_in_pairs<T, VEC>() && VEC == 8 &&
+                                  sizeof(P) == sizeof(T) && ITEMS <= 3;
+    if constexpr (params_first) {
+        // half rows and parameters: every item's w and b first, on the
+        // read-only path and from an address inside the row whether or not
+        // the item is (the row's start), so that no branch holds them, and
+        // y stored without a memory clobber: one round trip for the
+        // parameters, not one an item behind the item before's store
+        vec_t<P, VEC> wv[ITEMS], bv[ITEMS];
 #pragma unroll
-    for (int i = 0; i < ITEMS; i++) {
-        if (i * STEP >= lim) {
-            continue;
+        for (int i = 0; i < ITEMS; i++) {
+            const int64_t c = i * STEP < lim ? col0 + i * STEP : 0;
+            if constexpr (HAS_W) {
+                wv[i] = load_vec_ro<P, VEC>(a.w + c);
+            }
+            if constexpr (HAS_B) {
+                bv[i] = load_vec_ro<P, VEC>(a.b + c);
+            }
         }
-        A wf[VEC], bf[VEC], xf[VEC], out[VEC];
-        if constexpr (HAS_W) {
-            widen_vec<A>(load_vec<P, VEC>(a.w + col0 + i * STEP), wf);
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (i * STEP >= lim) {
+                continue;
+            }
+            A wf[VEC], bf[VEC], xf[VEC], out[VEC];
+            if constexpr (HAS_W) {
+                widen_vec<A>(wv[i], wf);
+            }
+            if constexpr (HAS_B) {
+                widen_vec<A>(bv[i], bf);
+            }
+            widen_vec<A>(xv[i], xf);
+            affine<HAS_W, HAS_B>(xf, mean, rstd, wf, bf, out);
+            store_rounded_unordered<T, VEC>(yr + i * STEP, out);
         }
-        if constexpr (HAS_B) {
-            widen_vec<A>(load_vec<P, VEC>(a.b + col0 + i * STEP), bf);
+    }
+    else {
+#pragma unroll
+        for (int i = 0; i < ITEMS; i++) {
+            if (i * STEP >= lim) {
+                continue;
+            }
+            A wf[VEC], bf[VEC], xf[VEC], out[VEC];
+            if constexpr (HAS_W) {
+                widen_vec<A>(load_vec<P, VEC>(a.w + col0 + i * STEP), wf);
+            }
+            if constexpr (HAS_B) {
+                widen_vec<A>(load_vec<P, VEC>(a.b + col0 + i * STEP), bf);
+            }
+            widen_vec<A>(xv[i], xf);
+            affine<HAS_W, HAS_B>(xf, mean, rstd, wf, bf, out);
+            store_rounded<T, VEC>(yr + i * STEP, out);
         }
-        widen_vec<A>(xv[i], xf);
-        affine<HAS_W, HAS_B>(xf, mean, rstd, wf, bf, out);
-        store_rounded<T, VEC>(yr + i * STEP, out);
     }
 }
 
