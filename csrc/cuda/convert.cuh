@@ -228,24 +228,6 @@ __device__ __forceinline__ void store_rounded(T *p, const A (&o)[VEC])
     }
 }
 
-// store_rounded for output no thread of the kernel reads back: its 16-byte
-// store without the memory clobber, so that loads after it (the next
-// item's read-only parameters) may be issued before it.
-template <typename T, int VEC, typename A>
-__device__ __forceinline__ void store_rounded_unordered(T *p,
-                                                        const A (&o)[VEC])
-{
-    if constexpr (rounds_in_pairs<T, VEC>() && VEC == 8) {
-        unsigned w[VEC / 2];
-        round_pairs<T, VEC>(o, w);
-        asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p),
-                     "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]));
-    }
-    else {
-        store_rounded<T, VEC>(p, o);
-    }
-}
-
 // VEC elements of one access widened at once. bf16 pairs come straight
 // from their 32-bit words: the low element shifted up, the high one
 // masked, one instruction an element, opaque as widen() is so that each

@@ -259,25 +259,24 @@ __device__ __forceinline__ acc_t<T> stats_rms(const fwd_args<T, P> &a,
     return rms_rstd(a, sum_sq[0]);
 }
 
-// The register kernel's output for one row's items, w and b widened from
-// their words.
+// The register kernel's output for one row's items. Half rows with half
+// parameters of up to three items load every item's w and b first, on the
+// read-only path (the C boundary refuses outputs overlapping inputs) and
+// from a valid address whether or not the item is in the row (w and b
+// themselves), so that no branch holds them: one round trip for the
+// parameters, not one an item behind the item before's store. Rows of four
+// or more items load an item's w and b after the item before's store:
+// holding them all spilled, and long half rows ran slower that way.
 template <bool HAS_W, bool HAS_B, int STEP, typename T, typename P, int VEC,
           int ITEMS, typename L, typename A>
 __device__ __forceinline__ void normalize_items(
     const fwd_args<T, P> &a, const vec_t<T, VEC> (&xv)[ITEMS], L lim,
     int64_t col0, T *yr, A mean, A rstd)
 {
-    // rows of four or more items keep the order below: holding their
-    // parameters spilled, and long half rows ran slower that way
     constexpr bool params_first = rounds_in_pairs<T, VEC>() && VEC == 8 &&
                                   sizeof(P) == sizeof(T) && ITEMS <= 3;
+    vec_t<P, VEC> wv[ITEMS], bv[ITEMS];
     if constexpr (params_first) {
-        // half rows and parameters: every item's w and b first, on the
-        // read-only path and from an address inside the row whether or not
-        // the item is (the row's start), so that no branch holds them, and
-        // y stored without a memory clobber: one round trip for the
-        // parameters, not one an item behind the item before's store
-        vec_t<P, VEC> wv[ITEMS], bv[ITEMS];
 #pragma unroll
         for (int i = 0; i < ITEMS; i++) {
             const int64_t c = i * STEP < lim ? col0 + i * STEP : 0;
@@ -288,40 +287,31 @@ __device__ __forceinline__ void normalize_items(
                 bv[i] = load_vec_ro<P, VEC>(a.b + c);
             }
         }
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            if (i * STEP >= lim) {
-                continue;
-            }
-            A wf[VEC], bf[VEC], xf[VEC], out[VEC];
-            if constexpr (HAS_W) {
-                widen_vec<A>(wv[i], wf);
-            }
-            if constexpr (HAS_B) {
-                widen_vec<A>(bv[i], bf);
-            }
-            widen_vec<A>(xv[i], xf);
-            affine<HAS_W, HAS_B>(xf, mean, rstd, wf, bf, out);
-            store_rounded_unordered<T, VEC>(yr + i * STEP, out);
-        }
     }
-    else {
-#pragma unroll
-        for (int i = 0; i < ITEMS; i++) {
-            if (i * STEP >= lim) {
-                continue;
-            }
-            A wf[VEC], bf[VEC], xf[VEC], out[VEC];
-            if constexpr (HAS_W) {
-                widen_vec<A>(load_vec<P, VEC>(a.w + col0 + i * STEP), wf);
-            }
-            if constexpr (HAS_B) {
-                widen_vec<A>(load_vec<P, VEC>(a.b + col0 + i * STEP), bf);
-            }
-            widen_vec<A>(xv[i], xf);
-            affine<HAS_W, HAS_B>(xf, mean, rstd, wf, bf, out);
-            store_rounded<T, VEC>(yr + i * STEP, out);
+    // item i's parameter: held, or loaded now
+    auto param = [&](const P *p, const vec_t<P, VEC> &held, int i) {
+        if constexpr (params_first) {
+            return held;
         }
+        else {
+            return load_vec<P, VEC>(p + col0 + i * STEP);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < ITEMS; i++) {
+        if (i * STEP >= lim) {
+            continue;
+        }
+        A wf[VEC], bf[VEC], xf[VEC], out[VEC];
+        if constexpr (HAS_W) {
+            widen_vec<A>(param(a.w, wv[i], i), wf);
+        }
+        if constexpr (HAS_B) {
+            widen_vec<A>(param(a.b, bv[i], i), bf);
+        }
+        widen_vec<A>(xv[i], xf);
+        affine<HAS_W, HAS_B>(xf, mean, rstd, wf, bf, out);
+        store_rounded<T, VEC>(yr + i * STEP, out);
     }
 }
 

@@ -20,8 +20,10 @@
  * dx (which is also the residual's gradient).
  *
  * Tensors are validated at the Python boundary (csrc/py_layer_norm.c);
- * backends may assume every pointer, size and stride here is consistent.
- * Rows are `row_stride` elements apart; columns are contiguous. */
+ * backends may assume every pointer, size and stride here is consistent,
+ * and that no output overlaps an input (the CUDA kernels read x, residual,
+ * weight and bias through the read-only cache). Rows are `row_stride`
+ * elements apart; columns are contiguous. */
 #pragma once
 
 #include "gemsops/status.h"
