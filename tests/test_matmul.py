@@ -1452,7 +1452,9 @@ def test_out_dtype_as_torch(name, dtype, device):
         ]
         raised = [raised_type(call) for call in calls]
         assert raised[0] == raised[1], name
-        assert torch.equal(outs[0], outs[1]), name
+        assert outs[0].shape == outs[1].shape, name
+        if raised[0] is None:  # values only where both wrote
+            assert torch.equal(outs[0], outs[1]), name
 
 
 def test_out_aliasing_an_input(device):
