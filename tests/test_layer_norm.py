@@ -606,6 +606,19 @@ def test_cuda_forward_fp32_one_wave_rows(affine, rows_an_sm, n):
     check_four_norms(*make((rows, n), 1, torch.float32, "cuda", affine))
 
 
+def _assert_bf16_grads(tensors, leaves, rows):
+    """x, w and b's gradients against the float64 leaves' (dW and dB sum
+    over `rows` rows)."""
+    for name, t, leaf in zip(("dx", "dw", "db"), tensors, leaves, strict=True):
+        assert_close(
+            t.grad,
+            leaf.grad,
+            torch.bfloat16,
+            name=name,
+            reduce_len=rows if name != "dx" else 1,
+        )
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("n", [1, 7, 64, 1000, 4097, 65536, 262144, 1048576])
 def test_cuda_row_lengths_up_to_2_20(n):
@@ -618,14 +631,7 @@ def test_cuda_row_lengths_up_to_2_20(n):
     ref = layer_norm_reference(leaves[0], pshape, leaves[1], leaves[2])[0]
     ref.backward(g.double())
     assert_close(out, ref, torch.bfloat16)
-    for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
-        assert_close(
-            t.grad,
-            leaf.grad,
-            torch.bfloat16,
-            name=name,
-            reduce_len=rows if name != "dx" else 1,
-        )
+    _assert_bf16_grads((x, w, b), leaves, rows)
 
 
 @pytest.mark.cuda
@@ -734,14 +740,7 @@ def test_cuda_graph_capture():
     leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
     ref = torch.nn.functional.layer_norm(leaves[0], pshape, *leaves[1:])
     ref.backward(g.double())
-    for name, t, leaf in zip(("dx", "dw", "db"), (x, w, b), leaves):
-        assert_close(
-            t.grad,
-            leaf.grad,
-            torch.bfloat16,
-            name=name,
-            reduce_len=512 if name != "dx" else 1,
-        )
+    _assert_bf16_grads((x, w, b), leaves, 512)
 
 
 @pytest.mark.parametrize("n", [32, 1000, 4096, 40000])
