@@ -16,6 +16,7 @@ from collections import Counter
 
 import torch
 
+from .ops import _norm_args as _norm
 from .ops import layer_norm as _ln
 from .ops import linear as _linear
 from .ops import matmul as _mm
@@ -30,6 +31,7 @@ OPS = (
     "bmm",
     "addmm",
 )
+
 _KEYS = {"cpu": "CPU", "cuda": "CUDA"}
 _MM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LN_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -65,9 +67,9 @@ def _native_layer_norm(x, normalized_shape, weight, bias, eps):
     shape = tuple(normalized_shape)
     _need(_shape_ok(x, shape))
     out, mean, rstd = _ln._forward(
-        _plain(x), shape, _ln._param(weight), _ln._param(bias), eps
+        _plain(x), shape, _norm.param(weight), _norm.param(bias), eps
     )
-    st = _ln._stat_shape(x, len(shape))
+    st = _norm.stat_view_shape(x, len(shape))
     sd = _torch_stats_dtype(x, weight, bias)
     return out, mean.view(st).to(sd), rstd.view(st).to(sd)
 
@@ -79,7 +81,7 @@ def _torch_stats_dtype(x, weight, bias):
     mixed = any(p is not None and p.dtype != x.dtype for p in (weight, bias))
     if x.device.type == "cpu" and not mixed:
         return x.dtype
-    return _ln._stats_dtype(x.dtype)
+    return _norm.stats_dtype(x.dtype)
 
 
 def _native_layer_norm_backward(
@@ -97,13 +99,13 @@ def _native_layer_norm_backward(
     want = _torch_stats_dtype(x, weight, bias)
     _need(mean.dtype == want and rstd.dtype == want)
     _need(weight is not None or bias is None or bias.dtype == x.dtype)
-    sd = _ln._stats_dtype(x.dtype)
+    sd = _norm.stats_dtype(x.dtype)
     mean, rstd = (_plain(s).to(sd).reshape(-1) for s in (mean, rstd))
     return _ln._backward(
         grad_out,
         _plain(x),
         shape,
-        _ln._param(weight),
+        _norm.param(weight),
         mean,
         rstd,
         want_dx,

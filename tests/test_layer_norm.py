@@ -787,7 +787,7 @@ def test_long_rows_with_a_large_mean_keep_their_deviations(n, device):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.float64])
 def test_stats_dtype_mirrors_c(dtype):
-    from gemsops.ops.layer_norm import _stats_dtype
+    from gemsops.ops._norm_args import stats_dtype
 
     x = torch.randn(4, 8, dtype=dtype)
     out = torch.empty_like(x)
@@ -800,13 +800,13 @@ def test_stats_dtype_mirrors_c(dtype):
             took = True
         except RuntimeError:
             took = False
-        assert took == (sd == _stats_dtype(dtype)), (dtype, sd)
+        assert took == (sd == stats_dtype(dtype)), (dtype, sd)
 
 
 def test_rows_view_rule_mirrors_c():
-    # every layout _rows_view_ok passes, C takes in place; every one it
+    # every layout rows_view_ok passes, C takes in place; every one it
     # refuses, C refuses (so the Python layer copies exactly when needed)
-    from gemsops.ops.layer_norm import _rows_view_ok
+    from gemsops.ops._norm_args import rows_view_ok
 
     gen = torch.Generator().manual_seed(20261124)
     seen = set()
@@ -829,7 +829,7 @@ def test_rows_view_rule_mirrors_c():
             1, int(torch.tensor(x.shape[ndim - nd :]).prod())
         )
         mean, rstd = torch.empty(rows), torch.empty(rows)
-        ok = _rows_view_ok(x, nd)
+        ok = rows_view_ok(x, nd)
         try:
             gemsops._C.layer_norm_fwd(
                 x, None, None, nd, 1e-5, out, mean, rstd, None

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 import gemsops
 from benchmark.host_cost import per_call_us
-from gemsops import _C
+from gemsops import _C, _workspace
+from gemsops.ops import _norm_launch as nl
 from gemsops.ops import layer_norm as ln
 
 
@@ -46,7 +47,7 @@ def main():
     g = torch.randn_like(y_torch)
     xd, wd, bd = x.detach(), w.detach(), b.detach()
     out, mean, rstd = ln._forward(xd, shape, wd, bd, 1e-5)
-    dx, dw, db = ln.grad_outputs(xd, shape, wd, True, True, True)
+    dx, dw, db = nl.grad_outputs(xd, shape, wd, True, True, True)
     bwd_args = (g, xd, wd, 1, False, mean, rstd, dx, dw, db)
 
     def timed(fn):
@@ -69,11 +70,9 @@ def main():
             )
         ),
         "  grad_outputs": timed(
-            lambda: ln.grad_outputs(xd, shape, wd, True, True, True)
+            lambda: nl.grad_outputs(xd, shape, wd, True, True, True)
         ),
-        "  in_graph_pool": timed(
-            lambda: ln._workspace.in_graph_pool(xd.device)
-        ),
+        "  in_graph_pool": timed(lambda: _workspace.in_graph_pool(xd.device)),
         "  C forward": timed(
             lambda: _C.layer_norm_fwd(
                 xd, wd, bd, 1, 1e-5, out, mean, rstd, None
@@ -82,20 +81,20 @@ def main():
     }
     if cuda:
         device = xd.get_device()
-        stream = ln._bwd_stream.get(device, -1)
-        slot = ln._workspace.lookup("ln_bwd", device, stream)
+        stream = nl._bwd_stream.get(device, -1)
+        slot = _workspace.lookup("ln_bwd", device, stream)
         if slot is not None:
             rows["  C backward, kept workspace"] = timed(
                 lambda: _C.layer_norm_bwd(*bwd_args, slot.buf, stream)
             )
-    real = ln._C.layer_norm_bwd
-    ln._C.layer_norm_bwd = lambda *a: None
+    real = _C.layer_norm_bwd
+    _C.layer_norm_bwd = lambda *a: None
     try:
         rows["gemsops backward, C stubbed"] = timed(
             lambda: torch.autograd.grad(y_ours, ins, g, retain_graph=True)
         )
     finally:
-        ln._C.layer_norm_bwd = real
+        _C.layer_norm_bwd = real
     name = torch.cuda.get_device_name() if cuda else "CPU"
     print(f"LayerNorm 64x1024 {kw['dtype']}, host µs a call, {name}")
     for k, v in rows.items():

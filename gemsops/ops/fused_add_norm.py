@@ -17,22 +17,38 @@ from .. import _C
 from .._dispatch import batched, eager, eager_apply, torch_only
 from . import layer_norm as ln
 from . import rms_norm as rn
+from ._norm_args import (
+    as_rows,
+    eps_arg,
+    needs_grad,
+    plain,
+    prepare,
+    stats_dtype,
+)
+from ._norm_launch import (
+    bias_grad_apart,
+    fwd_scratch,
+    grad_bias,
+    grad_outputs,
+    launch_backward,
+    none_unless,
+)
 
 
 def _forward(x, res, shape, weight, bias, eps, rms, want_stats=True):
     """(y, h, mean, rstd); mean None for RMSNorm; flat statistics, or None
     when not wanted (no gradient to take: inference skips them)."""
     nd = len(shape)
-    x, res = ln._rows(x, nd), ln._rows(ln._plain(res), nd)
+    x, res = as_rows(x, nd), as_rows(plain(res), nd)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = torch.empty_like(x, memory_format=torch.contiguous_format)
     mean = rstd = None
     if want_stats:
         rows = math.prod(x.shape[: x.dim() - nd])
-        sd = ln._stats_dtype(x.dtype)
+        sd = stats_dtype(x.dtype)
         mean = None if rms else x.new_empty(rows, dtype=sd)
         rstd = x.new_empty(rows, dtype=sd)
-    ws = ln.fwd_scratch(x, weight, bias, nd)
+    ws = fwd_scratch(x, weight, bias, nd)
     _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd, ws)
     return y, h, mean, rstd
 
@@ -78,7 +94,7 @@ class FusedAddNormFunction(torch.autograd.Function):
                 dx, dw = rn._backward_composite(
                     gy, h, weight, ctx.eps, ctx.shape
                 )
-                (dw,), db = ln._none_unless((want_dw,), dw), None
+                (dw,), db = none_unless((want_dw,), dw), None
             elif vmapped:
                 dx, dw, db = ln._backward_torch(
                     gy, h, ctx.shape, mean, rstd, weight, bias, mask
@@ -126,7 +142,7 @@ def _backward(gy, gh, h, shape, weight, bias, mean, rstd, rms, wanted):
     beside no weight has its dB summed apart (layer_norm's rule)."""
     want_dx, want_dw, want_db = wanted
     nd = len(shape)
-    if want_db and ln.bias_grad_apart(h, weight, bias):
+    if want_db and bias_grad_apart(h, weight, bias):
         dx, dw, _ = _backward(
             gy,
             gh,
@@ -139,19 +155,19 @@ def _backward(gy, gh, h, shape, weight, bias, mean, rstd, rms, wanted):
             rms,
             (want_dx, want_dw, False),
         )
-        return dx, dw, ln.grad_bias(gy, nd, bias)
+        return dx, dw, grad_bias(gy, nd, bias)
     det = torch.are_deterministic_algorithms_enabled()
-    gy = ln._rows(ln._plain(gy), nd)
+    gy = as_rows(plain(gy), nd)
     if gh is not None:
-        gh = ln._rows(ln._plain(gh), nd)
-    dx, dw, db = ln.grad_outputs(h, shape, weight, want_dx, want_dw, want_db)
+        gh = as_rows(plain(gh), nd)
+    dx, dw, db = grad_outputs(h, shape, weight, want_dx, want_dw, want_db)
 
     def c_bwd(*args):  # launch_backward's calling convention
         return _C.add_norm_bwd(args[0], gh, *args[1:5], rms, *args[5:])
 
     args = (gy, h, weight, nd, det, mean, rstd, dx, dw, db)
     plan = (h, weight, nd, det, want_dx, want_dw, want_db)
-    ln.launch_backward(
+    launch_backward(
         c_bwd,
         _C.layer_norm_bwd_workspace,
         args,
@@ -176,7 +192,7 @@ def _traced(x, residual, shape, weight, bias, eps, rms):
 
 def _needs_grad(x, res, weight, bias=None):
     """Autograd records the call (the eager path's Function then)."""
-    return ln._needs_grad(x, weight, bias) or (
+    return needs_grad(x, weight, bias) or (
         res.requires_grad and torch.is_grad_enabled()
     )
 
@@ -206,11 +222,11 @@ def fused_add_layer_norm(
     if not (isinstance(input, torch.Tensor) and _fits(input, residual)):
         h = input + residual
         return ln.layer_norm(h, normalized_shape, weight, bias, eps), h
-    input, shape, weight, bias = ln._prepare(
+    input, shape, weight, bias = prepare(
         input, normalized_shape, weight, bias, fn
     )
     if type(eps) is not float:
-        eps = ln.eps_arg(eps, fn)
+        eps = eps_arg(eps, fn)
     if not eager((input, residual, weight, bias)):
         return _traced(input, residual, shape, weight, bias, eps, False)
     if not _needs_grad(input, residual, weight, bias):

@@ -6,15 +6,12 @@ come from torch's caching allocator on the right device) and passes them
 down; the C side validates and launches on torch's current stream."""
 
 import math
-import operator
 from typing import Optional, Sequence
 
-import numpy as _np
 import torch
 
-from .. import _C, _workspace
+from .. import _C
 from .._dispatch import (
-    _is_compiling,
     batched,
     cast_floating,
     define_op,
@@ -24,111 +21,35 @@ from .._dispatch import (
     register_autocast,
     torch_only,
 )
-
-# backward: device -> stream handle of the kept workspace last used there
-# (C answers "another stream" with the handle to ask _workspace for). A
-# kept workspace is zeros when made and each launch leaves its dW/dB
-# accumulators zero again (kept_zero in C): no memset, no allocation.
-_bwd_stream = {}
-
-
-def _normalized_shape(normalized_shape, fn="layer_norm"):
-    """A list or tuple of ints, as torch's argument parser takes it (an
-    int, a float, an ndarray or a Tensor is a TypeError there)."""
-    if isinstance(normalized_shape, (tuple, list)):
-        shape = tuple(normalized_shape)
-        for s in shape:
-            if type(s) is not int:
-                return tuple(
-                    _shape_item(v, i, fn) for i, v in enumerate(shape)
-                )
-        return shape
-    raise TypeError(
-        f"{fn}(): argument 'normalized_shape' must be tuple of "
-        f"ints, not {type(normalized_shape).__name__}"
-    )
-
-
-def _shape_item(s, i, fn):
-    # torch takes what has __index__ (NumPy integers, one-element integer
-    # tensors), but not bools
-    if not isinstance(s, bool):
-        try:
-            return operator.index(s)
-        except TypeError:
-            pass
-    raise TypeError(
-        f"{fn}(): argument 'normalized_shape' must be tuple of "
-        f"ints, but found element of type {type(s).__name__} at "
-        f"pos {i}"
-    )
-
-
-def _check_shape(x, shape, fn="layer_norm", few_dims=RuntimeError):
-    # RuntimeError, as torch raises for these; few_dims for an input of
-    # fewer dims than shape (torch's rms_norm: ValueError)
-    if len(shape) == 0:
-        raise RuntimeError(
-            f"{fn}(): Expected normalized_shape to be at least "
-            "1-dimensional, i.e., containing at least one element, but got "
-            f"normalized_shape = {list(shape)}"
-        )
-    few = x.dim() < len(shape)
-    if few or x.shape[x.dim() - len(shape) :] != shape:
-        raise (few_dims if few else RuntimeError)(
-            f"{fn}(): Given normalized_shape={list(shape)}, expected "
-            f"input with shape [*, {', '.join(map(str, shape))}], but got "
-            f"input of size{list(x.shape)}"
-            + (" (fewer dimensions than normalized_shape)" if few else "")
-        )
-
-
-def _rows_view_ok(x, nd):
-    """True when x is [rows, cols] with contiguous rows of one stride, the
-    layout the kernels read in place (mirrors csrc/py_layer_norm.c's
-    row_view; a negative stride, which torch never makes, is copied)."""
-    shape, strides = x.shape, x.stride()
-    expect = 1
-    for i in range(x.dim() - 1, x.dim() - nd - 1, -1):
-        if shape[i] != 1 and strides[i] != expect:
-            return False
-        expect *= shape[i]
-    row_stride = inner = None
-    for i in range(x.dim() - nd - 1, -1, -1):
-        if shape[i] == 1:
-            continue
-        if row_stride is None:
-            row_stride, inner = strides[i], shape[i] * strides[i]
-        elif strides[i] != inner:
-            return False
-        else:
-            inner *= shape[i]
-    return row_stride is None or row_stride >= expect
-
-
-def _rows(x, nd):
-    if x.is_contiguous() or _rows_view_ok(x, nd):
-        return x
-    return x.contiguous()
-
-
-def _plain(t):
-    """t without the negative bit (torch._neg_view, z.conj().imag): C
-    reads raw memory, so it must be given the values themselves. The conj
-    bit exists only on complex tensors, which the kernels refuse."""
-    return t.resolve_neg() if not _is_compiling() and t.is_neg() else t
-
-
-def _param(p):
-    if p is None:
-        return p
-    if not _is_compiling() and p.is_neg():
-        p = p.resolve_neg()
-    return p if p.is_contiguous() else p.contiguous()
-
-
-def _stats_dtype(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from ._norm_args import (
+    as_rows,
+    check_traced,
+    eps_arg,
+    needs_grad,
+    normalized_shape_arg,
+    param,
+    plain,
+    prepare,
+    rows_view_ok,
+    stat_view_shape,
+    stats_dtype,
+)
+from ._norm_launch import (
+    bias_grad_apart,
+    fwd_scratch,
+    grad_bias,
+    grad_outputs,
+    launch_backward,
+    none_unless,
+    sum_rows,
+    unwanted,
+)
+from ._second_order import (
+    NoThirdOrder,
+    second_order_vjp,
+    second_order_zeros,
+    weight_second_order,
+)
 
 
 def _forward(x, shape, weight, bias, eps, want_stats=True, stats_shape=None):
@@ -136,7 +57,7 @@ def _forward(x, shape, weight, bias, eps, want_stats=True, stats_shape=None):
     M elements), or None when not wanted (inference skips allocating
     them)."""
     nd = len(shape)
-    if not x.is_contiguous() and not _rows_view_ok(x, nd):
+    if not x.is_contiguous() and not rows_view_ok(x, nd):
         x = x.contiguous()
     # empty_like: ~1 µs less host time per call than empty(shape, ...)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
@@ -144,7 +65,7 @@ def _forward(x, shape, weight, bias, eps, want_stats=True, stats_shape=None):
     if want_stats:  # two allocations cost less than one plus two views
         if stats_shape is None:
             stats_shape = math.prod(x.shape[: x.dim() - nd])
-        sd = _stats_dtype(x.dtype)
+        sd = stats_dtype(x.dtype)
         # no device argument to parse; C takes any shape of M elements
         mean = x.new_empty(stats_shape, dtype=sd)
         rstd = x.new_empty(stats_shape, dtype=sd)
@@ -158,23 +79,6 @@ def _forward(x, shape, weight, bias, eps, want_stats=True, stats_shape=None):
     ws = fwd_scratch(x, weight, bias, nd)
     _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd, ws)
     return out, mean, rstd
-
-
-def fwd_scratch(x, weight, bias, nd):
-    """The forward launch's zeroed scratch (None on the CPU, for no
-    elements, or when the plan needs none): the norm kernels' one plan,
-    whatever the statistic or the fused add."""
-    if not x.is_cuda or not x.numel():
-        return None
-    nbytes = _workspace.planned(
-        ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
-        _C.layer_norm_fwd_workspace,
-        x,
-        weight,
-        bias,
-        nd,
-    )
-    return _workspace.scratch(nbytes, x.device, zero=True)
 
 
 def _backward(
@@ -208,8 +112,8 @@ def _backward(
         return dx, dw, db
     if deterministic is None:
         deterministic = torch.are_deterministic_algorithms_enabled()
-    x = _rows(x, nd)
-    grad_out = _rows(_plain(grad_out), nd)
+    x = as_rows(x, nd)
+    grad_out = as_rows(plain(grad_out), nd)
     dx, dw, db = grad_outputs(x, shape, weight, want_dx, want_dw, want_db)
     args = (grad_out, x, weight, nd, deterministic, mean, rstd, dx, dw, db)
     plan = (x, weight, nd, deterministic, want_dx, want_dw, want_db)
@@ -221,75 +125,6 @@ def _backward(
         want_dx or want_dw or want_db,
     )
     return dx, dw, db
-
-
-def bias_grad_apart(x, weight, bias):
-    """No weight and a bias of its own dtype (fp32 beside half input): the
-    kernels write dW/dB in the weight's dtype only, so dB is summed apart
-    (grad_bias), in the bias' dtype as torch's."""
-    return weight is None and bias is not None and bias.dtype != x.dtype
-
-
-def grad_bias(grad_out, nd, bias):
-    """dB, the rows' sum of dy, in fp32 and then the bias' dtype (summed
-    over the leading dims, not a reshape to (-1, N): N may be 0)."""
-    lead = tuple(range(grad_out.dim() - nd))
-    if lead:
-        return grad_out.sum(lead, dtype=torch.float32).to(bias.dtype)
-    return grad_out.to(torch.float32, copy=True).to(bias.dtype)
-
-
-def grad_outputs(x, shape, weight, want_dx, want_dw, want_db=False):
-    """(dx, dW, dB) as the norm backwards fill them (None where not
-    wanted): dx contiguous in x's dtype, dW/dB in the weight's."""
-    contiguous = torch.contiguous_format
-    dx = torch.empty_like(x, memory_format=contiguous) if want_dx else None
-    if weight is not None and x.numel():
-        # like the weight: empty(shape, dtype=..., device=...) takes longer
-        # to parse
-        like = torch.empty_like
-        dw = like(weight, memory_format=contiguous) if want_dw else None
-        db = like(weight, memory_format=contiguous) if want_db else None
-        return dx, dw, db
-    pdtype = weight.dtype if weight is not None else x.dtype
-    # dW/dB over no rows are zeros, which a CUDA launch would not write
-    empty = torch.zeros if x.numel() == 0 else torch.empty
-    dw = empty(shape, dtype=pdtype, device=x.device) if want_dw else None
-    db = empty(shape, dtype=pdtype, device=x.device) if want_db else None
-    return dx, dw, db
-
-
-def launch_backward(c_bwd, c_workspace, args, plan, wanted):
-    """One backward launch through C's kept-workspace protocol (the
-    LayerNorm and RMSNorm entry points share it and the kept buffer):
-    c_bwd(*args, workspace[, stream]); c_workspace(*plan) sizes a
-    workspace of its own. x is args[1]."""
-    x = args[1]
-    if x.numel() == 0 or not x.is_cuda or not wanted:
-        # C checks the arguments as for any call (and computes on the CPU)
-        c_bwd(*args, None)
-        return
-    device = x.get_device()
-    if _workspace.in_graph_pool(x.device):
-        # a captured launch gets its own workspace and zeroes it itself
-        c_bwd(*args, _workspace.scratch(c_workspace(*plan), x.device))
-        return
-    stream = _bwd_stream.get(device, -1)
-    slot = _workspace.lookup("ln_bwd", device, stream)
-    try:
-        need = c_bwd(*args, slot and slot.buf, stream)
-        if need is not None:  # first use, larger, or another stream
-            nbytes, stream = need
-            slot = _workspace.kept(
-                "ln_bwd", device, stream, nbytes, minimum=4096
-            )
-            _bwd_stream[device] = stream
-            c_bwd(*args, slot.buf, stream)
-    except BaseException:
-        # a failed launch may leave accumulators non-zero: start afresh
-        _bwd_stream.pop(device, None)
-        _workspace.forget("ln_bwd", device)
-        raise
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -341,10 +176,6 @@ _layer_norm_function = eager_apply(LayerNormFunction)
 # ---- torch.library ops ---------------------------------------------------
 
 
-def _stat_shape(x, nd):
-    return tuple(x.shape[: x.dim() - nd]) + (1,) * nd
-
-
 @define_op("layer_norm")
 def _layer_norm_op(
     input: torch.Tensor,
@@ -356,9 +187,9 @@ def _layer_norm_op(
     """torch.native_layer_norm: (out, mean, rstd), statistics of shape
     input.shape[:-k] + (1,) * k in fp32 (fp64 for fp64 input)."""
     shape = tuple(normalized_shape)
-    st = _stat_shape(input, len(shape))
+    st = stat_view_shape(input, len(shape))
     return _forward(
-        _plain(input), shape, _param(weight), _param(bias), eps, stats_shape=st
+        plain(input), shape, param(weight), param(bias), eps, stats_shape=st
     )
 
 
@@ -370,8 +201,8 @@ def _(input, normalized_shape, weight, bias, eps):
         (("weight", weight), ("bias", bias)),
         "layer_norm",
     )
-    st = _stat_shape(input, len(normalized_shape))
-    sd = _stats_dtype(input.dtype)
+    st = stat_view_shape(input, len(normalized_shape))
+    sd = stats_dtype(input.dtype)
     return (
         torch.empty_like(input, memory_format=torch.contiguous_format),
         input.new_empty(st, dtype=sd),
@@ -408,23 +239,13 @@ def _(input, normalized_shape, weight, bias, eps):
     return _forward_torch(input, tuple(normalized_shape), weight, bias, eps)
 
 
-def _none_unless(mask, *ts):
-    return tuple(t if m else None for m, t in zip(mask, ts))
-
-
 def _backward_op(
     grad_out, x, shape, mean, rstd, weight, mask, deterministic=None, bias=None
 ):
     dx, dw, db = torch.ops.gemsops.layer_norm_backward(
         grad_out, x, shape, mean, rstd, weight, bias, list(mask), deterministic
     )
-    return _none_unless(mask, dx, dw, db)
-
-
-def _unwanted(like, dtype):
-    # an output output_mask leaves out: 0 elements (a custom op cannot
-    # return None); the Python wrappers turn it into None
-    return like.new_empty((0,), dtype=dtype)
+    return none_unless(mask, dx, dw, db)
 
 
 @define_op("layer_norm_backward")
@@ -443,14 +264,14 @@ def _layer_norm_backward_op(
     an output output_mask leaves out has 0 elements. mean/rstd: fp32
     (fp64 for fp64 input), any shape with one value per row."""
     shape = tuple(normalized_shape)
-    weight = _param(weight)
+    weight = param(weight)
     dx, dw, db = _backward(
         grad_out,
-        _plain(input),
+        plain(input),
         shape,
         weight,
-        _plain(mean).reshape(-1),
-        _plain(rstd).reshape(-1),
+        plain(mean).reshape(-1),
+        plain(rstd).reshape(-1),
         *map(bool, output_mask),
         deterministic,
         bias=bias,
@@ -458,9 +279,9 @@ def _layer_norm_backward_op(
     pdtype = weight.dtype if weight is not None else input.dtype
     bdtype = _grad_bias_dtype(input, weight, bias)
     return (
-        dx if dx is not None else _unwanted(input, input.dtype),
-        dw if dw is not None else _unwanted(input, pdtype),
-        db if db is not None else _unwanted(input, bdtype),
+        dx if dx is not None else unwanted(input, input.dtype),
+        dw if dw is not None else unwanted(input, pdtype),
+        db if db is not None else unwanted(input, bdtype),
     )
 
 
@@ -488,13 +309,13 @@ def _(
     return (
         torch.empty_like(input, memory_format=torch.contiguous_format)
         if output_mask[0]
-        else _unwanted(input, input.dtype),
+        else unwanted(input, input.dtype),
         input.new_empty(shape, dtype=pdtype)
         if output_mask[1]
-        else _unwanted(input, pdtype),
+        else unwanted(input, pdtype),
         input.new_empty(shape, dtype=bdtype)
         if output_mask[2]
-        else _unwanted(input, bdtype),
+        else unwanted(input, bdtype),
     )
 
 
@@ -502,7 +323,7 @@ def _eps_of(x, rstd, shape):
     """eps back from the kernel's rstd: 1/rstd^2 - var (a constant: no
     graph, so every derivative order is that of rsqrt(var + eps))."""
     with torch.no_grad():
-        cd = _stats_dtype(x.dtype)
+        cd = stats_dtype(x.dtype)
         xf = x.detach().to(cd)
         cols = tuple(range(x.dim() - len(shape), x.dim()))
         var = xf.var(cols, unbiased=False, keepdim=True)
@@ -515,7 +336,7 @@ def _backward_composite(g, x, weight, eps, shape):
     their dependence on x is differentiated too; eps per row from
     _eps_of, so the values are the kernel's."""
     cols = tuple(range(x.dim() - len(shape), x.dim()))
-    xf = x.to(_stats_dtype(x.dtype))
+    xf = x.to(stats_dtype(x.dtype))
     mu = xf.mean(cols, keepdim=True)
     xc = xf - mu
     r = torch.rsqrt((xc * xc).mean(cols, keepdim=True) + eps)
@@ -538,53 +359,6 @@ def _backward_formula(g, x, nd, xhat, r, weight):
     return dx.to(x.dtype), sum_rows(gf * xhat, nd), sum_rows(gf, nd)
 
 
-def sum_rows(t, nd):
-    """t summed over its leading dims (all but the last nd): a copy of t
-    where there are none, since sum(()) would sum every dim."""
-    rows = tuple(range(t.dim() - nd))
-    return t.sum(rows) if rows else t.clone()
-
-
-_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def check_traced(x, shape, params, fn):
-    """The C boundary's rules for the arguments where C does not see them
-    (torch's ops under forward-mode AD and functorch, the ops' fake
-    kernels under meta and fake tensors), with its exceptions and
-    messages: x a floating tensor, each parameter (name, tensor or None)
-    of normalized_shape's shape and of x's dtype (or fp32 beside a half
-    x) and device."""
-    if x.dtype not in _FLOATING:
-        raise NotImplementedError(
-            f"{fn}(): argument 'input' must be a floating point tensor "
-            "(float16, bfloat16, float32 or float64), got "
-            + str(x.dtype).removeprefix("torch.")
-        )
-    half = x.dtype in (torch.float16, torch.bfloat16)
-    for name, p in params:
-        if p is None:
-            continue
-        if tuple(p.shape) != tuple(shape):
-            raise RuntimeError(
-                f"{fn}(): Expected {name} to be of same shape as "
-                f"normalized_shape, but got {name} of shape "
-                f"{list(p.shape)} and normalized_shape = {list(shape)}"
-            )
-        if p.dtype != x.dtype and not (half and p.dtype == torch.float32):
-            want = str(x.dtype).removeprefix("torch.")
-            raise RuntimeError(
-                f"{fn}(): argument '{name}' has dtype "
-                f"{str(p.dtype).removeprefix('torch.')}; expected "
-                + (f"{want} or float32" if half else want)
-            )
-        if p.device != x.device:
-            raise RuntimeError(
-                f"{fn}(): Expected all tensors to be on the same device, "
-                f"but '{name}' is on {p.device} and 'input' is on {x.device}"
-            )
-
-
 def _forward_torch(x, shape, weight, bias, eps, fn="layer_norm"):
     """native_layer_norm in torch's differentiable ops, for torch_only()
     (forward-mode AD, functorch): (out, mean, rstd) as the op returns
@@ -596,7 +370,7 @@ def _forward_torch(x, shape, weight, bias, eps, fn="layer_norm"):
             (x, weight, bias), "cuda", torch.float32
         )
     cols = tuple(range(x.dim() - len(shape), x.dim()))
-    xf = x.to(_stats_dtype(x.dtype))
+    xf = x.to(stats_dtype(x.dtype))
     mean = xf.mean(cols, keepdim=True)
     xc = xf - mean
     rstd = torch.rsqrt((xc * xc).mean(cols, keepdim=True) + eps)
@@ -617,7 +391,7 @@ def _backward_torch(g, x, shape, mean, rstd, weight, bias, mask):
     check_traced(
         x, shape, (("weight", weight), ("bias", bias)), "layer_norm_backward"
     )
-    cd, st = _stats_dtype(x.dtype), _stat_shape(x, len(shape))
+    cd, st = stats_dtype(x.dtype), stat_view_shape(x, len(shape))
     r = rstd.to(cd).reshape(st)
     xhat = (x.to(cd) - mean.to(cd).reshape(st)) * r
     dx, dw, db = _backward_formula(g, x, len(shape), xhat, r, weight)
@@ -659,7 +433,7 @@ def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
     dg, dx = grads[0], grads[1]
     dw = weight_second_order(grads, weight, cots)
     if torch.is_grad_enabled():  # create_graph: a third order may follow
-        dg, dx, dw = _NoThirdOrder.apply("layer_norm", dg, dx, dw)
+        dg, dx, dw = NoThirdOrder.apply("layer_norm", dg, dx, dw)
     return (
         dg if need[0] else None,
         dx if need[1] else None,
@@ -673,56 +447,9 @@ def _layer_norm_backward_grad(ctx, gdx, gdw, gdb):
     )
 
 
-class _NoThirdOrder(torch.autograd.Function):
-    """Second-order gradients as they are; a third order raises: the vjp
-    above is not differentiated right once more, and a silent wrong
-    value is worse than an error."""
-
-    @staticmethod
-    def forward(ctx, op, *ts):
-        ctx.op = op
-        return tuple(None if t is None else t.clone() for t in ts)
-
-    @staticmethod
-    def backward(ctx, *gs):
-        raise RuntimeError(
-            f"gemsops.{ctx.op}: third and higher-order gradients are not "
-            "implemented (first and second order are)"
-        )
-
-
 def _composite_masked(g, x, w, eps, ctx, cots):
     outs = _backward_composite(g, x, w, eps, ctx.shape)
     return tuple(o for o, c in zip(outs, cots) if c is not None)
-
-
-def second_order_vjp(composite, primals, cots):
-    """The vector-Jacobian product of a composite backward (its outputs
-    those whose cotangent in cots is not None) at primals. torch.func.vjp:
-    the result stays differentiable with respect to the saved tensors' own
-    history (third order and up), without counting twice a path from x to
-    grad_out."""
-    _, vjp = torch.func.vjp(composite, *primals)
-    return vjp(tuple(c for c in cots if c is not None))
-
-
-def weight_second_order(grads, weight, cots):
-    """The weight's part of a norm's second order (grads from
-    second_order_vjp or _zeros over (grad_out, x, weight), cots with dx's
-    first): the weight reaches the backward's outputs only through dx (dw
-    and db are free of it), so without a cotangent for dx it is unused, and
-    torch.autograd.grad says so (an error, or None with allow_unused) as it
-    does for torch's norms, where zeros would be a silent difference."""
-    if weight is None or cots[0] is None:
-        return None
-    return grads[2]
-
-
-def second_order_zeros(primals):
-    """Second order where nothing flows back (every gradient asked of the
-    backward is empty or unasked): zeros, as torch gives; torch.func.vjp
-    refuses a function with no outputs."""
-    return tuple(torch.zeros_like(p) for p in primals)
 
 
 _layer_norm_backward_op.register_autograd(
@@ -733,54 +460,6 @@ _layer_norm_backward_op.register_autograd(
 register_autocast(torch.ops.gemsops.layer_norm.default, "cuda", "fp32")
 
 
-def _prepare(
-    input,
-    normalized_shape,
-    weight,
-    bias,
-    fn="layer_norm",
-    few_dims=RuntimeError,
-):
-    if not isinstance(input, torch.Tensor):
-        raise TypeError(
-            f"{fn}(): argument 'input' must be a Tensor, not "
-            f"{type(input).__name__}"
-        )
-    if weight is not None and not isinstance(weight, torch.Tensor):
-        raise not_tensor(fn, "weight", weight, " or None")
-    if bias is not None and not isinstance(bias, torch.Tensor):
-        raise not_tensor(fn, "bias", bias, " or None")
-    shape = _normalized_shape(normalized_shape, fn)
-    _check_shape(input, shape, fn, few_dims)
-    if not _is_compiling() and input.is_neg():
-        input = input.resolve_neg()
-    return input, shape, _param(weight), _param(bias)
-
-
-def eps_arg(eps, fn, alt=""):
-    """eps as a float, taken as torch's float arguments take it: a Python
-    or NumPy number (bool too) or a 0-d real tensor that does not require
-    grad; anything else is a TypeError naming fn (C would take any object
-    with __float__)."""
-    if isinstance(eps, (torch.SymFloat, torch.SymInt)):
-        return eps  # a compiled function's symbolic argument
-    if isinstance(eps, (int, float)) or (
-        isinstance(eps, _np.generic)
-        and not isinstance(eps, _np.complexfloating)
-    ):
-        return float(eps)
-    if (
-        isinstance(eps, torch.Tensor)
-        and eps.dim() == 0
-        and not eps.is_complex()
-        and not eps.requires_grad
-    ):
-        return float(eps)
-    raise TypeError(
-        f"{fn}(): argument 'eps' must be float{alt}, not {type(eps).__name__}"
-    )
-
-
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Drop-in for torch.nn.functional.layer_norm. weight/bias may be fp32
     with fp16/bf16 input (mixed precision); the output has input's dtype."""
@@ -789,26 +468,16 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         return torch.nn.functional.layer_norm(
             input, normalized_shape, weight, bias, eps
         )
-    input, shape, weight, bias = _prepare(
-        input, normalized_shape, weight, bias
-    )
+    input, shape, weight, bias = prepare(input, normalized_shape, weight, bias)
     if type(eps) is not float:
         eps = eps_arg(eps, "layer_norm")
     if not eager((input, weight, bias)):
         if torch_only():
             return _forward_torch(input, shape, weight, bias, eps)[0]
         return _layer_norm_op(input, shape, weight, bias, eps)[0]
-    if _needs_grad(input, weight, bias):
+    if needs_grad(input, weight, bias):
         return _layer_norm_function(input, shape, weight, bias, eps, False)
     return _forward(input, shape, weight, bias, eps, want_stats=False)[0]
-
-
-def _needs_grad(input, weight, bias):
-    return torch.is_grad_enabled() and (
-        input.requires_grad
-        or (weight is not None and weight.requires_grad)
-        or (bias is not None and bias.requires_grad)
-    )
 
 
 def native_layer_norm(
@@ -818,7 +487,7 @@ def native_layer_norm(
     (fp64 for fp64 input) of shape input.shape[:-k] + (1,) * k;
     differentiable through out, as torch's."""
     fn = "native_layer_norm"
-    input, shape, weight, bias = _prepare(
+    input, shape, weight, bias = prepare(
         input, normalized_shape, weight, bias, fn
     )
     if type(eps) is not float:
@@ -827,13 +496,13 @@ def native_layer_norm(
         if torch_only():
             return _forward_torch(input, shape, weight, bias, eps, fn)
         return _layer_norm_op(input, shape, weight, bias, eps)
-    if _needs_grad(input, weight, bias):
+    if needs_grad(input, weight, bias):
         out, mean, rstd = _layer_norm_function(
             input, shape, weight, bias, eps, True
         )
     else:
         out, mean, rstd = _forward(input, shape, weight, bias, eps)
-    stat_shape = _stat_shape(input, len(shape))
+    stat_shape = stat_view_shape(input, len(shape))
     return out, mean.view(stat_shape), rstd.view(stat_shape)
 
 
@@ -863,7 +532,7 @@ def layer_norm_backward(
         bias,
         output_mask,
     )
-    input, shape, weight, bias = _prepare(
+    input, shape, weight, bias = prepare(
         input, normalized_shape, weight, bias, fn
     )
     want_dx, want_dw, want_db = map(bool, output_mask)
@@ -875,11 +544,11 @@ def layer_norm_backward(
             raise RuntimeError(
                 f"{fn}(): output_mask asks for grad_{name} but {name} is None"
             )
-    sd = _stats_dtype(input.dtype)
+    sd = stats_dtype(input.dtype)
     mean, rstd = (
         s.to(sd)
         if s.dtype in (torch.float16, torch.bfloat16) and sd == torch.float32
-        else _plain(s)
+        else plain(s)
         for s in (mean, rstd)
     )
     mask = (want_dx, want_dw, want_db)
@@ -945,6 +614,6 @@ def _backward_args(
     if hasattr(normalized_shape, "tolist"):
         normalized_shape = normalized_shape.tolist()
     try:
-        return _normalized_shape(normalized_shape, fn)
+        return normalized_shape_arg(normalized_shape, fn)
     except TypeError as e:
         raise RuntimeError(str(e)) from None

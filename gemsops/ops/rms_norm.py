@@ -25,7 +25,31 @@ from .._dispatch import (
     register_autocast,
     torch_only,
 )
-from . import layer_norm as ln
+from ._norm_args import (
+    as_rows,
+    check_traced,
+    eps_arg,
+    needs_grad,
+    param,
+    plain,
+    prepare,
+    stat_view_shape,
+    stats_dtype,
+)
+from ._norm_launch import (
+    fwd_scratch,
+    grad_outputs,
+    launch_backward,
+    none_unless,
+    sum_rows,
+    unwanted,
+)
+from ._second_order import (
+    NoThirdOrder,
+    second_order_vjp,
+    second_order_zeros,
+    weight_second_order,
+)
 
 _COMPLEX = (torch.complex32, torch.complex64, torch.complex128)
 
@@ -37,13 +61,13 @@ def _eps(eps, dtype, fn="rms_norm"):
             return 0.0
         half = dtype in (torch.float16, torch.bfloat16)
         return torch.finfo(torch.float32 if half else dtype).eps
-    return ln.eps_arg(eps, fn, " or None")
+    return eps_arg(eps, fn, " or None")
 
 
 def _prepare(input, normalized_shape, weight, fn):
-    """ln._prepare with torch's rms_norm refusal of an input with fewer
+    """prepare with torch's rms_norm refusal of an input with fewer
     dims than normalized_shape (a 0-d one too): ValueError."""
-    input, shape, weight, _ = ln._prepare(
+    input, shape, weight, _ = prepare(
         input, normalized_shape, weight, None, fn, ValueError
     )
     return input, shape, weight
@@ -68,14 +92,14 @@ def _forward(x, shape, weight, eps, want_rstd=True, rstd_shape=None):
     """(out, rstd): rstd flat [M] (or of rstd_shape, M elements; fp32,
     fp64 for fp64 input) or None."""
     nd = len(shape)
-    x = ln._rows(x, nd)
+    x = as_rows(x, nd)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     rstd = None
     if want_rstd:
         if rstd_shape is None:
             rstd_shape = math.prod(x.shape[: x.dim() - nd])
-        rstd = x.new_empty(rstd_shape, dtype=ln._stats_dtype(x.dtype))
-    ws = ln.fwd_scratch(x, weight, None, nd)
+        rstd = x.new_empty(rstd_shape, dtype=stats_dtype(x.dtype))
+    ws = fwd_scratch(x, weight, None, nd)
     _C.rms_norm_fwd(x, weight, nd, eps, out, rstd, ws)
     return out, rstd
 
@@ -84,12 +108,12 @@ def _backward(grad_out, x, shape, weight, rstd, want_dx, want_dw, det=None):
     nd = len(shape)
     if det is None:
         det = torch.are_deterministic_algorithms_enabled()
-    x = ln._rows(x, nd)
-    grad_out = ln._rows(ln._plain(grad_out), nd)
-    dx, dw, _ = ln.grad_outputs(x, shape, weight, want_dx, want_dw)
+    x = as_rows(x, nd)
+    grad_out = as_rows(plain(grad_out), nd)
+    dx, dw, _ = grad_outputs(x, shape, weight, want_dx, want_dw)
     args = (grad_out, x, weight, nd, det, rstd, dx, dw)
     plan = (x, weight, nd, det, want_dx, want_dw)
-    ln.launch_backward(
+    launch_backward(
         _C.rms_norm_bwd,
         _C.rms_norm_bwd_workspace,
         args,
@@ -127,7 +151,7 @@ class RMSNormFunction(torch.autograd.Function):
             dx, dw = _backward_composite(
                 grad_out, x, weight, ctx.eps, ctx.shape
             )
-            dx, dw = ln._none_unless(mask, dx, dw)
+            dx, dw = none_unless(mask, dx, dw)
         elif torch.is_grad_enabled():  # create_graph: differentiable op
             dx, dw = _backward_op(
                 grad_out, x, ctx.shape, rstd, weight, mask, ctx.eps
@@ -153,19 +177,17 @@ def _rms_norm_op(
     """(out, rstd), rstd of shape input.shape[:-k] + (1,) * k in fp32
     (fp64 for fp64 input)."""
     shape = tuple(normalized_shape)
-    st = ln._stat_shape(input, len(shape))
-    return _forward(
-        ln._plain(input), shape, ln._param(weight), eps, rstd_shape=st
-    )
+    st = stat_view_shape(input, len(shape))
+    return _forward(plain(input), shape, param(weight), eps, rstd_shape=st)
 
 
 @_rms_norm_op.register_fake
 def _(input, normalized_shape, weight, eps):
-    ln.check_traced(input, normalized_shape, (("weight", weight),), "rms_norm")
-    st = ln._stat_shape(input, len(normalized_shape))
+    check_traced(input, normalized_shape, (("weight", weight),), "rms_norm")
+    st = stat_view_shape(input, len(normalized_shape))
     return (
         torch.empty_like(input, memory_format=torch.contiguous_format),
-        input.new_empty(st, dtype=ln._stats_dtype(input.dtype)),
+        input.new_empty(st, dtype=stats_dtype(input.dtype)),
     )
 
 
@@ -204,7 +226,7 @@ def _backward_op(grad_out, x, shape, rstd, weight, mask, eps):
     dx, dw = torch.ops.gemsops.rms_norm_backward(
         grad_out, x, shape, rstd, weight, list(mask), eps
     )
-    return ln._none_unless(mask, dx, dw)
+    return none_unless(mask, dx, dw)
 
 
 @define_op("rms_norm_backward")
@@ -219,19 +241,19 @@ def _rms_norm_backward_op(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_input, grad_weight); an output output_mask leaves out has 0
     elements. eps is the forward's: only the second order uses it."""
-    weight = ln._param(weight)
+    weight = param(weight)
     dx, dw = _backward(
         grad_out,
-        ln._plain(input),
+        plain(input),
         tuple(normalized_shape),
         weight,
-        ln._plain(rstd).reshape(-1),
+        plain(rstd).reshape(-1),
         *map(bool, output_mask),
     )
     pdtype = weight.dtype if weight is not None else input.dtype
     return (
-        dx if dx is not None else ln._unwanted(input, input.dtype),
-        dw if dw is not None else ln._unwanted(input, pdtype),
+        dx if dx is not None else unwanted(input, input.dtype),
+        dw if dw is not None else unwanted(input, pdtype),
     )
 
 
@@ -241,10 +263,10 @@ def _(grad_out, input, normalized_shape, rstd, weight, output_mask, eps):
     return (
         torch.empty_like(input, memory_format=torch.contiguous_format)
         if output_mask[0]
-        else ln._unwanted(input, input.dtype),
+        else unwanted(input, input.dtype),
         input.new_empty(tuple(normalized_shape), dtype=pdtype)
         if output_mask[1]
-        else ln._unwanted(input, pdtype),
+        else unwanted(input, pdtype),
     )
 
 
@@ -253,24 +275,24 @@ def _backward_composite(g, x, weight, eps, shape):
     recomputed from x so that its dependence on x is differentiated."""
     nd = len(shape)
     cols = tuple(range(x.dim() - nd, x.dim()))
-    cd = ln._stats_dtype(x.dtype)
+    cd = stats_dtype(x.dtype)
     xf, gf = x.to(cd), g.to(cd)
     r = torch.rsqrt((xf * xf).mean(cols, keepdim=True) + eps)
     xhat = xf * r
     gw = gf * weight.to(cd) if weight is not None else gf
     dx = r * (gw - xhat * (gw * xhat).mean(cols, keepdim=True))
     pdtype = weight.dtype if weight is not None else x.dtype
-    return dx.to(x.dtype), ln.sum_rows(gf * xhat, nd).to(pdtype)
+    return dx.to(x.dtype), sum_rows(gf * xhat, nd).to(pdtype)
 
 
 def _forward_torch(x, shape, weight, eps, fn="rms_norm"):
     """rms_norm in torch's differentiable ops, for torch_only(): (out,
     rstd) as the op returns them, rstd not differentiable."""
-    ln.check_traced(x, shape, (("weight", weight),), fn)
+    check_traced(x, shape, (("weight", weight),), fn)
     if _CUDA_AUTOCAST_FP32 and x.is_cuda and torch.is_autocast_enabled("cuda"):
         x, weight = cast_floating((x, weight), "cuda", torch.float32)
     cols = tuple(range(x.dim() - len(shape), x.dim()))
-    xf = x.to(ln._stats_dtype(x.dtype))
+    xf = x.to(stats_dtype(x.dtype))
     rstd = torch.rsqrt((xf * xf).mean(cols, keepdim=True) + eps)
     y = xf * rstd
     if weight is not None:
@@ -301,13 +323,13 @@ def _rms_norm_backward_grad(ctx, gdx, gdw):
 
     primals = (g, x) if weight is None else (g, x, weight)
     if all(c is None for c in cots):
-        grads = ln.second_order_zeros(primals)
+        grads = second_order_zeros(primals)
     else:
-        grads = ln.second_order_vjp(composite, primals, cots)
+        grads = second_order_vjp(composite, primals, cots)
     dg, dx = grads[0], grads[1]
-    dw = ln.weight_second_order(grads, weight, cots)
+    dw = weight_second_order(grads, weight, cots)
     if torch.is_grad_enabled():  # create_graph: a third order may follow
-        dg, dx, dw = ln._NoThirdOrder.apply("rms_norm", dg, dx, dw)
+        dg, dx, dw = NoThirdOrder.apply("rms_norm", dg, dx, dw)
     return (
         dg if need[0] else None,
         dx if need[1] else None,
@@ -322,7 +344,7 @@ def _rms_norm_backward_grad(ctx, gdx, gdw):
 _rms_norm_backward_op.register_autograd(
     _rms_norm_backward_grad,
     setup_context=_rms_norm_backward_setup,
-    materialize=False,  # ln.weight_second_order tells an unused weight
+    materialize=False,  # weight_second_order tells an unused weight
 )
 
 
@@ -348,6 +370,6 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
         if torch_only():
             return _forward_torch(input, shape, weight, eps)[0]
         return _rms_norm_op(input, shape, weight, eps)[0]
-    if ln._needs_grad(input, weight, None):
+    if needs_grad(input, weight, None):
         return _rms_norm_function(input, shape, weight, eps)
     return _forward(input, shape, weight, eps, want_rstd=False)[0]
