@@ -1,7 +1,8 @@
 /* The Stream-K schedule: which CTA computes which k-iterations of which
  * output tile. Pure functions of a plain struct, shared by the host planner
- * (csrc/matmul_plan.c), the CUDA kernel (csrc/cuda/matmul_streamk.cu) and
- * the CPU executor (csrc/cpu/matmul.c), so CI tests the decomposition.
+ * (csrc/py_matmul.c, csrc/cuda/matmul_streamk.cu), the CUDA kernels
+ * (csrc/cuda/matmul_driver.cuh) and the CPU executor (csrc/cpu/matmul.c),
+ * so CI tests the decomposition.
  *
  * Tiles: C = A.B per batch is cut into BM x BN tiles, tiles_m x tiles_n of
  * them per batch, `tiles` in all; a tile takes `iters` = ceil(K / BK)
