@@ -311,6 +311,72 @@ def test_addmm_coefficient_below_float32_unreads_its_term(
     assert_close(got[finite], ref[finite], dtype, chain_len=5)
 
 
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_addmm_tensor_coefficient_below_float32_as_torch(name, dtype, device):
+    # a 0-d float64 tensor is read as the number it holds: one that rounds
+    # to 0 in the product's float leaves its term unread, as the number
+    inp = torch.randn(7, dtype=dtype, device=device)
+    a = torch.randn(3, 5, dtype=dtype, device=device)
+    b = torch.randn(5, 7, dtype=dtype, device=device)
+    (inp if name == "beta" else a)[0] = math.nan
+    kw = {name: torch.tensor(1e-46, dtype=torch.float64, device=device)}
+    got = gemsops.addmm(inp, a, b, **kw)
+    assert not got.isnan().any()
+    if name == "beta":
+        assert not torch.addmm(inp, a, b, **kw).isnan().any()
+    ref = torch.addmm(inp.double(), a.double(), b.double(), **{name: 0.0})
+    assert_close(got, ref, dtype, chain_len=5)
+
+
+@pytest.mark.parametrize("beta,alpha", [(0, 1), (1, 0), (0, 0)])
+@pytest.mark.parametrize("bias_shape", [(4,), (3, 4)])
+def test_addmm_zero_coefficient_times_nonfinite_grad_as_torch(
+    beta, alpha, bias_shape, device
+):
+    # torch multiplies the gradients by beta and alpha: where the incoming
+    # gradient is infinite or NaN a zero coefficient gives NaN, not 0
+    def grads(fn):
+        torch.manual_seed(3)
+        inp = torch.randn(bias_shape, device=device, requires_grad=True)
+        a = torch.randn(3, 5, device=device, requires_grad=True)
+        b = torch.randn(5, 4, device=device, requires_grad=True)
+        g = torch.randn(3, 4, device=device)
+        g[0, 1], g[2, 3] = math.inf, math.nan
+        fn(inp, a, b, beta=beta, alpha=alpha).backward(g)
+        return inp.grad, a.grad, b.grad
+
+    for ours, theirs in zip(grads(gemsops.addmm), grads(torch.addmm)):
+        assert torch.equal(ours.isnan(), theirs.isnan())
+        finite = ~theirs.isnan()
+        torch.testing.assert_close(ours[finite], theirs[finite])
+
+
+def test_addmm_out_partly_over_input_refused_as_torch(device):
+    # torch refuses an out= that shares some of input's memory without
+    # being input itself, element for element; out is input is fine
+    a = torch.randn(4, 4, device=device)
+    b = torch.randn(4, 4, device=device)
+    for rows, cols in (
+        (slice(0, 4), slice(2, 6)),  # overlapping rows
+        (slice(0, 4), None),  # the same bytes, transposed
+    ):
+        for fn in (torch.addmm, gemsops.addmm):
+            buf = torch.randn(10, 4, device=device)
+            inp = buf[rows]
+            out = buf[cols] if cols is not None else buf[rows].t()
+            before = buf.clone()
+            with pytest.raises(RuntimeError, match="single memory location"):
+                fn(inp, a, b, out=out)
+            assert torch.equal(buf, before)
+    buf = torch.randn(4, 4, device=device)
+    inp = buf.clone()
+    got = gemsops.addmm(buf, a, b, out=buf)
+    assert got is buf
+    ref = torch.addmm(inp.double(), a.double(), b.double())
+    assert_close(buf, ref, torch.float32, chain_len=4)
+
+
 @pytest.mark.parametrize(
     "value",
     [

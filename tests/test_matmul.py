@@ -3,6 +3,7 @@ same schedule and fix-up as CUDA, OpenMP threads as CTAs) and on CUDA
 (tests taking `device`, marked `cuda` there)."""
 
 import contextlib
+import os
 import subprocess
 import sys
 
@@ -1606,3 +1607,36 @@ def test_cpu_fp32_long_k_as_accurate_as_torch(m, k, n):
     ours = (gemsops.mm(a, b).double() - ref).abs().max().item()
     theirs = ((a @ b).double() - ref).abs().max().item()
     assert ours <= 1.5 * theirs, (ours, theirs)
+
+
+@pytest.mark.parametrize(
+    "variable,value,ok",
+    [
+        ("GEMSOPS_MATMUL_SCHEDULE", "stream-k", True),
+        ("GEMSOPS_MATMUL_SCHEDULE", "streamk", False),
+        ("GEMSOPS_MATMUL_MAINLOOP", "ffma", True),
+        ("GEMSOPS_MATMUL_MAINLOOP", "wgmma128", False),
+    ],
+)
+def test_schedule_from_the_environment_checked(variable, value, ok):
+    """The environment's schedule and mainloop are set_schedule()'s: a
+    name it does not know stops the import with a ValueError naming the
+    variable and the value (a process of its own)."""
+    code = (
+        "from gemsops.ops.matmul import get_schedule\n"
+        "c = get_schedule()\n"
+        "print(c['schedule'], c['mainloop'])\n"
+    )
+    env = dict(os.environ, **{variable: value})
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env
+    )
+    if ok:
+        assert run.returncode == 0, run.stderr[-2000:]
+        key = 0 if variable.endswith("SCHEDULE") else 1
+        assert run.stdout.split()[key] == value
+    else:
+        assert run.returncode != 0
+        last = run.stderr.strip().splitlines()[-1]
+        assert last.startswith("ValueError"), last
+        assert variable in last and repr(value) in last, last

@@ -55,3 +55,46 @@ def into(fn, out, inputs, compute):
             )
         out.resize_(r.shape)
     return out.copy_(r)
+
+
+def refuse_partial_overlap(out, input):
+    """torch's check of an out= against an input it reads elementwise
+    (addmm's input): RuntimeError where the two share some memory but are
+    not the same elements in the same order. As torch, tensors that are
+    not dense and free of self-overlap are not compared (too hard to
+    tell)."""
+    if not (isinstance(out, torch.Tensor) and isinstance(input, torch.Tensor)):
+        return
+    if out is input or not out.numel() or not input.numel():
+        return
+    if not (_dense(out) and _dense(input)):
+        return
+    if out.untyped_storage().data_ptr() != input.untyped_storage().data_ptr():
+        return
+    a0, b0 = out.data_ptr(), input.data_ptr()
+    a1 = a0 + out.numel() * out.element_size()
+    b1 = b0 + input.numel() * input.element_size()
+    if a0 == b0 and a1 == b1:
+        partial = out.stride() != input.stride()
+    else:
+        partial = a0 < b1 and b0 < a1
+    if partial:
+        raise RuntimeError(
+            "unsupported operation: some elements of the input tensor and "
+            "the written-to tensor refer to a single memory location. "
+            "Please clone() the tensor before performing the operation."
+        )
+
+
+def _dense(t):
+    """Non-overlapping and dense: its elements fill a block of memory
+    exactly once, in some order of its dims."""
+    expected = 1
+    for size, stride in sorted(
+        (d for d in zip(t.shape, t.stride()) if d[0] != 1),
+        key=lambda d: d[1],
+    ):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

@@ -28,6 +28,7 @@ from .._dispatch import (
     torch_only,
 )
 from ._out import into as _into
+from ._out import refuse_partial_overlap
 from .matmul import (
     SUPPORTED,
     _autocast_casts,
@@ -112,10 +113,9 @@ def _scaled(grads, alpha):
 
 
 def _grad_input(g, beta, shape):
-    """addmm's input gradient: beta * g summed to the input's shape (zeros
-    at beta == 0, as torch's)."""
-    if beta == 0:
-        return g.new_zeros(shape)
+    """addmm's input gradient: beta * g summed to the input's shape (at
+    beta == 0 zeros where g is finite and NaN where it is not, as torch's
+    product by beta gives)."""
     gb = g * beta if beta != 1 else g
     return gb.sum_to_size(shape)
 
@@ -422,7 +422,8 @@ _FLOAT32_ROUNDS_TO_ZERO = 2.0**-150
 def _coefficient(name, value, like):
     """addmm's alpha or beta, taken and refused as torch takes them: a
     Python or NumPy number (bool too) or a 0-d tensor that needs no grad
-    (passed on as it is); an int outside [-2^63, 2^64) is OverflowError;
+    (read as its number, as torch reads it; inside a compiled function
+    passed on as it is); an int outside [-2^63, 2^64) is OverflowError;
     for a real tensor a complex value with an imaginary part, and for a
     half or float32 one a finite value past float32's range (torch
     converts it to the float it computes in), are RuntimeError."""
@@ -432,8 +433,12 @@ def _coefficient(name, value, like):
                 f"addmm(): argument '{name}' must be Number, not a Tensor "
                 "that requires grad"
             )
-        # a bool scales as 0 or 1 (torch.add refuses a bool alpha)
-        return int(value.item()) if value.dtype == torch.bool else value
+        if _is_compiling():
+            # data Dynamo cannot branch on: torch's addmm takes it as it is
+            return value
+        # torch reads it as a number (a bool scales as 0 or 1), which the
+        # checks below then take as any other
+        value = value.item()
     if isinstance(value, _np.generic):
         value = value.item()  # a NumPy scalar: its Python number
     if isinstance(value, bool):
@@ -487,6 +492,7 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
         kw = dict(beta=beta, alpha=alpha)
         return torch_out_dtype(torch.addmm, args, out_dtype, out, **kw)
     if out is not None:
+        refuse_partial_overlap(out, input)
         return _into(
             "addmm",
             out,
@@ -574,22 +580,25 @@ class _AlphaZero(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return torch.zeros_like(g)
+        # torch multiplies the mats' gradients by alpha: NaN where g is not
+        # finite
+        return g * 0
 
 
 class _BetaZero(torch.autograd.Function):
     """beta == 0: the product alone, input not read (its NaNs do not
-    spread), and input's gradient zeros, as torch's addmm gives."""
+    spread), and input's gradient beta * g summed to its shape, as
+    torch's addmm gives (zeros where g is finite)."""
 
     @staticmethod
     def forward(ctx, c, input):
-        ctx.input_meta = (input.shape, input.dtype, input.device)
+        ctx.input_meta = (input.shape, input.dtype)
         return c.view_as(c)
 
     @staticmethod
     def backward(ctx, g):
-        shape, dtype, device = ctx.input_meta
-        return g, torch.zeros(shape, dtype=dtype, device=device)
+        shape, dtype = ctx.input_meta
+        return g, _grad_input(g, 0, shape).to(dtype)
 
 
 def linear(input, weight, bias=None):

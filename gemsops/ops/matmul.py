@@ -81,11 +81,7 @@ WGMMA_TILES = tuple(
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
 _config = dict(
-    schedule=os.environ.get("GEMSOPS_MATMUL_SCHEDULE", "auto"),
-    two_tiles=False,
-    ctas=0,
-    spin_limit=0,
-    mainloop=os.environ.get("GEMSOPS_MATMUL_MAINLOOP", "auto"),
+    schedule="auto", two_tiles=False, ctas=0, spin_limit=0, mainloop="auto"
 )
 _launch = ()  # _C.matmul's (schedule, two_tiles, ctas, mainloop, spin_limit)
 _FFMA = MAINLOOPS["ffma"]
@@ -122,6 +118,13 @@ def _set_launch():
     )
 
 
+def _check_choice(what, value, choices):
+    if value not in choices:
+        raise ValueError(
+            f"{what} must be one of {sorted(choices)}, got {value!r}"
+        )
+
+
 def set_schedule(
     schedule="auto", *, two_tiles=False, ctas=0, spin_limit=0, mainloop="auto"
 ):
@@ -131,16 +134,8 @@ def set_schedule(
     >0 turns a Stream-K wait longer than that many polls into a
     RuntimeError (debug: a would-be hang becomes an error; it syncs);
     mainloop in MAINLOOPS: the most capable CUDA mainloop allowed."""
-    if schedule not in SCHEDULES:
-        raise ValueError(
-            f"set_schedule(): schedule must be one of "
-            f"{sorted(SCHEDULES)}, got {schedule!r}"
-        )
-    if mainloop not in MAINLOOPS:
-        raise ValueError(
-            f"set_schedule(): mainloop must be one of "
-            f"{sorted(MAINLOOPS)}, got {mainloop!r}"
-        )
+    _check_choice("set_schedule(): schedule", schedule, SCHEDULES)
+    _check_choice("set_schedule(): mainloop", mainloop, MAINLOOPS)
     _config.update(
         schedule=schedule,
         two_tiles=bool(two_tiles),
@@ -626,4 +621,16 @@ def matmul_as(name, input, other):
     return out
 
 
-_set_launch()
+def _schedule_from_environment():
+    """The schedule and mainloop GEMSOPS_MATMUL_SCHEDULE and
+    GEMSOPS_MATMUL_MAINLOOP name (debugging and benchmarks), checked as
+    set_schedule's arguments: a misspelt value is an error at import, not
+    a silent 'auto'."""
+    schedule = os.environ.get("GEMSOPS_MATMUL_SCHEDULE", "auto")
+    mainloop = os.environ.get("GEMSOPS_MATMUL_MAINLOOP", "auto")
+    _check_choice("GEMSOPS_MATMUL_SCHEDULE", schedule, SCHEDULES)
+    _check_choice("GEMSOPS_MATMUL_MAINLOOP", mainloop, MAINLOOPS)
+    set_schedule(schedule, mainloop=mainloop)
+
+
+_schedule_from_environment()
