@@ -41,16 +41,6 @@ gemsops_layer_norm_bwd_cuda(const struct gemsops_layer_norm_bwd_params *p,
 }
 
 int
-gemsops_layer_norm_fwd_workspace_cuda(
-    const struct gemsops_layer_norm_fwd_params *p, int64_t *bytes,
-    gemsops_status *st)
-{
-    (void)p;
-    *bytes = 0;
-    return GEMSOPS_NO_CUDA(st);
-}
-
-int
 gemsops_layer_norm_bwd_workspace_cuda(
     const struct gemsops_layer_norm_bwd_params *p, int64_t *bytes,
     gemsops_status *st)

@@ -206,15 +206,15 @@ check_input(const struct gemsops_tensor *x, const char *fn, const char *arg)
 
 /* fused: NULL, or {residual, h} of the fused add (h = x + residual). */
 static int
-parse_fwd(PyObject *const *args, int with_outputs, int rms,
-          PyObject *const *fused, struct gemsops_layer_norm_fwd_params *p,
+parse_fwd(PyObject *const *args, int rms, PyObject *const *fused,
+          struct gemsops_layer_norm_fwd_params *p,
           struct gemsops_tensor *x_out)
 {
     const char *fn =
         fused ? (rms ? "fused_add_rms_norm" : "fused_add_layer_norm")
               : (rms ? "rms_norm" : "layer_norm");
-    struct gemsops_tensor x, w, b, y, mean, rstd, ws, res, h;
-    int has_w, has_b, has_ws = 0, has_mean = 0, has_rstd = 0, nd;
+    struct gemsops_tensor x, w, b, y, mean, rstd, res, h;
+    int has_w, has_b, has_mean = 0, has_rstd = 0, nd;
     void *stream = NULL;
     memset(p, 0, sizeof *p);
     if (gemsops_tensor_from_object(args[0], fn, "input", &x, &stream) ||
@@ -244,9 +244,6 @@ parse_fwd(PyObject *const *args, int with_outputs, int rms,
     p->device_id = x.device_id;
     p->stream = stream;
     *x_out = x;
-    if (!with_outputs) {
-        return 0;
-    }
     double eps = PyFloat_AsDouble(args[4]);
     if (eps == -1.0 && PyErr_Occurred()) {
         PyObject *tn;
@@ -266,9 +263,7 @@ parse_fwd(PyObject *const *args, int with_outputs, int rms,
         gemsops_optional_output(args[6], fn, "mean", &mean, &has_mean) ||
         (has_mean && check_stats(&mean, &x, p->rows, fn, "mean")) ||
         gemsops_optional_output(args[7], fn, "rstd", &rstd, &has_rstd) ||
-        (has_rstd && check_stats(&rstd, &x, p->rows, fn, "rstd")) ||
-        gemsops_optional_output(args[8], fn, "workspace", &ws, &has_ws) ||
-        (has_ws && gemsops_check_workspace(&ws, &x, fn))) {
+        (has_rstd && check_stats(&rstd, &x, p->rows, fn, "rstd"))) {
         return -1;
     }
     if (!rms && has_mean != has_rstd) {
@@ -300,16 +295,14 @@ parse_fwd(PyObject *const *args, int with_outputs, int rms,
     p->y = y.data;
     p->mean = has_mean ? mean.data : NULL;
     p->rstd = has_rstd ? rstd.data : NULL;
-    p->workspace = has_ws ? ws.data : NULL;
-    p->workspace_bytes = has_ws ? gemsops_tensor_numel(&ws) : 0; /* uint8 */
     return 0;
 }
 
 PyDoc_STRVAR(
     layer_norm_fwd_doc,
     "layer_norm_fwd(input, weight, bias, normalized_ndim, eps, out, mean, "
-    "rstd,\n"
-    "               workspace) -> None\n\n"
+    "rstd)\n"
+    "    -> None\n\n"
     "LayerNorm of `input` over its last `normalized_ndim` dimensions into "
     "the\n"
     "caller-allocated `out` (input's shape and dtype), `mean` and `rstd` "
@@ -317,9 +310,9 @@ PyDoc_STRVAR(
     "per row; float32, or float64 for float64 input; both may be None when "
     "the\n"
     "statistics are not wanted). weight/bias may be None;\n"
-    "for float16/bfloat16 input they may be float32. `workspace`: None or a\n"
-    "uint8 tensor of layer_norm_fwd_workspace() bytes (0 today: no forward\n"
-    "variant needs one). Runs on the current CUDA stream, or on the CPU.");
+    "for float16/bfloat16 input they may be float32. Runs on the current "
+    "CUDA\n"
+    "stream, or on the CPU.");
 
 static PyObject *fwd_call(PyObject *const *args, int rms,
                           PyObject *const *fused);
@@ -328,9 +321,9 @@ static PyObject *
 layer_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 9) {
+    if (nargs != 8) {
         PyErr_Format(PyExc_TypeError,
-                     "layer_norm_fwd() takes 9 arguments "
+                     "layer_norm_fwd() takes 8 arguments "
                      "(%zd given)",
                      nargs);
         return NULL;
@@ -344,7 +337,7 @@ fwd_call(PyObject *const *args, int rms, PyObject *const *fused)
 {
     struct gemsops_layer_norm_fwd_params p;
     struct gemsops_tensor x;
-    if (parse_fwd(args, 1, rms, fused, &p, &x)) {
+    if (parse_fwd(args, rms, fused, &p, &x)) {
         return NULL;
     }
     if (p.rows == 0 || (p.cols == 0 && p.rstd == NULL)) {
@@ -356,44 +349,14 @@ fwd_call(PyObject *const *args, int rms, PyObject *const *fused)
         rc = gemsops_layer_norm_fwd_cuda(&p, &st);
     }
     else {
-        Py_BEGIN_ALLOW_THREADS rc = gemsops_layer_norm_fwd_cpu(&p, &st);
+        Py_BEGIN_ALLOW_THREADS
+        rc = gemsops_layer_norm_fwd_cpu(&p, &st);
         Py_END_ALLOW_THREADS
     }
     if (rc != GEMSOPS_OK) {
         return gemsops_raise(&st);
     }
     Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(
-    layer_norm_fwd_workspace_doc,
-    "layer_norm_fwd_workspace(input, weight, bias, normalized_ndim) -> int\n\n"
-    "Bytes of workspace layer_norm_fwd needs for this input (0: pass None).");
-
-static PyObject *
-layer_norm_fwd_workspace(PyObject *module, PyObject *const *args,
-                         Py_ssize_t nargs)
-{
-    (void)module;
-    if (nargs != 4) {
-        PyErr_Format(PyExc_TypeError,
-                     "layer_norm_fwd_workspace() takes 4 "
-                     "arguments (%zd given)",
-                     nargs);
-        return NULL;
-    }
-    struct gemsops_layer_norm_fwd_params p;
-    struct gemsops_tensor x;
-    if (parse_fwd(args, 0, 0, NULL, &p, &x)) {
-        return NULL;
-    }
-    int64_t bytes = 0;
-    gemsops_status st = {GEMSOPS_OK, ""};
-    if (x.device_type == GEMSOPS_CUDA && p.rows * p.cols > 0 &&
-        gemsops_layer_norm_fwd_workspace_cuda(&p, &bytes, &st) != GEMSOPS_OK) {
-        return gemsops_raise(&st);
-    }
-    return PyLong_FromLongLong(bytes);
 }
 
 /* ---- backward --------------------------------------------------------- */
@@ -640,7 +603,8 @@ bwd_call(PyObject *const *args, Py_ssize_t nargs, int rms, PyObject *dh)
         }
     }
     else {
-        Py_BEGIN_ALLOW_THREADS rc = gemsops_layer_norm_bwd_cpu(&p, &st);
+        Py_BEGIN_ALLOW_THREADS
+        rc = gemsops_layer_norm_bwd_cpu(&p, &st);
         Py_END_ALLOW_THREADS
     }
     if (rc != GEMSOPS_OK) {
@@ -691,8 +655,7 @@ layer_norm_bwd_workspace(PyObject *module, PyObject *const *args,
 
 PyDoc_STRVAR(
     rms_norm_fwd_doc,
-    "rms_norm_fwd(input, weight, normalized_ndim, eps, out, rstd, workspace)\n"
-    "    -> None\n\n"
+    "rms_norm_fwd(input, weight, normalized_ndim, eps, out, rstd) -> None\n\n"
     "RMSNorm of `input` over its last `normalized_ndim` dimensions into "
     "`out`:\n"
     "y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps) per row (into "
@@ -703,13 +666,13 @@ static PyObject *
 rms_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 7) {
+    if (nargs != 6) {
         PyErr_Format(PyExc_TypeError,
-                     "rms_norm_fwd() takes 7 arguments (%zd given)", nargs);
+                     "rms_norm_fwd() takes 6 arguments (%zd given)", nargs);
         return NULL;
     }
-    PyObject *ln[9] = {args[0], args[1], Py_None, args[2], args[3],
-                       args[4], Py_None, args[5], args[6]};
+    PyObject *ln[8] = {args[0], args[1], Py_None, args[2],
+                       args[3], args[4], Py_None, args[5]};
     return fwd_call(ln, 1, NULL);
 }
 
@@ -768,7 +731,7 @@ rms_norm_bwd_workspace(PyObject *module, PyObject *const *args,
 PyDoc_STRVAR(
     add_norm_fwd_doc,
     "add_norm_fwd(input, residual, weight, bias, normalized_ndim, eps, rms,\n"
-    "             out, h, mean, rstd, workspace) -> None\n\n"
+    "             out, h, mean, rstd) -> None\n\n"
     "h = input + residual (rounded to the input's dtype, into `h`), then "
     "LayerNorm\n"
     "(rms False) or RMSNorm (rms True, bias None, mean None) of h into "
@@ -779,17 +742,17 @@ static PyObject *
 add_norm_fwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)module;
-    if (nargs != 12) {
+    if (nargs != 11) {
         PyErr_Format(PyExc_TypeError,
-                     "add_norm_fwd() takes 12 arguments (%zd given)", nargs);
+                     "add_norm_fwd() takes 11 arguments (%zd given)", nargs);
         return NULL;
     }
     const int rms = PyObject_IsTrue(args[6]);
     if (rms < 0) {
         return NULL;
     }
-    PyObject *ln[9] = {args[0], args[2], args[3],  args[4], args[5],
-                       args[7], args[9], args[10], args[11]};
+    PyObject *ln[8] = {args[0], args[2], args[3], args[4],
+                       args[5], args[7], args[9], args[10]};
     PyObject *fused[2] = {args[1], args[8]};
     return fwd_call(ln, rms, fused);
 }
@@ -834,9 +797,6 @@ add_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 PyMethodDef gemsops_layer_norm_methods[] = {
     {"layer_norm_fwd", (PyCFunction)(void (*)(void))layer_norm_fwd,
      METH_FASTCALL, layer_norm_fwd_doc},
-    {"layer_norm_fwd_workspace",
-     (PyCFunction)(void (*)(void))layer_norm_fwd_workspace, METH_FASTCALL,
-     layer_norm_fwd_workspace_doc},
     {"layer_norm_bwd", (PyCFunction)(void (*)(void))layer_norm_bwd,
      METH_FASTCALL, layer_norm_bwd_doc},
     {"layer_norm_bwd_workspace",

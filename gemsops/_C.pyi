@@ -20,14 +20,7 @@ def layer_norm_fwd(
     out: Tensor,
     mean: Optional[Tensor],
     rstd: Optional[Tensor],
-    workspace: Optional[Tensor],
 ) -> None: ...
-def layer_norm_fwd_workspace(
-    input: Tensor,
-    weight: Optional[Tensor],
-    bias: Optional[Tensor],
-    normalized_ndim: int,
-) -> int: ...
 def layer_norm_bwd(
     grad_out: Tensor,
     input: Tensor,
@@ -51,6 +44,63 @@ def layer_norm_bwd_workspace(
     want_grad_weight: bool,
     want_grad_bias: bool,
 ) -> int: ...
+def rms_norm_fwd(
+    input: Tensor,
+    weight: Optional[Tensor],
+    normalized_ndim: int,
+    eps: float,
+    out: Tensor,
+    rstd: Optional[Tensor],
+) -> None: ...
+def rms_norm_bwd(
+    grad_out: Tensor,
+    input: Tensor,
+    weight: Optional[Tensor],
+    normalized_ndim: int,
+    deterministic: bool,
+    rstd: Tensor,
+    grad_input: Optional[Tensor],
+    grad_weight: Optional[Tensor],
+    workspace: Optional[Tensor],
+    workspace_stream: Optional[int] = None,
+) -> Optional[Tuple[int, int]]: ...
+def rms_norm_bwd_workspace(
+    input: Tensor,
+    weight: Optional[Tensor],
+    normalized_ndim: int,
+    deterministic: bool,
+    want_grad_input: bool,
+    want_grad_weight: bool,
+) -> int: ...
+def add_norm_fwd(
+    input: Tensor,
+    residual: Tensor,
+    weight: Optional[Tensor],
+    bias: Optional[Tensor],
+    normalized_ndim: int,
+    eps: float,
+    rms: bool,
+    out: Tensor,
+    h: Tensor,
+    mean: Optional[Tensor],
+    rstd: Optional[Tensor],
+) -> None: ...
+def add_norm_bwd(
+    grad_out: Tensor,
+    grad_h: Optional[Tensor],
+    h: Tensor,
+    weight: Optional[Tensor],
+    normalized_ndim: int,
+    deterministic: bool,
+    rms: bool,
+    mean: Optional[Tensor],
+    rstd: Tensor,
+    grad_input: Optional[Tensor],
+    grad_weight: Optional[Tensor],
+    grad_bias: Optional[Tensor],
+    workspace: Optional[Tensor],
+    workspace_stream: Optional[int] = None,
+) -> Optional[Tuple[int, int]]: ...
 def prod(
     input: Tensor, dim: Optional[int], out: Tensor, workspace: Optional[Tensor]
 ) -> None: ...

@@ -20,6 +20,16 @@ import torch
 import torch.autograd.forward_ad as _forward_ad
 
 _is_compiling = torch.compiler.is_compiling
+
+
+def plain(t):
+    """t without the negative bit (torch._neg_view, z.conj().imag): C
+    reads raw memory, so it must be given the values themselves. The conj
+    bit exists only on complex tensors, which the kernels refuse. Traced
+    code leaves it to the ops, which run on real tensors."""
+    return t.resolve_neg() if not _is_compiling() and t.is_neg() else t
+
+
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _any_autocast = torch._C._is_any_autocast_enabled
 _has_torch_function = torch._C._has_torch_function

@@ -2,18 +2,21 @@
 memory, never reads a tensor as other values than it holds, and depends on
 no unchecked precondition of the caller's buffers."""
 
+import ast
 import math
+import pathlib
 
 import numpy as np
 import pytest
 import torch
 
+import gemsops
 from gemsops import _C
 from gemsops.testing import assert_mm_close
 
 
 def _ln_fwd_args(x, out, mean=None, rstd=None):
-    return (x, None, None, 1, 1e-5, out, mean, rstd, None)
+    return (x, None, None, 1, 1e-5, out, mean, rstd)
 
 
 def _guarded(shape, dtype=np.float32, reverse_rows=False):
@@ -41,9 +44,7 @@ def test_negative_stride_everywhere_is_refused():
     x = torch.randn(6, 8)
     g = torch.randn(6, 8)
     mean, rstd = torch.empty(6), torch.empty(6)
-    _C.layer_norm_fwd(
-        x, None, None, 1, 1e-5, torch.empty(6, 8), mean, rstd, None
-    )
+    _C.layer_norm_fwd(x, None, None, 1, 1e-5, torch.empty(6, 8), mean, rstd)
     dx = np.full((6, 8), np.nan, np.float32)[::-1]
     with pytest.raises(ValueError, match="negative stride"):
         _C.layer_norm_bwd(
@@ -147,7 +148,7 @@ def test_any_eps_as_torch(eps):
         torch.empty(5, dtype=torch.float64),
         torch.empty(5, dtype=torch.float64),
     )
-    _C.layer_norm_fwd(x, None, None, 1, eps, out, mean, rstd, None)
+    _C.layer_norm_fwd(x, None, None, 1, eps, out, mean, rstd)
     ref, rmean, rrstd = torch.native_layer_norm(x, (16,), None, None, eps)
     torch.testing.assert_close(out, ref, equal_nan=True)
     torch.testing.assert_close(rstd, rrstd.view(-1), equal_nan=True)
@@ -160,9 +161,7 @@ def _bwd_call(device, rows, cols, ws=None, stream_arg=(), dtype=torch.float32):
     mean = torch.empty(rows, device=device)
     rstd = torch.empty(rows, device=device)
     if rows:
-        _C.layer_norm_fwd(
-            x, w, None, 1, 1e-5, torch.empty_like(x), mean, rstd, None
-        )
+        _C.layer_norm_fwd(x, w, None, 1, 1e-5, torch.empty_like(x), mean, rstd)
     dx = torch.full_like(x, float("nan"))
     dw = torch.full_like(w, float("nan"))
     db = torch.full_like(w, float("nan"))
@@ -349,3 +348,40 @@ def test_linear_products_refuse_what_matmul_refuses(entry, device):
         arr.flags.writeable = False
         with pytest.raises(ValueError, match="read-only"):
             call(a, b, arr.reshape(shapes[2]), *launch)
+
+
+def _stubs():
+    """gemsops/_C.pyi's functions and their parameters, and its other
+    names (the products typed by a Protocol)."""
+    path = pathlib.Path(gemsops.__file__).with_name("_C.pyi")
+    tree = ast.parse(path.read_text())
+    funcs, others = {}, set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            a = node.args
+            funcs[node.name] = (len(a.args) - len(a.defaults), len(a.args))
+        elif isinstance(node, ast.AnnAssign):
+            others.add(node.target.id)
+    return funcs, others
+
+
+def test_the_stubs_name_every_extension_function():
+    funcs, others = _stubs()
+    public = {n for n in dir(_C) if not n.startswith("_")}
+    public = {n for n in public if callable(getattr(_C, n))}
+    assert public == set(funcs) | others
+
+
+def test_the_stubs_count_each_functions_arguments():
+    # every _C function refuses a call without arguments by naming the
+    # count it takes: the stub's (required, or required or all)
+    for name, (required, total) in _stubs()[0].items():
+        if total == 0:
+            continue
+        with pytest.raises(TypeError) as info:
+            getattr(_C, name)()
+        if required == total:
+            words = "exactly one" if total == 1 else f"takes {total} "
+        else:
+            words = f"takes {required} or {total} arguments"
+        assert words in str(info.value), (name, str(info.value))

@@ -155,7 +155,6 @@ def test_sizes_whose_count_overflows_refused():
             ClaimingProducer(out, huge, (0, 0)),
             None,
             None,
-            None,
         ),
         lambda: _C.tensor_info(ClaimingProducer(one, (2**40, 2**40), (0, 0))),
     ):

@@ -18,9 +18,7 @@ def fwd_args(device="cpu", rows=8, cols=16, dtype=torch.float32):
     out = torch.empty_like(x)
     mean = torch.empty(rows, dtype=sd, device=device)
     rstd = torch.empty(rows, dtype=sd, device=device)
-    return dict(
-        x=x, w=w, b=b, nd=1, eps=1e-5, out=out, mean=mean, rstd=rstd, ws=None
-    )
+    return dict(x=x, w=w, b=b, nd=1, eps=1e-5, out=out, mean=mean, rstd=rstd)
 
 
 def call_fwd(a):
@@ -33,7 +31,6 @@ def call_fwd(a):
         a["out"],
         a["mean"],
         a["rstd"],
-        a["ws"],
     )
 
 
@@ -97,7 +94,6 @@ def test_valid_call_passes():
             RuntimeError,
             "'rstd' must be contiguous",
         ),
-        ("ws", torch.empty(16), RuntimeError, "'workspace' must be uint8"),
     ],
 )
 def test_forward_argument_checks(field, value, exc, words):
@@ -163,7 +159,7 @@ def test_misaligned_tensor_is_refused():
 
 
 def test_wrong_argument_count():
-    with pytest.raises(TypeError, match="takes 9 arguments"):
+    with pytest.raises(TypeError, match="takes 8 arguments"):
         _C.layer_norm_fwd(1, 2)
 
 
@@ -226,6 +222,8 @@ def test_backward_argument_checks():
         RuntimeError, match="'grad_input' overlaps input 'grad_out'"
     ):
         bwd(dx=g)
+    with pytest.raises(RuntimeError, match="'workspace' must be uint8"):
+        bwd(ws=torch.empty(16))
     with pytest.raises(TypeError, match="takes 11 or 12 arguments"):
         _C.layer_norm_bwd(g)
     with pytest.raises(TypeError, match="workspace_stream must be a stream"):

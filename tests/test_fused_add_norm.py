@@ -295,7 +295,6 @@ def test_errors():
             torch.empty_like(x),
             None,
             torch.empty(4),
-            None,
         )
 
 

@@ -290,7 +290,7 @@ def test_non_contiguous_rows_read_in_place(device):
     mean = torch.empty(300, device=device)
     rstd = torch.empty(300, device=device)
     poison_(out)
-    gemsops._C.layer_norm_fwd(x, w, None, 1, 1e-5, out, mean, rstd, None)
+    gemsops._C.layer_norm_fwd(x, w, None, 1, 1e-5, out, mean, rstd)
     assert_close(out, layer_norm_reference(x, (1000,), w)[0], torch.float32)
 
 
@@ -443,7 +443,7 @@ def test_numpy_arrays_through_C():
     y = np.full_like(x, np.nan)
     mean = np.full(50, np.nan, np.float32)
     rstd = np.full(50, np.nan, np.float32)
-    gemsops._C.layer_norm_fwd(x, w, None, 1, 1e-5, y, mean, rstd, None)
+    gemsops._C.layer_norm_fwd(x, w, None, 1, 1e-5, y, mean, rstd)
     ref, rmean, _ = layer_norm_reference(
         torch.from_numpy(x), (37,), torch.from_numpy(w)
     )
@@ -794,9 +794,7 @@ def test_stats_dtype_mirrors_c(dtype):
     for sd in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
         mean, rstd = torch.empty(4, dtype=sd), torch.empty(4, dtype=sd)
         try:
-            gemsops._C.layer_norm_fwd(
-                x, None, None, 1, 1e-5, out, mean, rstd, None
-            )
+            gemsops._C.layer_norm_fwd(x, None, None, 1, 1e-5, out, mean, rstd)
             took = True
         except RuntimeError:
             took = False
@@ -831,9 +829,7 @@ def test_rows_view_rule_mirrors_c():
         mean, rstd = torch.empty(rows), torch.empty(rows)
         ok = rows_view_ok(x, nd)
         try:
-            gemsops._C.layer_norm_fwd(
-                x, None, None, nd, 1e-5, out, mean, rstd, None
-            )
+            gemsops._C.layer_norm_fwd(x, None, None, nd, 1e-5, out, mean, rstd)
             took = True
         except RuntimeError as e:
             assert (

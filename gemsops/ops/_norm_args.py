@@ -8,7 +8,7 @@ import operator
 import numpy as _np
 import torch
 
-from .._dispatch import _is_compiling, not_tensor
+from .._dispatch import not_tensor, plain
 
 
 def normalized_shape_arg(normalized_shape, fn="layer_norm"):
@@ -91,18 +91,10 @@ def as_rows(x, nd):
     return x.contiguous()
 
 
-def plain(t):
-    """t without the negative bit (torch._neg_view, z.conj().imag): C
-    reads raw memory, so it must be given the values themselves. The conj
-    bit exists only on complex tensors, which the kernels refuse."""
-    return t.resolve_neg() if not _is_compiling() and t.is_neg() else t
-
-
 def param(p):
     if p is None:
         return p
-    if not _is_compiling() and p.is_neg():
-        p = p.resolve_neg()
+    p = plain(p)
     return p if p.is_contiguous() else p.contiguous()
 
 
@@ -133,9 +125,7 @@ def prepare(
         raise not_tensor(fn, "bias", bias, " or None")
     shape = normalized_shape_arg(normalized_shape, fn)
     check_shape(input, shape, fn, few_dims)
-    if not _is_compiling() and input.is_neg():
-        input = input.resolve_neg()
-    return input, shape, param(weight), param(bias)
+    return plain(input), shape, param(weight), param(bias)
 
 
 def eps_arg(eps, fn, alt=""):

@@ -1,34 +1,17 @@
-"""What the norms share in their launches: the forward's scratch, the
-backward's outputs and its one launch through C's kept-workspace
-protocol (the LayerNorm and RMSNorm kernels share the kept buffer), and
-the outputs a mask leaves out."""
+"""What the norms share in their launches: the backward's outputs and
+its one launch through C's kept-workspace protocol (the LayerNorm and
+RMSNorm kernels share the kept buffer), and the outputs a mask leaves
+out."""
 
 import torch
 
-from .. import _C, _workspace
+from .. import _workspace
 
 # backward: device -> stream handle of the kept workspace last used there
 # (C answers "another stream" with the handle to ask _workspace for). A
 # kept workspace is zeros when made and each launch leaves its dW/dB
 # accumulators zero again (kept_zero in C): no memset, no allocation.
 _bwd_stream = {}
-
-
-def fwd_scratch(x, weight, bias, nd):
-    """The forward launch's zeroed scratch (None on the CPU, for no
-    elements, or when the plan needs none): the norm kernels' one plan,
-    whatever the statistic or the fused add."""
-    if not x.is_cuda or not x.numel():
-        return None
-    nbytes = _workspace.planned(
-        ("ln_fwd", x.dtype, x.shape, nd, x.device.index),
-        _C.layer_norm_fwd_workspace,
-        x,
-        weight,
-        bias,
-        nd,
-    )
-    return _workspace.scratch(nbytes, x.device, zero=True)
 
 
 def grad_outputs(x, shape, weight, want_dx, want_dw, want_db=False):

@@ -14,20 +14,18 @@ import math
 import torch
 
 from .. import _C
-from .._dispatch import batched, eager, eager_apply, torch_only
+from .._dispatch import batched, eager, eager_apply, plain, torch_only
 from . import layer_norm as ln
 from . import rms_norm as rn
 from ._norm_args import (
     as_rows,
     eps_arg,
     needs_grad,
-    plain,
     prepare,
     stats_dtype,
 )
 from ._norm_launch import (
     bias_grad_apart,
-    fwd_scratch,
     grad_bias,
     grad_outputs,
     launch_backward,
@@ -48,8 +46,7 @@ def _forward(x, res, shape, weight, bias, eps, rms, want_stats=True):
         sd = stats_dtype(x.dtype)
         mean = None if rms else x.new_empty(rows, dtype=sd)
         rstd = x.new_empty(rows, dtype=sd)
-    ws = fwd_scratch(x, weight, bias, nd)
-    _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd, ws)
+    _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd)
     return y, h, mean, rstd
 
 

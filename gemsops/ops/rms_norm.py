@@ -22,6 +22,7 @@ from .._dispatch import (
     define_op,
     eager,
     eager_apply,
+    plain,
     register_autocast,
     torch_only,
 )
@@ -31,13 +32,11 @@ from ._norm_args import (
     eps_arg,
     needs_grad,
     param,
-    plain,
     prepare,
     stat_view_shape,
     stats_dtype,
 )
 from ._norm_launch import (
-    fwd_scratch,
     grad_outputs,
     launch_backward,
     none_unless,
@@ -99,8 +98,7 @@ def _forward(x, shape, weight, eps, want_rstd=True, rstd_shape=None):
         if rstd_shape is None:
             rstd_shape = math.prod(x.shape[: x.dim() - nd])
         rstd = x.new_empty(rstd_shape, dtype=stats_dtype(x.dtype))
-    ws = fwd_scratch(x, weight, None, nd)
-    _C.rms_norm_fwd(x, weight, nd, eps, out, rstd, ws)
+    _C.rms_norm_fwd(x, weight, nd, eps, out, rstd)
     return out, rstd
 
 

@@ -49,8 +49,6 @@ struct gemsops_layer_norm_fwd_params {
     const void *bias; /* [cols] contiguous, `param_dtype`, or NULL     */
     void *mean; /* [rows] fp64 for fp64 x, else fp32; or NULL    */
     void *rstd; /* [rows] 1/sqrt(var + eps); NULL with mean      */
-    void *workspace; /* zeroed, >= workspace_bytes; NULL if that is 0 */
-    int64_t workspace_bytes; /* size the caller passed                     */
     int64_t rows; /* M: product of the leading dimensions          */
     int64_t cols; /* N: product of the normalized dimensions       */
     int64_t x_row_stride; /* elements between rows of x                    */
@@ -95,12 +93,10 @@ struct gemsops_layer_norm_bwd_params {
     void *stream;
 };
 
-/* Bytes of zeroed workspace the launch will need (0: pass NULL). The CUDA
- * plan depends on the device's SM count and occupancy, so ask, then
- * allocate, then launch with the same params. */
-int gemsops_layer_norm_fwd_workspace_cuda(
-    const struct gemsops_layer_norm_fwd_params *p, int64_t *bytes,
-    gemsops_status *st);
+/* Bytes of zeroed workspace the backward's launch will need (0: pass
+ * NULL). The CUDA plan depends on the device's SM count and occupancy, so
+ * ask, then allocate, then launch with the same params. The forward needs
+ * none: its long rows stream twice instead of exchanging partials. */
 int gemsops_layer_norm_bwd_workspace_cuda(
     const struct gemsops_layer_norm_bwd_params *p, int64_t *bytes,
     gemsops_status *st);

@@ -192,7 +192,6 @@ def _c_ln_fwd(ctx):
             "eps-str",
             "weight-dtype",
             "weight-shape",
-            "ws-dtype",
             "input-int",
             "stats-half",
             "not-tensor",
@@ -213,17 +212,7 @@ def _c_ln_fwd(ctx):
     )
     mean = _out(ctx, guards, "mean", [rows], sd, mut) if want_stats else None
     rstd = _out(ctx, guards, "rstd", [rows], sd, mut) if want_stats else None
-    ws = None
-    if x.is_cuda:
-        need = _query(lambda: _C.layer_norm_fwd_workspace(x, w, b, nd))
-        if need:
-            g = Guarded(ctx, [need], torch.uint8)
-            g.view.zero_()
-            g.before = g.buf.cpu().clone()
-            guards["workspace"], ws = g, g.view
-    a = dict(
-        x=xp, w=w, b=b, nd=nd, eps=eps, out=out, mean=mean, rstd=rstd, ws=ws
-    )
+    a = dict(x=xp, w=w, b=b, nd=nd, eps=eps, out=out, mean=mean, rstd=rstd)
     if mut == "out-overlaps-input" and isinstance(xp, torch.Tensor):
         a["out"] = xp
     elif mut == "mean-overlaps-rstd" and want_stats:
@@ -243,8 +232,6 @@ def _c_ln_fwd(ctx):
     elif mut == "weight-shape" and w is not None:
         # one element more, also when the weight has none
         a["w"] = torch.cat([w.reshape(-1), w.new_ones(1)])
-    elif mut == "ws-dtype":
-        a["ws"] = torch.zeros(64, dtype=torch.float32, device=x.device)
     elif mut == "input-int":
         a["x"] = torch.ones(shape, dtype=torch.int32, device=x.device)
     elif mut == "stats-half" and want_stats:
@@ -269,7 +256,7 @@ def _c_ln_fwd(ctx):
         lay = "numpy-reversed"
     ctx.note(
         f"_C.layer_norm_fwd(x, w, b, nd={a['nd']}, eps={a['eps']!r}, "
-        f"out, mean, rstd, ws) mutation={mut or '-'}"
+        f"out, mean, rstd) mutation={mut or '-'}"
     )
     for k in ("x", "w", "b"):
         ctx.describe(k, a[k])
@@ -284,7 +271,6 @@ def _c_ln_fwd(ctx):
             a["out"],
             a["mean"],
             a["rstd"],
-            a["ws"],
         ]
         return _C.layer_norm_fwd(*args[:-1] if mut == "arg-count" else args)
 
@@ -876,12 +862,10 @@ def case_c_misc(ctx):
         raise oracle.WrongAnswer(
             f"tensor_info: {got} != {(want_shape, want_strides, addr)}"
         )
-    q = ctx.choice(["ln_fwd", "ln_bwd", "prod", "prod_bwd"])
+    q = ctx.choice(["ln_bwd", "prod", "prod_bwd"])
     nd = ctx.choice([1, len(shape), len(shape) + 1, 0])
     d = None
-    if q == "ln_fwd":
-        call = lambda: _C.layer_norm_fwd_workspace(obj, None, None, nd)  # noqa
-    elif q == "ln_bwd":
+    if q == "ln_bwd":
         call = lambda: _C.layer_norm_bwd_workspace(  # noqa: E731
             obj, None, nd, False, True, False, False
         )
