@@ -15,10 +15,11 @@ Environment:
                           (e.g. "address,undefined"): built -O1 -g with
                           frame pointers and -fno-wrapv, every finding is
                           fatal (no recovery), and the module links the
-                          runtimes; switching it on or off forces a rebuild. The CUDA objects are
-                          left alone. Python is not instrumented, so the ASan
-                          runtime must be LD_PRELOADed at run time:
-                          tools/sanitize_cpu.sh does all of it
+                          runtimes; switching it on or off forces a
+                          rebuild. The CUDA objects are left alone. Python
+                          is not instrumented, so the ASan runtime must be
+                          LD_PRELOADed at run time: tools/sanitize_cpu.sh
+                          does all of it
 No torch is needed to build: tensors cross the boundary through DLPack.
 """
 
@@ -106,13 +107,18 @@ C_FLAGS = [
 ]
 
 
-def sanitize_flags():
-    """Compile and link flags for GEMSOPS_SANITIZE; both empty when unset."""
-    names = [
+def sanitizers():
+    """The sanitizers GEMSOPS_SANITIZE names."""
+    return [
         n.strip()
         for n in os.environ.get("GEMSOPS_SANITIZE", "").split(",")
         if n.strip()
     ]
+
+
+def sanitize_flags():
+    """Compile and link flags for GEMSOPS_SANITIZE; both empty when unset."""
+    names = sanitizers()
     if not names:
         return [], []
     san = "-fsanitize=" + ",".join(names)
@@ -151,12 +157,8 @@ def flavour(nvcc):
     Objects of one flavour never meet another's (one build folder each),
     and a module left by another flavour is rebuilt."""
     name = "cpu" if nvcc is None else "cuda"
-    sanitizers = [
-        n.strip()
-        for n in os.environ.get("GEMSOPS_SANITIZE", "").split(",")
-        if n.strip()
-    ]
-    return "-".join([name] + (["san"] + sanitizers if sanitizers else []))
+    names = sanitizers()
+    return "-".join([name] + (["san"] + names if names else []))
 
 
 class BuildExt(build_ext):
@@ -304,10 +306,11 @@ class BuildExt(build_ext):
             return str(obj)
 
         jobs = int(os.environ.get("GEMSOPS_NVCC_THREADS", os.cpu_count() or 1))
-        # the largest source starts first (the matmul's, most of the build's
-        # time: started third, it ran alone after the others had finished);
-        # the objects link in name order as before
-        first = sorted(sources, key=lambda src: src.stat().st_size, reverse=True)
+        # the largest source (the longest nvcc job) starts first, so that it
+        # does not run alone at the end; the objects link in name order
+        first = sorted(
+            sources, key=lambda src: src.stat().st_size, reverse=True
+        )
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             built = dict(zip(first, pool.map(compile_one, first)))
         return [built[src] for src in sources]

@@ -17,6 +17,13 @@ GEMSOPS_BENCH_RESUME=1 carries on a result file of an earlier call at the
 same commit, GPU and method: its cases are kept and not timed again (each
 row keeps its own call's copy fraction; `calls` counts the calls that
 wrote the file), so a complete file's run times nothing.
+
+The benchmark files' own switches: GEMSOPS_BENCH_NO_PEERS=1 times torch
+and gemsops alone (no FlagGems, Liger or compiled torch);
+GEMSOPS_BENCH_QUICK=1 a few cases of LayerNorm and prod;
+GEMSOPS_BENCH_SWEEP=1 the LayerNorm forward's N x M sweep instead of its
+cases; test_blas_perf.py's GEMSOPS_BENCH_CORPUS, _TF32_CORPUS (shape
+counts), _SCHEDULES and _MAINLOOPS (comma lists: what gemsops runs).
 """
 
 import contextlib
@@ -41,9 +48,9 @@ _flush_buf = None
 
 def _read_flush():
     """Evicts L2 by READING a 256 MB buffer: L2 ends full of clean lines.
-    triton's flush (cache.zero_()) leaves ~50 MB of dirty lines that the
-    timed kernel then writes back (~16 us at 3 TB/s inside every timed
-    window, the same for every provider): a quarter of a 128 MB op's time."""
+    triton's flush (cache.zero_()) leaves tens of MB of dirty lines that
+    the timed kernel then writes back inside every timed window, the same
+    for every provider (docs/performance.md, Method)."""
     global _flush_buf
     if _flush_buf is None:
         _flush_buf = (
@@ -147,8 +154,8 @@ def copy_bandwidth_gbps():
         ).normal_()
         dst = torch.empty_like(src)
         # eager even with GEMSOPS_BENCH_GRAPH: a captured copy_ becomes a
-        # graph memcpy node, which ran at ~80% of the kernel copy's speed
-        # (H100), and its host cost is nothing beside 0.7 ms
+        # graph memcpy node, slower than the kernel copy (docs/performance.md,
+        # Method), and its host cost is nothing beside a 1 GiB copy
         ms = do_bench(lambda: dst.copy_(src))
         _copy_gbps = 2 * src.numel() * 4 / ms / 1e6
         del src, dst

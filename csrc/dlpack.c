@@ -13,20 +13,20 @@
 
 #include <string.h>
 
-#define TYPE_CACHE_SIZE 8
+#define GEMSOPS_TYPE_CACHE_SIZE 8
 
 struct type_facts {
     PyTypeObject *type; /* strong reference */
     const gemsops_dl_exchange_api *api; /* NULL: type has none */
     int has_is_neg; /* torch: negation may be a lazy bit, see lazy_negation */
 };
-static struct type_facts type_cache[TYPE_CACHE_SIZE];
+static struct type_facts type_cache[GEMSOPS_TYPE_CACHE_SIZE];
 static int type_cache_next;
 
 static const struct type_facts *
 facts_of(PyTypeObject *type)
 {
-    for (int i = 0; i < TYPE_CACHE_SIZE; i++) {
+    for (int i = 0; i < GEMSOPS_TYPE_CACHE_SIZE; i++) {
         if (type_cache[i].type == type) {
             return &type_cache[i];
         }
@@ -51,7 +51,7 @@ facts_of(PyTypeObject *type)
         PyErr_Clear();
     }
     int has_is_neg = PyObject_HasAttrString((PyObject *)type, "is_neg");
-    int slot = type_cache_next++ % TYPE_CACHE_SIZE;
+    int slot = type_cache_next++ % GEMSOPS_TYPE_CACHE_SIZE;
     Py_XDECREF(type_cache[slot].type);
     Py_INCREF(type);
     type_cache[slot].type = type;

@@ -13,7 +13,7 @@
  * no version counter are never vouched for. The GIL guards the table. */
 #include "boundary.h" /* Python.h first: it sets feature macros */
 
-#define KEPT_SLOTS 16
+#define GEMSOPS_KEPT_SLOTS 16
 
 struct kept_record {
     PyObject *obj; /* strong reference; NULL: free slot */
@@ -26,7 +26,7 @@ struct kept_record {
     unsigned long long last_use;
 };
 
-static struct kept_record records[KEPT_SLOTS];
+static struct kept_record records[GEMSOPS_KEPT_SLOTS];
 static unsigned long long use_clock;
 
 static PyObject *
@@ -71,7 +71,7 @@ bytes_of(const struct gemsops_tensor *t)
 static struct kept_record *
 find(const struct gemsops_tensor *t, void *stream)
 {
-    for (int i = 0; i < KEPT_SLOTS; i++) {
+    for (int i = 0; i < GEMSOPS_KEPT_SLOTS; i++) {
         struct kept_record *r = &records[i];
         if (r->obj != NULL && r->data == t->data &&
             r->device_type == t->device_type && r->device_id == t->device_id &&
@@ -115,7 +115,7 @@ gemsops_kept_store(PyObject *obj, const struct gemsops_tensor *t, void *stream,
     struct kept_record *r = find(t, stream);
     if (r == NULL) {
         r = &records[0];
-        for (int i = 1; i < KEPT_SLOTS; i++) {
+        for (int i = 1; i < GEMSOPS_KEPT_SLOTS; i++) {
             if (records[i].obj == NULL ||
                 (r->obj != NULL && records[i].last_use < r->last_use)) {
                 r = &records[i];
@@ -156,7 +156,7 @@ gemsops_kept_overwritten(const struct gemsops_tensor *t)
 {
     const char *lo = (const char *)t->data;
     const char *hi = lo + bytes_of(t);
-    for (int i = 0; i < KEPT_SLOTS; i++) {
+    for (int i = 0; i < GEMSOPS_KEPT_SLOTS; i++) {
         struct kept_record *r = &records[i];
         const char *rlo = (const char *)r->data;
         if (r->obj != NULL && r->device_type == t->device_type &&

@@ -600,10 +600,11 @@ run_product(PyObject *const *args, Py_ssize_t nargs,
     struct gemsops_matmul_need need = {0, 0};
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = cuda ? gemsops_matmul_cuda(&p, &need, &st)
-                                     : gemsops_matmul_cpu(&p, &st);
-    Py_END_ALLOW_THREADS if (cuda && p.flags != NULL)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = cuda ? gemsops_matmul_cuda(&p, &need, &st)
+              : gemsops_matmul_cpu(&p, &st);
+    Py_END_ALLOW_THREADS
+    if (cuda && p.flags != NULL) {
         if (rc != GEMSOPS_OK) {
             gemsops_kept_forget(&fl, p.stream);
         }
@@ -727,9 +728,10 @@ streamk_check(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                     (int)v[10]);
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = gemsops_sk_check(&s, &st);
-    Py_END_ALLOW_THREADS if (rc != GEMSOPS_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = gemsops_sk_check(&s, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != GEMSOPS_OK) {
         return gemsops_raise(&st);
     }
     return schedule_tuple(&s, NULL, ""); /* no kernel: mainloop None */

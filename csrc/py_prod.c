@@ -57,7 +57,6 @@ check_input(const struct gemsops_tensor *x, const char *fn)
            gemsops_check_aligned(x, fn, "input");
 }
 
-/* numel of the output: the kept dims' product (1 for the full product) */
 /* Only floating point inputs have gradients (torch: RuntimeError). */
 static int
 check_has_grad(const struct gemsops_tensor *x, const char *fn)
@@ -72,6 +71,7 @@ check_has_grad(const struct gemsops_tensor *x, const char *fn)
     return -1;
 }
 
+/* numel of the output: the kept dims' product (1 for the full product) */
 static int64_t
 kept_numel(const struct gemsops_tensor *x, int dim)
 {
@@ -181,10 +181,10 @@ prod(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     const int cuda = p.x.device_type == GEMSOPS_CUDA;
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc =
-        cuda ? gemsops_prod_cuda(&p, &st) : gemsops_prod_cpu(&p, &st);
-    Py_END_ALLOW_THREADS if (rc != GEMSOPS_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = cuda ? gemsops_prod_cuda(&p, &st) : gemsops_prod_cpu(&p, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != GEMSOPS_OK) {
         return gemsops_raise(&st);
     }
     Py_RETURN_NONE;
@@ -240,10 +240,10 @@ prod_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     p.grad_in = gi.data;
     gemsops_status st = {GEMSOPS_OK, ""};
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc =
-        cuda ? gemsops_prod_bwd_cuda(&p, &st) : gemsops_prod_bwd_cpu(&p, &st);
-    Py_END_ALLOW_THREADS if (rc != GEMSOPS_OK)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = cuda ? gemsops_prod_bwd_cuda(&p, &st) : gemsops_prod_bwd_cpu(&p, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != GEMSOPS_OK) {
         return gemsops_raise(&st);
     }
     Py_RETURN_NONE;

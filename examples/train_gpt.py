@@ -87,7 +87,7 @@ def train(lib, compiled, data, vocab, args):
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(1)
     losses, times = [], []
-    for step in range(args.steps):
+    for _ in range(args.steps):
         i = torch.randint(len(data) - args.ctx - 1, (args.batch,), generator=g)
         xb = torch.stack([data[j : j + args.ctx] for j in i]).to(args.device)
         yb = torch.stack([data[j + 1 : j + args.ctx + 1] for j in i]).to(
@@ -113,7 +113,10 @@ def main():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--device", default="cpu")
     p.add_argument(
-        "--compile", nargs="?", const="on", default="off",
+        "--compile",
+        nargs="?",
+        const="on",
+        default="off",
         choices=["off", "on", "both"],
     )
     p.add_argument(
@@ -137,7 +140,9 @@ def main():
     every = max(1, args.steps // 10)
     print(f"{'step':>6} " + " ".join(f"{n:>16}" for n in results))
     for s in list(range(0, args.steps, every)) + [args.steps - 1]:
-        print(f"{s:6d} " + " ".join(f"{r[0][s]:16.4f}" for r in results.values()))
+        print(
+            f"{s:6d} " + " ".join(f"{r[0][s]:16.4f}" for r in results.values())
+        )
     for name, (_, times) in results.items():
         warm = times[len(times) // 5 :] or times
         print(

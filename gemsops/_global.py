@@ -16,6 +16,7 @@ from collections import Counter
 
 import torch
 
+from ._dispatch import plain
 from .ops import _norm_args as _norm
 from .ops import layer_norm as _ln
 from .ops import linear as _linear
@@ -50,10 +51,6 @@ def _need(cond):
         raise _Fallback
 
 
-def _plain(t):
-    return t.resolve_neg() if t.is_neg() else t
-
-
 def _shape_ok(x, shape):
     """normalized_shape is x's trailing sizes (else torch raises)."""
     nd = len(shape)
@@ -67,7 +64,7 @@ def _native_layer_norm(x, normalized_shape, weight, bias, eps):
     shape = tuple(normalized_shape)
     _need(_shape_ok(x, shape))
     out, mean, rstd = _ln._forward(
-        _plain(x), shape, _norm.param(weight), _norm.param(bias), eps
+        plain(x), shape, _norm.param(weight), _norm.param(bias), eps
     )
     st = _norm.stat_view_shape(x, len(shape))
     sd = _torch_stats_dtype(x, weight, bias)
@@ -100,10 +97,10 @@ def _native_layer_norm_backward(
     _need(mean.dtype == want and rstd.dtype == want)
     _need(weight is not None or bias is None or bias.dtype == x.dtype)
     sd = _norm.stats_dtype(x.dtype)
-    mean, rstd = (_plain(s).to(sd).reshape(-1) for s in (mean, rstd))
+    mean, rstd = (plain(s).to(sd).reshape(-1) for s in (mean, rstd))
     return _ln._backward(
         grad_out,
-        _plain(x),
+        plain(x),
         shape,
         _norm.param(weight),
         mean,
@@ -118,7 +115,7 @@ def _prod_any(x, dim, keepdim, dtype):
     if dtype is not None:
         x = x.to(dtype)
     _need(not x.is_complex())
-    x = _plain(x)
+    x = plain(x)
     x1 = x.reshape(1) if x.dim() == 0 else x
     d = None if dim is None else _prod._normalize_dim(dim, x.dim())
     out = _prod._forward(x1, d)
@@ -149,7 +146,7 @@ def _mm_ok(a, b):
 def _mm2(a, b):
     _mm_ok(a, b)
     _need(a.dim() == 2 and b.dim() == 2 and a.shape[1] == b.shape[0])
-    return _mm._mm(_plain(a), _plain(b))
+    return _mm._mm(plain(a), plain(b))
 
 
 def _bmm3(a, b):
@@ -160,7 +157,7 @@ def _bmm3(a, b):
         and a.shape[0] == b.shape[0]
         and a.shape[2] == b.shape[1]
     )
-    return _mm._mm(_plain(a), _plain(b))
+    return _mm._mm(plain(a), plain(b))
 
 
 def _addmm(bias, a, b, *, beta=1, alpha=1):
@@ -184,7 +181,7 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
     # the kernel's epilogue: alpha * a @ b + beta * bias before the one
     # rounding (beta 0: bias is not read, its NaNs do not spread)
     return _mm._mm(
-        _plain(a), _plain(b), _plain(bias) if beta != 0 else None, alpha, beta
+        plain(a), plain(b), plain(bias) if beta != 0 else None, alpha, beta
     )
 
 

@@ -135,7 +135,7 @@ def _exact_fp32():
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_dual_tensor_tangent(case, device):
-    """A dual tensor's tangent is carried, not dropped (it was None)."""
+    """A dual tensor's tangent is carried, not dropped (None)."""
     _, ours, theirs, shapes, dtype = case
     args = _args(shapes, dtype, device)
     tangents = _args(shapes, dtype, device)

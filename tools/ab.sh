@@ -1,5 +1,5 @@
 #!/bin/bash
-# A/B/.../A timing inside one device call: rebuild one source file with each
+# A/B/.../A timing inside one run on a GPU machine: rebuild one source file with each
 # variant's NVCC_APPEND_FLAGS, run the timing command after each build, then
 # the first variant again (cross-run times drift; docs/performance.md, Method).
 # usage: AB_FILE=csrc/cuda/prod_fwd.cu bash tools/ab.sh "<timing command>" \

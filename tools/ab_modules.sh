@@ -1,16 +1,17 @@
 #!/bin/bash
-# A/B/A/B of modules built before the call, in one device call: each
+# A/B/A/B of modules built beforehand, in one run on a GPU machine: each
 # variant is a gzipped gemsops/_C*.so (built here, `setup.py build_ext`
 # for sm_90a, ~11 MB gzipped), copied into the tree in turn; the cases are
 # timed after each, twice over (cross-run times drift; docs/performance.md,
 # Method), and each case's best time a variant is printed against the
-# first. Building here rather than on the device keeps the device's time
-# for timing (tools/ab.sh rebuilds there instead).
+# first. Building the modules on another machine keeps the GPU machine's
+# time for timing (tools/ab.sh rebuilds there instead).
 # usage: bash tools/ab_modules.sh "A.so.gz B.so.gz ..." "case ..."
 #   cases: tools/norm_time.py's (op,M,N,dtype[,fp32]), or the timer's
 #   AB_TIMER: the timing command (default python3 -m tools.norm_time;
 #     python3 -m tools.mm_time for the matmul), printing `case gems Xus`
-#   carry the .so.gz files (a folder that .git/info/exclude ignores)
+#   the .so.gz files go with the tree to the GPU machine (keep them in a
+#   folder git ignores)
 set -o pipefail
 export PYTHONUNBUFFERED=1 GEMSOPS_BENCH_GRAPH=1
 export GEMSOPS_BENCH_FLUSH=${GEMSOPS_BENCH_FLUSH:-read}

@@ -1,6 +1,6 @@
 #!/bin/bash
-# Everything one device call does: build for Hopper, run the CUDA tests,
-# then the benchmarks. Logs land in $OUT (the device tool brings them back).
+# A whole check on a GPU machine: build for Hopper, run the CUDA tests,
+# then the benchmarks. Logs land in $OUT.
 # usage: GEMSOPS_COMMIT=<sha> bash tools/device_check.sh [tests|bench|all]
 #   TEST_K / BENCH_K: pytest -k expressions for the tests / the benchmarks
 #   BENCH_FILES: benchmark scripts (default: every benchmark/test_*_perf.py)

@@ -1,11 +1,11 @@
 #!/bin/bash
-# The matmul's device call: build for Hopper, what ptxas and the SASS say
+# The matmul's check on a GPU machine: build for Hopper, what ptxas and the SASS say
 # of the wgmma kernels, the matmul tests, then timings: a probe of named
 # shapes, the GPT-style step (benchmark/gpt_step.py), the host cost of
 # one call and the corpus
 # (benchmark/test_blas_perf.py). Logs and result JSONs land in $OUT.
 # usage: bash tools/device_matmul.sh
-#   BUILD=0 (a warm machine's build kept) / TESTS=0 / PROBE=0 / GPT=0 /
+#   BUILD=0 (the tree's last build kept) / TESTS=0 / PROBE=0 / GPT=0 /
 #   HOST=0 (benchmark/host_cost.py) /
 #   TEST_PATHS: the test files (default: tests) /
 #   BENCH=0 skip a stage; PROBE_SHAPES: the probe's shapes

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The torch-integration measurements of one device call, after
+# The torch-integration measurements on a GPU machine, after
 # tools/device_verify.sh has built the tree: host cost per call (each op,
 # gemsops' eager path, its dispatcher op and torch), then the example GPT
 # trained four ways (torch and gemsops, eager and compiled). Logs in $OUT.

@@ -1,17 +1,17 @@
 #!/bin/bash
-# One device call for the norms: build, the CUDA tests of LayerNorm,
+# The norms on a GPU machine: build, the CUDA tests of LayerNorm,
 # RMSNorm and the fused adds, a CUDA fuzz batch of the norms family, then
-# the norms benchmarks beside torch, torch.compile and (from .whl/ wheels,
-# carried) FlagGems and Liger, each call timed as a CUDA-graph replay. Logs
+# the norms benchmarks beside torch, torch.compile and (from wheels in
+# .whl/) FlagGems and Liger, each call timed as a CUDA-graph replay. Logs
 # and result JSONs (one tarball) in $OUT.
-# FlagGems 5.0.2 imports sqlalchemy (and it greenlet): carry their cp312
+# FlagGems 5.0.2 imports sqlalchemy (and it greenlet): put their cp312
 # wheels beside it, or the benchmarks print "FlagGems not timed".
 # usage: bash tools/device_norms.sh
 #   TESTS=0 skips tests and fuzz; BENCH=fwd|bwd|all|0 (default all)
 #   FLUSH=zero|read (GEMSOPS_BENCH_FLUSH; the bars read under read)
 #   SWEEP=1: the N x M transformer sweep instead of the 11 cases
 #   MEMCHECK=1: memcheck over the RMSNorm and fused-add tests (slow)
-#   MODULE=path.so.gz: a module built elsewhere (carried) instead of the
+#   MODULE=path.so.gz: a module built on another machine instead of the
 #     build; name its commit in GEMSOPS_COMMIT
 #   RESUME=1: carry on this commit's result files (GEMSOPS_BENCH_RESUME),
 #     for tables longer than one call: the files a call wrote come back

@@ -1,8 +1,8 @@
 #!/bin/bash
-# One device call that verifies a commit: build for Hopper, the CUDA tests,
-# a CUDA fuzz batch, then compute-sanitizer tools on their subsets. Each
-# stage has its own time limit so that the call returns within the device
-# tool's 10 minutes; logs land in $OUT.
+# Verifies a commit on a GPU machine: build for Hopper, the CUDA tests, a
+# CUDA fuzz batch, then compute-sanitizer tools on their subsets. Each
+# stage has its own time limit, so that the whole returns within about
+# ten minutes; logs land in $OUT.
 # usage: bash tools/device_verify.sh
 #   FUZZ_CASES (3000), FUZZ_SEED (7), FUZZ_LIMIT (s), TEST_LIMIT (s)
 #   SANITIZE: compute-sanitizer tools to run after (default: none)

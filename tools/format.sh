@@ -15,7 +15,7 @@ c_sources=$(git ls-files 'csrc/*.c' 'csrc/**/*.c')
 headers=$(git ls-files 'csrc/*.h' 'csrc/**/*.h' 'include/*.h' 'include/**/*.h')
 cuda_sources=$(git ls-files 'csrc/*.cu' 'csrc/**/*.cu' 'csrc/*.cuh' \
     'csrc/**/*.cuh')
-python_dirs="gemsops tests benchmark tools"
+python_dirs="gemsops tests benchmark tools examples setup.py"
 if [ "$fix" = 1 ]; then
     clang-format -i $c_sources $cuda_sources
     # clang-format takes .h for C++: format them as the C they are

@@ -340,7 +340,7 @@ __device__ __forceinline__ void looped_pass2(const fwd_args<T, P> &a,
 }
 
 // The looped kernel's resident CTAs an SM: 1024 threads; fp64, 512 in one
-// CTA (pass 2 over fp64 spilled 76-80 bytes at 64 registers, ptxas).
+// CTA (pass 2 over fp64 spilled at 64 registers, ptxas).
 template <typename T>
 constexpr int looped_min_ctas(int block)
 {

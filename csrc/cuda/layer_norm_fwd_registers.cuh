@@ -15,8 +15,7 @@ namespace {
 // The register kernel's bound: fwd_min_ctas, but three 384-thread CTAs an
 // SM (1152 threads, <= 56 registers) rather than two (768) for the half
 // types, where 56 registers hold the kernel without spilling (ptxas). The
-// plain fp16 kernel with fp32 parameters spilled 32 bytes there, so it
-// keeps two.
+// plain fp16 kernel with fp32 parameters spilled there, so it keeps two.
 template <typename T, typename P, int VEC, bool ADD>
 constexpr int fwd_register_min_ctas(int block)
 {
@@ -464,12 +463,12 @@ __global__ void __launch_bounds__(
             }
         }
         // the fused add's kernel holds x and res in flight: there the
-        // shifted pass's extra values cost registers (spills, then 56 -> 63)
-        // and time (docs/performance.md), so it keeps the two passes. So
-        // does the scalar kernel: its shift, a lone element, may lie
-        // spreads from the mean, and the shifted sum's rounding, which
-        // grows with N |mean - K|, left the mean several times further
-        // off than torch's (fuzz seed 55 case 1757)
+        // shifted pass's extra values cost registers (a spill, or more
+        // registers a thread) and time (docs/performance.md), so it keeps
+        // the two passes. So does the scalar kernel: its shift, a lone
+        // element, may lie spreads from the mean, and the shifted sum's
+        // rounding, which grows with N |mean - K|, left the mean several
+        // times further off than torch's (a case the fuzzer found)
         A mean = 0, rstd;
         if constexpr (RMS) {
             rstd = stats_rms<TPR, STEP>(a, xv, lim, red, parity);

@@ -11,10 +11,9 @@ namespace {
 
 // The short-rows kernel's bound: fwd_min_ctas, but seven CTAs an SM (<= 72
 // registers) for LayerNorm of half x with fp32 parameters, whose w and b
-// (16 registers of fp32) beside four rows of x spilled 24-34 bytes under 64
-// (ptxas), a spill that cost more than the eighth CTA gains
-// (docs/performance.md). The fused add's 20-byte spill there costs less:
-// it keeps eight.
+// (16 registers of fp32) beside four rows of x spilled under 64 (ptxas), a
+// spill that cost more than the eighth CTA gains (docs/performance.md).
+// The fused add's smaller spill there costs less: it keeps eight.
 template <typename T, typename P, int VEC, bool RMS, bool ADD>
 constexpr int fwd_short_min_ctas()
 {

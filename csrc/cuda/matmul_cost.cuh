@@ -19,33 +19,22 @@
 // not meet in L2 as a data-parallel wave's do, and once the operands
 // outgrow L2 each split tile's (BM + BN) x K panel comes from DRAM.
 //
-// The constants are a least-squares fit (tools/mm_cost_fit.py) to kernel
-// times of every width under the Stream-K and the data-parallel schedule
-// on a shape grid (tools/mm_calibrate.py: M 256-8192, N 768-6144, K
-// 256-6016, bf16) on H100 SXMs, each plan at its least time over the
-// runs (128 x 64 tiles timed in two of them, 128 x 192 in one); the
-// timings are benchmark/results/mm_calibration_NVIDIA_H100_80GB_HBM3.jsonl
-// and the fit's quality is in docs/performance.md. They are per SM (every
-// tile runs one CTA an SM), so the SM count carries them to other Hopper
-// parts. The 64 x 64 tile's two constants came later, with the others
-// held: the pair whose choices, made by this planner (compiled for the
-// host, tools/mm_split_fit.py --small-tile) and replayed over timed
-// plans, come nearest the best plan on an H200: every tile over the same
-// grid and a grid of small outputs (tools/mm_calibrate.py --small,
-// benchmark/results/mm_calibration_NVIDIA_H200.jsonl) and every tile and
-// schedule, split-k included, on small shapes of the benchmark's corpus
-// (benchmark/results/mm_plans_small_NVIDIA_H200.txt), timed again once
-// four threads issued the tile's loads; the replay's numbers are in
-// docs/performance.md. A least-squares fit gave a negative tile cost:
-// eager times carry a host window the model has no term for. The 192 x 192
-// tile's came last: the 128 x 256 tile's k-iteration scaled by the FLOP
-// (36864 outputs against 32768) and a tile cost near its epilogue's share,
-// then checked by the same replay (tools/mm_split_fit.py --square-tile)
-// over every plan of the corpus's shapes of at least 2 GFLOP on an H200,
-// its whole-tile plans timed beside them
-// (benchmark/results/mm_plans_big_NVIDIA_H200.txt): the pair sits in the
-// replay's flat optimum (iter_us 0.75-0.85, tile_us 2.5-3.5), choosing
-// what the best pair chooses there.
+// Where the constants come from (the fits and replays, their data and
+// their quality: docs/performance.md, matmul, the planner):
+// - the 128-row tiles': a least-squares fit (tools/mm_cost_fit.py) to
+//   kernel times of every width under the Stream-K and the data-parallel
+//   schedule over a shape grid (tools/mm_calibrate.py; the timings in
+//   benchmark/results/mm_calibration_*.jsonl), each plan at its least time;
+// - the 64 x 64 and 192 x 192 tiles', the others held: the pair whose
+//   choices, made by this planner compiled for the host and replayed over
+//   timed plans (tools/mm_split_fit.py --small-tile, --square-tile;
+//   benchmark/results/mm_plans_*.txt), come nearest the best plan. A
+//   least-squares fit there gave a negative tile cost: eager times carry a
+//   host window the model has no term for. The 192 x 192 tile's k-iteration
+//   is the 128 x 256 tile's scaled by the FLOP (36864 outputs against
+//   32768).
+// They are per SM (every tile runs one CTA an SM), so the SM count carries
+// them to other Hopper parts.
 #pragma once
 
 #include <stdint.h>
@@ -71,25 +60,21 @@ constexpr wgmma_tile_cost kWgmmaSlim = {128, 64, 1, 0.375, 0.213};
 constexpr wgmma_tile_cost kWgmmaSmall = {64, 64, 1, 0.19, 0.5};
 constexpr wgmma_tile_cost kWgmmaSquare = {192, 192, 1, 0.835, 3.0};
 // The pingpong kernel's 128 x 128 tiles (whole, halves): the cooperative
-// kernel's constants scaled by the two kernels' times on an H200 (kernels
-// alone, bf16, whole tiles of both forced in one run: 8192^3 1441 against
-// 1489 us, 5888 x 6656 x 512 59.9 against 65.3; the two shapes' 4096 and
-// 152 k-steps over 32 and 19 tiles a CTA give the split between a k-step
-// and a tile), then the k-step lowered from 0.437 to 0.42: the model
-// overpredicted pingpong against the wide tiles over short k, where the
-// GPT step's 8192 x 2304 x 768 and 8192 x 3072 x 768 ran faster on it
-// than on the plan taken, and replayed over the corpus (auto's choices
-// against the pingpong-forced run's times) the change is level
-// (docs/performance.md). A tile's epilogue runs under the other
-// warpgroup's mainloop, so it costs less than the cooperative kernel's.
+// kernel's constants scaled by the two kernels' times on a long-k and a
+// short-k shape (their k-steps over tiles a CTA give the split between a
+// k-step and a tile), the k-step then lowered where the model
+// overpredicted pingpong against the wide tiles over short k
+// (docs/performance.md, matmul, the planner). A tile's epilogue runs under
+// the other warpgroup's mainloop, so it costs less than the cooperative
+// kernel's.
 constexpr wgmma_tile_cost kWgmmaPingpong = {128, 128, 1, 0.42, 0.717};
 constexpr double kStreamKUsPerMb = 0.0615;
 // A Stream-K split is taken only when predicted to take at most this
 // fraction of the best data-parallel plan's time: the terms above miss
 // part of a split's cost (an owner reads its peers' partials one after
 // another), and on the benchmark corpus (every shape timed under both
-// schedules in one run, 059ed6f) splits predicted less than ~1.4x faster
-// lost more often than they won.
+// schedules in one run) splits predicted less than ~1.4x faster lost more
+// often than they won.
 constexpr double kStreamKMargin = 0.7;
 // A split-k launch (every tile in `split` pieces, one cluster of CTAs a
 // tile, each piece's CTA summing a band of its tile) is predicted as
@@ -226,10 +211,8 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
         }
         // at most 64 rows (without row sums): the 64 x 64 tiles. A 128-row
         // tile reads the same B and pays for rows TMA fills with zeros,
-        // which the model's per-tile costs do not see (H200, kernels alone,
-        // bf16, us, the planner's 128-row pick / 64 x 64 with its own
-        // schedule: 16 x 12288 x 4096 46.3 / 39.8, 8 x 4096 x 16384 63.1 /
-        // 50.5, 16 x 1024 x 4096 11.1 / 8.2, 8 x 16384 x 4096 49.0 / 45.7)
+        // which the model's per-tile costs do not see (docs/performance.md,
+        // matmul: the 64 x 64 tiles beat the planner's 128-row pick there)
         if (width == GEMSOPS_MAINLOOP_AUTO && c->bm == 128 && p->m <= 64 &&
             p->row_sums == nullptr) {
             continue;
@@ -238,16 +221,16 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
         for (int i = 0; i < n_modes; i++) {
             // the 64 x 64 tiles whole or split-k, not Stream-K: over the
             // small plans timed (benchmark/results/mm_plans_small_*.txt)
-            // their Stream-K and hybrid plans took 1.2-1.6x their best
-            // whole-tile or split-k plan's time, on every shape; the
+            // their Stream-K and hybrid plans were slower than their best
+            // whole-tile or split-k plan on every shape; the
             // 192 x 192 tiles have no Stream-K kernel (matmul_wgmma.cuh)
             if (i == 0 && n_modes > 1 && c->bm != 128) {
                 continue;
             }
             // split-k at most 128 wide: a piece of a wider tile publishes
             // and reads back 96-128 KB, more than kSplitKUs covers (the
-            // 128 x 192 and 128 x 256 splits the planner took lost 7-15%
-            // to the same shapes' 128 x 128 Stream-K or 128 x 64 tiles)
+            // 128 x 192 and 128 x 256 splits the planner took lost to the
+            // same shapes' 128 x 128 Stream-K or 128 x 64 tiles)
             if (modes[i] == GEMSOPS_SK_SPLIT_K && c->bn > 128) {
                 continue;
             }

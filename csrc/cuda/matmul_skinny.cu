@@ -46,17 +46,11 @@ constexpr int kWarps = 8, kThreads = 32 * kWarps;
 // its partial's round trip costs more than the rows it reads.
 constexpr int64_t kMinSplitRows = 128;
 // fp16 and bf16 take the mma kernel on their own only where it measured
-// faster than the wgmma tiles (H100, kernel times in one call, 60cd03's
-// kernels; docs/performance.md, matmul): a B of at least 32 MB over at
-// least 4096 columns (1 x 4096 x 4096: 23.0 against 25.7 us; 8 x 8192 x
-// 8192: 61.4 against 70.4). With less of B the tiles' split-k has less
-// fixed cost (16 x 2560 x 8192: 32.9 against 28.0; 16 x 1024 x 4096: 17.1
-// against 12.3). fp32 always: its tiles first copy B transposed for TF32.
-// Where the wgmma tiles run, their 64 x 64 tiles beat it above 4 rows
-// (H200, 2987c31's kernels, bf16, us, skinny / 64 x 64: 8 x 8192 x 8192
-// 50.1 / 46.8, 16 x 12288 x 4096 47.8 / 39.8, 8 x 8192 x 2048 19.7 /
-// 15.2, 8 x 4096 x 16384 49.8 / 50.5; 1 x 4096 x 4096 19.1 / 21.0, 4 x
-// 8192 x 8192 49.0 / 48.6).
+// faster than the wgmma tiles (docs/performance.md, matmul): a B of at
+// least 32 MB over at least 4096 columns, whose streaming outweighs the
+// tiles' split-k; with less of B the split-k's fixed cost is the smaller.
+// fp32 always: its tiles first copy B transposed for TF32. Where the wgmma
+// tiles run, their 64 x 64 tiles beat it above 4 rows.
 constexpr int64_t kMmaMinBBytes = int64_t(32) << 20;
 constexpr int64_t kMmaMinCols = 4096;
 constexpr int64_t kMmaMaxRowsBesideWgmma = 4;

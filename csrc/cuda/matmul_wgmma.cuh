@@ -68,8 +68,8 @@
 // the ring holds one warpgroup's k-steps, then the other's: each consumer's
 // cursor passes over the other's steps (skip), and a slot is released by
 // its owner's four warps alone. While one warpgroup rounds and stores a
-// tile, the other's wgmmas keep the tensor cores busy: the epilogue, up to
-// 15% of a short-k tile's time under the cooperative kernels
+// tile, the other's wgmmas keep the tensor cores busy: the epilogue, a
+// good part of a short-k tile's time under the cooperative kernels
 // (docs/performance.md), runs beside the mainloop instead of after it.
 #pragma once
 

@@ -42,7 +42,7 @@ struct prod_scan_args {
 };
 
 // (A minimum of one CTA: with none, ptxas held the sm_80 build to 32-40
-// registers and spilled 16 bytes.)
+// registers and spilled.)
 template <typename A>
 __global__ void __launch_bounds__(kProdBlock, 1)
     prod_scan_kernel(const prod_scan_args<A> a)

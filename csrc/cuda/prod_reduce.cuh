@@ -199,9 +199,8 @@ struct prod_rows_args {
     prod_acc<T> *partial; // else partial[row * splits + split]
 };
 
-// Without a bound, ptxas spilled 4 bytes in the fp64 rows and the uint8
-// columns kernels (at 48-80 registers, with 255 allowed); a minimum of one
-// CTA stops that. The fp16/bf16/fp32 kernels keep the choices they were
+// Without a bound, ptxas spilled in the fp64 rows and the uint8 columns
+// kernels (with 255 registers allowed); a minimum of one CTA stops that. The fp16/bf16/fp32 kernels keep the choices they were
 // timed with (a minimum of 1 moves their register counts).
 template <typename T>
 constexpr int prod_min_ctas_else()
@@ -229,7 +228,7 @@ constexpr int prod_rows_min_ctas()
 
 // The rows' tail (fewer than U vectors left): a guarded batch of U loads
 // keeps U vectors' registers live; one vector at a time does not. The
-// batch spilled 4 bytes in the bounded bf16 kernel (and in the sm_80
+// batch spilled in the bounded bf16 kernel (and in the sm_80
 // eight-load half kernels) and held bf16's eight-load kernel at 128
 // registers; one at a time it takes 64 and is faster. fp16's four-load
 // kernel on sm_90 keeps the batch: one at a time measured slower there.

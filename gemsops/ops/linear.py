@@ -24,6 +24,7 @@ from .._dispatch import (
     eager,
     eager_apply,
     layout_refused,
+    plain,
     register_autocast,
     torch_only,
 )
@@ -85,8 +86,7 @@ class AddmmFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         mat1, mat2 = ctx.saved_tensors
-        if g.is_neg():  # C reads raw memory: give it the values
-            g = g.resolve_neg()
+        g = plain(g)
         if batched(g):  # a vmap's gradients: torch's ops
             product = torch.matmul
         else:  # the ops under create_graph
@@ -178,7 +178,7 @@ def _addmm_op(
     """beta * input + alpha * mat1 @ mat2 ([m, k] x [k, n], input broadcast
     to [m, n]), rounded once in the kernel's epilogue."""
     _check_op_mats(mat1, mat2)
-    return _fused(_plain(input), _plain(mat1), _plain(mat2), alpha, beta)
+    return _fused(plain(input), plain(mat1), plain(mat2), alpha, beta)
 
 
 @_addmm_op.register_fake
@@ -300,8 +300,7 @@ class LinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
-        if g.is_neg():  # C reads raw memory: give it the values
-            g = g.resolve_neg()
+        g = plain(g)
         if batched(g):  # a vmap's gradients: torch's ops
             return _linear_graph_grads(ctx, g, x, weight, torch.mm)
         if torch.is_grad_enabled():  # create_graph: the differentiable ops
@@ -407,10 +406,6 @@ def _addmm(bias, mat1, mat2, alpha, beta):
     ):
         return _addmm_function(bias, mat1, mat2, alpha, beta)
     return _fused(bias, mat1, mat2, alpha, beta)
-
-
-def _plain(t):
-    return t.resolve_neg() if t.is_neg() else t
 
 
 _INT64 = 1 << 63
@@ -533,7 +528,7 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
         and input.dim() <= 2
         and _broadcasts(input.shape, (mat1.shape[0], mat2.shape[1]))
     ):
-        return _addmm(_plain(input), _plain(mat1), _plain(mat2), alpha, beta)
+        return _addmm(plain(input), plain(mat1), plain(mat2), alpha, beta)
     if torch_only():  # functorch, forward-mode AD: torch's ops throughout
         return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
     if alpha != 0 and _traced_addmm_ok(input, mat1, mat2, alpha, beta):
@@ -684,7 +679,7 @@ def linear(input, weight, bias=None):
 
 def _broadcasts(shape, to):
     """shape broadcasts to `to` (right-aligned, each size equal or 1); a
-    plain loop: torch.broadcast_shapes costs ~15 us of host time a call."""
+    plain loop, far cheaper in host time than torch.broadcast_shapes."""
     return len(shape) <= len(to) and all(
         s == t or s == 1 for s, t in zip(reversed(shape), reversed(to))
     )

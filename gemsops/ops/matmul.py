@@ -38,7 +38,6 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C, _workspace
 from .._dispatch import (
-    _is_compiling,
     _strided,
     batched,
     define_op,
@@ -46,6 +45,7 @@ from .._dispatch import (
     eager_apply,
     layout_refused,
     not_tensor,
+    plain,
     register_autocast,
     torch_only,
 )
@@ -219,7 +219,9 @@ def _launch_product(call, a, b, c, bias=None, alpha=1, beta=1, row_sums=None):
     products, which view the layer's tensors in C), through one _C call;
     a Stream-K launch asks for its stream's workspace and flags and takes
     a second, except a row-sum launch offered the stream's kept ones."""
-    mode, two, ctas, loop, spin = _launch  # cost ~2 us more a call
+    # one tuple, made when the schedule is set: reading _config's entries
+    # here would cost host time on every call
+    mode, two, ctas, loop, spin = _launch
     if loop != _FFMA and a.dtype is _FLOAT32 and not _tf32_allowed(a):
         loop = _FFMA  # exact fp32 unless torch allows TF32, as cuBLAS
     err = _error_buffer(a.device) if spin and a.is_cuda else None
@@ -306,8 +308,7 @@ def product_grads(mm, a, b, grad, need, layouts, col_sums=None):
 
 
 def _grads(ctx, a, b, grad, direct):
-    if grad.is_neg():  # C reads raw memory: give it the values
-        grad = grad.resolve_neg()
+    grad = plain(grad)
     if batched(grad):  # a vmap's gradients: torch's ops
         mm = torch.matmul
     else:
@@ -319,10 +320,7 @@ def _grads(ctx, a, b, grad, direct):
 
 
 def _op_impl(a, b):
-    if a.is_neg():
-        a = a.resolve_neg()
-    if b.is_neg():
-        b = b.resolve_neg()
+    a, b = plain(a), plain(b)
     return _mm(a, b)
 
 
@@ -409,11 +407,7 @@ def _operands(fn, a, b, name=None):
         )
     if a.dtype not in SUPPORTED:  # torch's type for a dtype without kernel
         raise _unsupported(fn, a.dtype)
-    if not _is_compiling():  # Dynamo cannot ask; the ops resolve it
-        if a.is_neg():
-            a = a.resolve_neg()
-        if b.is_neg():
-            b = b.resolve_neg()
+    a, b = plain(a), plain(b)  # traced: the ops resolve it
     return a, b
 
 

@@ -13,13 +13,13 @@ import torch
 
 from .. import _C, _workspace
 from .._dispatch import (
-    _is_compiling,
     _strided,
     batched,
     define_op,
     eager,
     eager_apply,
     layout_refused,
+    plain,
     register_autocast,
     torch_only,
 )
@@ -113,8 +113,7 @@ def _forward(x, dim):
 def _backward(x, dim, grad):
     if x.is_cuda:  # the CUDA backward reads [outer, dim, inner] rows
         x = x.contiguous()
-    if grad.is_neg():  # C reads raw memory: give it the values
-        grad = grad.resolve_neg()
+    grad = plain(grad)
     grad_in = torch.empty_like(x, memory_format=torch.contiguous_format)
     ws = _scratch("prod_bwd", _C.prod_bwd_workspace, x, dim)
     _C.prod_bwd(x, dim, grad.contiguous(), grad_in, ws)
@@ -156,8 +155,7 @@ def _prod_op(input: torch.Tensor, dim: Optional[int]) -> torch.Tensor:
     """The product of input (at least 1-D) over dim (normalised), or of
     all of it for None, without keepdim: int64 for bool and integer
     input, else input's dtype."""
-    if input.is_neg():
-        input = input.resolve_neg()
+    input = plain(input)
     return _forward(input, dim)
 
 
@@ -192,8 +190,7 @@ def _prod_backward_op(
 ) -> torch.Tensor:
     """d prod(input, dim) / d input times grad (the kept-dims shape):
     zero-safe, from exclusive prefix and suffix products."""
-    if input.is_neg():
-        input = input.resolve_neg()
+    input = plain(input)
     return _backward(input, dim, grad)
 
 
@@ -355,8 +352,7 @@ def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
         raise NotImplementedError(
             f"prod(): gemsops has no kernel for complex input ({input.dtype})"
         )
-    if not _is_compiling() and input.is_neg():  # C reads raw memory
-        input = input.resolve_neg()
+    input = plain(input)
     x = input.reshape(1) if input.dim() == 0 else input
     if not eager((x,)):
         out = _prod_not_eager(x, d, dtype is not None)

@@ -120,8 +120,8 @@ struct gemsops_sk_schedule {
 
 /* One peer's partial costs its tile's owner about this many k-iterations
  * of the tile: a 4 x BM x BN-byte round trip through L2, read by the
- * owner's SM alone and added in order (wgmma 128 x 128: ~1.8 us a peer
- * against ~0.3 us a k-iteration; docs/performance.md, matmul). */
+ * owner's SM alone and added in order (the ratio measured:
+ * docs/performance.md, matmul). */
 #define GEMSOPS_SK_PEER_COST_ITERS 6
 
 GEMSOPS_SK_FN int64_t

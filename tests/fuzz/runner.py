@@ -75,7 +75,7 @@ def run_case(seed, index, device, ops, verbose=False):
         kind, msg = o.kind, str(o)
     except Exception as e:  # noqa: BLE001 - a bug in the fuzzer or an
         # exception escaping outside the differential calls
-        kind = "harness-error"
+        kind = oracle.HarnessError.kind
         msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         tb = traceback.format_exc()
     res = dict(
