@@ -89,6 +89,29 @@ gemsops_check_contiguous(const struct gemsops_tensor *t, const char *fn,
 }
 
 int
+gemsops_check_dtype(const struct gemsops_tensor *t, gemsops_dtype want,
+                    const char *fn, const char *arg)
+{
+    if (t->dtype == want) {
+        return 0;
+    }
+    PyErr_Format(PyExc_RuntimeError,
+                 "%s(): argument '%s' has dtype %s; expected %s", fn, arg,
+                 gemsops_dtype_name(t->dtype), gemsops_dtype_name(want));
+    return -1;
+}
+
+int
+gemsops_check_dense_beside(const struct gemsops_tensor *t,
+                           const struct gemsops_tensor *ref, const char *fn,
+                           const char *arg)
+{
+    return gemsops_check_device(t, ref, fn, arg, "input") ||
+           gemsops_check_contiguous(t, fn, arg) ||
+           gemsops_check_aligned(t, fn, arg);
+}
+
+int
 gemsops_check_aligned(const struct gemsops_tensor *t, const char *fn,
                       const char *arg)
 {

@@ -15,6 +15,13 @@ int gemsops_check_device(const struct gemsops_tensor *t,
                          const char *arg, const char *ref_arg);
 int gemsops_check_contiguous(const struct gemsops_tensor *t, const char *fn,
                              const char *arg);
+int gemsops_check_dtype(const struct gemsops_tensor *t, gemsops_dtype want,
+                        const char *fn, const char *arg);
+/* An output or a companion of the input: on ref's device, contiguous and
+ * aligned (the three checks above, in that order) */
+int gemsops_check_dense_beside(const struct gemsops_tensor *t,
+                               const struct gemsops_tensor *ref,
+                               const char *fn, const char *arg);
 /* data pointer a multiple of the element size */
 int gemsops_check_aligned(const struct gemsops_tensor *t, const char *fn,
                           const char *arg);

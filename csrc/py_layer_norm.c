@@ -109,22 +109,15 @@ check_param(const struct gemsops_tensor *p, const struct gemsops_tensor *x,
                      is_half(x->dtype) ? " or float32" : "");
         return -1;
     }
-    return gemsops_check_device(p, x, fn, arg, "input") ||
-           gemsops_check_contiguous(p, fn, arg) ||
-           gemsops_check_aligned(p, fn, arg);
+    return gemsops_check_dense_beside(p, x, fn, arg);
 }
 
 static int
 check_stats(const struct gemsops_tensor *s, const struct gemsops_tensor *x,
             int64_t rows, const char *fn, const char *arg)
 {
-    if (s->dtype != gemsops_layer_norm_stats_dtype(x->dtype)) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "%s(): argument '%s' has dtype %s; "
-                     "expected %s",
-                     fn, arg, gemsops_dtype_name(s->dtype),
-                     gemsops_dtype_name(
-                         gemsops_layer_norm_stats_dtype(x->dtype)));
+    if (gemsops_check_dtype(s, gemsops_layer_norm_stats_dtype(x->dtype), fn,
+                            arg)) {
         return -1;
     }
     if (gemsops_tensor_numel(s) != rows) {
@@ -135,9 +128,7 @@ check_stats(const struct gemsops_tensor *s, const struct gemsops_tensor *x,
                      (long long)rows);
         return -1;
     }
-    return gemsops_check_device(s, x, fn, arg, "input") ||
-           gemsops_check_contiguous(s, fn, arg) ||
-           gemsops_check_aligned(s, fn, arg);
+    return gemsops_check_dense_beside(s, x, fn, arg);
 }
 
 /* A [rows, cols] tensor shaped like x (outputs, dy). */

@@ -86,12 +86,7 @@ static int
 check_kept(const struct gemsops_tensor *t, const struct gemsops_tensor *x,
            int dim, gemsops_dtype want, const char *fn, const char *arg)
 {
-    if (t->dtype != want) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "%s(): argument '%s' has dtype %s; "
-                     "expected %s",
-                     fn, arg, gemsops_dtype_name(t->dtype),
-                     gemsops_dtype_name(want));
+    if (gemsops_check_dtype(t, want, fn, arg)) {
         return -1;
     }
     if (gemsops_tensor_numel(t) != kept_numel(x, dim)) {
@@ -102,9 +97,7 @@ check_kept(const struct gemsops_tensor *t, const struct gemsops_tensor *x,
                      (long long)kept_numel(x, dim));
         return -1;
     }
-    return gemsops_check_device(t, x, fn, arg, "input") ||
-           gemsops_check_contiguous(t, fn, arg) ||
-           gemsops_check_aligned(t, fn, arg);
+    return gemsops_check_dense_beside(t, x, fn, arg);
 }
 
 /* grad_in: input's dtype, contiguous, same device (shape checked apart) */
@@ -113,17 +106,8 @@ check_like_input(const struct gemsops_tensor *t,
                  const struct gemsops_tensor *x, const char *fn,
                  const char *arg)
 {
-    if (t->dtype != x->dtype) {
-        PyErr_Format(PyExc_RuntimeError,
-                     "%s(): argument '%s' has dtype %s; "
-                     "expected %s",
-                     fn, arg, gemsops_dtype_name(t->dtype),
-                     gemsops_dtype_name(x->dtype));
-        return -1;
-    }
-    return gemsops_check_device(t, x, fn, arg, "input") ||
-           gemsops_check_contiguous(t, fn, arg) ||
-           gemsops_check_aligned(t, fn, arg);
+    return gemsops_check_dtype(t, x->dtype, fn, arg) ||
+           gemsops_check_dense_beside(t, x, fn, arg);
 }
 
 /* The optional workspace: None, or a uint8 tensor on the input's device. */
