@@ -181,6 +181,27 @@ def dtype_name(d):
     return str(d).replace("torch.", "")
 
 
+_PEER_NAMES = {"flaggems": "FlagGems", "liger": "Liger"}
+
+
+def optional_peer(found, name, make):
+    """found[name] = make() where the peer imports (FlagGems and Liger
+    are never dependencies), else the reason it is not timed, printed;
+    nothing under GEMSOPS_BENCH_NO_PEERS."""
+    if os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
+        return
+    try:
+        found[name] = make()
+    except Exception as e:
+        print(f"{_PEER_NAMES[name]} not timed: {type(e).__name__}: {e}")
+
+
+def row_bytes(passes):
+    """bytes_func of a [M, N] op that moves the rows `passes` times (reads
+    and writes of M x N elements; parameters and statistics left out)."""
+    return lambda dtype, shape: passes * shape[0] * shape[1] * dtype.itemsize
+
+
 class Benchmark:
     """op_name: row label; torch_op / gems_op: callables taking the
     generator's args; arg_func(dtype, shape) -> tuple of args; bytes_func(

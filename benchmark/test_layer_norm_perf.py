@@ -12,7 +12,7 @@ import torch
 
 import gemsops
 
-from .performance_utils import Benchmark
+from .performance_utils import Benchmark, optional_peer, row_bytes
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 SHAPES = [
@@ -65,23 +65,19 @@ def compiled(fn):
 
 def peers():
     found = compiled(torch.nn.functional.layer_norm)
-    if os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
-        return found
-    try:
+
+    def flaggems():
         import flag_gems
 
-        found["flaggems"] = (
-            torch.nn.functional.layer_norm,
-            flag_gems.use_gems,
-        )
-    except Exception as e:
-        print(f"FlagGems not timed: {type(e).__name__}: {e}")
-    try:
+        return (torch.nn.functional.layer_norm, flag_gems.use_gems)
+
+    def liger():
         from liger_kernel.transformers.functional import liger_layer_norm
 
-        found["liger"] = lambda x, s, w, b: liger_layer_norm(x, w, b, 1e-5)
-    except Exception as e:
-        print(f"Liger not timed: {type(e).__name__}: {e}")
+        return lambda x, s, w, b: liger_layer_norm(x, w, b, 1e-5)
+
+    optional_peer(found, "flaggems", flaggems)
+    optional_peer(found, "liger", liger)
     return found
 
 
@@ -95,10 +91,6 @@ def layer_norm_args(dtype, shape, requires_grad=False):
     return x, (n,), w, b
 
 
-def ln_bytes(passes):
-    return lambda dtype, shape: passes * shape[0] * shape[1] * dtype.itemsize
-
-
 @pytest.mark.layer_norm
 def test_perf_layer_norm_forward():
     Benchmark(
@@ -108,7 +100,7 @@ def test_perf_layer_norm_forward():
         layer_norm_args,
         FLOAT_DTYPES,
         SHAPES,
-        bytes_func=ln_bytes(2),
+        bytes_func=row_bytes(2),
         peers=peers(),
         result_file="layer_norm_fwd" + SUFFIX,
     ).run()
@@ -123,7 +115,7 @@ def test_perf_layer_norm_backward():
         lambda d, s: layer_norm_args(d, s, requires_grad=True),
         FLOAT_DTYPES,
         SHAPES,
-        bytes_func=ln_bytes(3),
+        bytes_func=row_bytes(3),
         is_backward=True,
         peers=peers(),
         result_file="layer_norm_bwd" + SUFFIX,

@@ -10,15 +10,13 @@ alike; h's own gradient not used), or, where h is used as well (as a
 transformer block's next residual: the `_dh` benchmark), reads h, dy and
 dh and writes dx. Weights and statistics are O(N + M) and left out."""
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 import gemsops
 
-from .performance_utils import Benchmark
+from .performance_utils import Benchmark, optional_peer, row_bytes
 from .test_layer_norm_perf import FLOAT_DTYPES, SHAPES, compiled
 
 EPS = 1e-6
@@ -57,20 +55,19 @@ def first(fn):
 
 def rms_peers():
     found = compiled(rms_torch)
-    if os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
-        return found
-    try:
+
+    def flaggems():
         import flag_gems
 
-        found["flaggems"] = (rms_torch, flag_gems.use_gems)
-    except Exception as e:
-        print(f"FlagGems not timed: {type(e).__name__}: {e}")
-    try:
+        return (rms_torch, flag_gems.use_gems)
+
+    def liger():
         from liger_kernel.transformers.functional import liger_rms_norm
 
-        found["liger"] = lambda x, s, w: liger_rms_norm(x, w, EPS)
-    except Exception as e:
-        print(f"Liger not timed: {type(e).__name__}: {e}")
+        return lambda x, s, w: liger_rms_norm(x, w, EPS)
+
+    optional_peer(found, "flaggems", flaggems)
+    optional_peer(found, "liger", liger)
     return found
 
 
@@ -85,29 +82,27 @@ def add_peers(kind, wrap=None):
     wrap = wrap or (lambda fn: fn)
     torch_fn = add_ln_torch if kind == "layer_norm" else add_rms_torch
     found = compiled(wrap(torch_fn))
-    if kind != "rms_norm" or os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
+    if kind != "rms_norm":
         return found
-    try:
+
+    def liger():
         from liger_kernel.transformers.functional import (
             liger_fused_add_rms_norm,
         )
 
-        def liger(x, r, s, w):
+        def fused(x, r, s, w):
             return liger_fused_add_rms_norm(x, r, w, EPS, in_place=False)
 
-        found["liger"] = wrap(liger)
-    except Exception as e:
-        print(f"Liger not timed: {type(e).__name__}: {e}")
-    if not forward:
-        return found
-    try:
+        return wrap(fused)
+
+    def flaggems():
         import flag_gems
 
-        found["flaggems"] = lambda x, r, s, w: flag_gems.fused_add_rms_norm(
-            x, r, s, w, EPS
-        )
-    except Exception as e:
-        print(f"FlagGems not timed: {type(e).__name__}: {e}")
+        return lambda x, r, s, w: flag_gems.fused_add_rms_norm(x, r, s, w, EPS)
+
+    optional_peer(found, "liger", liger)
+    if forward:
+        optional_peer(found, "flaggems", flaggems)
     return found
 
 
@@ -124,10 +119,6 @@ def args(dtype, shape, residual=False, bias=False, requires_grad=False):
     return tuple(out)
 
 
-def nbytes(passes):
-    return lambda dtype, shape: passes * shape[0] * shape[1] * dtype.itemsize
-
-
 @pytest.mark.layer_norm
 def test_perf_rms_norm_forward():
     Benchmark(
@@ -137,7 +128,7 @@ def test_perf_rms_norm_forward():
         args,
         FLOAT_DTYPES,
         SHAPES,
-        bytes_func=nbytes(2),
+        bytes_func=row_bytes(2),
         peers=rms_peers(),
         result_file="rms_norm_fwd",
     ).run()
@@ -152,7 +143,7 @@ def test_perf_rms_norm_backward():
         lambda d, s: args(d, s, requires_grad=True),
         FLOAT_DTYPES,
         SHAPES,
-        bytes_func=nbytes(3),
+        bytes_func=row_bytes(3),
         is_backward=True,
         peers=rms_peers(),
         result_file="rms_norm_bwd",
@@ -174,7 +165,7 @@ def test_perf_fused_add_forward(kind):
         lambda d, s: args(d, s, True, kind == "layer_norm"),
         FLOAT_DTYPES,
         SHAPES,
-        bytes_func=nbytes(4),
+        bytes_func=row_bytes(4),
         peers=add_peers(kind),
         result_file=f"fused_add_{kind}_fwd",
     ).run()
@@ -196,7 +187,7 @@ def fused_add_backward(kind, wrap, suffix, passes):
         lambda d, s: args(d, s, True, kind == "layer_norm", True),
         FLOAT_DTYPES,
         SHAPES,
-        bytes_func=nbytes(passes),
+        bytes_func=row_bytes(passes),
         is_backward=True,
         peers=add_peers(kind, wrap),
         result_file=f"fused_add_{kind}_bwd{suffix}",

@@ -15,7 +15,7 @@ import torch
 
 import gemsops
 
-from .performance_utils import Benchmark
+from .performance_utils import Benchmark, optional_peer
 
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 CASES = [
@@ -40,14 +40,13 @@ if os.environ.get("GEMSOPS_BENCH_QUICK"):
 
 def peers():
     found = {}
-    if os.environ.get("GEMSOPS_BENCH_NO_PEERS"):
-        return found
-    try:
+
+    def flaggems():
         import flag_gems
 
-        found["flaggems"] = (torch_prod, flag_gems.use_gems)
-    except Exception as e:
-        print(f"FlagGems not timed: {type(e).__name__}: {e}")
+        return (torch_prod, flag_gems.use_gems)
+
+    optional_peer(found, "flaggems", flaggems)
     return found
 
 
