@@ -61,5 +61,6 @@ void gemsops_kept_forget(const struct gemsops_tensor *t, void *stream);
 void gemsops_kept_overwritten(const struct gemsops_tensor *t);
 
 extern PyMethodDef gemsops_layer_norm_methods[];
+extern PyMethodDef gemsops_norm_variant_methods[];
 extern PyMethodDef gemsops_prod_methods[];
 extern PyMethodDef gemsops_matmul_methods[];

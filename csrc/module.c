@@ -92,7 +92,8 @@ static PyMethodDef module_methods[] = {
 static int
 module_exec(PyObject *module)
 {
-    if (PyModule_AddFunctions(module, gemsops_layer_norm_methods) < 0) {
+    if (PyModule_AddFunctions(module, gemsops_layer_norm_methods) < 0 ||
+        PyModule_AddFunctions(module, gemsops_norm_variant_methods) < 0) {
         return -1;
     }
     if (PyModule_AddFunctions(module, gemsops_prod_methods) < 0) {
