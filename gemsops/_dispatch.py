@@ -69,6 +69,39 @@ def not_tensor(fn, name, value, alt="", exc=TypeError):
     )
 
 
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
+
+
+def _subclass(tensors):
+    """An entry is neither a torch.Tensor nor an nn.Parameter. A subclass
+    may hold no storage of its own even where its __torch_function__ is
+    disabled (a __torch_dispatch__ wrapper: DTensor, TwoTensor, a
+    FakeTensor): only the op's dispatch unwraps it."""
+    for t in tensors:
+        if t is not None:
+            cls = t.__class__
+            if cls is not _Tensor and cls is not _Parameter:
+                return True
+    return False
+
+
+_has_torch_function_variadic = torch._C._has_torch_function_variadic
+
+
+def tensor_like(*args):
+    """An argument (of tensors, None allowed) is a "tensor-like": not a
+    tensor, but defines __torch_function__. torch's functions hand such a
+    call to it (torch.overrides.handle_torch_function), and so do the
+    public functions, with themselves as the function; anything else
+    that is not a tensor is refused with torch's TypeError."""
+    return (
+        not _is_compiling()
+        and _has_torch_function_variadic(*args)
+        and any(a is not None and not isinstance(a, _Tensor) for a in args)
+    )
+
+
 def eager(tensors):
     """True when `tensors` (a tuple, its first entry a tensor; None entries
     allowed) may go straight to the kernels: no tracing (the JIT tracer
@@ -82,6 +115,7 @@ def eager(tensors):
         or _any_autocast()
         or _functorch() is not None
         or _has_torch_function(tensors)
+        or _subclass(tensors)
         or _forward_ad._current_level >= 0
         or _tracing() is not None
         or tensors[0].is_meta

@@ -494,3 +494,134 @@ def test_cuda_reduce_overhead_training_step_matches_eager():
         _close(losses[1], losses[0])
         for p, q in zip(model.parameters(), eager.parameters()):
             _close(p.detach(), q.detach())
+
+
+def _subclass_cases(wrap):
+    """(name, torch's call, gemsops' call) over tensors that wrap(t) makes:
+    each op with the wrapped tensor as input, and as a parameter beside a
+    plain input."""
+    torch.manual_seed(1)
+    x, w, b = torch.randn(4, 8), torch.randn(8), torch.randn(8)
+    r, W, c = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6)
+    F = torch.nn.functional
+    tx, tw, tW, tc = wrap(x), wrap(w), wrap(W), wrap(c)
+    tWt, tx3 = wrap(W.t()), wrap(x[None])  # a tensor-like has no methods
+    return [
+        (
+            "layer_norm",
+            lambda: F.layer_norm(tx, (8,), w, b),
+            lambda: gemsops.layer_norm(tx, (8,), w, b),
+        ),
+        (
+            "layer_norm weight",
+            lambda: F.layer_norm(x, (8,), tw, b),
+            lambda: gemsops.layer_norm(x, (8,), tw, b),
+        ),
+        (
+            "rms_norm",
+            lambda: F.rms_norm(tx, (8,), w),
+            lambda: gemsops.rms_norm(tx, (8,), w),
+        ),
+        (
+            "rms_norm weight",
+            lambda: F.rms_norm(x, (8,), tw),
+            lambda: gemsops.rms_norm(x, (8,), tw),
+        ),
+        (
+            "fused_add_layer_norm",
+            lambda: F.layer_norm(tx + r, (8,), w, b),
+            lambda: gemsops.fused_add_layer_norm(tx, r, (8,), w, b)[0],
+        ),
+        (
+            "fused_add_rms_norm",
+            lambda: F.rms_norm(tx + r, (8,), w),
+            lambda: gemsops.fused_add_rms_norm(tx, r, (8,), w)[0],
+        ),
+        ("prod", lambda: torch.prod(tx, 1), lambda: gemsops.prod(tx, 1)),
+        ("mm", lambda: torch.mm(tx, W.t()), lambda: gemsops.mm(tx, W.t())),
+        (
+            "mm weight",
+            lambda: torch.mm(x, tWt),
+            lambda: gemsops.mm(x, tWt),
+        ),
+        (
+            "bmm",
+            lambda: torch.bmm(tx3, W.t()[None]),
+            lambda: gemsops.bmm(tx3, W.t()[None]),
+        ),
+        (
+            "matmul",
+            lambda: torch.matmul(tx, W.t()),
+            lambda: gemsops.matmul(tx, W.t()),
+        ),
+        (
+            "addmm bias",
+            lambda: torch.addmm(tc, x, W.t()),
+            lambda: gemsops.addmm(tc, x, W.t()),
+        ),
+        (
+            "linear",
+            lambda: F.linear(tx, W, c),
+            lambda: gemsops.linear(tx, W, c),
+        ),
+        (
+            "linear weight",
+            lambda: F.linear(x, tW, c),
+            lambda: gemsops.linear(x, tW, c),
+        ),
+    ]
+
+
+def test_storageless_subclass_takes_the_op():
+    # a __torch_dispatch__ wrapper (no storage of its own, its
+    # __torch_function__ disabled: DTensor, TwoTensor, FakeTensor) must
+    # not reach C; through the op it computes each inner tensor, as
+    # torch's functions do
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    for name, theirs, ours in _subclass_cases(lambda t: TwoTensor(t, 2 * t)):
+        want, got = theirs(), ours()
+        assert type(got) is TwoTensor, name
+        for half in ("a", "b"):
+            torch.testing.assert_close(
+                getattr(got, half), getattr(want, half), msg=name
+            )
+
+
+class _TensorLike:
+    """Not a tensor, but torch's __torch_function__ protocol: unwraps its
+    arguments and calls the function."""
+
+    def __init__(self, t):
+        self.t = t
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def un(a):
+            return a.t if isinstance(a, _TensorLike) else a
+
+        kwargs = {k: un(v) for k, v in (kwargs or {}).items()}
+        return func(*map(un, args), **kwargs)
+
+
+def test_tensor_likes_are_handed_their_call():
+    for name, theirs, ours in _subclass_cases(_TensorLike):
+        torch.testing.assert_close(ours(), theirs(), msg=name)
+    with pytest.raises(TypeError, match="must be a Tensor"):
+        gemsops.layer_norm(object(), (8,))
+
+
+def test_layer_norm_backward_meta_beside_real_tensors_refused():
+    # a meta grad_out reaches the op's fake kernel with the CPU tensors
+    # beside it: refused there, as torch refuses it, not unfilled CPU
+    # outputs
+    x, mean, rstd = torch.randn(4, 8), torch.zeros(4, 1), torch.ones(4, 1)
+    g = torch.empty(4, 8, device="meta")
+    with pytest.raises(RuntimeError):
+        torch.ops.aten.native_layer_norm_backward(
+            g, x, (8,), mean, rstd, None, None, [True, False, False]
+        )
+    with pytest.raises(RuntimeError, match="same device"):
+        gemsops.layer_norm_backward(
+            g, x, (8,), mean, rstd, output_mask=(True, False, False)
+        )

@@ -192,6 +192,19 @@ def check_traced(x, shape, params, fn):
             )
 
 
+def check_one_device(fn, x, named):
+    """Every tensor of named ((name, tensor) pairs, None allowed) on x's
+    device, else torch's RuntimeError. The fake kernels' check: a call
+    mixing meta and real tensors reaches them with real tensors beside
+    the meta ones, and would return unfilled ones."""
+    for name, t in named:
+        if t is not None and t.device != x.device:
+            raise RuntimeError(
+                f"{fn}(): Expected all tensors to be on the same device, "
+                f"but '{name}' is on {t.device} and 'input' is on {x.device}"
+            )
+
+
 def needs_grad(input, weight, bias):
     return torch.is_grad_enabled() and (
         input.requires_grad

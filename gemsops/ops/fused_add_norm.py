@@ -12,9 +12,17 @@ add and the gemsops norm op, which the compiler may fuse itself."""
 import math
 
 import torch
+from torch.overrides import handle_torch_function
 
 from .. import _C
-from .._dispatch import batched, eager, eager_apply, plain, torch_only
+from .._dispatch import (
+    batched,
+    eager,
+    eager_apply,
+    plain,
+    tensor_like,
+    torch_only,
+)
 from . import layer_norm as ln
 from . import rms_norm as rn
 from ._norm_args import (
@@ -215,6 +223,17 @@ def fused_add_layer_norm(
 ):
     """(layer_norm(h), h) with h = input + residual, in one pass each way.
     weight/bias as gemsops.layer_norm's (fp32 beside half input too)."""
+    if tensor_like(input, residual, weight, bias):
+        return handle_torch_function(
+            fused_add_layer_norm,
+            (input, residual, weight, bias),
+            input,
+            residual,
+            normalized_shape,
+            weight,
+            bias,
+            eps,
+        )
     fn = "fused_add_layer_norm"
     if not (isinstance(input, torch.Tensor) and _fits(input, residual)):
         h = input + residual
@@ -240,6 +259,16 @@ def fused_add_rms_norm(
 ):
     """(rms_norm(h), h) with h = input + residual, in one pass each way;
     eps=None is torch's default, as gemsops.rms_norm's."""
+    if tensor_like(input, residual, weight):
+        return handle_torch_function(
+            fused_add_rms_norm,
+            (input, residual, weight),
+            input,
+            residual,
+            normalized_shape,
+            weight,
+            eps,
+        )
     fn = "fused_add_rms_norm"
     if not (
         isinstance(input, torch.Tensor)

@@ -9,6 +9,7 @@ import math
 from typing import Optional, Sequence
 
 import torch
+from torch.overrides import handle_torch_function
 
 from .. import _C
 from .._dispatch import (
@@ -20,10 +21,12 @@ from .._dispatch import (
     not_tensor,
     plain,
     register_autocast,
+    tensor_like,
     torch_only,
 )
 from ._norm_args import (
     as_rows,
+    check_one_device,
     check_traced,
     eps_arg,
     needs_grad,
@@ -299,6 +302,17 @@ def _(
     output_mask,
     deterministic=None,
 ):
+    check_one_device(
+        "layer_norm_backward",
+        input,
+        (
+            ("grad_out", grad_out),
+            ("mean", mean),
+            ("rstd", rstd),
+            ("weight", weight),
+            ("bias", bias),
+        ),
+    )
     pdtype = weight.dtype if weight is not None else input.dtype
     bdtype = _grad_bias_dtype(input, weight, bias)
     shape = tuple(normalized_shape)
@@ -459,6 +473,16 @@ register_autocast(torch.ops.gemsops.layer_norm.default, "cuda", "fp32")
 def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Drop-in for torch.nn.functional.layer_norm. weight/bias may be fp32
     with fp16/bf16 input (mixed precision); the output has input's dtype."""
+    if tensor_like(input, weight, bias):
+        return handle_torch_function(
+            layer_norm,
+            (input, weight, bias),
+            input,
+            normalized_shape,
+            weight,
+            bias,
+            eps,
+        )
     if isinstance(input, torch.Tensor) and input.is_nested:
         # no kernel for nested tensors: torch's own computes them
         return torch.nn.functional.layer_norm(
@@ -482,6 +506,16 @@ def native_layer_norm(
     """Like torch.native_layer_norm: (out, mean, rstd), statistics in fp32
     (fp64 for fp64 input) of shape input.shape[:-k] + (1,) * k;
     differentiable through out, as torch's."""
+    if tensor_like(input, weight, bias):
+        return handle_torch_function(
+            native_layer_norm,
+            (input, weight, bias),
+            input,
+            normalized_shape,
+            weight,
+            bias,
+            eps,
+        )
     fn = "native_layer_norm"
     input, shape, weight, bias = prepare(
         input, normalized_shape, weight, bias, fn

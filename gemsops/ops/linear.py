@@ -13,6 +13,7 @@ import math
 
 import numpy as _np
 import torch
+from torch.overrides import handle_torch_function
 from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C
@@ -26,6 +27,7 @@ from .._dispatch import (
     layout_refused,
     plain,
     register_autocast,
+    tensor_like,
     torch_only,
 )
 from ._out import into as _into
@@ -482,6 +484,18 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
     """torch.addmm: beta * input + alpha * (mat1 @ mat2), input broadcast
     to [m, n]; with beta == 0 input is not read, with alpha == 0 the
     product is not used (their NaNs do not spread)."""
+    if tensor_like(input, mat1, mat2, out):
+        return handle_torch_function(
+            addmm,
+            (input, mat1, mat2, out),
+            input,
+            mat1,
+            mat2,
+            out_dtype,
+            beta=beta,
+            alpha=alpha,
+            out=out,
+        )
     if out_dtype is not None:
         args = (input, mat1, mat2)
         kw = dict(beta=beta, alpha=alpha)
@@ -608,6 +622,10 @@ def linear(input, weight, bias=None):
         ):
             return _linear_function(input, weight, bias)
         return _linear(input, weight, bias)
+    if tensor_like(input, weight, bias):
+        return handle_torch_function(
+            linear, (input, weight, bias), input, weight, bias
+        )
     if not isinstance(input, torch.Tensor):
         raise TypeError(
             "linear(): argument 'input' (position 1) must be Tensor, not "

@@ -34,6 +34,7 @@ import math
 import os
 
 import torch
+from torch.overrides import handle_torch_function
 from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C, _workspace
@@ -47,6 +48,7 @@ from .._dispatch import (
     not_tensor,
     plain,
     register_autocast,
+    tensor_like,
     torch_only,
 )
 from ._out import into as _into
@@ -513,6 +515,10 @@ def torch_out_dtype(fn, args, out_dtype, out, **kw):
 
 def mm(input, mat2, out_dtype=None, *, out=None):
     """torch.mm: [m, k] x [k, n] -> [m, n]."""
+    if tensor_like(input, mat2, out):
+        return handle_torch_function(
+            mm, (input, mat2, out), input, mat2, out_dtype, out=out
+        )
     if out_dtype is not None:
         return torch_out_dtype(torch.mm, (input, mat2), out_dtype, out)
     if out is not None:
@@ -535,6 +541,10 @@ def mm_as(name, input, mat2):
 
 def bmm(input, mat2, out_dtype=None, *, out=None):
     """torch.bmm: [B, m, k] x [B, k, n] -> [B, m, n]."""
+    if tensor_like(input, mat2, out):
+        return handle_torch_function(
+            bmm, (input, mat2, out), input, mat2, out_dtype, out=out
+        )
     if out_dtype is not None:
         return torch_out_dtype(torch.bmm, (input, mat2), out_dtype, out)
     if out is not None:
@@ -553,6 +563,10 @@ def bmm(input, mat2, out_dtype=None, *, out=None):
 def matmul(input, other, *, out=None):
     """torch.matmul's rules: 1-D (dot / vector), 2-D, batched with
     broadcasting of the batch dims."""
+    if tensor_like(input, other, out):
+        return handle_torch_function(
+            matmul, (input, other, out), input, other, out=out
+        )
     if out is not None:
         return _into(
             "matmul", out, (input, other), lambda: matmul(input, other)

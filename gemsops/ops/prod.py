@@ -10,6 +10,7 @@ import sys
 from typing import Optional
 
 import torch
+from torch.overrides import handle_torch_function
 
 from .. import _C, _workspace
 from .._dispatch import (
@@ -21,6 +22,7 @@ from .._dispatch import (
     layout_refused,
     plain,
     register_autocast,
+    tensor_like,
     torch_only,
 )
 from ._out import into as _into
@@ -291,6 +293,10 @@ def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
     cast first, as torch does; integer and bool results are computed in
     int64 and truncated, which wraps as torch's narrower products do. out=
     (with a dim, as torch's) sets the dtype the product is computed in."""
+    if tensor_like(input, out):
+        return handle_torch_function(
+            prod, (input, out), input, dim, keepdim, dtype=dtype, out=out
+        )
     if out is not None:
         if dim is None:
             raise TypeError("prod(): out= needs a dim (torch.prod's rule)")

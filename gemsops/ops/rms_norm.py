@@ -14,6 +14,7 @@ import math
 from typing import Optional, Sequence
 
 import torch
+from torch.overrides import handle_torch_function
 
 from .. import _C
 from .._dispatch import (
@@ -24,10 +25,12 @@ from .._dispatch import (
     eager_apply,
     plain,
     register_autocast,
+    tensor_like,
     torch_only,
 )
 from ._norm_args import (
     as_rows,
+    check_one_device,
     check_traced,
     eps_arg,
     needs_grad,
@@ -257,6 +260,8 @@ def _rms_norm_backward_op(
 
 @_rms_norm_backward_op.register_fake
 def _(grad_out, input, normalized_shape, rstd, weight, output_mask, eps):
+    named = (("grad_out", grad_out), ("rstd", rstd), ("weight", weight))
+    check_one_device("rms_norm_backward", input, named)
     pdtype = weight.dtype if weight is not None else input.dtype
     return (
         torch.empty_like(input, memory_format=torch.contiguous_format)
@@ -352,6 +357,10 @@ _rms_norm_backward_op.register_autograd(
 def rms_norm(input, normalized_shape, weight=None, eps=None):
     """Drop-in for torch.nn.functional.rms_norm. weight may be fp32 with
     fp16/bf16 input (mixed precision); the output has input's dtype."""
+    if tensor_like(input, weight):
+        return handle_torch_function(
+            rms_norm, (input, weight), input, normalized_shape, weight, eps
+        )
     if isinstance(input, torch.Tensor) and input.is_nested:
         # no kernel for nested tensors: torch's own computes them
         return torch.nn.functional.rms_norm(
