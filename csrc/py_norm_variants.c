@@ -147,7 +147,8 @@ add_norm_bwd(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
                         args[8],  args[9],  args[10],
                         args[11], args[12], nargs == 14 ? args[13] : Py_None};
     /* bwd_call counts layer_norm_bwd's arguments: 11, or 12 with a stream */
-    return gemsops_norm_bwd_call(ln, nargs - 2, rms, args[1] == Py_None ? NULL : args[1]);
+    return gemsops_norm_bwd_call(ln, nargs - 2, rms,
+                                 args[1] == Py_None ? NULL : args[1]);
 }
 
 PyMethodDef gemsops_norm_variant_methods[] = {
