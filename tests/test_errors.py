@@ -184,6 +184,32 @@ def test_functional_checks():
         )
 
 
+@pytest.mark.parametrize(
+    "bias,words",
+    [
+        (torch.randn(4, dtype=torch.float64), "same shape as normalized"),
+        (torch.randn(8, dtype=torch.float32), "'bias' has dtype float32"),
+    ],
+)
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_layer_norm_backward_checks_the_bias_as_torch(
+    bias, words, with_weight
+):
+    # C reads no bias in the backward: the Python layer applies the
+    # forward's rules, where torch's backward raises RuntimeError too
+    x = torch.randn(4, 8, dtype=torch.float64)
+    w = torch.randn(8, dtype=torch.float64) if with_weight else None
+    _, mean, rstd = torch.native_layer_norm(x, [8], w, None, 1e-5)
+    g = torch.randn_like(x)
+    mask = [True, with_weight, True]
+    with pytest.raises(RuntimeError):
+        torch.ops.aten.native_layer_norm_backward(
+            g, x, [8], mean, rstd, w, bias, mask
+        )
+    with pytest.raises(RuntimeError, match=words):
+        gemsops.layer_norm_backward(g, x, [8], mean, rstd, w, bias, mask)
+
+
 def test_backward_argument_checks():
     a = fwd_args()
     call_fwd(a)

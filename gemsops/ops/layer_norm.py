@@ -565,6 +565,14 @@ def layer_norm_backward(
     input, shape, weight, bias = prepare(
         input, normalized_shape, weight, bias, fn
     )
+    if bias is not None:
+        # C reads no bias here: its rules as the forward's, in Python
+        check_traced(input, shape, (("bias", bias),), fn)
+        if weight is not None and weight.dtype != bias.dtype:
+            raise RuntimeError(
+                f"{fn}(): weight ({str(weight.dtype)[6:]}) and bias "
+                f"({str(bias.dtype)[6:]}) must have one dtype"
+            )
     want_dx, want_dw, want_db = map(bool, output_mask)
     for want, name, p in (
         (want_dw, "weight", weight),
