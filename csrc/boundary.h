@@ -39,6 +39,10 @@ PyObject *gemsops_type_name(PyObject *obj);
 /* 1 when the extension was built with CUDA kernels. */
 int gemsops_built_with_cuda(void);
 int gemsops_cuda_device_count(int *count);
+/* 1 when `stream` is being captured into a CUDA graph (or its state cannot
+ * be read): a buffer a captured launch uses is the graph's, not one to keep
+ * a record of. */
+int gemsops_stream_capturing(void *stream);
 
 /* Bytes spanned by t's elements, from its lowest to its highest address. */
 void gemsops_tensor_extent(const struct gemsops_tensor *t, char **lo,

@@ -19,6 +19,13 @@ gemsops_cuda_device_count(int *count)
     return 0;
 }
 
+int
+gemsops_stream_capturing(void *stream)
+{
+    (void)stream;
+    return 0;
+}
+
 #define GEMSOPS_NO_CUDA(st)                 \
     gemsops_fail((st), GEMSOPS_ERR_RUNTIME, \
                  "gemsops was built without CUDA (no nvcc at build time)")

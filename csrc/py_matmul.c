@@ -584,7 +584,11 @@ run_product(PyObject *const *args, Py_ssize_t nargs,
     const int cuda = a.device_type == GEMSOPS_CUDA;
     struct gemsops_tensor fl;
     unsigned long long last_epoch = 0;
-    if (cuda && p.flags != NULL) {
+    /* flags a captured launch uses belong to the graph: no record of them
+     * (it would pin the graph's memory), and the launch zeroes them */
+    const int keep_flags =
+        cuda && p.flags != NULL && !gemsops_stream_capturing(p.stream);
+    if (keep_flags) {
         /* flags seen before hold only epochs up to the last one stored */
         int has_fl;
         if (gemsops_optional_output(args[8], fn, "flags", &fl, &has_fl)) {
@@ -604,7 +608,7 @@ run_product(PyObject *const *args, Py_ssize_t nargs,
     rc = cuda ? gemsops_matmul_cuda(&p, &need, &st)
               : gemsops_matmul_cpu(&p, &st);
     Py_END_ALLOW_THREADS
-    if (cuda && p.flags != NULL) {
+    if (keep_flags) {
         if (rc != GEMSOPS_OK) {
             gemsops_kept_forget(&fl, p.stream);
         }

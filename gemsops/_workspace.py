@@ -78,6 +78,8 @@ def kept(kind, device, stream, numel, dtype=torch.uint8, minimum=0, zero=True):
     small. Returns its _Slot."""
     key = (kind, device, stream)
     slot = _kept.get(key)
+    if slot is not None:
+        _kept.move_to_end(key)  # evicted last: the one in use
     if slot is None or slot.buf.numel() < numel:
         make = torch.zeros if zero else torch.empty
         slot = _Slot(

@@ -466,6 +466,26 @@ def test_addmm_alpha_zero_leaves_the_product_out(beta, dtype, device):
     assert_close(gi, want, dtype)
 
 
+@pytest.mark.parametrize("alpha", [0, 1, 0.5])
+@pytest.mark.parametrize("grad", [True, False])
+def test_addmm_beta_zero_result_takes_in_place_writes(alpha, grad, device):
+    # the result is a tensor of its own, as torch's: written in place
+    # before the backward, with or without autograd; input, not read, still
+    # gets its gradient beta * g
+    a = torch.randn(3, 5, device=device, requires_grad=grad)
+    b = torch.randn(5, 4, device=device)
+    inp = torch.full((3, 4), math.nan, device=device, requires_grad=grad)
+    out = gemsops.addmm(inp, a, b, beta=0, alpha=alpha)
+    out.mul_(2)
+    ref = 2 * alpha * (a.detach().double() @ b.double())
+    assert_close(out, ref, torch.float32)
+    if grad:
+        out.sum().backward()
+        assert torch.equal(inp.grad, torch.zeros_like(inp))
+        ones = torch.ones(3, 4, dtype=torch.float64, device=device)
+        assert_close(a.grad, 2 * alpha * ones @ b.double().t(), torch.float32)
+
+
 @pytest.mark.parametrize(
     "x_shape,w_shape,b_shape",
     [

@@ -3,6 +3,7 @@ same schedule and fix-up as CUDA, OpenMP threads as CTAs) and on CUDA
 (tests taking `device`, marked `cuda` there)."""
 
 import contextlib
+import gc
 import os
 import subprocess
 import sys
@@ -1369,6 +1370,33 @@ def test_stream_k_launch_asks_for_its_stream_buffers():
             is None
         )
     assert_mm_close(out, a, b, torch.float32)
+
+
+@pytest.mark.cuda
+def test_captured_stream_k_launch_holds_no_memory_after_its_graph():
+    """The flags and workspace a captured Stream-K launch uses are the
+    graph's: once the graph and its output are gone, so is every byte the
+    capture took (C kept no record of them)."""
+    a, b = rand(60, 2000, device="cuda"), rand(2000, 50, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with schedule("stream-k", ctas=5):
+        with torch.cuda.stream(side):
+            eager = gemsops.mm(a, b)  # the side stream's kept buffers
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=side):
+            captured = gemsops.mm(a, b)
+    captured.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    assert torch.cuda.memory_allocated() > before
+    del captured, graph
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
 
 
 OUT_CASES = [  # (name, input shapes, extra kwargs)

@@ -150,3 +150,15 @@ extern "C" int gemsops_built_with_cuda(void)
 {
     return 1;
 }
+
+extern "C" int gemsops_stream_capturing(void *stream)
+{
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    cudaError_t e =
+        cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status);
+    if (e != cudaSuccess) {
+        cudaGetLastError(); // the launch that follows reports the stream
+        return 1; // unknown: keep nothing on its account
+    }
+    return status != cudaStreamCaptureStatusNone;
+}

@@ -566,7 +566,9 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
     elif alpha != 1:
         c = c * alpha
     if beta == 0:
-        return _BetaZero.apply(c, input)
+        if input.requires_grad and torch.is_grad_enabled():
+            return _BetaZero.apply(c, input)
+        return c
     return torch.add(c, input.to(c.dtype), alpha=beta)
 
 
@@ -602,7 +604,9 @@ class _BetaZero(torch.autograd.Function):
     @staticmethod
     def forward(ctx, c, input):
         ctx.input_meta = (input.shape, input.dtype)
-        return c.view_as(c)
+        # a new tensor: an input returned as-is counts as a view of it,
+        # which refuses in-place writes to the result
+        return c.clone()
 
     @staticmethod
     def backward(ctx, g):

@@ -176,8 +176,8 @@ def _stream_buffers(device, need):
             "mm_flags", device, stream, count, dtype=torch.int32, minimum=1024
         )
     ws = _workspace.kept("mm_ws", device, stream, nbytes, zero=False)
-    flags.epoch += 1  # a new epoch: no flag needs resetting
-    return flags.buf, flags.epoch, ws.buf
+    epoch = flags.epoch = flags.epoch + 1  # a new epoch: no flag to reset
+    return flags.buf, epoch, ws.buf
 
 
 def _offered_buffers(a):
@@ -194,8 +194,8 @@ def _offered_buffers(a):
         return None
     if _capturing():  # a captured launch gets fresh buffers
         return None
-    flags.epoch += 1
-    return ws.buf, flags.buf, flags.epoch
+    epoch = flags.epoch = flags.epoch + 1
+    return ws.buf, flags.buf, epoch
 
 
 def _error_buffer(device):
