@@ -418,7 +418,7 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
             x, pshape, w, b, max(eps, 0.0) if eps == eps else 1e-5
         )
     except RuntimeError as e:
-        mean = rstd = torch.zeros(1)
+        mean = rstd = torch.zeros(1, device=x.device)
         ctx.note(f"  (torch.native_layer_norm refused: {e})")
         if "mixed dtype" in str(e):
             tags = tuple(tags) + ("ln-fwd-refused",)
