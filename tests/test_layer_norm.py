@@ -606,6 +606,22 @@ def test_cuda_forward_fp32_one_wave_rows(affine, rows_an_sm, n):
     check_four_norms(*make((rows, n), 1, torch.float32, "cuda", affine))
 
 
+# Half rows of 1025 to 2048 elements take two accesses a thread (96 or
+# 128 threads a row) where the rows fill 3/4 to all of one wave at 64
+# threads a row (24 to 32 rows an SM), four (or three) accesses outside
+# and at 1536 (three fill it exactly): each side of both lines, ragged
+# rows too; the fused adds keep theirs.
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [1032, 1536, 2000, 2048])
+@pytest.mark.parametrize("rows_an_sm", [(24, -1), (24, 0), (32, 0), (32, 1)])
+@pytest.mark.parametrize("affine", ["both", "weight", "none"])
+def test_cuda_forward_half_one_wave_rows(affine, rows_an_sm, n, dtype):
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = sms * rows_an_sm[0] + rows_an_sm[1]
+    check_four_norms(*make((rows, n), 1, dtype, "cuda", affine))
+
+
 def _assert_bf16_grads(tensors, leaves, rows):
     """x, w and b's gradients against the float64 leaves' (dW and dB sum
     over `rows` rows)."""

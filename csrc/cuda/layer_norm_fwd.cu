@@ -18,8 +18,10 @@
 // a row, each holding E elements in registers (four 16-byte accesses;
 // eight for fp32 rows past 5120 and for fp32 rows of one warp that fit one
 // wave, fwd_fp32_long_tpr and fwd_fp32_one_wave_tpr; one for too few rows
-// to fill the GPU at four, fwd_one_access_tpr; three for rows of 32 or 64
-// threads that four would leave a quarter empty, fwd_three_access_tpr),
+// to fill the GPU at four, fwd_one_access_tpr; two for half rows of 64
+// threads that fill one wave, fwd_half_one_wave_tpr, and the fused add's
+// long half rows; three for rows of 32 or 64 threads that four would leave
+// a quarter empty, fwd_three_access_tpr),
 // so x is read from memory exactly once. Rows that fill every item of
 // groups of 8 to 32 threads (N = TPR * E), and every row at three
 // accesses, have kernels of their own with no per-item bounds
@@ -126,6 +128,24 @@ constexpr bool fwd_add_three_access()
     return sizeof(T) == 2;
 }
 
+// The groups of the two-access kernels: the fused add's half rows past
+// 2048 elements (fwd_add_two_access_tpr), and the plain half rows of one
+// wave (fwd_half_one_wave_tpr). Each family is built for its own groups
+// alone.
+constexpr int kFwdTwoAccessTprChoices[] = {256, 320, 384, 512, 640, 1024};
+constexpr int kFwdHalfOneWaveTprChoices[] = {96, 128};
+
+template <const auto &CHOICES>
+constexpr bool fwd_group_listed(int tpr)
+{
+    for (int c : CHOICES) {
+        if (c == tpr) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // The fused add (x's partner res given) is its own instantiation of each
 // kernel: it loads twice the bytes a step, and sharing one body with a
 // run-time branch spilled the looped kernel under its register bound.
@@ -137,11 +157,13 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         fwd_grid((p->rows + rows_per_cta - 1) / rows_per_cta);
     const int block = layer_norm_block_threads(TPR);
     // eight accesses a thread only for the plain norms (fwd_fp32_long_tpr,
-    // fwd_fp32_one_wave_tpr),
-    // two only for the fused add (fwd_add_two_access_tpr), three for the
+    // fwd_fp32_one_wave_tpr), two at each family's own groups
+    // (kFwdTwoAccessTprChoices, kFwdHalfOneWaveTprChoices), three for the
     // fused add of half types only (fwd_add_three_access)
     if (p->residual) {
-        if constexpr (ACC == 8 || (ACC == 3 && !fwd_add_three_access<T>())) {
+        if constexpr (ACC == 8 || (ACC == 3 && !fwd_add_three_access<T>()) ||
+                      (ACC == 2 &&
+                       !fwd_group_listed<kFwdTwoAccessTprChoices>(TPR))) {
             return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                                 "layer_norm_fwd: no %d-access kernel for "
                                 "the fused add of %s",
@@ -152,10 +174,13 @@ int run(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         }
     }
     else {
-        if constexpr (ACC == 2) {
+        if constexpr (ACC == 2 &&
+                      !(sizeof(T) == 2 && std::is_same_v<T, P> &&
+                        fwd_group_listed<kFwdHalfOneWaveTprChoices>(TPR))) {
             return gemsops_fail(st, GEMSOPS_ERR_RUNTIME,
                                 "layer_norm_fwd: no two-access kernel "
-                                "without the fused add");
+                                "without the fused add for %s",
+                                gemsops_dtype_name(p->dtype));
         }
         else {
             launch_registers<T, P, RMS, TPR, VEC, false, ACC>(p, grid, block);
@@ -363,6 +388,37 @@ int fwd_fp32_one_wave_tpr(const gemsops_layer_norm_fwd_params *p,
     return threads <= wave && 4 * threads >= 3 * wave ? 32 : 0;
 }
 
+// Half rows of 1025 to 2048 elements (64 threads a row at four or three
+// accesses), as many as fill three quarters to all of one wave at 64
+// threads a row: two accesses a thread, a CTA of 96 or 128 threads a row.
+// At four, every row of the launch loads at once and then every row
+// reduces and stores, with no other wave's loads to overlap; at two, the
+// rows take two waves and more threads an SM share each row's latency.
+// More rows, or fewer, ran slower at two, and so did the rows of 1536
+// that three accesses fill exactly (fwd_three_access_tpr, asked first;
+// docs/performance.md). Returns the group, 0 for the rows that keep
+// their accesses, -1 on an error.
+template <typename T, typename P>
+int fwd_half_one_wave_tpr(const gemsops_layer_norm_fwd_params *p,
+                          gemsops_status *st)
+{
+    constexpr int E = fwd_elems<T, 2>();
+    if (sizeof(T) != 2 || !std::is_same_v<T, P> || p->residual ||
+        p->cols <= E * 64 || p->cols > E * 128) {
+        return 0;
+    }
+    device_facts f;
+    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
+        return -1;
+    }
+    const int64_t wave = (int64_t)f.sm_count * 2048, threads = p->rows * 64;
+    if (threads > wave || 4 * threads < 3 * wave) {
+        return 0;
+    }
+    return layer_norm_choose_shape(p->cols, E, 128, kFwdHalfOneWaveTprChoices)
+        .tpr;
+}
+
 // Three 16-byte accesses a thread for rows of three times a power of two
 // vectors, 32 or 64 threads a row (768 and 1536 half elements, 384 and
 // 768 fp32), where four accesses give the row as many threads and leave a
@@ -400,8 +456,6 @@ int fwd_three_access_tpr(int64_t cols, bool add)
 // one CTA a SM (two would spill, fwd_two_access_min_ctas), and 1024 leave a
 // quarter of their accesses empty; both ran slower than four accesses.
 // Returns the group, 0 for the rows that keep four accesses.
-constexpr int kFwdTwoAccessTprChoices[] = {256, 320, 384, 512, 640, 1024};
-
 template <typename T, typename P>
 int fwd_add_two_access_tpr(const gemsops_layer_norm_fwd_params *p)
 {
@@ -477,6 +531,16 @@ int launch(const gemsops_layer_norm_fwd_params *p, gemsops_status *st)
         return dispatch_group<T, P, RMS, V, 3, kFwdThreeAccessTprChoices,
                               (sizeof(T) < 8)>(p, three_tpr, "three-access ",
                                                st);
+    }
+    const int half_wave_tpr = vec ? fwd_half_one_wave_tpr<T, P>(p, st) : 0;
+    if (half_wave_tpr < 0) {
+        return st->code;
+    }
+    if (half_wave_tpr > 0) {
+        return dispatch_group<T, P, RMS, V, 2, kFwdHalfOneWaveTprChoices,
+                              (std::is_same_v<T, P> &&
+                               sizeof(T) == 2)>(p, half_wave_tpr,
+                                                "two-access ", st);
     }
     return vec ? dispatch_group<T, P, RMS, V, 4, kLayerNormFwdTprChoices>(p,
                                                                           tpr,

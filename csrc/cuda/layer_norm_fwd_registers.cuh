@@ -50,13 +50,23 @@ constexpr int fwd_two_access_min_ctas(int block)
     return block >= 768 ? 1 : block == 384 ? 3 : 1536 / block;
 }
 
+// Two accesses a thread without the fused add (the plain half rows of
+// one wave, groups of 96 and 128): 48 registers, where 40 spilled the
+// LayerNorm kernel at 96 threads (4 bytes). A scheduler's quarter of the
+// register file holds ten warps at 48: 13 CTAs of 96, 10 of 128.
+constexpr int fwd_plain_two_access_min_ctas(int block)
+{
+    return 1280 / block;
+}
+
 // The register kernel's bound for ACC accesses a thread.
 template <typename T, typename P, int VEC, bool ADD, int ACC>
 constexpr int fwd_register_bound(int block)
 {
     return ACC == 4 || ACC == 3 ? fwd_register_min_ctas<T, P, VEC, ADD>(block)
            : ACC == 8           ? fwd_eight_access_min_ctas(block)
-           : ACC == 2           ? fwd_two_access_min_ctas(block)
+           : ACC == 2 && ADD    ? fwd_two_access_min_ctas(block)
+           : ACC == 2           ? fwd_plain_two_access_min_ctas(block)
                                 : fwd_one_access_min_ctas(block);
 }
 
