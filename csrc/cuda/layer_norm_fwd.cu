@@ -363,6 +363,22 @@ int fwd_one_access_tpr(const gemsops_layer_norm_fwd_params *p, int tpr4,
         .tpr;
 }
 
+// Whether the rows, threads_a_row threads each, fill three quarters to all
+// of one wave of threads_an_sm resident threads on every SM: 1 if so, 0 if
+// not, -1 on an error.
+int fwd_rows_fill_one_wave(const gemsops_layer_norm_fwd_params *p,
+                           int64_t threads_an_sm, int64_t threads_a_row,
+                           gemsops_status *st)
+{
+    device_facts f;
+    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
+        return -1;
+    }
+    const int64_t wave = (int64_t)f.sm_count * threads_an_sm;
+    const int64_t threads = p->rows * threads_a_row;
+    return threads <= wave && 4 * threads >= 3 * wave ? 1 : 0;
+}
+
 // fp32 rows of 513 to 1024 elements, as many as a warp a row at eight
 // accesses (32 elements a thread, 1024 resident threads an SM) holds in
 // one wave, at least three quarters full: every row's loads in flight at
@@ -380,12 +396,8 @@ int fwd_fp32_one_wave_tpr(const gemsops_layer_norm_fwd_params *p,
         p->cols <= E * 16 || p->cols > E * 32) {
         return 0;
     }
-    device_facts f;
-    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
-        return -1;
-    }
-    const int64_t wave = (int64_t)f.sm_count * 1024, threads = p->rows * 32;
-    return threads <= wave && 4 * threads >= 3 * wave ? 32 : 0;
+    const int fills = fwd_rows_fill_one_wave(p, 1024, 32, st);
+    return fills > 0 ? 32 : fills;
 }
 
 // Half rows of 1025 to 2048 elements (64 threads a row at four or three
@@ -407,13 +419,9 @@ int fwd_half_one_wave_tpr(const gemsops_layer_norm_fwd_params *p,
         p->cols <= E * 64 || p->cols > E * 128) {
         return 0;
     }
-    device_facts f;
-    if (get_device_facts(p->device_id, &f, st) != GEMSOPS_OK) {
-        return -1;
-    }
-    const int64_t wave = (int64_t)f.sm_count * 2048, threads = p->rows * 64;
-    if (threads > wave || 4 * threads < 3 * wave) {
-        return 0;
+    const int fills = fwd_rows_fill_one_wave(p, 2048, 64, st);
+    if (fills <= 0) {
+        return fills;
     }
     return layer_norm_choose_shape(p->cols, E, 128, kFwdHalfOneWaveTprChoices)
         .tpr;
