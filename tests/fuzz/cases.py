@@ -525,6 +525,14 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
                 )
             if ref[1] is not None:
                 ref[1] = (gd * xhat).sum(lead) if lead else gd * xhat
+        bounds = {"dx": bound}
+        if rows and g.shape == x.shape:
+            bounds["db"] = oracle.ln_db_bound(g, len(pshape), dtype)
+            if mean.numel() == rows:
+                # both sides read the same statistics: no stored term
+                bounds["dw"] = oracle.ln_dw_bound(
+                    g, x, mean, rstd, len(pshape), dtype, stored=False
+                )
         for name, oo, rr, tt in zip(("dx", "dw", "db"), o, ref, t):
             if tt is None:
                 if oo is not None:
@@ -541,11 +549,7 @@ def _ln_backward(ctx, x, pshape, ns, w, b, eps, dtype, rows, inputs, tags):
                 reduce_len=rows if name != "dx" else 1,
                 loose=name == "dx" and (w_nonfinite or _singular(eps)),
                 f64_atol=f64_atol if name == "dx" else None,
-                bound=bound
-                if name == "dx"
-                else oracle.ln_db_bound(g, len(pshape), dtype)
-                if name == "db" and rows and g.shape == x.shape
-                else None,
+                bound=bounds.get(name),
             )
 
     differential(ctx, theirs, ours, check, inputs, tags)
