@@ -118,6 +118,28 @@ def test_norm_names_an_unsupported_dtype(fn, dtype):
         getattr(gemsops, fn)(*args, (8,))
 
 
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize(
+    "bad, exc",
+    [
+        ({"weight": torch.ones(7)}, RuntimeError),
+        ({"weight": torch.ones(8, dtype=torch.float64)}, RuntimeError),
+        ({"bias": torch.ones(8, dtype=torch.float16)}, RuntimeError),
+        ({"input": torch.ones(4, 8, dtype=torch.int32)}, NotImplementedError),
+    ],
+)
+def test_native_layer_norm_names_itself_refusing(bad, exc, grad):
+    # refusals the C boundary raises under layer_norm's name
+    args = {"input": torch.randn(4, 8), "weight": None, "bias": None}
+    args.update(bad)
+    if grad and args["input"].is_floating_point():
+        args["input"].requires_grad_(True)
+    with pytest.raises(exc, match=r"^native_layer_norm\(\): "):
+        gemsops.native_layer_norm(
+            args["input"], (8,), args["weight"], args["bias"]
+        )
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
 def test_linear_names_itself_refusing_a_dtype(dtype, bias):

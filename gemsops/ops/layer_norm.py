@@ -526,12 +526,18 @@ def native_layer_norm(
         if torch_only():
             return _forward_torch(input, shape, weight, bias, eps, fn)
         return _layer_norm_op(input, shape, weight, bias, eps)
-    if needs_grad(input, weight, bias):
-        out, mean, rstd = _layer_norm_function(
-            input, shape, weight, bias, eps, True
-        )
-    else:
-        out, mean, rstd = _forward(input, shape, weight, bias, eps)
+    try:
+        if needs_grad(input, weight, bias):
+            out, mean, rstd = _layer_norm_function(
+                input, shape, weight, bias, eps, True
+            )
+        else:
+            out, mean, rstd = _forward(input, shape, weight, bias, eps)
+    except (RuntimeError, NotImplementedError) as e:
+        # the C boundary names its refusals after layer_norm's forward
+        if not str(e).startswith("layer_norm("):
+            raise
+        raise type(e)(f"native_{e}") from None
     stat_shape = stat_view_shape(input, len(shape))
     return out, mean.view(stat_shape), rstd.view(stat_shape)
 
