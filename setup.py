@@ -7,6 +7,9 @@ Environment:
   GEMSOPS_CUDA_ARCHS      ';'-separated SASS targets (default "80;90a"); PTX
                           for the newest listed (compute_90) is added so newer
                           GPUs can JIT it
+  GEMSOPS_CUDA_PTX=0      no PTX, SASS only (CI's compile check: the PTX pass
+                          compiles the same sources again, a quarter of the
+                          CUDA build's time)
   CUDA_HOME / CUDA_PATH   toolkit root when nvcc is not on PATH
   GEMSOPS_NVCC_THREADS    parallel nvcc jobs (default: CPU count)
   GEMSOPS_LINEINFO=1      compile the kernels with -lineinfo (off by
@@ -89,7 +92,8 @@ def gencode_flags():
     for arch in archs:
         flags.append(f"-gencode=arch=compute_{arch},code=sm_{arch}")
     newest = max(int("".join(c for c in a if c.isdigit())) for a in archs)
-    flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
+    if os.environ.get("GEMSOPS_CUDA_PTX", "1") != "0":
+        flags.append(f"-gencode=arch=compute_{newest},code=compute_{newest}")
     if "90a" in archs:  # the host may pick the wgmma kernels on sm_90
         flags.append("-DGEMSOPS_HAVE_SM90A=1")
     if newest >= 90:  # what runs on sm_90 and later has griddepcontrol
