@@ -254,12 +254,17 @@ def bandwidth_rows(pass_, doc):
 
 
 def mm_docs(docs):
-    """The newest run of each schedule on the GPU of the newest auto run
-    (a ratio between schedules means one GPU)."""
+    """The newest run of each schedule on the GPU and at the commit of the
+    newest auto run (a ratio between schedules means one GPU and one
+    build's kernels)."""
     auto = newest("mm_auto", "fwd", docs)
     if auto is None:
         return {s: None for s in SCHEDULES}
-    same = [d for d in docs if d["gpu"] == auto["gpu"]]
+    same = [
+        d
+        for d in docs
+        if (d["gpu"], d.get("commit")) == (auto["gpu"], auto.get("commit"))
+    ]
     return {s: newest(f"mm_{s}", "fwd", same) for s in SCHEDULES}
 
 
