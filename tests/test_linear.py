@@ -236,6 +236,51 @@ def test_addmm_matches_torch(bias_shape, beta, alpha, device):
     assert_close(out, ref, torch.float32, chain_len=5)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("x_kind", ["1-D", "3-D", "3-D transposed"])
+def test_linear_result_is_its_own_tensor(x_kind, bias, device):
+    # rows folded from x come back as the result, not as a view of the
+    # product: written in place after no_grad, detach_()'d
+    x = {
+        "1-D": lambda: torch.randn(5, device=device),
+        "3-D": lambda: torch.randn(2, 3, 5, device=device),
+        "3-D transposed": lambda: torch.randn(3, 2, 5, device=device).mT,
+    }[x_kind]()
+    w = torch.randn(4, x.shape[-1], device=device)
+    b = torch.randn(4, device=device) if bias else None
+    with torch.no_grad():
+        out = gemsops.linear(x, w, b)
+    assert not out._is_view()
+    p = torch.rand(4, device=device, requires_grad=True)
+    out.mul_(p)
+    assert_close(
+        out, _ref_linear(x, w, b) * p.detach().double(), torch.float32
+    )
+    out = gemsops.linear(x, w, b)
+    out.detach_()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_bias_of_another_dtype_refused_before_the_product(dtype, device):
+    # torch refuses the dtype mismatch (RuntimeError) before it would
+    # compute a float64 or integer product, which gemsops has no kernel for
+    a = torch.ones(3, 5, dtype=dtype, device=device)
+    b = torch.ones(5, 4, dtype=dtype, device=device)
+    bias = torch.ones(4, device=device)
+    calls = {
+        "addmm": (torch.addmm, gemsops.addmm, (bias, a, b)),
+        "linear": (
+            torch.nn.functional.linear,
+            gemsops.linear,
+            (a, b.t(), bias),
+        ),
+    }
+    for name, (theirs, ours, args) in calls.items():
+        assert raised_type(lambda: theirs(*args)) is RuntimeError
+        with pytest.raises(RuntimeError, match=f"^{name}\\(\\).*dtype"):
+            ours(*args)
+
+
 def test_addmm_and_linear_refuse_as_torch(device):
     a, b = torch.randn(3, 5, device=device), torch.randn(5, 7, device=device)
     with pytest.raises(RuntimeError):

@@ -810,6 +810,39 @@ def test_batched_and_broadcast(device):
     assert_mm_close(gemsops.bmm(x, y), x, y, torch.float32)
 
 
+@pytest.mark.parametrize(
+    "sa,sb",
+    [
+        ((7,), (7, 3)),
+        ((5, 7), (7,)),
+        ((7,), (7,)),
+        ((2, 5, 7), (7, 3)),
+        ((2, 5, 7), (7,)),
+        ((7,), (2, 7, 3)),
+        ((5, 7), (2, 7, 3)),
+        ((2, 1, 5, 7), (3, 7, 3)),
+    ],
+)
+@pytest.mark.parametrize("grad", [False, True])
+def test_matmul_result_is_its_own_tensor(sa, sb, grad, device):
+    # torch's folded products are not views (_unsafe_view): a result made
+    # under no_grad takes an in-place write that needs grad, and detach_()
+    a = rand(*sa, device=device).requires_grad_(grad)
+    b = rand(*sb, device=device)
+    want = torch.matmul(a.detach(), b)
+    with torch.no_grad():
+        out = gemsops.matmul(a, b)
+    assert not out._is_view() and out.shape == want.shape
+    p = torch.rand(want.shape[-1:], device=device, requires_grad=True)
+    out.mul_(p)
+    assert out.grad_fn is not None
+    assert_close(out, want.double() * p.detach().double(), torch.float32)
+    out = gemsops.matmul(a, b)
+    assert not out._is_view()
+    out.detach_()
+    assert not out.requires_grad
+
+
 def test_gradient_of_a_broadcast_matrix_is_one_sum(device):
     # b of batch dims all 1 is one matrix: its gradient sums a^T g over
     # every batch in one product, as torch's folding does. Per-batch fp16

@@ -45,6 +45,7 @@ from .matmul import (
     save_operands,
     torch_out_dtype,
     transposed,
+    unsafe_view,
 )
 
 _Tensor = torch.Tensor
@@ -62,10 +63,11 @@ def _rows(t):
 
 
 def _unrows(out, shape):
-    """out [rows, n] viewed as shape[:-1] + [n] (shape: the rows' source)."""
+    """out [rows, n] as shape[:-1] + [n] (shape: the rows' source), not a
+    view of it (unsafe_view)."""
     if len(shape) == 2:
         return out
-    return out.view(*shape[:-1], out.shape[-1])
+    return unsafe_view(out, (*shape[:-1], out.shape[-1]))
 
 
 def _fused(input, mat1, mat2, alpha, beta):
@@ -547,6 +549,16 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
         return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
     if alpha != 0 and _traced_addmm_ok(input, mat1, mat2, alpha, beta):
         return _addmm_op(input, mat1, mat2, float(beta), float(alpha))
+    if (
+        input.dtype != mat1.dtype
+        and mat1.dtype == mat2.dtype
+        and mat1.dtype not in SUPPORTED
+    ):
+        # torch refuses the mismatch before it would compute the product
+        # (which gemsops does not: float64, integers)
+        raise RuntimeError(
+            f"addmm(): expected input of dtype {mat1.dtype}, got {input.dtype}"
+        )
     c = mm_as("addmm", mat1, mat2)
     if input.dtype != c.dtype and not _autocast_casts(input, c):
         raise RuntimeError(
@@ -674,7 +686,15 @@ def linear(input, weight, bias=None):
         # the bias in the product's epilogue, rounded once, as torch's
         # addmm (traced code: compile, autocast, the JIT tracer)
         y = addmm(bias, _rows(input), weight.t())
-        return y.view(*input.shape[:-1], weight.shape[0])
+        return _unrows(y, input.shape)
+    if (
+        bias is not None
+        and bias.dtype != input.dtype
+        and input.dtype == weight.dtype
+        and input.dtype not in SUPPORTED
+    ):
+        # refused before the product, as torch's (float64, integers)
+        raise _bias_dtype_error(bias, input)
     y = matmul_as("linear", input, weight.t() if weight.dim() == 2 else weight)
     if bias is None:
         return y
@@ -690,13 +710,17 @@ def linear(input, weight, bias=None):
         # one dtype, as torch's addmm path (its matmul-and-add_ paths,
         # taken for some layouts, cast the bias: README, differences)
         if not torch.is_autocast_enabled(y.device.type):
-            raise RuntimeError(
-                "linear(): bias and input must have the same dtype, but got "
-                f"{bias.dtype} and {y.dtype}"
-            )
+            raise _bias_dtype_error(bias, y)
         bias = bias.to(y.dtype)  # as torch's linear under autocast
     out = y + bias
-    return out if out.dim() == y.dim() else out.view(y.shape)
+    return out if out.dim() == y.dim() else unsafe_view(out, y.shape)
+
+
+def _bias_dtype_error(bias, like):
+    return RuntimeError(
+        "linear(): bias and input must have the same dtype, but got "
+        f"{bias.dtype} and {like.dtype}"
+    )
 
 
 def _broadcasts(shape, to):

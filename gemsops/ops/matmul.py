@@ -53,6 +53,11 @@ from .._dispatch import (
 )
 from ._out import into as _into
 
+# torch's matmul hands its folded products out through _unsafe_view: a
+# result of its own, not a view of the kernel's output, so that a caller
+# may write into it in place (made under no_grad too) or detach_() it
+unsafe_view = torch.ops.aten._unsafe_view.default
+
 SCHEDULES = {
     "auto": 0,
     "data-parallel": 1,
@@ -601,14 +606,14 @@ def matmul_as(name, input, other):
             f"{list(input.shape)} and {list(other.shape)})"
         ) from None
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    shape = batch + (m,) * (da != 1) + (n,) * (db != 1)  # the result's
     if all(s == 1 for s in b.shape[:-2]):
         # torch's folding (b one matrix, its batch dims all 1): the batch
         # joins m and one mm runs; b's gradient is then one product over
         # all batch * m rows, not a sum of per-batch products each rounded
         # to the dtype (fp16: inf - inf where the sum is finite)
         rows = math.prod(a.shape[:-1])  # not -1: ambiguous when k is 0
-        b2 = b.reshape(k, n)
-        out = _product(a.reshape(rows, k), b2).reshape(batch + (m, n))
+        out = _product(a.reshape(rows, k), b.reshape(k, n))
     elif all(s == 1 for s in a.shape[:-2]):
         # the mirror (a one matrix): out^T = b^T a^T with the batch joined
         # to n, so a's gradient is again one product over every batch
@@ -621,12 +626,8 @@ def matmul_as(name, input, other):
         nb = math.prod(batch)  # not -1: ambiguous when m * k or k * n is 0
         a3 = a.expand(batch + (m, k)).reshape(nb, m, k)
         b3 = b.expand(batch + (k, n)).reshape(nb, k, n)
-        out = _product(a3, b3).reshape(batch + (m, n))
-    if da == 1:
-        out = out.squeeze(-2)
-    if db == 1:
-        out = out.squeeze(-1)
-    return out
+        out = _product(a3, b3)
+    return unsafe_view(out, shape)
 
 
 def _schedule_from_environment():
