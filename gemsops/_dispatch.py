@@ -21,6 +21,16 @@ import torch.autograd.forward_ad as _forward_ad
 
 _is_compiling = torch.compiler.is_compiling
 
+# A product or norm computed on a folded view of its operands is handed
+# out as torch's matmul hands out its own: through _unsafe_view, a result
+# of its own rather than a view of the kernel's output, so that a caller
+# may write into it in place (made under no_grad too) or detach_() it.
+unsafe_view = torch.ops.aten._unsafe_view.default
+
+# C takes tensors of at most this many dimensions (GEMSOPS_MAX_DIMS in
+# include/gemsops/tensor.h); the Python layer folds larger ones.
+MAX_DIMS = 16
+
 
 def plain(t):
     """t without the negative bit (torch._neg_view, z.conj().imag): C

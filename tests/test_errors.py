@@ -7,7 +7,7 @@ import torch
 
 import gemsops
 from gemsops import _C
-from gemsops.testing import assert_close, layer_norm_reference
+from gemsops.testing import assert_close, layer_norm_reference, raised_type
 
 
 def fwd_args(device="cpu", rows=8, cols=16, dtype=torch.float32):
@@ -457,6 +457,41 @@ def test_norm_eps_taken_as_torch_takes_a_float(fn):
     for eps in refused:
         with pytest.raises(TypeError, match=f"{fn}\\(\\): argument 'eps'"):
             _norm_call(fn, x, (8,), eps=eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_layer_norm_of_non_floating_input_refused_as_torch(
+    dtype, with_weight, device
+):
+    # with a float weight torch's CPU kernel refuses the mixed dtypes
+    # (RuntimeError) before it finds no kernel (NotImplementedError, which
+    # its CUDA kernel raises); gemsops raises what torch raises there
+    x = torch.ones(2, 4, dtype=dtype, device=device)
+    w = torch.ones(4, device=device) if with_weight else None
+    F = torch.nn.functional
+    for theirs, ours in (
+        (
+            lambda: F.layer_norm(x, (4,), w),
+            lambda: gemsops.layer_norm(x, (4,), w),
+        ),
+        (
+            lambda: F.layer_norm(x + x, (4,), w),
+            lambda: gemsops.fused_add_layer_norm(x, x, (4,), w),
+        ),
+    ):
+        want = raised_type(theirs)
+        assert want in (RuntimeError, NotImplementedError)
+        assert raised_type(ours) is want
+
+
+@pytest.mark.parametrize("fn", NORMS)
+def test_normalized_shape_past_int64_is_a_type_error(fn):
+    # torch's argument parser cannot unpack it into int64: TypeError
+    x = torch.randn(2, 4)
+    for s in (2**70, -(2**70), 2**63):
+        with pytest.raises(TypeError, match="normalized_shape"):
+            _norm_call(fn, x, (s,))
 
 
 @pytest.mark.parametrize("fn", ["rms_norm", "fused_add_rms_norm"])

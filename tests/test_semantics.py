@@ -1002,3 +1002,91 @@ def test_prod_wide_unsigned_dtype_refused_as_torch(name):
     ):
         with pytest.raises(NotImplementedError, match="dtype"):
             call()
+
+
+# ---- more dimensions than C takes (17 to 20) ------------------------------
+
+
+@pytest.mark.parametrize("lead", [15, 18])
+def test_norms_of_more_dims_than_c_takes(lead, device):
+    # C's tensors have at most 16 dims: the leading ones fold into rows,
+    # forward and backward, and the results come back whole, not as views
+    shape = (1,) * lead + (2, 3, 8)
+    x, r = (torch.randn(shape, device=device) for _ in range(2))
+    w, b = (torch.randn(8, device=device) for _ in range(2))
+    ref = {t: t.double() for t in (x, r, w, b)}
+    xd, rd, wd, bd = (ref[t] for t in (x, r, w, b))
+    cases = {
+        "layer_norm": (
+            lambda: gemsops.layer_norm(x, (8,), w, b),
+            F.layer_norm(xd, (8,), wd, bd),
+        ),
+        "layer_norm 2-d": (
+            lambda: gemsops.layer_norm(x, (3, 8), w.expand(3, 8)),
+            F.layer_norm(xd, (3, 8), wd.expand(3, 8)),
+        ),
+        "rms_norm": (
+            lambda: gemsops.rms_norm(x, (8,), w),
+            F.rms_norm(xd, (8,), wd),
+        ),
+        "native_layer_norm": (
+            lambda: gemsops.native_layer_norm(x, (8,), w, b, 1e-5),
+            aten.native_layer_norm(xd, (8,), wd, bd, 1e-5),
+        ),
+        "fused_add_layer_norm": (
+            lambda: gemsops.fused_add_layer_norm(x, r, (8,), w, b),
+            (F.layer_norm(xd + rd, (8,), wd, bd), xd + rd),
+        ),
+        "fused_add_rms_norm": (
+            lambda: gemsops.fused_add_rms_norm(x, r, (8,), w),
+            (F.rms_norm(xd + rd, (8,), wd), xd + rd),
+        ),
+    }
+    for name, (ours, want) in cases.items():
+        with torch.no_grad():
+            got = ours()
+        for g, t in zip(
+            *((got, want) if isinstance(got, tuple) else ((got,), (want,)))
+        ):
+            assert not g._is_view(), name
+            close(g, t)
+    xg = x.clone().requires_grad_()
+    wg = w.clone().requires_grad_()
+    gemsops.layer_norm(xg, (8,), wg, b).pow(2).sum().backward()
+    xr = xd.clone().requires_grad_()
+    wr = wd.clone().requires_grad_()
+    F.layer_norm(xr, (8,), wr, bd).pow(2).sum().backward()
+    close(xg.grad, xr.grad, 1e-4, 1e-4)
+    close(wg.grad, wr.grad, 1e-4, 1e-4)
+    g = torch.randn(shape, device=device)
+    _, mean, rstd = aten.native_layer_norm(x, (8,), w, b, 1e-5)
+    got = gemsops.layer_norm_backward(g, x, (8,), mean, rstd, w, b)
+    want = aten.native_layer_norm_backward(
+        g.double(),
+        xd,
+        (8,),
+        mean.double(),
+        rstd.double(),
+        wd,
+        bd,
+        (True, True, True),
+    )
+    for a, t in zip(got, want):
+        close(a, t, 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("dim", [None, 0, 16, -1])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_prod_of_more_dims_than_c_takes(dim, keepdim, device):
+    x = torch.rand((2,) + (1,) * 15 + (3, 4), device=device) + 0.5
+    x.requires_grad_()
+    if dim is None:
+        got, want = gemsops.prod(x), torch.prod(x.double())
+    else:
+        got = gemsops.prod(x, dim, keepdim)
+        want = torch.prod(x.double(), dim, keepdim)
+    assert not got._is_view()
+    close(got, want)
+    (gx,) = torch.autograd.grad(got.sum(), x)
+    (gw,) = torch.autograd.grad(want.sum(), x)
+    close(gx, gw, 1e-4, 1e-4)

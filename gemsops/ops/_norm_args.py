@@ -3,12 +3,13 @@ share in their arguments: torch's rules for normalized_shape, eps and the
 parameters, with its exceptions and messages; the rows' layout the
 kernels read in place; the statistics' dtype and shape."""
 
+import math
 import operator
 
 import numpy as _np
 import torch
 
-from .._dispatch import not_tensor, plain
+from .._dispatch import MAX_DIMS, not_tensor, plain
 
 
 def normalized_shape_arg(normalized_shape, fn="layer_norm"):
@@ -17,7 +18,7 @@ def normalized_shape_arg(normalized_shape, fn="layer_norm"):
     if isinstance(normalized_shape, (tuple, list)):
         shape = tuple(normalized_shape)
         for s in shape:
-            if type(s) is not int:
+            if type(s) is not int or not _INT64_MIN <= s <= _INT64_MAX:
                 return tuple(
                     _shape_item(v, i, fn) for i, v in enumerate(shape)
                 )
@@ -28,14 +29,24 @@ def normalized_shape_arg(normalized_shape, fn="layer_norm"):
     )
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _shape_item(s, i, fn):
     # torch takes what has __index__ (NumPy integers, one-element integer
-    # tensors), but not bools
+    # tensors), but not bools, nor what overflows int64
     if not isinstance(s, bool):
         try:
-            return operator.index(s)
+            v = operator.index(s)
         except TypeError:
             pass
+        else:
+            if _INT64_MIN <= v <= _INT64_MAX:
+                return v
+            raise TypeError(
+                f"{fn}(): argument 'normalized_shape' has {v} at pos {i}, "
+                "which overflows int64"
+            )
     raise TypeError(
         f"{fn}(): argument 'normalized_shape' must be tuple of "
         f"ints, but found element of type {type(s).__name__} at "
@@ -91,6 +102,19 @@ def as_rows(x, nd):
     return x.contiguous()
 
 
+def too_many_dims(x, nd):
+    """x has more dimensions than C takes, and fewer normalized ones:
+    folding its leading dims into one brings it within C's bound."""
+    return x.dim() > MAX_DIMS and nd < MAX_DIMS
+
+
+def rows_of(x, nd):
+    """x [*, *normalized] as [rows, *normalized] (a view where its layout
+    allows): the rows the kernels see, for an input of too many dims."""
+    lead = x.dim() - nd
+    return x.reshape(math.prod(x.shape[:lead]), *x.shape[lead:])
+
+
 def param(p):
     if p is None:
         return p
@@ -126,6 +150,29 @@ def prepare(
     shape = normalized_shape_arg(normalized_shape, fn)
     check_shape(input, shape, fn, few_dims)
     return plain(input), shape, param(weight), param(bias)
+
+
+def prepare_layer_norm(input, normalized_shape, weight, bias, fn="layer_norm"):
+    """prepare, and torch's CPU LayerNorm's refusal of a non-floating
+    input beside a weight or bias of another dtype: RuntimeError, raised
+    before it finds no kernel (NotImplementedError, which its CUDA kernel
+    raises, as C)."""
+    input, shape, weight, bias = prepare(
+        input, normalized_shape, weight, bias, fn
+    )
+    if (
+        not input.is_floating_point()
+        and input.device.type == "cpu"
+        and any(
+            p is not None and p.dtype != input.dtype for p in (weight, bias)
+        )
+    ):
+        raise RuntimeError(
+            f"{fn}(): mixed dtype (CPU): input is {input.dtype}, weight "
+            f"{None if weight is None else weight.dtype}, bias "
+            f"{None if bias is None else bias.dtype}; all must be one dtype"
+        )
+    return input, shape, weight, bias
 
 
 def eps_arg(eps, fn, alt=""):

@@ -1,13 +1,16 @@
 """The residual add fused into the norm, as every transformer block has it:
 
-    h = x + residual          (in x's dtype, as torch's add)
+    h = x + residual          (x's dtype, rounded as torch's add)
     y = layer_norm(h) or rms_norm(h)
 
-returns (y, h). The forward reads x and residual once and writes y and h
-once; the backward is the norm's one fused kernel at h, which adds dh
-(h's gradient from elsewhere) into dx: dx = dresidual = dh + the norm's
-dx. Traced code (compile, export, modes) runs the same math as torch's
-add and the gemsops norm op, which the compiler may fuse itself."""
+returns (y, h). A residual of another dtype or shape (or a number) is
+added by torch's rules instead (h then of the promoted dtype) and the
+norm runs apart, as the unfused expression would. The forward reads x
+and residual once and writes y and h once; the backward is the norm's
+one fused kernel at h, which adds dh (h's gradient from elsewhere) into
+dx: dx = dresidual = dh + the norm's dx. Traced code (compile, export,
+modes) runs the same math as torch's add and the gemsops norm op, which
+the compiler may fuse itself."""
 
 import math
 
@@ -22,6 +25,7 @@ from .._dispatch import (
     plain,
     tensor_like,
     torch_only,
+    unsafe_view,
 )
 from . import layer_norm as ln
 from . import rms_norm as rn
@@ -29,8 +33,10 @@ from ._norm_args import (
     as_rows,
     eps_arg,
     needs_grad,
-    prepare,
+    prepare_layer_norm,
+    rows_of,
     stats_dtype,
+    too_many_dims,
 )
 from ._norm_launch import (
     bias_grad_apart,
@@ -238,9 +244,13 @@ def fused_add_layer_norm(
     if not (isinstance(input, torch.Tensor) and _fits(input, residual)):
         h = input + residual
         return ln.layer_norm(h, normalized_shape, weight, bias, eps), h
-    input, shape, weight, bias = prepare(
+    input, shape, weight, bias = prepare_layer_norm(
         input, normalized_shape, weight, bias, fn
     )
+    if too_many_dims(input, len(shape)):
+        x, res = (rows_of(t, len(shape)) for t in (input, residual))
+        y, h = fused_add_layer_norm(x, res, shape, weight, bias, eps)
+        return unsafe_view(y, input.shape), unsafe_view(h, input.shape)
     if type(eps) is not float:
         eps = eps_arg(eps, fn)
     if not eager((input, residual, weight, bias)):
@@ -278,6 +288,10 @@ def fused_add_rms_norm(
         h = input + residual
         return rn.rms_norm(h, normalized_shape, weight, eps), h
     input, shape, weight = rn._prepare(input, normalized_shape, weight, fn)
+    if too_many_dims(input, len(shape)):
+        x, res = (rows_of(t, len(shape)) for t in (input, residual))
+        y, h = fused_add_rms_norm(x, res, shape, weight, eps)
+        return unsafe_view(y, input.shape), unsafe_view(h, input.shape)
     eps = rn._eps(eps, input.dtype, fn)
     weight = rn._weight_for(input, weight)
     if not eager((input, residual, weight)):

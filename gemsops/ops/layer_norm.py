@@ -23,6 +23,7 @@ from .._dispatch import (
     register_autocast,
     tensor_like,
     torch_only,
+    unsafe_view,
 )
 from ._norm_args import (
     as_rows,
@@ -33,9 +34,12 @@ from ._norm_args import (
     normalized_shape_arg,
     param,
     prepare,
+    prepare_layer_norm,
+    rows_of,
     rows_view_ok,
     stat_view_shape,
     stats_dtype,
+    too_many_dims,
 )
 from ._norm_launch import (
     bias_grad_apart,
@@ -488,7 +492,12 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
         return torch.nn.functional.layer_norm(
             input, normalized_shape, weight, bias, eps
         )
-    input, shape, weight, bias = prepare(input, normalized_shape, weight, bias)
+    input, shape, weight, bias = prepare_layer_norm(
+        input, normalized_shape, weight, bias
+    )
+    if too_many_dims(input, len(shape)):
+        y = layer_norm(rows_of(input, len(shape)), shape, weight, bias, eps)
+        return unsafe_view(y, input.shape)
     if type(eps) is not float:
         eps = eps_arg(eps, "layer_norm")
     if not eager((input, weight, bias)):
@@ -517,9 +526,18 @@ def native_layer_norm(
             eps,
         )
     fn = "native_layer_norm"
-    input, shape, weight, bias = prepare(
+    input, shape, weight, bias = prepare_layer_norm(
         input, normalized_shape, weight, bias, fn
     )
+    if too_many_dims(input, len(shape)):
+        rows = rows_of(input, len(shape))
+        out, mean, rstd = native_layer_norm(rows, shape, weight, bias, eps)
+        stat_shape = stat_view_shape(input, len(shape))
+        return (
+            unsafe_view(out, input.shape),
+            unsafe_view(mean, stat_shape),
+            unsafe_view(rstd, stat_shape),
+        )
     if type(eps) is not float:
         eps = eps_arg(eps, fn)
     if not eager((input, weight, bias)):
@@ -571,6 +589,21 @@ def layer_norm_backward(
     input, shape, weight, bias = prepare(
         input, normalized_shape, weight, bias, fn
     )
+    nd = len(shape)
+    if too_many_dims(input, nd) and grad_out.shape == input.shape:
+        stat = (math.prod(input.shape[: input.dim() - nd]),) + (1,) * nd
+        dx, dw, db = layer_norm_backward(
+            rows_of(grad_out, nd),
+            rows_of(input, nd),
+            shape,
+            mean.reshape(stat),
+            rstd.reshape(stat),
+            weight,
+            bias,
+            output_mask,
+            deterministic,
+        )
+        return (None if dx is None else unsafe_view(dx, input.shape)), dw, db
     if bias is not None:
         # C reads no bias here: its rules as the forward's, in Python
         check_traced(input, shape, (("bias", bias),), fn)

@@ -29,6 +29,7 @@ from .._dispatch import (
     register_autocast,
     tensor_like,
     torch_only,
+    unsafe_view,
 )
 from ._out import into as _into
 from ._out import refuse_partial_overlap
@@ -45,7 +46,6 @@ from .matmul import (
     save_operands,
     torch_out_dtype,
     transposed,
-    unsafe_view,
 )
 
 _Tensor = torch.Tensor

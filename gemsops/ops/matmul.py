@@ -50,13 +50,9 @@ from .._dispatch import (
     register_autocast,
     tensor_like,
     torch_only,
+    unsafe_view,
 )
 from ._out import into as _into
-
-# torch's matmul hands its folded products out through _unsafe_view: a
-# result of its own, not a view of the kernel's output, so that a caller
-# may write into it in place (made under no_grad too) or detach_() it
-unsafe_view = torch.ops.aten._unsafe_view.default
 
 SCHEDULES = {
     "auto": 0,

@@ -6,6 +6,7 @@ input before multiplying and is the result's dtype. The backward is
 zero-safe: exclusive prefix and suffix products, no division by x and no
 host sync."""
 
+import math
 import sys
 from typing import Optional
 
@@ -14,6 +15,7 @@ from torch.overrides import handle_torch_function
 
 from .. import _C, _workspace
 from .._dispatch import (
+    MAX_DIMS,
     _strided,
     batched,
     define_op,
@@ -24,6 +26,7 @@ from .._dispatch import (
     register_autocast,
     tensor_like,
     torch_only,
+    unsafe_view,
 )
 from ._out import into as _into
 
@@ -359,21 +362,40 @@ def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
             f"prod(): gemsops has no kernel for complex input ({input.dtype})"
         )
     input = plain(input)
-    x = input.reshape(1) if input.dim() == 0 else input
+    x, dx = _folded(input, d)
     if not eager((x,)):
-        out = _prod_not_eager(x, d, dtype is not None)
+        out = _prod_not_eager(x, dx, dtype is not None)
     elif (
         torch.is_grad_enabled()
         and input.requires_grad
         and input.is_floating_point()
     ):
-        out = _prod_function(x, d)
+        out = _prod_function(x, dx)
     else:
-        out = _forward(x, d)
+        out = _forward(x, dx)
     if cast is not None:
         out = out.to(cast)
-    if d is not None and input.dim() == 0:
-        return out.reshape(())
-    if d is not None and keepdim:
-        out = out.unsqueeze(d)
-    return out
+    if d is None:
+        return out
+    if input.dim() == 0:  # a 0-d product stays 0-d, keepdim or not
+        shape = ()
+    else:
+        shape = input.shape[:d] + (1,) * keepdim + input.shape[d + 1 :]
+    # torch's result is a tensor of its own, not a view
+    return out if out.shape == shape else unsafe_view(out, shape)
+
+
+def _folded(x, d):
+    """(x, d) as C takes them: a 0-d x as one element; one of more
+    dimensions than C takes with the dims before d folded into one and
+    those after into another (all of them, without a d)."""
+    if x.dim() == 0:
+        return x.reshape(1), d
+    if x.dim() <= MAX_DIMS:
+        return x, d
+    if d is None:
+        return x.reshape(x.numel()), None
+    shape = x.shape
+    return x.reshape(
+        math.prod(shape[:d]), shape[d], math.prod(shape[d + 1 :])
+    ), 1

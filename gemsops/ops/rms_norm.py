@@ -27,6 +27,7 @@ from .._dispatch import (
     register_autocast,
     tensor_like,
     torch_only,
+    unsafe_view,
 )
 from ._norm_args import (
     as_rows,
@@ -36,8 +37,10 @@ from ._norm_args import (
     needs_grad,
     param,
     prepare,
+    rows_of,
     stat_view_shape,
     stats_dtype,
+    too_many_dims,
 )
 from ._norm_launch import (
     grad_outputs,
@@ -371,6 +374,9 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     )
     if input.dtype in _COMPLEX:  # no kernel of ours: torch's composite
         return torch.nn.functional.rms_norm(input, shape, weight, eps)
+    if too_many_dims(input, len(shape)):
+        y = rms_norm(rows_of(input, len(shape)), shape, weight, eps)
+        return unsafe_view(y, input.shape)
     eps = _eps(eps, input.dtype)
     weight = _weight_for(input, weight)
     if not eager((input, weight)):
