@@ -1090,3 +1090,24 @@ def test_prod_of_more_dims_than_c_takes(dim, keepdim, device):
     (gx,) = torch.autograd.grad(got.sum(), x)
     (gw,) = torch.autograd.grad(want.sum(), x)
     close(gx, gw, 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize(
+    "x_shape,ns",
+    [((97, 33, 0, 1), (33, 0, 1)), ((0, 8), (8,)), ((5, 0), (0,))],
+)
+def test_layer_norm_backward_of_no_elements_takes_any_statistics(
+    x_shape, ns, device
+):
+    # no element reads mean or rstd: torch's backward takes them of any
+    # size there (seed 20261124 case 2107 on an H100: placeholders of one
+    # element where torch's CUDA forward had refused), and so does gemsops
+    x = torch.randn(x_shape, device=device)
+    g = torch.randn(x_shape, device=device)
+    w, b = (torch.randn(ns, device=device) for _ in range(2))
+    stat = torch.zeros(1, device=device)
+    mask = (True, True, True)
+    want = aten.native_layer_norm_backward(g, x, ns, stat, stat, w, b, mask)
+    got = gemsops.layer_norm_backward(g, x, ns, stat, stat, w, b, mask)
+    for a, t in zip(got, want):
+        assert a.shape == t.shape and torch.equal(a, t)

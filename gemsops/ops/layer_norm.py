@@ -622,6 +622,13 @@ def layer_norm_backward(
                 f"{fn}(): output_mask asks for grad_{name} but {name} is None"
             )
     sd = stats_dtype(input.dtype)
+    if input.numel() == 0:
+        # no element reads the statistics, and torch takes them of any
+        # size there (its CUDA forward refuses some such inputs, whose
+        # callers then pass placeholders): C gets one a row, unread
+        rows = math.prod(input.shape[: input.dim() - nd])
+        if mean.numel() != rows or rstd.numel() != rows:
+            mean = rstd = input.new_zeros(rows, dtype=sd)
     mean, rstd = (
         s.to(sd)
         if s.dtype in (torch.float16, torch.bfloat16) and sd == torch.float32
