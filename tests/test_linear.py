@@ -256,8 +256,10 @@ def test_linear_result_is_its_own_tensor(x_kind, bias, device):
     assert_close(
         out, _ref_linear(x, w, b) * p.detach().double(), torch.float32
     )
-    out = gemsops.linear(x, w, b)
+    out = gemsops.linear(x, w.requires_grad_(), b)
+    assert out.grad_fn is not None
     out.detach_()
+    assert out.grad_fn is None and not out.requires_grad
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
@@ -277,8 +279,8 @@ def test_bias_of_another_dtype_refused_before_the_product(dtype, device):
     }
     for name, (theirs, ours, args) in calls.items():
         assert raised_type(lambda: theirs(*args)) is RuntimeError
-        with pytest.raises(RuntimeError, match=f"^{name}\\(\\).*dtype"):
-            ours(*args)
+        # the type itself: NotImplementedError is a RuntimeError too
+        assert raised_type(lambda: ours(*args)) is RuntimeError, name
 
 
 def test_addmm_and_linear_refuse_as_torch(device):

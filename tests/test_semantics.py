@@ -1004,7 +1004,7 @@ def test_prod_wide_unsigned_dtype_refused_as_torch(name):
             call()
 
 
-# ---- more dimensions than C takes (17 to 20) ------------------------------
+# ---- more dimensions than C takes (18 and 21) -----------------------------
 
 
 @pytest.mark.parametrize("lead", [15, 18])
@@ -1045,10 +1045,13 @@ def test_norms_of_more_dims_than_c_takes(lead, device):
     for name, (ours, want) in cases.items():
         with torch.no_grad():
             got = ours()
-        for g, t in zip(
-            *((got, want) if isinstance(got, tuple) else ((got,), (want,)))
-        ):
-            assert not g._is_view(), name
+        got, want = (
+            (got, want) if isinstance(got, tuple) else ((got,), (want,))
+        )
+        # the output comes back whole; what the backward saves (h, the
+        # statistics) as views of it (the next test)
+        assert not got[0]._is_view(), name
+        for g, t in zip(got, want):
             close(g, t)
     xg = x.clone().requires_grad_()
     wg = w.clone().requires_grad_()
@@ -1075,6 +1078,36 @@ def test_norms_of_more_dims_than_c_takes(lead, device):
         close(a, t, 1e-4, 1e-4)
 
 
+@pytest.mark.parametrize("lead", [15, 18])
+def test_saved_outputs_of_folded_norms_see_in_place_writes(lead, device):
+    # h (the fused adds) and the statistics (native_layer_norm) are what
+    # the backward saves: an in-place write to them before it must raise,
+    # as torch's and as gemsops' below 16 dims do
+    shape = (1,) * lead + (2, 8)
+    x, r = (torch.randn(shape, device=device) for _ in range(2))
+    w = torch.randn(8, device=device, requires_grad=True)
+    for fused in (gemsops.fused_add_layer_norm, gemsops.fused_add_rms_norm):
+        y, h = fused(x, r, (8,), w)
+        h.mul_(2)
+        with pytest.raises(RuntimeError, match="inplace"):
+            y.sum().backward()
+    y, mean, rstd = gemsops.native_layer_norm(x, (8,), w, None, 1e-5)
+    rstd.mul_(2)
+    with pytest.raises(RuntimeError, match="inplace"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("dims", [2, 18])
+def test_prod_keepdim_result_is_its_own_tensor(dims, device):
+    x = torch.rand((1,) * (dims - 2) + (3, 4), device=device) + 0.5
+    with torch.no_grad():
+        out = gemsops.prod(x, -1, keepdim=True)
+    assert not out._is_view() and out.shape == x.shape[:-1] + (1,)
+    p = torch.rand(1, device=device, requires_grad=True)
+    out.mul_(p)
+    close(out, torch.prod(x.double(), -1, keepdim=True) * p.detach().double())
+
+
 @pytest.mark.parametrize("dim", [None, 0, 16, -1])
 @pytest.mark.parametrize("keepdim", [False, True])
 def test_prod_of_more_dims_than_c_takes(dim, keepdim, device):
@@ -1094,14 +1127,19 @@ def test_prod_of_more_dims_than_c_takes(dim, keepdim, device):
 
 @pytest.mark.parametrize(
     "x_shape,ns",
-    [((97, 33, 0, 1), (33, 0, 1)), ((0, 8), (8,)), ((5, 0), (0,))],
+    [
+        ((97, 33, 0, 1), (33, 0, 1)),
+        ((0, 8), (8,)),
+        ((5, 0), (0,)),
+        ((0,) + (1,) * 16 + (8,), (8,)),
+    ],
 )
 def test_layer_norm_backward_of_no_elements_takes_any_statistics(
     x_shape, ns, device
 ):
     # no element reads mean or rstd: torch's backward takes them of any
-    # size there (seed 20261124 case 2107 on an H100: placeholders of one
-    # element where torch's CUDA forward had refused), and so does gemsops
+    # size there (callers pass placeholders where torch's CUDA forward
+    # refused the input), and so does gemsops, past C's 16 dims too
     x = torch.randn(x_shape, device=device)
     g = torch.randn(x_shape, device=device)
     w, b = (torch.randn(ns, device=device) for _ in range(2))

@@ -11,6 +11,8 @@ import torch
 
 from .._dispatch import MAX_DIMS, not_tensor, plain
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
 
 def normalized_shape_arg(normalized_shape, fn="layer_norm"):
     """A list or tuple of ints, as torch's argument parser takes it (an
@@ -27,9 +29,6 @@ def normalized_shape_arg(normalized_shape, fn="layer_norm"):
         f"{fn}(): argument 'normalized_shape' must be tuple of "
         f"ints, not {type(normalized_shape).__name__}"
     )
-
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _shape_item(s, i, fn):
@@ -102,9 +101,13 @@ def as_rows(x, nd):
     return x.contiguous()
 
 
-def too_many_dims(x, nd):
-    """x has more dimensions than C takes, and fewer normalized ones:
-    folding its leading dims into one brings it within C's bound."""
+def folds_leading_dims(x, nd):
+    """x has more dimensions than C takes and fewer normalized ones, so
+    that folding its leading dims into one (rows_of) brings it within C's
+    bound. What the folded call returns comes back whole through
+    unsafe_view, except a tensor its backward saves (native_layer_norm's
+    statistics, the fused adds' h): that one as a view, whose in-place
+    writes autograd then sees."""
     return x.dim() > MAX_DIMS and nd < MAX_DIMS
 
 

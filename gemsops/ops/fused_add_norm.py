@@ -32,11 +32,11 @@ from . import rms_norm as rn
 from ._norm_args import (
     as_rows,
     eps_arg,
+    folds_leading_dims,
     needs_grad,
     prepare_layer_norm,
     rows_of,
     stats_dtype,
-    too_many_dims,
 )
 from ._norm_launch import (
     bias_grad_apart,
@@ -247,10 +247,11 @@ def fused_add_layer_norm(
     input, shape, weight, bias = prepare_layer_norm(
         input, normalized_shape, weight, bias, fn
     )
-    if too_many_dims(input, len(shape)):
+    if folds_leading_dims(input, len(shape)):
         x, res = (rows_of(t, len(shape)) for t in (input, residual))
         y, h = fused_add_layer_norm(x, res, shape, weight, bias, eps)
-        return unsafe_view(y, input.shape), unsafe_view(h, input.shape)
+        # h as a view: the backward saves it
+        return unsafe_view(y, input.shape), h.view(input.shape)
     if type(eps) is not float:
         eps = eps_arg(eps, fn)
     if not eager((input, residual, weight, bias)):
@@ -288,10 +289,11 @@ def fused_add_rms_norm(
         h = input + residual
         return rn.rms_norm(h, normalized_shape, weight, eps), h
     input, shape, weight = rn._prepare(input, normalized_shape, weight, fn)
-    if too_many_dims(input, len(shape)):
+    if folds_leading_dims(input, len(shape)):
         x, res = (rows_of(t, len(shape)) for t in (input, residual))
         y, h = fused_add_rms_norm(x, res, shape, weight, eps)
-        return unsafe_view(y, input.shape), unsafe_view(h, input.shape)
+        # h as a view: the backward saves it
+        return unsafe_view(y, input.shape), h.view(input.shape)
     eps = rn._eps(eps, input.dtype, fn)
     weight = rn._weight_for(input, weight)
     if not eager((input, residual, weight)):

@@ -30,6 +30,7 @@ from ._norm_args import (
     check_one_device,
     check_traced,
     eps_arg,
+    folds_leading_dims,
     needs_grad,
     normalized_shape_arg,
     param,
@@ -39,7 +40,6 @@ from ._norm_args import (
     rows_view_ok,
     stat_view_shape,
     stats_dtype,
-    too_many_dims,
 )
 from ._norm_launch import (
     bias_grad_apart,
@@ -495,7 +495,7 @@ def layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     input, shape, weight, bias = prepare_layer_norm(
         input, normalized_shape, weight, bias
     )
-    if too_many_dims(input, len(shape)):
+    if folds_leading_dims(input, len(shape)):
         y = layer_norm(rows_of(input, len(shape)), shape, weight, bias, eps)
         return unsafe_view(y, input.shape)
     if type(eps) is not float:
@@ -529,14 +529,15 @@ def native_layer_norm(
     input, shape, weight, bias = prepare_layer_norm(
         input, normalized_shape, weight, bias, fn
     )
-    if too_many_dims(input, len(shape)):
+    if folds_leading_dims(input, len(shape)):
         rows = rows_of(input, len(shape))
         out, mean, rstd = native_layer_norm(rows, shape, weight, bias, eps)
         stat_shape = stat_view_shape(input, len(shape))
+        # the statistics as views: the backward saves them
         return (
             unsafe_view(out, input.shape),
-            unsafe_view(mean, stat_shape),
-            unsafe_view(rstd, stat_shape),
+            mean.view(stat_shape),
+            rstd.view(stat_shape),
         )
     if type(eps) is not float:
         eps = eps_arg(eps, fn)
@@ -590,14 +591,23 @@ def layer_norm_backward(
         input, normalized_shape, weight, bias, fn
     )
     nd = len(shape)
-    if too_many_dims(input, nd) and grad_out.shape == input.shape:
-        stat = (math.prod(input.shape[: input.dim() - nd]),) + (1,) * nd
+    rows = math.prod(input.shape[: input.dim() - nd])
+    if input.numel() == 0 and (mean.numel() != rows or rstd.numel() != rows):
+        # no element reads the statistics, and torch takes them of any
+        # size there (its CUDA forward refuses some such inputs, whose
+        # callers then pass placeholders): C gets one a row, unread
+        mean = rstd = input.new_zeros(rows, dtype=stats_dtype(input.dtype))
+    if folds_leading_dims(input, nd) and grad_out.shape == input.shape:
+        stat = (rows,) + (1,) * nd
+        mean, rstd = (
+            s.reshape(stat) if s.numel() == rows else s for s in (mean, rstd)
+        )
         dx, dw, db = layer_norm_backward(
             rows_of(grad_out, nd),
             rows_of(input, nd),
             shape,
-            mean.reshape(stat),
-            rstd.reshape(stat),
+            mean,
+            rstd,
             weight,
             bias,
             output_mask,
@@ -622,13 +632,6 @@ def layer_norm_backward(
                 f"{fn}(): output_mask asks for grad_{name} but {name} is None"
             )
     sd = stats_dtype(input.dtype)
-    if input.numel() == 0:
-        # no element reads the statistics, and torch takes them of any
-        # size there (its CUDA forward refuses some such inputs, whose
-        # callers then pass placeholders): C gets one a row, unread
-        rows = math.prod(input.shape[: input.dim() - nd])
-        if mean.numel() != rows or rstd.numel() != rows:
-            mean = rstd = input.new_zeros(rows, dtype=sd)
     mean, rstd = (
         s.to(sd)
         if s.dtype in (torch.float16, torch.bfloat16) and sd == torch.float32

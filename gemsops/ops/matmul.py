@@ -602,7 +602,7 @@ def matmul_as(name, input, other):
             f"{list(input.shape)} and {list(other.shape)})"
         ) from None
     m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    shape = batch + (m,) * (da != 1) + (n,) * (db != 1)  # the result's
+    shape = batch + (m,) * (da != 1) + (n,) * (db != 1)  # of the result
     if all(s == 1 for s in b.shape[:-2]):
         # torch's folding (b one matrix, its batch dims all 1): the batch
         # joins m and one mm runs; b's gradient is then one product over

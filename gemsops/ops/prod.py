@@ -375,8 +375,8 @@ def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
         out = _forward(x, dx)
     if cast is not None:
         out = out.to(cast)
-    if d is None:
-        return out
+    if d is None or not keepdim and x is input:
+        return out  # C's result has the shape asked
     if input.dim() == 0:  # a 0-d product stays 0-d, keepdim or not
         shape = ()
     else:

@@ -34,13 +34,13 @@ from ._norm_args import (
     check_one_device,
     check_traced,
     eps_arg,
+    folds_leading_dims,
     needs_grad,
     param,
     prepare,
     rows_of,
     stat_view_shape,
     stats_dtype,
-    too_many_dims,
 )
 from ._norm_launch import (
     grad_outputs,
@@ -374,7 +374,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     )
     if input.dtype in _COMPLEX:  # no kernel of ours: torch's composite
         return torch.nn.functional.rms_norm(input, shape, weight, eps)
-    if too_many_dims(input, len(shape)):
+    if folds_leading_dims(input, len(shape)):
         y = rms_norm(rows_of(input, len(shape)), shape, weight, eps)
         return unsafe_view(y, input.shape)
     eps = _eps(eps, input.dtype)
