@@ -153,6 +153,23 @@ def test_linear_names_itself_refusing_a_dtype(dtype, bias):
         gemsops.linear(*args)
 
 
+def test_python_folds_past_the_dims_c_takes():
+    # the Python layer folds inputs of more than _dispatch.MAX_DIMS dims:
+    # that bound must be C's own (GEMSOPS_MAX_DIMS)
+    from gemsops._dispatch import MAX_DIMS
+
+    for dims in (MAX_DIMS, MAX_DIMS + 1):
+        x = torch.randn((1,) * (dims - 1) + (8,))
+        out = torch.empty_like(x)
+        mean, rstd = torch.empty(1), torch.empty(1)
+        args = (x, None, None, 1, 1e-5, out, mean, rstd)
+        if dims == MAX_DIMS:
+            _C.layer_norm_fwd(*args)
+        else:
+            with pytest.raises(ValueError, match=f"at most {MAX_DIMS}"):
+                _C.layer_norm_fwd(*args)
+
+
 def test_output_overlapping_input_is_refused():
     a = fwd_args()
     a["out"] = a["x"]
