@@ -2,6 +2,8 @@
 CPU and on CUDA (tests taking `device`); the op registrations, second
 order and the nn module."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -310,3 +312,18 @@ def test_complex_input_is_torchs(device):
     got = gemsops.nn.RMSNorm(8, device=device)(x)
     assert got.dtype == want.dtype
     torch.testing.assert_close(got, want)
+    # a complex weight beside real input: torch's composite too
+    x = torch.randn(3, 8, device=device)
+    w = torch.randn(8, dtype=torch.complex64, device=device)
+    for ours, theirs in (
+        (lambda: gemsops.rms_norm(x, (8,), w), lambda: F.rms_norm(x, (8,), w)),
+        (
+            lambda: gemsops.fused_add_rms_norm(x, x.clone(), (8,), w)[0],
+            lambda: F.rms_norm(x + x, (8,), w),
+        ),
+    ):
+        with warnings.catch_warnings():  # torch's, once a process
+            warnings.simplefilter("ignore", UserWarning)
+            want, got = theirs(), ours()
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want)

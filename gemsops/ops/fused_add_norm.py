@@ -284,7 +284,8 @@ def fused_add_rms_norm(
     if not (
         isinstance(input, torch.Tensor)
         and _fits(input, residual)
-        and not input.is_complex()  # rms_norm hands it to torch
+        and not input.is_complex()  # rms_norm hands these to torch
+        and not (isinstance(weight, torch.Tensor) and weight.is_complex())
     ):
         h = input + residual
         return rn.rms_norm(h, normalized_shape, weight, eps), h

@@ -372,7 +372,9 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     input, shape, weight = _prepare(
         input, normalized_shape, weight, "rms_norm"
     )
-    if input.dtype in _COMPLEX:  # no kernel of ours: torch's composite
+    if input.dtype in _COMPLEX or weight is not None and weight.is_complex():
+        # no kernel of ours: torch's composite (which, for a complex
+        # weight beside real input, drops the imaginary part and warns)
         return torch.nn.functional.rms_norm(input, shape, weight, eps)
     if folds_leading_dims(input, len(shape)):
         y = rms_norm(rows_of(input, len(shape)), shape, weight, eps)
