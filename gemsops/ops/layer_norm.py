@@ -591,13 +591,15 @@ def layer_norm_backward(
         input, normalized_shape, weight, bias, fn
     )
     nd = len(shape)
-    rows = math.prod(input.shape[: input.dim() - nd])
+    folds = folds_leading_dims(input, nd) and grad_out.shape == input.shape
+    if folds or input.numel() == 0:
+        rows = math.prod(input.shape[: input.dim() - nd])
     if input.numel() == 0 and (mean.numel() != rows or rstd.numel() != rows):
         # no element reads the statistics, and torch takes them of any
         # size there (its CUDA forward refuses some such inputs, whose
         # callers then pass placeholders): C gets one a row, unread
         mean = rstd = input.new_zeros(rows, dtype=stats_dtype(input.dtype))
-    if folds_leading_dims(input, nd) and grad_out.shape == input.shape:
+    if folds:
         stat = (rows,) + (1,) * nd
         mean, rstd = (
             s.reshape(stat) if s.numel() == rows else s for s in (mean, rstd)

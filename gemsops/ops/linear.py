@@ -556,14 +556,10 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
     ):
         # torch refuses the mismatch before it would compute the product
         # (which gemsops does not: float64, integers)
-        raise RuntimeError(
-            f"addmm(): expected input of dtype {mat1.dtype}, got {input.dtype}"
-        )
+        raise _input_dtype_error(input, mat1)
     c = mm_as("addmm", mat1, mat2)
     if input.dtype != c.dtype and not _autocast_casts(input, c):
-        raise RuntimeError(
-            f"addmm(): expected input of dtype {c.dtype}, got {input.dtype}"
-        )
+        raise _input_dtype_error(input, c)
     try:
         shape = torch.broadcast_shapes(input.shape, c.shape)
     except RuntimeError:
@@ -582,6 +578,12 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
             return _BetaZero.apply(c, input)
         return c
     return torch.add(c, input.to(c.dtype), alpha=beta)
+
+
+def _input_dtype_error(input, like):
+    return RuntimeError(
+        f"addmm(): expected input of dtype {like.dtype}, got {input.dtype}"
+    )
 
 
 def _addmm_not_tensor(*args):
