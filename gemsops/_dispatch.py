@@ -100,16 +100,15 @@ _has_torch_function_variadic = torch._C._has_torch_function_variadic
 
 
 def tensor_like(*args):
-    """An argument (of tensors, None allowed) is a "tensor-like": not a
-    tensor, but defines __torch_function__. torch's functions hand such a
-    call to it (torch.overrides.handle_torch_function), and so do the
-    public functions, with themselves as the function; anything else
-    that is not a tensor is refused with torch's TypeError."""
-    return (
-        not _is_compiling()
-        and _has_torch_function_variadic(*args)
-        and any(a is not None and not isinstance(a, _Tensor) for a in args)
-    )
+    """An argument (of tensors, None allowed) defines __torch_function__ (a
+    tensor-like, or a tensor subclass that overrides it), or a torch
+    function mode is active: torch's functions hand such a call to it
+    (torch.overrides.handle_torch_function), and so do the public
+    functions, with themselves as the function, so that a subclass sees
+    one call of gemsops.layer_norm where torch's sees one of
+    F.layer_norm. Anything else that is not a tensor is refused with
+    torch's TypeError."""
+    return not _is_compiling() and _has_torch_function_variadic(*args)
 
 
 def eager(tensors):

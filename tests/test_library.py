@@ -611,6 +611,48 @@ def test_tensor_likes_are_handed_their_call():
         gemsops.layer_norm(object(), (8,))
 
 
+class _Logged(torch.Tensor):
+    """A subclass overriding __torch_function__ that records each function
+    it is handed, then computes as the default does (results of its type)."""
+
+    calls = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls.append(func)
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def test_subclasses_and_modes_are_handed_the_public_function():
+    # torch's F.layer_norm hands such a subclass one call, of itself; the
+    # public functions do the same (not the tensor methods their Python
+    # layer calls, nor the custom op beneath), and so for a function mode
+    def public(name):
+        return getattr(gemsops, name.split()[0])
+
+    for name, theirs, ours in _subclass_cases(
+        lambda t: t.as_subclass(_Logged)
+    ):
+        want = theirs()
+        _Logged.calls.clear()
+        got = ours()
+        assert _Logged.calls == [public(name)], name
+        assert type(got) is _Logged, name
+        torch.testing.assert_close(got, want, msg=name)
+
+    class Mode(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    seen = []
+    x = torch.randn(4, 8)
+    with Mode():
+        y = gemsops.layer_norm(x, (8,))
+    assert seen == [gemsops.layer_norm]
+    torch.testing.assert_close(y, torch.nn.functional.layer_norm(x, (8,)))
+
+
 def test_layer_norm_backward_meta_beside_real_tensors_refused():
     # a meta grad_out reaches the op's fake kernel with the CPU tensors
     # beside it: refused there, as torch refuses it, not unfilled CPU
