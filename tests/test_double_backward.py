@@ -119,6 +119,21 @@ def test_prod_gradgrad(dim, zeros, device):
     assert gradgradcheck(f, (x,))
 
 
+@pytest.mark.parametrize("dim", [(), (0,), (-1,)])
+def test_prod_of_0d_input_second_order_as_torch(dim, device):
+    # torch's gradient of a 0-d product is grad itself, with no graph back
+    # to the input: a second order raises there, and so here
+    x = torch.randn((), dtype=torch.float64, device=device) + 2
+    for fn in (torch.prod, gemsops.prod):
+        x_ = x.clone().requires_grad_()
+        y = fn(x_, *dim)
+        assert y.dim() == 0 and y.item() == x.item()
+        (g,) = torch.autograd.grad(y * 3, x_, create_graph=True)
+        assert g.item() == 3 and not g.requires_grad
+        with pytest.raises(RuntimeError, match="does not require grad"):
+            torch.autograd.grad(g, x_)
+
+
 def test_prod_op_gradgrad(device):
     x = f64(2, 3, 4, zeros=((0, 1, 2),), device=device)
     assert gradgradcheck(lambda x: ops.prod(x, 1), (x,))

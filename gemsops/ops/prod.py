@@ -370,7 +370,9 @@ def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
         and input.requires_grad
         and input.is_floating_point()
     ):
-        out = _prod_function(x, dx)
+        # a 0-d input's product is itself, its gradient grad with no graph
+        # back to input (a second order raises), as torch's and a copy's
+        out = input.clone() if input.dim() == 0 else _prod_function(x, dx)
     else:
         out = _forward(x, dx)
     if cast is not None:
