@@ -464,6 +464,10 @@ def test_norm_eps_taken_as_torch_takes_a_float(fn):
     want = _norm_call(fn, x, (8,), eps=0.5)
     for eps in (np.float32(0.5), torch.tensor(0.5), Fraction(1, 2) * 1.0):
         torch.testing.assert_close(_norm_call(fn, x, (8,), eps=eps), want)
+    # a NumPy complex scalar: its real part, with NumPy's warning, as torch
+    with pytest.warns(np.exceptions.ComplexWarning):
+        got = _norm_call(fn, x, (8,), eps=np.complex128(0.5 + 2j))
+    torch.testing.assert_close(got, want)
     refused = (
         np.array(0.5),
         Fraction(1, 2),

@@ -180,15 +180,13 @@ def prepare_layer_norm(input, normalized_shape, weight, bias, fn="layer_norm"):
 
 def eps_arg(eps, fn, alt=""):
     """eps as a float, taken as torch's float arguments take it: a Python
-    or NumPy number (bool too) or a 0-d real tensor that does not require
-    grad; anything else is a TypeError naming fn (C would take any object
-    with __float__)."""
+    real or a NumPy scalar (bool too; a complex one through its __float__,
+    which warns that the imaginary part is dropped, as under torch) or a 0-d
+    real tensor that does not require grad; anything else is a TypeError
+    naming fn (C would take any object with __float__)."""
     if isinstance(eps, (torch.SymFloat, torch.SymInt)):
         return eps  # a compiled function's symbolic argument
-    if isinstance(eps, (int, float)) or (
-        isinstance(eps, _np.generic)
-        and not isinstance(eps, _np.complexfloating)
-    ):
+    if isinstance(eps, (int, float, _np.generic)):
         return float(eps)
     if (
         isinstance(eps, torch.Tensor)
