@@ -5,7 +5,9 @@ per case and appends the rows to a JSON file under benchmark/results/.
 
 Kernel time: triton.testing.do_bench median (L2 flushed between reps) when
 Triton imports, CUDA events around repeated calls otherwise;
-GEMSOPS_BENCH_FLUSH=read flushes L2 by reading instead (see _read_flush).
+GEMSOPS_BENCH_FLUSH=read flushes L2 by reading instead (see _read_flush),
+GEMSOPS_BENCH_FLUSH=clean by writing one buffer and reading another (see
+_clean_flush).
 GEMSOPS_BENCH_GRAPH=1 captures each provider's call (the forward, or the
 autograd.grad of the backward) in a CUDA graph once and times its replays:
 the host's Python and dispatch cost then stays out of the timed window
@@ -62,6 +64,22 @@ def _read_flush():
     torch.sum(_flush_buf[0], dim=0, out=_flush_buf[1])
 
 
+_clean_buf = None
+
+
+def _clean_flush():
+    """Evicts L2 by WRITING a 256 MB buffer, then reads another as
+    _read_flush does: the writes replace every line (a read-only flush
+    may leave lines of the previous call's inputs in L2, its own lines
+    replacing each other first), the reads write the dirty ones back
+    before the timed call, so L2 ends full of clean lines of neither."""
+    global _clean_buf
+    if _clean_buf is None:
+        _clean_buf = torch.empty(1 << 26, dtype=torch.float32, device="cuda")
+    _clean_buf.zero_()
+    _read_flush()
+
+
 def _events_median(fn, flush, warmup_ms, rep_ms):
     """triton.testing.do_bench's method with another flush: estimate the
     call's time, warm up, then time each call between events after a
@@ -97,8 +115,9 @@ def do_bench(fn, warmup_ms=25, rep_ms=100):
     default, as FlagGems measures) or the same method with a read-only
     flush (GEMSOPS_BENCH_FLUSH=read, see _read_flush); CUDA events without
     a flush when Triton is absent."""
-    if FLUSH == "read":
-        return _events_median(fn, _read_flush, warmup_ms, rep_ms)
+    if FLUSH in ("read", "clean"):
+        flush = _read_flush if FLUSH == "read" else _clean_flush
+        return _events_median(fn, flush, warmup_ms, rep_ms)
     try:
         import triton.testing
 
