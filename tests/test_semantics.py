@@ -1097,6 +1097,31 @@ def test_saved_outputs_of_folded_norms_see_in_place_writes(lead, device):
         y.sum().backward()
 
 
+@pytest.mark.parametrize("lead", [14, 15, 18])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_and_matmul_of_more_dims_than_c_takes(lead, bias, device):
+    # the batch dims of linear's input fold into rows past C's 16 dims as
+    # below them (they raised there), forward and backward, as torch's
+    x = torch.randn((1,) * lead + (3, 8), device=device)
+    w = torch.randn(6, 8, device=device)
+    b = torch.randn(6, device=device) if bias else None
+    xd, wd = x.double(), w.double()
+    bd = None if b is None else b.double()
+    want = F.linear(xd, wd, bd)
+    with torch.no_grad():
+        got = gemsops.linear(x, w, b)
+    assert got.shape == want.shape and not got._is_view()
+    close(got, want)
+    close(gemsops.matmul(x, w.mT), torch.matmul(xd, wd.mT))
+    ours = [t.clone().requires_grad_() for t in (x, w)]
+    theirs = [t.clone().requires_grad_() for t in (xd, wd)]
+    g = torch.randn(want.shape, device=device)
+    gemsops.linear(ours[0], ours[1], b).backward(g)
+    F.linear(theirs[0], theirs[1], bd).backward(g.double())
+    for a, t in zip(ours, theirs):
+        close(a.grad, t.grad, 1e-4, 1e-4)
+
+
 @pytest.mark.parametrize("dims", [2, 18])
 def test_prod_keepdim_result_is_its_own_tensor(dims, device):
     x = torch.rand((1,) * (dims - 2) + (3, 4), device=device) + 0.5

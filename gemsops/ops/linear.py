@@ -18,6 +18,7 @@ from torch.utils.flop_counter import register_flop_formula
 
 from .. import _C
 from .._dispatch import (
+    MAX_DIMS,
     _is_compiling,
     _strided,
     batched,
@@ -265,8 +266,8 @@ def _traced_addmm_ok(input, mat1, mat2, alpha, beta):
 
 def _folds(t):
     """C folds t's leading dims into rows of one stride (the views of
-    nn.Linear's products in _C)."""
-    return t.dim() <= 2 or t.is_contiguous()
+    nn.Linear's products in _C), up to the dims it takes."""
+    return t.dim() <= 2 or t.is_contiguous() and t.dim() <= MAX_DIMS
 
 
 def _linear(x, weight, bias):
