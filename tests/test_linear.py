@@ -66,6 +66,24 @@ def test_nn_linear_is_a_drop_in(device):
     torch.testing.assert_close(nb(x), x @ nb.weight.t(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex64], ids=str)
+def test_nn_linear_of_dtypes_without_a_kernel_is_torchs(dtype, device):
+    # a model in .double() (gradcheck) runs: the module hands what gemsops
+    # has no kernel for to torch's product; the function still refuses it
+    torch.manual_seed(4)
+    t = torch.nn.Linear(16, 8, device=device)
+    g = gemsops.nn.Linear(16, 8, device=device)
+    g.load_state_dict(t.state_dict())
+    t, g = t.to(dtype), g.to(dtype)
+    x = torch.randn(4, 16, device=device).to(dtype)
+    assert torch.equal(g(x), t(x))
+    with pytest.raises(NotImplementedError, match="gemsops matmul takes"):
+        gemsops.linear(x, g.weight, g.bias)
+    if dtype == torch.float64:
+        x.requires_grad_()
+        assert torch.autograd.gradcheck(g, (x,))
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_weight_gradient_comes_in_the_weights_layout(bias, device):
     """The product's gradient for weight.t() is made as (g^T x)^T, so the
