@@ -931,6 +931,24 @@ def test_sparse_input_to_linear_computed_as_torch():
         close(gemsops.linear(sparse, w), F.linear(x, w))
 
 
+@pytest.mark.parametrize("to_sparse", ["to_sparse", "to_sparse_csr"])
+def test_sparse_weight_or_bias_of_linear_as_torch(to_sparse):
+    # torch computes some of these and refuses others (a COO weight beside
+    # a bias: addmm's RuntimeError); gemsops hands them to it
+    x, w, b = torch.randn(3, 8), torch.randn(5, 8), torch.randn(5)
+    sw, sb = getattr(w, to_sparse)(), b.to_sparse()
+    for args in ((x, sw), (x, sw, b), (x, w, sb)):
+        try:
+            want = F.linear(*args)
+        except RuntimeError:
+            with pytest.raises(RuntimeError):
+                gemsops.linear(*args)
+            continue
+        got = gemsops.linear(*args)
+        assert got.layout == want.layout
+        close(got.to_dense(), want.to_dense())
+
+
 def test_flop_counter_counts_the_products_as_torch():
     from torch.utils.flop_counter import FlopCounterMode
 

@@ -320,9 +320,6 @@ def test_sparse_operands_are_not_implemented(to_sparse):
         ("addmm", "input", lambda: gemsops.addmm(sv, d, d)),
         ("addmm", "mat1", lambda: gemsops.addmm(v, s, d)),
         ("addmm", "mat2", lambda: gemsops.addmm(v, d, s)),
-        ("linear", "weight", lambda: gemsops.linear(d, s, v)),
-        ("linear", "weight", lambda: gemsops.linear(d, s)),
-        ("linear", "bias", lambda: gemsops.linear(d, d, sv)),
     ]
     for fn, arg, call in calls:
         if fn == "bmm" and to_sparse == "to_sparse_csr":

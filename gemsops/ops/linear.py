@@ -369,6 +369,7 @@ def _linear_ok(x, weight, bias):
         and bias.device == device
         and bias.dim() == 1
         and bias.shape == weight.shape[:1]
+        and bias.layout is _strided
         and not bias.is_neg()
     ):
         return False
@@ -377,6 +378,7 @@ def _linear_ok(x, weight, bias):
         and dtype in SUPPORTED
         and weight.device == device
         and weight.dim() == 2
+        and weight.layout is _strided
         and x.layout is _strided
         and not x.is_nested
         and x.dim() >= 1
@@ -656,8 +658,15 @@ def linear(input, weight, bias=None):
                 f"linear(): argument '{name}' (position {pos}) must be "
                 f"Tensor, not {type(t).__name__}"
             )
-    if input.is_nested or input.layout is not _strided:
-        # no kernel for nested or sparse input: torch's own computes it
+    if (
+        input.is_nested
+        or input.layout is not _strided
+        or weight.layout is not _strided
+        or bias is not None
+        and bias.layout is not _strided
+    ):
+        # no kernel for nested or sparse operands: torch's own computes
+        # (or refuses) them
         return torch.nn.functional.linear(input, weight, bias)
     if weight.dim() not in (1, 2) or (
         weight.dim() == 1 and bias is not None and input.dim() == 2
