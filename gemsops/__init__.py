@@ -2,7 +2,7 @@
 prod and Stream-K matmul for PyTorch tensors, on CUDA and on the CPU."""
 
 from . import _C, nn
-from ._global import disable, enable, use_gemsops
+from ._global import disable, enable, enabled, use_gemsops
 from ._version import __version__ as __version__
 from .ops.fused_add_norm import fused_add_layer_norm, fused_add_rms_norm
 from .ops.layer_norm import layer_norm, layer_norm_backward, native_layer_norm
@@ -41,5 +41,6 @@ __all__ = [
     "backends",
     "enable",
     "disable",
+    "enabled",
     "use_gemsops",
 ]

@@ -11,6 +11,7 @@ fails that would not fail anyway. disable() drops the registrations, which
 restores torch's kernels."""
 
 import contextlib
+import threading
 import warnings
 from collections import Counter
 
@@ -220,29 +221,63 @@ def _kernel(name, impl, original):
     return kernel
 
 
-def enable(devices=("cuda",), include=None, exclude=None):
-    """Route torch's aten ops in OPS (or `include`, less `exclude`) to
-    gemsops on `devices` ('cuda', 'cpu'). Replaces an earlier enable()."""
-    global _lib, _state
-    devices = (devices,) if isinstance(devices, str) else tuple(devices)
-    for d in devices:
-        if d not in _KEYS:
-            raise ValueError(
-                f"enable(): devices must be among {sorted(_KEYS)}, got {d!r}"
+def _names(arg, what):
+    """include= or exclude= as a tuple of op names (a string for one)."""
+    if arg is None:
+        return None
+    names = (arg,) if isinstance(arg, str) else tuple(arg)
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(
+                f"enable(): {what} names aten ops as strings, got "
+                f"{type(n).__name__}"
             )
-    if isinstance(include, str):
-        include = (include,)
-    if isinstance(exclude, str):
-        exclude = (exclude,)
-    names = tuple(OPS if include is None else include)
-    for n in names + tuple(exclude or ()):
         if n not in _IMPLS:
             raise ValueError(
                 f"enable(): no gemsops kernel for aten.{n}; "
                 f"known: {', '.join(OPS)}"
             )
-    names = tuple(n for n in names if n not in set(exclude or ()))
-    disable()
+    return names
+
+
+def _devices(devices):
+    """devices= as a tuple of device types: 'cpu', 'cuda', or a
+    torch.device or 'cuda:0' (the mode routes every device of a type)."""
+    if isinstance(devices, (str, torch.device)):
+        devices = (devices,)
+    out = []
+    for d in devices:
+        if not isinstance(d, (str, torch.device)):
+            raise TypeError(
+                "enable(): devices are 'cpu', 'cuda' or torch.device, got "
+                f"{type(d).__name__}"
+            )
+        try:
+            kind = torch.device(d).type
+        except RuntimeError:
+            kind = d
+        if kind not in _KEYS:
+            raise ValueError(
+                f"enable(): devices must be among {sorted(_KEYS)}, got {d!r}"
+            )
+        if kind not in out:
+            out.append(kind)
+    if not out:
+        raise ValueError("enable(): devices names no device")
+    return tuple(out)
+
+
+def _register(state):
+    """Routes state's (devices, ops), or nothing for None, in place of
+    what is routed now. Caller holds _lock."""
+    global _lib, _state
+    if _lib is not None:
+        _lib._destroy()
+        _lib = None
+        _state = None
+    if state is None:
+        return
+    devices, names = state
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():
@@ -265,16 +300,34 @@ def enable(devices=("cuda",), include=None, exclude=None):
         lib._destroy()
         raise
     _lib = lib
-    _state = (devices, names)
+    _state = state
+
+
+def enable(devices=("cuda",), include=None, exclude=None):
+    """Route torch's aten ops in OPS (or `include`, less `exclude`) to
+    gemsops on `devices` ('cuda', 'cpu'). Replaces an earlier enable().
+
+    The mode is the process's, not a thread's: torch's dispatcher, where
+    it registers, is one for all threads. Switch it while no other thread
+    runs torch ops (torch.library's registrations race with concurrent
+    dispatch)."""
+    devices = _devices(devices)
+    include, exclude = _names(include, "include"), _names(exclude, "exclude")
+    names = tuple(
+        dict.fromkeys(
+            n
+            for n in (OPS if include is None else include)
+            if n not in set(exclude or ())
+        )
+    )
+    with _lock:
+        _register((devices, names))
 
 
 def disable():
     """Give torch its kernels back."""
-    global _lib, _state
-    if _lib is not None:
-        _lib._destroy()
-        _lib = None
-        _state = None
+    with _lock:
+        _register(None)
 
 
 def enabled():
@@ -282,15 +335,37 @@ def enabled():
     return _state
 
 
+class _Context:
+    """One use_gemsops() block: the state to route again when it ends."""
+
+    def __init__(self, before):
+        self.before = before
+
+
+_contexts = []  # the open use_gemsops() blocks, oldest first
+_lock = threading.RLock()
+
+
 @contextlib.contextmanager
 def use_gemsops(devices=("cuda",), include=None, exclude=None):
     """with gemsops.use_gemsops(): torch's ops run on gemsops inside, and
-    whatever was routed before is routed again after."""
-    before = _state
-    enable(devices, include, exclude)
+    whatever was routed before is routed again after. Blocks may close out
+    of order (threads): the newest open block's routing holds until it
+    closes, and the last to close restores what was routed before the
+    first (the mode is the process's: see enable())."""
+    with _lock:
+        ctx = _Context(_state)
+        enable(devices, include, exclude)
+        _contexts.append(ctx)
     try:
         yield counts
     finally:
-        disable()
-        if before is not None:
-            enable(*before)
+        with _lock:
+            i = _contexts.index(ctx)
+            del _contexts[i]
+            if i < len(_contexts):
+                # a newer block is open: its routing stays, and it now
+                # restores what this one would have
+                _contexts[i].before = ctx.before
+            else:
+                _register(ctx.before)

@@ -309,3 +309,55 @@ def test_include_and_exclude_take_one_name():
         torch.mm(a, b)
         torch.prod(a)
     assert _global.counts["mm"] == 1 and _global.counts["prod"] == 1
+
+
+def test_blocks_closed_out_of_order_restore_what_came_before():
+    # two threads' blocks, the older closed first: the newer's routing
+    # holds until it closes, then nothing is routed (it restored the
+    # older's routing, a leak past both blocks, and the older's exit had
+    # dropped the newer's while it was open)
+    import threading
+
+    assert gemsops.enabled() is None
+    entered, older_closed, done = (threading.Event() for _ in range(3))
+    seen = {}
+
+    def newer():
+        entered.wait()
+        with gemsops.use_gemsops(devices=("cpu",), include=("mm",)):
+            seen["inside"] = gemsops.enabled()
+            done.set()
+            older_closed.wait()
+            seen["after older"] = gemsops.enabled()
+
+    t = threading.Thread(target=newer)
+    t.start()
+    with gemsops.use_gemsops(devices=("cpu",), include=("prod",)):
+        entered.set()
+        done.wait()
+    older_closed.set()
+    t.join()
+    assert seen["inside"] == (("cpu",), ("mm",))
+    assert seen["after older"] == (("cpu",), ("mm",))
+    assert gemsops.enabled() is None
+
+
+def test_enable_arguments_as_torch_names_devices():
+    try:
+        gemsops.enable(devices=torch.device("cpu"), include=["mm", "mm"])
+        assert gemsops.enabled() == (("cpu",), ("mm",))
+        gemsops.enable(devices=("cpu", "cpu:0"), exclude="mm")
+        assert gemsops.enabled()[0] == ("cpu",)
+        assert "mm" not in gemsops.enabled()[1]
+    finally:
+        gemsops.disable()
+    for bad, exc in (
+        (dict(devices=()), ValueError),
+        (dict(devices=("tpu",)), ValueError),
+        (dict(devices=(1,)), TypeError),
+        (dict(include=(None,)), TypeError),
+        (dict(include=("aten.mm",)), ValueError),
+    ):
+        with pytest.raises(exc, match="enable"):
+            gemsops.enable(**bad)
+        assert gemsops.enabled() is None
