@@ -492,3 +492,83 @@ def test_batched_output_gradients_as_torch(case, device):
     want = torch.autograd.grad(theirs(*args), args, gs, is_grads_batched=True)
     for g, t in zip(got, want):
         torch.testing.assert_close(g, t)
+
+
+def _checkpointed_norms():
+    """(name, gemsops function, torch function, argument shapes)."""
+    return [
+        (
+            "layer_norm",
+            lambda x, w, b: gemsops.layer_norm(x, (8,), w, b),
+            _layer_norm_ref,
+            [(2, 3, 8), (8,), (8,)],
+        ),
+        (
+            "rms_norm",
+            lambda x, w: gemsops.rms_norm(x, (8,), w),
+            lambda x, w: F.rms_norm(x, (8,), w),
+            [(2, 3, 8), (8,)],
+        ),
+        (
+            "fused_add_layer_norm",
+            lambda x, r, w: gemsops.fused_add_layer_norm(x, r, (8,), w),
+            lambda x, r, w: _fused_ref(x, r, w, None),
+            [(2, 3, 8), (2, 3, 8), (8,)],
+        ),
+        (
+            "fused_add_rms_norm",
+            lambda x, r, w: gemsops.fused_add_rms_norm(x, r, (8,), w),
+            lambda x, r, w: (F.rms_norm(x + r, (8,), w), x + r),
+            [(2, 3, 8), (2, 3, 8), (8,)],
+        ),
+    ]
+
+
+def _checkpointed_grads(fn, inputs):
+    # a mode open in the forward alone: the forward runs the op, the
+    # checkpoint's recomputation (in the backward) the eager Function
+    from torch.utils.checkpoint import checkpoint
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False):
+        out = checkpoint(fn, *inputs, use_reentrant=False)
+    outs = out if isinstance(out, tuple) else (out,)
+    loss = sum(o.pow(2).sum() * (i + 1) for i, o in enumerate(outs))
+    return torch.autograd.grad(loss, inputs)
+
+
+def test_checkpoint_recomputing_on_the_other_path():
+    # a non-reentrant checkpoint hands the node made in the forward the
+    # tensors its recomputation saved, matched by order. The norms' two
+    # paths save the same tensors: torch's gradients (they raised
+    # CheckpointError), as mm's and addmm's. linear's do not (its weight,
+    # or the op's transpose of it): refused, where a square weight's
+    # gradient came out wrong
+    torch.manual_seed(5)
+    for name, ours, theirs, shapes in _checkpointed_norms():
+        args = [torch.randn(s, dtype=torch.float64) for s in shapes]
+        got, want = (
+            _checkpointed_grads(fn, [a.float().requires_grad_() for a in args])
+            for fn in (ours, theirs)
+        )
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4, msg=name)
+    x, w, b = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8)
+    for ours, theirs, args in (
+        (gemsops.mm, torch.mm, (x, w)),
+        (
+            lambda x, w, b: gemsops.addmm(b, x, w.mT),
+            lambda x, w, b: torch.addmm(b, x, w.mT),
+            (x, w, b),
+        ),
+    ):
+        got, want = (
+            _checkpointed_grads(fn, [a.clone().requires_grad_() for a in args])
+            for fn in (ours, theirs)
+        )
+        for g, t in zip(got, want):
+            torch.testing.assert_close(g, t, rtol=1e-4, atol=1e-4)
+    for args in ((x, w, b), (x, w)):
+        inputs = [a.clone().requires_grad_() for a in args]
+        with pytest.raises(RuntimeError, match="came back transposed"):
+            _checkpointed_grads(gemsops.linear, inputs)

@@ -12,8 +12,6 @@ dx: dx = dresidual = dh + the norm's dx. Traced code (compile, export,
 modes) runs the same math as torch's add and the gemsops norm op, which
 the compiler may fuse itself."""
 
-import math
-
 import torch
 from torch.overrides import handle_torch_function
 
@@ -36,6 +34,7 @@ from ._norm_args import (
     needs_grad,
     prepare_layer_norm,
     rows_of,
+    stat_view_shape,
     stats_dtype,
 )
 from ._norm_launch import (
@@ -48,18 +47,20 @@ from ._norm_launch import (
 
 
 def _forward(x, res, shape, weight, bias, eps, rms, want_stats=True):
-    """(y, h, mean, rstd); mean None for RMSNorm; flat statistics, or None
-    when not wanted (no gradient to take: inference skips them)."""
+    """(y, h, mean, rstd); mean None for RMSNorm; statistics of the norm
+    op's shape (x.shape[:-nd] + (1,) * nd: what traced code's path saves,
+    for a checkpoint that recomputes on the other path), or None when not
+    wanted (no gradient to take: inference skips them)."""
     nd = len(shape)
     x, res = as_rows(x, nd), as_rows(plain(res), nd)
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     h = torch.empty_like(x, memory_format=torch.contiguous_format)
     mean = rstd = None
     if want_stats:
-        rows = math.prod(x.shape[: x.dim() - nd])
+        st = stat_view_shape(x, nd)
         sd = stats_dtype(x.dtype)
-        mean = None if rms else x.new_empty(rows, dtype=sd)
-        rstd = x.new_empty(rows, dtype=sd)
+        mean = None if rms else x.new_empty(st, dtype=sd)
+        rstd = x.new_empty(st, dtype=sd)
     _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd)
     return y, h, mean, rstd
 

@@ -139,7 +139,11 @@ class LayerNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, shape, weight, bias, eps, stats):
-        out, mean, rstd = _forward(x, shape, weight, bias, eps)
+        # the statistics shaped as the op's (traced code's): a
+        # non-reentrant checkpoint whose recomputation takes the other
+        # path (a mode open in the forward alone) unpacks those
+        st = stat_view_shape(x, len(shape))
+        out, mean, rstd = _forward(x, shape, weight, bias, eps, stats_shape=st)
         ctx.shape = shape
         ctx.has_bias = bias is not None
         ctx.save_for_backward(x, weight, mean, rstd, bias)

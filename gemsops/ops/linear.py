@@ -45,8 +45,10 @@ from .matmul import (
     product_flops,
     product_grads,
     save_operands,
+    saved_layouts,
     torch_out_dtype,
     transposed,
+    unpack_operands,
 )
 
 _Tensor = torch.Tensor
@@ -90,7 +92,7 @@ class AddmmFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        mat1, mat2 = ctx.saved_tensors
+        mat1, mat2 = unpack_operands(ctx)
         g = plain(g)
         if batched(g):  # a vmap's gradients: torch's ops
             product = torch.matmul
@@ -209,7 +211,7 @@ def _addmm_op_setup(ctx, inputs, output):
 
 
 def _addmm_op_grad(ctx, g):
-    mat1, mat2 = ctx.saved_tensors
+    mat1, mat2 = unpack_operands(ctx)
     need = ctx.needs_input_grad
     d1, d2 = _scaled(
         product_grads(mm, mat1, mat2, g, need[1:3], ctx.layouts), ctx.alpha
@@ -292,9 +294,9 @@ class LinearFunction(torch.autograd.Function):
         # weight for x's (as matmul.save_operands), with their layouts; an
         # N-D x's gradient is made in rows, contiguous
         need_x, need_w = ctx.needs_input_grad[:2]
-        ctx.save_for_backward(
-            x if need_w else None, weight if need_x else None
-        )
+        saved = (x if need_w else None, weight if need_x else None)
+        ctx.save_for_backward(*saved)
+        ctx.saved_layouts = saved_layouts(saved)
         ctx.x_shape = x.shape
         ctx.layouts = (
             need_x and x.dim() == 2 and transposed(x),
@@ -304,7 +306,7 @@ class LinearFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        x, weight = ctx.saved_tensors
+        x, weight = unpack_operands(ctx)
         g = plain(g)
         if batched(g):  # a vmap's gradients: torch's ops
             return _linear_graph_grads(ctx, g, x, weight, torch.mm)

@@ -269,7 +269,7 @@ class MatmulFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        a, b = ctx.saved_tensors
+        a, b = unpack_operands(ctx)
         # the ops (differentiable) when a graph of the backward is asked for
         return _grads(ctx, a, b, grad, not torch.is_grad_enabled())
 
@@ -288,8 +288,34 @@ def save_operands(ctx, a, b, need):
     alive, and an operand changed in place or made under inference_mode
     breaks no gradient that does not read it), and the layout of each
     operand whose gradient is asked (ctx.layouts, for product_grads)."""
-    ctx.save_for_backward(a if need[1] else None, b if need[0] else None)
+    saved = (a if need[1] else None, b if need[0] else None)
+    ctx.save_for_backward(*saved)
     ctx.layouts = (need[0] and transposed(a), need[1] and transposed(b))
+    ctx.saved_layouts = saved_layouts(saved)
+
+
+def saved_layouts(saved):
+    """Which of the saved tensors (None allowed) are transposes."""
+    return tuple(t is not None and transposed(t) for t in saved)
+
+
+def unpack_operands(ctx):
+    """ctx.saved_tensors, refused where one comes back in another layout
+    than it was saved in: a non-reentrant checkpoint whose recomputation
+    ran the other path (a dispatch mode or forward-mode AD open in the
+    forward alone sends one through the eager Function, the other through
+    the op) hands this node the other path's tensors, of the same shapes
+    where the weight is square (a weight for its transpose) but not the
+    same meaning: a wrong gradient, not an error, without this check."""
+    saved = ctx.saved_tensors
+    if saved_layouts(saved) != ctx.saved_layouts:
+        raise RuntimeError(
+            "gemsops: a tensor saved for a product's backward came back "
+            "transposed (torch.utils.checkpoint recomputed the forward "
+            "under other modes than it first ran: keep dispatch modes and "
+            "forward-mode AD open over both, or use_reentrant=True)"
+        )
+    return saved
 
 
 def product_grads(mm, a, b, grad, need, layouts, col_sums=None):
@@ -336,7 +362,7 @@ def _op_setup(ctx, inputs, output):
 
 
 def _op_grad(ctx, grad):
-    a, b = ctx.saved_tensors
+    a, b = unpack_operands(ctx)
     return _grads(ctx, a, b, grad, False)
 
 

@@ -141,7 +141,9 @@ class RMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, shape, weight, eps):
-        out, rstd = _forward(x, shape, weight, eps)
+        # rstd shaped as the op's: see LayerNormFunction
+        st = stat_view_shape(x, len(shape))
+        out, rstd = _forward(x, shape, weight, eps, rstd_shape=st)
         ctx.shape, ctx.eps = shape, eps
         ctx.save_for_backward(_savable(x), weight, rstd)
         return out
