@@ -230,6 +230,33 @@ def test_jit_trace_linear_module_with_grad(device):
     )
 
 
+def test_jit_trace_of_n_d_products_runs_at_other_leading_sizes(device):
+    # matmul and linear fold an N-D input's leading dims with its sizes as
+    # numbers, which the tracer keeps: a trace at (2, 4, 8) gave (2, 4, 3)
+    # at (4, 2, 8) and raised at (3, 5, 8). Traced, they record torch's
+    w, b = torch.randn(3, 8, device=device), torch.randn(3, device=device)
+    fns = {
+        "matmul": (lambda x: gemsops.matmul(x, w.mT), lambda x: x @ w.mT),
+        "linear": (
+            lambda x: gemsops.linear(x, w, b),
+            lambda x: F.linear(x, w, b),
+        ),
+        "linear no bias": (
+            lambda x: gemsops.linear(x, w),
+            lambda x: F.linear(x, w),
+        ),
+    }
+    for name, (ours, theirs) in fns.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TracerWarnings
+            traced = torch.jit.trace(ours, torch.randn(2, 4, 8, device=device))
+        for shape in ((4, 2, 8), (3, 5, 8), (2, 6, 1, 8)):
+            x = torch.randn(shape, device=device)
+            torch.testing.assert_close(
+                traced(x), theirs(x), rtol=1e-5, atol=1e-5, msg=name
+            )
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_meta_tensors(case):
     """Meta inputs give meta outputs of torch's shapes and dtypes (C has

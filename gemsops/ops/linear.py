@@ -21,6 +21,7 @@ from .._dispatch import (
     MAX_DIMS,
     _is_compiling,
     _strided,
+    _tracing,
     batched,
     define_op,
     eager,
@@ -698,7 +699,10 @@ def linear(input, weight, bias=None):
         )
     ):
         # the bias in the product's epilogue, rounded once, as torch's
-        # addmm (traced code: compile, autocast, the JIT tracer)
+        # addmm (traced code: compile, autocast, the JIT tracer; the
+        # tracer would keep an N-D input's leading sizes as constants)
+        if input.dim() != 2 and _tracing() is not None:
+            return torch.nn.functional.linear(input, weight, bias)
         y = addmm(bias, _rows(input), weight.t())
         return _unrows(y, input.shape)
     if (

@@ -40,6 +40,7 @@ from torch.utils.flop_counter import register_flop_formula
 from .. import _C, _workspace
 from .._dispatch import (
     _strided,
+    _tracing,
     batched,
     define_op,
     eager,
@@ -615,6 +616,12 @@ def matmul_as(name, input, other):
         if input.shape[-1] != other.shape[-2]:
             raise _shapes_error(name, input, other)
         return _product(input, other)  # mm / bmm: no views needed
+    if _tracing() is not None:
+        # the folds below take the shapes as numbers, which the JIT
+        # tracer would keep as constants: a trace run at other leading
+        # sizes came out in the traced call's shape. torch's matmul
+        # records one node that takes any
+        return torch.matmul(input, other)
     a = input.unsqueeze(0) if da == 1 else input  # [.., m, k]
     b = other.unsqueeze(-1) if db == 1 else other  # [.., k, n]
     if a.shape[-1] != b.shape[-2]:
