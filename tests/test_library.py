@@ -640,6 +640,21 @@ def test_subclasses_and_modes_are_handed_the_public_function():
         assert type(got) is _Logged, name
         torch.testing.assert_close(got, want, msg=name)
 
+    # layer_norm_backward (torch's counterpart: the aten op) likewise
+    x, g = torch.randn(4, 8), torch.randn(4, 8)
+    _, mean, rstd = torch.native_layer_norm(x, (8,), None, None, 1e-5)
+    want = torch.ops.aten.native_layer_norm_backward(
+        g, x, (8,), mean, rstd, None, None, (True, False, False)
+    )[0]
+    for wrap in (lambda t: t.as_subclass(_Logged), _TensorLike):
+        _Logged.calls.clear()
+        got = gemsops.layer_norm_backward(
+            wrap(g), x, (8,), mean, rstd, output_mask=(True, False, False)
+        )[0]
+        if wrap is not _TensorLike:
+            assert _Logged.calls == [gemsops.layer_norm_backward]
+        torch.testing.assert_close(torch.as_tensor(got), want)
+
     class Mode(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             seen.append(func)

@@ -580,6 +580,20 @@ def layer_norm_backward(
     grad_weight, grad_bias), each None where output_mask says so. mean and
     rstd may come in the input's half type, as torch's CPU
     native_layer_norm returns them; they are widened to fp32 first."""
+    if tensor_like(grad_out, input, mean, rstd, weight, bias):
+        return handle_torch_function(
+            layer_norm_backward,
+            (grad_out, input, mean, rstd, weight, bias),
+            grad_out,
+            input,
+            normalized_shape,
+            mean,
+            rstd,
+            weight,
+            bias,
+            output_mask,
+            deterministic,
+        )
     fn = "layer_norm_backward"
     normalized_shape = _backward_args(
         grad_out,
