@@ -295,9 +295,9 @@ class LinearFunction(torch.autograd.Function):
         # weight for x's (as matmul.save_operands), with their layouts; an
         # N-D x's gradient is made in rows, contiguous
         need_x, need_w = ctx.needs_input_grad[:2]
-        saved = (x if need_w else None, weight if need_x else None)
-        ctx.save_for_backward(*saved)
-        ctx.saved_layouts = saved_layouts(saved)
+        sx, sw = x if need_w else None, weight if need_x else None
+        ctx.save_for_backward(sx, sw)
+        ctx.saved_layouts = saved_layouts(sx, sw)
         ctx.x_shape = x.shape
         ctx.layouts = (
             need_x and x.dim() == 2 and transposed(x),

@@ -289,15 +289,15 @@ def save_operands(ctx, a, b, need):
     alive, and an operand changed in place or made under inference_mode
     breaks no gradient that does not read it), and the layout of each
     operand whose gradient is asked (ctx.layouts, for product_grads)."""
-    saved = (a if need[1] else None, b if need[0] else None)
-    ctx.save_for_backward(*saved)
+    sa, sb = a if need[1] else None, b if need[0] else None
+    ctx.save_for_backward(sa, sb)
     ctx.layouts = (need[0] and transposed(a), need[1] and transposed(b))
-    ctx.saved_layouts = saved_layouts(saved)
+    ctx.saved_layouts = saved_layouts(sa, sb)
 
 
-def saved_layouts(saved):
-    """Which of the saved tensors (None allowed) are transposes."""
-    return tuple(t is not None and transposed(t) for t in saved)
+def saved_layouts(a, b):
+    """Which of the two saved tensors (None allowed) are transposes."""
+    return (a is not None and transposed(a), b is not None and transposed(b))
 
 
 def unpack_operands(ctx):
@@ -309,7 +309,7 @@ def unpack_operands(ctx):
     where the weight is square (a weight for its transpose) but not the
     same meaning: a wrong gradient, not an error, without this check."""
     saved = ctx.saved_tensors
-    if saved_layouts(saved) != ctx.saved_layouts:
+    if saved_layouts(*saved) != ctx.saved_layouts:
         raise RuntimeError(
             "gemsops: a tensor saved for a product's backward came back "
             "transposed (torch.utils.checkpoint recomputed the forward "
