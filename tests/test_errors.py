@@ -468,6 +468,11 @@ def test_norm_eps_taken_as_torch_takes_a_float(fn):
     with pytest.warns(np.exceptions.ComplexWarning):
         got = _norm_call(fn, x, (8,), eps=np.complex128(0.5 + 2j))
     torch.testing.assert_close(got, want)
+    # a complex 0-d tensor: its real part where exact, else torch's error
+    got = _norm_call(fn, x, (8,), eps=torch.tensor(0.5 + 0j))
+    torch.testing.assert_close(got, want)
+    with pytest.raises(RuntimeError, match="eps .* without overflow"):
+        _norm_call(fn, x, (8,), eps=torch.tensor(0.5 + 1j))
     refused = (
         np.array(0.5),
         Fraction(1, 2),

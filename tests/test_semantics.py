@@ -1192,3 +1192,39 @@ def test_layer_norm_backward_of_no_elements_takes_any_statistics(
     got = gemsops.layer_norm_backward(g, x, ns, stat, stat, w, b, mask)
     for a, t in zip(got, want):
         assert a.shape == t.shape and torch.equal(a, t)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_native_layer_norm_statistics_are_tensors_of_their_own(grad, device):
+    # as torch's: not views (a view refuses detach_()), of the stats' shape
+    x = torch.randn(2, 3, 8, device=device, requires_grad=grad)
+    out, mean, rstd = gemsops.native_layer_norm(x, (8,), None, None, 1e-5)
+    want = aten.native_layer_norm(x.detach().double(), (8,), None, None, 1e-5)
+    for got, ref in zip((out, mean, rstd), want):
+        assert not got._is_view() and got.shape == ref.shape
+        close(got, ref)
+    mean.detach_()
+    rstd.detach_()
+
+
+def test_layer_norm_backward_takes_any_sequence_of_three_as_the_mask(device):
+    # torch's schema takes a NumPy array or a range for bool[3]
+    x, g = (torch.randn(4, 8, device=device) for _ in range(2))
+    w, b = (torch.randn(8, device=device) for _ in range(2))
+    _, mean, rstd = aten.native_layer_norm(x, (8,), w, b, 1e-5)
+    for mask in (np.array([True, False, True]), np.array([1, 0, 1]), range(3)):
+        want = aten.native_layer_norm_backward(
+            g, x, (8,), mean, rstd, w, b, mask
+        )
+        got = gemsops.layer_norm_backward(
+            g, x, (8,), mean, rstd, w, b, output_mask=mask
+        )
+        for a, t in zip(got, want):
+            assert (a is None) == (t is None)
+            if a is not None:
+                close(a, t, 1e-4, 1e-4)
+    for bad in ("abc", torch.tensor([True, False, True]), (True, False)):
+        with pytest.raises(RuntimeError, match="output_mask"):
+            gemsops.layer_norm_backward(
+                g, x, (8,), mean, rstd, w, b, output_mask=bad
+            )

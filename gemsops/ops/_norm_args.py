@@ -182,8 +182,9 @@ def eps_arg(eps, fn, alt=""):
     """eps as a float, taken as torch's float arguments take it: a Python
     real or a NumPy scalar (bool too; a complex one through its __float__,
     which warns that the imaginary part is dropped, as under torch) or a 0-d
-    real tensor that does not require grad; anything else is a TypeError
-    naming fn (C would take any object with __float__)."""
+    tensor that does not require grad (a complex one with no imaginary
+    part); anything else is a TypeError naming fn (C would take any object
+    with __float__)."""
     if isinstance(eps, (torch.SymFloat, torch.SymInt)):
         return eps  # a compiled function's symbolic argument
     if isinstance(eps, (int, float, _np.generic)):
@@ -191,10 +192,17 @@ def eps_arg(eps, fn, alt=""):
     if (
         isinstance(eps, torch.Tensor)
         and eps.dim() == 0
-        and not eps.is_complex()
         and not eps.requires_grad
     ):
-        return float(eps)
+        if not eps.is_complex():
+            return float(eps)
+        value = complex(eps)  # torch's parser: the real part, if exact
+        if value.imag != 0:
+            raise RuntimeError(
+                f"{fn}(): eps {value} cannot be converted to type double "
+                "without overflow"
+            )
+        return value.real
     raise TypeError(
         f"{fn}(): argument 'eps' must be float{alt}, not {type(eps).__name__}"
     )

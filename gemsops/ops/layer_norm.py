@@ -549,20 +549,18 @@ def native_layer_norm(
         if torch_only():
             return _forward_torch(input, shape, weight, bias, eps, fn)
         return _layer_norm_op(input, shape, weight, bias, eps)
+    # the statistics made in their shape, tensors of their own as torch's
+    # (a view of them refuses detach_())
     try:
         if needs_grad(input, weight, bias):
-            out, mean, rstd = _layer_norm_function(
-                input, shape, weight, bias, eps, True
-            )
-        else:
-            out, mean, rstd = _forward(input, shape, weight, bias, eps)
+            return _layer_norm_function(input, shape, weight, bias, eps, True)
+        st = stat_view_shape(input, len(shape))
+        return _forward(input, shape, weight, bias, eps, stats_shape=st)
     except (RuntimeError, NotImplementedError) as e:
         # the C boundary names its refusals after layer_norm's forward
         if not str(e).startswith("layer_norm("):
             raise
         raise type(e)(f"native_{e}") from None
-    stat_shape = stat_view_shape(input, len(shape))
-    return out, mean.view(stat_shape), rstd.view(stat_shape)
 
 
 def layer_norm_backward(
@@ -605,6 +603,7 @@ def layer_norm_backward(
         bias,
         output_mask,
     )
+    output_mask = tuple(map(bool, output_mask))  # for the op's bool[]
     input, shape, weight, bias = prepare(
         input, normalized_shape, weight, bias, fn
     )
@@ -714,7 +713,14 @@ def _backward_args(
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and not isinstance(t, torch.Tensor):
             raise not_tensor(fn, name, t, " or None", RuntimeError)
-    if not isinstance(output_mask, (list, tuple)) or len(output_mask) != 3:
+    try:  # any sequence of 3 (a NumPy array, a range), as torch's schema
+        three = (
+            not isinstance(output_mask, (str, bytes, torch.Tensor))
+            and len(output_mask) == 3
+        )
+    except TypeError:  # no len(), or a 0-d array's
+        three = False
+    if not three:
         raise RuntimeError(
             f"{fn}(): output_mask must be 3 bools, got {output_mask!r}"
         )
