@@ -974,3 +974,47 @@ def test_refusals_name_the_function_called():
         gemsops.addmm(c, i, j)
     with pytest.raises(RuntimeError, match=r"^linear\(\).*same dtype"):
         gemsops.linear(x.float(), w)
+
+
+def test_addmm_out_holding_a_broadcast_input(device):
+    # torch compares out with the input as the product's shape: a row or
+    # an element of out broadcast as the input is not dense there, and
+    # not refused (it was: "refer to a single memory location")
+    a = torch.randn(3, 5, device=device)
+    b = torch.randn(5, 4, device=device)
+    for pick in (lambda o: o[0], lambda o: o.view(-1)[5], lambda o: o[:, :1]):
+        outs = []
+        for fn in (torch.addmm, gemsops.addmm):
+            o = torch.arange(12.0, device=device).view(3, 4)
+            assert fn(pick(o), a, b, out=o) is o
+            outs.append(o)
+        assert_close(outs[1], outs[0], torch.float32, chain_len=5)
+
+
+def test_linear_of_a_non_folding_input_changed_in_place_after(device):
+    # its rows are a copy (torch's reshape): an in-place write to the input
+    # after the call is no error for the backward, and the gradients are
+    # torch's
+    grads = []
+    for fn in (torch.nn.functional.linear, gemsops.linear):
+        torch.manual_seed(6)
+        x = torch.randn(3, 2, 5, device=device, requires_grad=True)
+        w = torch.randn(4, 5, device=device, requires_grad=True)
+        xx = x * 1
+        y = fn(xx.transpose(0, 1), w)
+        xx.add_(1)
+        y.pow(2).sum().backward()
+        grads.append((x.grad, w.grad))
+    for g, t in zip(*grads):
+        assert_close(g, t, torch.float32, chain_len=8)
+
+
+@pytest.mark.parametrize("alpha", [float("inf"), float("nan"), 2.0])
+def test_addmm_of_an_empty_sum_leaves_alpha_out(alpha, device):
+    # k = 0: torch skips the empty product, so an infinite or NaN alpha
+    # makes no NaN (0 * alpha did)
+    i = torch.randn(2, 3, device=device)
+    a, b = torch.randn(2, 0, device=device), torch.randn(0, 3, device=device)
+    want = torch.addmm(i, a, b, alpha=alpha, beta=0.5)
+    got = gemsops.addmm(i, a, b, alpha=alpha, beta=0.5)
+    assert torch.equal(got, want)

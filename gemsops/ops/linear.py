@@ -509,7 +509,13 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
         kw = dict(beta=beta, alpha=alpha)
         return torch_out_dtype(torch.addmm, args, out_dtype, out, **kw)
     if out is not None:
-        refuse_partial_overlap(out, input)
+        # as torch: input as the product's shape (a broadcast one is not
+        # dense there, and not compared)
+        try:
+            seen = input.expand(mat1.shape[0], mat2.shape[1])
+        except (AttributeError, IndexError, RuntimeError, TypeError):
+            seen = input  # the call below refuses what does not expand
+        refuse_partial_overlap(out, seen)
         return _into(
             "addmm",
             out,
@@ -535,6 +541,14 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
         )
     alpha = _coefficient("alpha", alpha, mat1)
     beta = _coefficient("beta", beta, mat1)
+    if (
+        mat1.dim() == 2
+        and not mat1.shape[1]
+        and not isinstance(alpha, _Tensor)
+    ):
+        # an empty sum is left out, as torch's: an infinite or NaN alpha
+        # does not make 0 * alpha NaN (alpha has no other effect here)
+        alpha = 1 if alpha != 0 else alpha
     if (
         isinstance(alpha, _Tensor) or isinstance(beta, _Tensor)
     ) and _is_compiling():
@@ -644,6 +658,12 @@ def linear(input, weight, bias=None):
             or bias is not None
             and bias.requires_grad
         ):
+            if not _folds(input):
+                # its rows are a copy, made here, so that the node saves
+                # the copy (as torch's reshape) and an in-place write to
+                # the input after the call is no error
+                rows = _linear_function(_rows(input), weight, bias)
+                return _unrows(rows, input.shape)
             return _linear_function(input, weight, bias)
         return _linear(input, weight, bias)
     if tensor_like(input, weight, bias):
