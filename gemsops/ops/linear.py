@@ -46,7 +46,6 @@ from .matmul import (
     product_flops,
     product_grads,
     save_operands,
-    saved_layouts,
     torch_out_dtype,
     transposed,
     unpack_operands,
@@ -295,14 +294,13 @@ class LinearFunction(torch.autograd.Function):
         # weight for x's (as matmul.save_operands), with their layouts; an
         # N-D x's gradient is made in rows, contiguous
         need_x, need_w = ctx.needs_input_grad[:2]
-        sx, sw = x if need_w else None, weight if need_x else None
-        ctx.save_for_backward(sx, sw)
-        ctx.saved_layouts = saved_layouts(sx, sw)
-        ctx.x_shape = x.shape
-        ctx.layouts = (
-            need_x and x.dim() == 2 and transposed(x),
-            need_w and transposed(weight),
+        tx, tw = transposed(x), transposed(weight)
+        ctx.save_for_backward(
+            x if need_w else None, weight if need_x else None
         )
+        ctx.saved_layouts = (need_w and tx, need_x and tw)  # unpack_operands
+        ctx.x_shape = x.shape
+        ctx.layouts = (need_x and x.dim() == 2 and tx, need_w and tw)
         return _linear(x, weight, bias)
 
     @staticmethod

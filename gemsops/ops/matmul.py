@@ -289,14 +289,15 @@ def save_operands(ctx, a, b, need):
     alive, and an operand changed in place or made under inference_mode
     breaks no gradient that does not read it), and the layout of each
     operand whose gradient is asked (ctx.layouts, for product_grads)."""
-    sa, sb = a if need[1] else None, b if need[0] else None
-    ctx.save_for_backward(sa, sb)
-    ctx.layouts = (need[0] and transposed(a), need[1] and transposed(b))
-    ctx.saved_layouts = saved_layouts(sa, sb)
+    ta, tb = transposed(a), transposed(b)
+    ctx.save_for_backward(a if need[1] else None, b if need[0] else None)
+    ctx.layouts = (need[0] and ta, need[1] and tb)
+    ctx.saved_layouts = (need[1] and ta, need[0] and tb)  # unpack_operands
 
 
 def saved_layouts(a, b):
-    """Which of the two saved tensors (None allowed) are transposes."""
+    """Which of two saved tensors (None allowed) are transposes: a node's
+    ctx.saved_layouts, which unpack_operands checks."""
     return (a is not None and transposed(a), b is not None and transposed(b))
 
 
