@@ -4,6 +4,7 @@ arguments accepted, and the same exception types for the ones refused.
 References are torch on the CPU, in float64 where values are compared."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -487,6 +488,24 @@ def _bad_calls():
                 lambda B: B(g, x, [4], m.double(), r, w, b, mask),
             ),
             ("bw_input_int", lambda B: B(g, x.long(), [4], m, r, w, b, mask)),
+            # statistics in a half type beside an input of another type
+            (
+                "bw_half_stats_fp32_input",
+                lambda B: B(g, x, [4], m.bfloat16(), r.bfloat16(), w, b, mask),
+            ),
+            (
+                "bw_bf16_stats_fp16_input",
+                lambda B: B(
+                    g.half(),
+                    x.half(),
+                    [4],
+                    m.bfloat16(),
+                    r.bfloat16(),
+                    w.half(),
+                    b.half(),
+                    mask,
+                ),
+            ),
         ],
         [
             # prod
@@ -1006,6 +1025,30 @@ def test_out_requiring_grad_refused_as_torch():
     ):
         with pytest.raises(RuntimeError, match="out=.*requires grad"):
             call(w * 1)
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (0,), (2, 2)])
+@pytest.mark.parametrize("op", ["mm", "matmul", "addmm", "prod"])
+def test_out_version_bumped_as_torch(op, shape):
+    """An out= written, resized first or not, counts one in-place write,
+    as torch's (a resize then counted one more)."""
+    a, b = torch.randn(3, 4), torch.randn(4, 5)
+    call = {
+        "mm": lambda lib, o: lib.mm(a, b, out=o),
+        "matmul": lambda lib, o: lib.matmul(a, b, out=o),
+        "addmm": lambda lib, o: lib.addmm(b[0], a, b, out=o),
+        "prod": lambda lib, o: lib.prod(b, 1, out=o),
+    }[op]
+    bumps = []
+    for lib in (torch, gemsops):
+        o = torch.empty(shape)
+        before = o._version
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the resize's
+            got = call(lib, o)
+        assert got is o
+        bumps.append(o._version - before)
+    assert bumps[1] == bumps[0]
 
 
 @pytest.mark.parametrize("name", ["uint16", "uint32", "uint64"])

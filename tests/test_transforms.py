@@ -201,6 +201,28 @@ def test_func_vmap(case, device):
     _close(got, torch.func.vmap(theirs)(*batched), dtype)
 
 
+@pytest.mark.parametrize("name", ["mm", "matmul", "addmm", "linear"])
+def test_transforms_refuse_the_dtypes_eager_refuses(name):
+    """Under vmap and jvp the products run torch's ops, but on the dtypes
+    eager takes: float64 raises as it does eagerly (vmap of addmm
+    computed it)."""
+    a, b = torch.randn(2, 3, 4).double(), torch.randn(2, 4, 5).double()
+    c = torch.randn(2, 3, 5).double()
+    call = {
+        "mm": lambda c, a, b: gemsops.mm(a, b),
+        "matmul": lambda c, a, b: gemsops.matmul(a, b),
+        "addmm": gemsops.addmm,
+        "linear": lambda c, a, b: gemsops.linear(a, b.mT, c[0]),
+    }[name]
+    with pytest.raises(NotImplementedError) as eager:
+        call(c[0], a[0], b[0])
+    with pytest.raises(NotImplementedError) as batched:
+        torch.func.vmap(call)(c, a, b)
+    assert str(batched.value) == str(eager.value)
+    with pytest.raises(NotImplementedError):
+        torch.func.jvp(call, (c[0], a[0], b[0]), (c[0], a[0], b[0]))
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_jit_trace_records_the_op(case, device):
     """A traced function computes on new inputs (a direct call into C was
@@ -283,34 +305,50 @@ def test_meta_modules():
 
 
 def test_layer_norm_backward_under_forward_ad(device):
-    """gemsops.layer_norm_backward with dual inputs: the tangent of
-    aten's formula at the given statistics."""
+    """gemsops.layer_norm_backward with dual inputs, and under torch.func's
+    jvp and vjp: aten's formula at the given statistics, differentiated as
+    torch differentiates native_layer_norm_backward (and as gemsops' own
+    autograd does): mean and rstd are the input's, so the tangent is that
+    of the backward at statistics recomputed from the moved input (they
+    were held fixed)."""
     x, g = (
         torch.randn(4, 9, dtype=torch.float64, device=device) for _ in "ab"
     )
     w, b = (torch.randn(9, dtype=torch.float64, device=device) for _ in "ab")
     _, mean, rstd = torch.native_layer_norm(x, (9,), w, b, 1e-5)
-    tx, tg = torch.randn_like(x), torch.randn_like(g)
+    tx, tg, tw = torch.randn_like(x), torch.randn_like(g), torch.randn_like(w)
 
-    def ours(g, x):
+    def ours(g, x, w):
         return gemsops.layer_norm_backward(g, x, (9,), mean, rstd, w, b)
 
-    def theirs(g, x):
+    def theirs(g, x, w, stats=(mean, rstd)):
         return torch.ops.aten.native_layer_norm_backward(
-            g, x, (9,), mean, rstd, w, b, [True, True, True]
+            g, x, (9,), *stats, w, b, [True, True, True]
         )
 
-    got = torch.func.jvp(ours, (g, x), (tg, tx))
-    want_primal = theirs(g, x)
-    _close(got[0], tuple(want_primal), torch.float64)
-    # the tangent, by central differences of the primal (exact in g)
+    got = torch.func.jvp(ours, (g, x, w), (tg, tx, tw))
+    _close(got[0], tuple(theirs(g, x, w)), torch.float64)
+    # the tangent, by central differences, the statistics of each point
     h = 1e-6
-    plus, minus = (
-        theirs(g + h * tg, x + h * tx),
-        theirs(g - h * tg, x - h * tx),
-    )
-    for t, p, m in zip(got[1], plus, minus):
+
+    def moved(sign):
+        xs = x + sign * h * tx
+        stats = torch.native_layer_norm(xs, (9,), None, None, 1e-5)[1:]
+        return theirs(g + sign * h * tg, xs, w + sign * h * tw, stats)
+
+    for t, p, m in zip(got[1], moved(1), moved(-1)):
         torch.testing.assert_close(t, (p - m) / (2 * h), rtol=1e-5, atol=1e-6)
+    want = torch.func.jvp(theirs, (g, x, w), (tg, tx, tw))
+    _close(got[1], tuple(want[1]), torch.float64)
+    cot = (torch.randn_like(x), torch.randn_like(w), torch.randn_like(b))
+    got = torch.func.vjp(ours, g, x, w)[1](cot)
+    want = torch.func.vjp(theirs, g, x, w)[1](cot)
+    _close(got, want, torch.float64)
+    # and as gemsops' own reverse mode
+    leaves = tuple(t.clone().requires_grad_() for t in (g, x, w))
+    outs = ours(*leaves)
+    own = torch.autograd.grad(outs, leaves, cot)
+    _close(got, own, torch.float64)
 
 
 def test_meta_beside_cpu_is_a_device_error():

@@ -53,7 +53,9 @@ def into(fn, out, inputs, compute):
                 UserWarning,
                 stacklevel=3,
             )
-        out.resize_(r.shape)
+        # one version bump for the call, as torch's out= (the copy's)
+        with torch.autograd._unsafe_preserve_version_counter(out):
+            out.resize_(r.shape)
     return out.copy_(r)
 
 

@@ -405,13 +405,21 @@ def _forward_torch(x, shape, weight, bias, eps, fn="layer_norm"):
 
 def _backward_torch(g, x, shape, mean, rstd, weight, bias, mask):
     """layer_norm_backward in torch's differentiable ops at the given
-    statistics (aten's formula), for torch_only()."""
+    statistics (aten's formula), for torch_only(). Differentiated as
+    torch's derivative of the op, and as this op's own backward: mean and
+    rstd are the input's (their values the given ones; their derivatives
+    mean's and rsqrt(var + eps)'s, at the given rstd)."""
     check_traced(
         x, shape, (("weight", weight), ("bias", bias)), "layer_norm_backward"
     )
     cd, st = stats_dtype(x.dtype), stat_view_shape(x, len(shape))
-    r = rstd.to(cd).reshape(st)
-    xhat = (x.to(cd) - mean.to(cd).reshape(st)) * r
+    cols = tuple(range(x.dim() - len(shape), x.dim()))
+    xf = x.to(cd)
+    mu = xf.mean(cols, keepdim=True)
+    var = xf.var(cols, unbiased=False, keepdim=True)
+    r = rstd.detach().to(cd).reshape(st)
+    r = r - 0.5 * r.pow(3) * (var - var.detach())  # exactly r, in value
+    xhat = (xf - (mean.detach().to(cd).reshape(st) + (mu - mu.detach()))) * r
     dx, dw, db = _backward_formula(g, x, len(shape), xhat, r, weight)
     pdtype = weight.dtype if weight is not None else x.dtype
     return (
@@ -651,10 +659,20 @@ def layer_norm_backward(
                 f"{fn}(): output_mask asks for grad_{name} but {name} is None"
             )
     sd = stats_dtype(input.dtype)
+    for name, s in (("mean", mean), ("rstd", rstd)):
+        if (
+            s.dtype in (torch.float16, torch.bfloat16)
+            and s.dtype != input.dtype
+        ):
+            # torch takes half statistics only as its CPU forward makes
+            # them, in the input's own type
+            raise RuntimeError(
+                f"{fn}(): argument '{name}' has dtype {str(s.dtype)[6:]}; "
+                f"expected {str(sd)[6:]} or the input's "
+                f"{str(input.dtype)[6:]}"
+            )
     mean, rstd = (
-        s.to(sd)
-        if s.dtype in (torch.float16, torch.bfloat16) and sd == torch.float32
-        else plain(s)
+        s.to(sd) if s.dtype == input.dtype != sd else plain(s)
         for s in (mean, rstd)
     )
     mask = (want_dx, want_dw, want_db)

@@ -40,6 +40,7 @@ from .matmul import (
     _autocast_casts,
     _launch_product,
     _mm,
+    _operands,
     matmul_as,
     mm,
     mm_as,
@@ -564,6 +565,7 @@ def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
     ):
         return _addmm(plain(input), plain(mat1), plain(mat2), alpha, beta)
     if torch_only():  # functorch, forward-mode AD: torch's ops throughout
+        _operands("mm", mat1, mat2, "addmm")  # but the dtypes eager takes
         return torch.addmm(input, mat1, mat2, beta=beta, alpha=alpha)
     if alpha != 0 and _traced_addmm_ok(input, mat1, mat2, alpha, beta):
         return _addmm_op(input, mat1, mat2, float(beta), float(alpha))
