@@ -351,6 +351,24 @@ def test_layer_norm_backward_under_forward_ad(device):
     _close(got, own, torch.float64)
 
 
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_norm_forward_over_forward_is_the_second_derivative(affine):
+    """jacfwd(jacfwd(gemsops.layer_norm)) is layer_norm's second
+    derivative (jacrev(jacrev) of torch's). torch's own forward-over-
+    forward rule for native_layer_norm gives another value (torch 2.11 to
+    2.13): design.md, deliberate differences."""
+    x = torch.randn(2, 5, dtype=torch.float64)
+    w, b = (torch.randn(5, dtype=torch.float64) for _ in "ab")
+    w, b = (w, b) if affine else (None, None)
+    fwd2 = torch.func.jacfwd(
+        torch.func.jacfwd(lambda x: gemsops.layer_norm(x, (5,), w, b))
+    )(x)
+    rev2 = torch.func.jacrev(
+        torch.func.jacrev(lambda x: F.layer_norm(x, (5,), w, b))
+    )(x)
+    torch.testing.assert_close(fwd2, rev2)
+
+
 def test_meta_beside_cpu_is_a_device_error():
     a, b = torch.randn(3, 4), torch.empty(4, 2, device="meta")
     for fn in (gemsops.mm, gemsops.matmul):
