@@ -293,6 +293,36 @@ def test_inference_input_with_a_weight_that_wants_grad(device):
     torch.testing.assert_close(w.grad.double(), wd.grad, rtol=0.05, atol=0.05)
 
 
+@pytest.mark.parametrize("path", ["eager", "op"])
+def test_weight_gradient_alone_saves_no_weight(path, device):
+    """Only the weight's gradient asked: torch's composite saves no weight,
+    so a weight made under inference_mode, or written in place between
+    the forward and the backward, is no error; nor in gemsops (the weight
+    was saved, and refused)."""
+    torch.manual_seed(14)
+    x = torch.randn(4, 8, device=device)
+    xd = x.double()
+
+    def norm(x, w):
+        if path == "op":  # the custom op's autograd (autocast takes it)
+            with torch.autocast(device, dtype=torch.float32):
+                return gemsops.rms_norm(x, (8,), w)
+        return gemsops.rms_norm(x, (8,), w)
+
+    with torch.inference_mode():
+        m = gemsops.nn.RMSNorm(8, device=device)
+    assert m(x).shape == (4, 8)  # an inference parameter, no grad asked
+    w = torch.randn(8, device=device, requires_grad=True)
+    wd = w.detach().double().requires_grad_()
+    y, yd = norm(x, w), F.rms_norm(xd, (8,), wd)
+    with torch.no_grad():
+        w.mul_(2)
+        wd.mul_(2)
+    y.square().sum().backward()
+    yd.square().sum().backward()
+    torch.testing.assert_close(w.grad.double(), wd.grad, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("wdtype", [torch.int64, torch.bool])
 def test_integer_weight_as_torch(wdtype, device):
     x = torch.randn(3, 4, device=device)

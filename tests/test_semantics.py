@@ -881,6 +881,46 @@ def test_matmul_dot_of_empty_vectors():
     assert math.isclose(torch.matmul(a, b).item(), got.item())
 
 
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_sparse_input_of_the_norms_as_torch(layout):
+    """No norm kernel takes sparse input: torch's functions (and the fused
+    adds' unfused expression) compute or refuse it, with torch's
+    exception (rms_norm raised RuntimeError where torch's raises
+    NotImplementedError)."""
+    d = torch.randn(3, 8)
+    x = d.to_sparse() if layout == "coo" else d.to_sparse_csr()
+    g = torch.randn(8)
+    for ours, theirs in (
+        (
+            lambda: gemsops.layer_norm(x, (8,), g),
+            lambda: F.layer_norm(x, (8,), g),
+        ),
+        (
+            lambda: gemsops.rms_norm(x, (8,), g),
+            lambda: F.rms_norm(x, (8,), g),
+        ),
+        (
+            lambda: gemsops.fused_add_layer_norm(x, x, (8,), g),
+            lambda: (F.layer_norm(x + x, (8,), g), x + x),
+        ),
+        (
+            lambda: gemsops.fused_add_rms_norm(x, x, (8,), g),
+            lambda: (F.rms_norm(x + x, (8,), g), x + x),
+        ),
+    ):
+        try:
+            want = theirs()
+        except Exception as e:  # noqa: BLE001 - torch's own refusal
+            with pytest.raises(type(e)):
+                ours()
+            continue
+        got = ours()
+        for a, b in (
+            zip(got, want) if isinstance(got, tuple) else ((got, want),)
+        ):
+            close(a.to_dense(), b.to_dense())
+
+
 @pytest.mark.parametrize("layout", [torch.jagged, torch.strided])
 def test_nested_input_computed_as_torch(layout):
     # no kernel of ours takes nested tensors: torch's own functions do

@@ -268,15 +268,18 @@ def test_jit_trace_of_n_d_products_runs_at_other_leading_sizes(device):
             lambda x: F.linear(x, w),
         ),
     }
+    # and a trace at one rank runs at another, as torch's (matmul and
+    # linear of a 2-D input recorded mm's and addmm's 2-D nodes)
     for name, (ours, theirs) in fns.items():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # TracerWarnings
-            traced = torch.jit.trace(ours, torch.randn(2, 4, 8, device=device))
-        for shape in ((4, 2, 8), (3, 5, 8), (2, 6, 1, 8)):
-            x = torch.randn(shape, device=device)
-            torch.testing.assert_close(
-                traced(x), theirs(x), rtol=1e-5, atol=1e-5, msg=name
-            )
+        for at in ((2, 4, 8), (5, 8), (8,)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # TracerWarnings
+                traced = torch.jit.trace(ours, torch.randn(at, device=device))
+            for shape in ((4, 2, 8), (3, 5, 8), (2, 6, 1, 8), (7, 8), (8,)):
+                x = torch.randn(shape, device=device)
+                torch.testing.assert_close(
+                    traced(x), theirs(x), rtol=1e-5, atol=1e-5, msg=name
+                )
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)

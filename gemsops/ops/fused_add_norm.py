@@ -213,12 +213,14 @@ def _fits(x, residual):
     """residual is what the fused kernels read beside x: a tensor of x's
     shape, dtype and device. Anything else (a broadcast, another dtype, a
     number) is added by torch's rules and normalized apart, as the
-    unfused expression would; so are nested tensors, which the unfused
-    norms hand to torch."""
+    unfused expression would; so are nested and sparse tensors, which the
+    unfused norms hand to torch (or refuse as it does)."""
     return (
         isinstance(residual, torch.Tensor)
         and not x.is_nested
         and not residual.is_nested
+        and x.layout is torch.strided
+        and residual.layout is torch.strided
         and residual.shape == x.shape
         and residual.dtype == x.dtype
         and residual.device == x.device

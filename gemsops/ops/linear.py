@@ -719,9 +719,10 @@ def linear(input, weight, bias=None):
         )
     ):
         # the bias in the product's epilogue, rounded once, as torch's
-        # addmm (traced code: compile, autocast, the JIT tracer; the
-        # tracer would keep an N-D input's leading sizes as constants)
-        if input.dim() != 2 and _tracing() is not None:
+        # addmm (traced code: compile, autocast). The JIT tracer records
+        # torch's linear, which takes any rank (addmm's node takes 2-D
+        # alone, and a fold's leading sizes would be kept as constants)
+        if _tracing() is not None:
             return torch.nn.functional.linear(input, weight, bias)
         y = addmm(bias, _rows(input), weight.t())
         return _unrows(y, input.shape)

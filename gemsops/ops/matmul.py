@@ -613,16 +613,17 @@ def matmul_as(name, input, other):
             f"{name}(): both arguments to matmul need to be at "
             f"least 1D, but they are {da}D and {db}D"
         )
+    if _tracing() is not None:
+        # torch's matmul records one node that takes any ranks; mm's and
+        # bmm's take their own alone, and the folds below take the shapes
+        # as numbers, which the JIT tracer would keep as constants (a
+        # trace run at other leading sizes came out in the traced call's
+        # shape)
+        return torch.matmul(input, other)
     if da == db and (da == 2 or da == 3 and input.shape[0] == other.shape[0]):
         if input.shape[-1] != other.shape[-2]:
             raise _shapes_error(name, input, other)
         return _product(input, other)  # mm / bmm: no views needed
-    if _tracing() is not None:
-        # the folds below take the shapes as numbers, which the JIT
-        # tracer would keep as constants: a trace run at other leading
-        # sizes came out in the traced call's shape. torch's matmul
-        # records one node that takes any
-        return torch.matmul(input, other)
     a = input.unsqueeze(0) if da == 1 else input  # [.., m, k]
     b = other.unsqueeze(-1) if db == 1 else other  # [.., k, n]
     if a.shape[-1] != b.shape[-2]:

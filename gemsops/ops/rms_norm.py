@@ -134,6 +134,29 @@ def _savable(x):
     return x.clone() if x.is_inference() else x
 
 
+def _save(ctx, x, weight, rstd):
+    """Saves x, rstd and the weight where dx will read it: the weight's
+    own gradient does not (torch's composite saves no weight then, so a
+    weight made under inference mode or written in place after the forward
+    is no error there)."""
+    ctx.weight_like = None
+    if weight is not None and not ctx.needs_input_grad[0]:
+        ctx.weight_like = (weight.shape, weight.dtype, weight.device)
+        weight = None
+    ctx.save_for_backward(_savable(x), weight, rstd)
+
+
+def _saved(ctx):
+    """(x, weight, rstd) as _save kept them; a weight not kept is zeros of
+    its shape and dtype, for the gradients' shapes (dx, which would read
+    it, is not asked)."""
+    x, weight, rstd = ctx.saved_tensors
+    if ctx.weight_like is not None:
+        shape, dtype, device = ctx.weight_like
+        weight = torch.zeros(shape, dtype=dtype, device=device)
+    return x, weight, rstd
+
+
 class RMSNormFunction(torch.autograd.Function):
     """The eager path; under create_graph the backward is the
     gemsops::rms_norm_backward op, whose own autograd gives second order
@@ -145,12 +168,12 @@ class RMSNormFunction(torch.autograd.Function):
         st = stat_view_shape(x, len(shape))
         out, rstd = _forward(x, shape, weight, eps, rstd_shape=st)
         ctx.shape, ctx.eps = shape, eps
-        ctx.save_for_backward(_savable(x), weight, rstd)
+        _save(ctx, x, weight, rstd)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight, rstd = ctx.saved_tensors
+        x, weight, rstd = _saved(ctx)
         want_dx, _, want_dw, _ = ctx.needs_input_grad
         mask = (want_dx, want_dw and weight is not None)
         if batched(grad_out):  # a vmap's gradients: torch's ops
@@ -200,12 +223,12 @@ def _(input, normalized_shape, weight, eps):
 def _rms_norm_setup(ctx, inputs, output):
     input, shape, weight, eps = inputs
     ctx.shape, ctx.eps = tuple(shape), eps
-    ctx.save_for_backward(_savable(input), weight, output[1])
+    _save(ctx, input, weight, output[1])
     ctx.mark_non_differentiable(output[1])
 
 
 def _rms_norm_grad(ctx, grad_out, _grstd):
-    x, weight, rstd = ctx.saved_tensors
+    x, weight, rstd = _saved(ctx)
     want_dx, _, want_dw, _ = ctx.needs_input_grad
     mask = (want_dx, want_dw and weight is not None)
     dx, dw = _backward_op(grad_out, x, ctx.shape, rstd, weight, mask, ctx.eps)
@@ -366,8 +389,11 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
         return handle_torch_function(
             rms_norm, (input, weight), input, normalized_shape, weight, eps
         )
-    if isinstance(input, torch.Tensor) and input.is_nested:
-        # no kernel for nested tensors: torch's own computes them
+    if isinstance(input, torch.Tensor) and (
+        input.is_nested or input.layout is not torch.strided
+    ):
+        # no kernel for nested or sparse tensors: torch's own computes
+        # them (or refuses them with its exception)
         return torch.nn.functional.rms_norm(
             input, normalized_shape, weight, eps
         )
