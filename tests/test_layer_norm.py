@@ -1,6 +1,10 @@
 """LayerNorm forward and fused backward against float64 references, on the
 CPU (CI) and on CUDA (the `cuda` twins of the same tests)."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -37,6 +41,8 @@ SHAPES = [
     # the 1024-thread looped kernel, aligned and odd widths
     ((4, 65536), 1),
     ((3, 65533), 1),
+    # CPU: rows taken a chunk of columns at a time, the last one partial
+    ((2, 73733), 1),
 ]
 
 
@@ -858,3 +864,39 @@ def test_rows_view_rule_mirrors_c():
         assert took == ok, (tuple(x.shape), x.stride(), nd)
         seen.add(ok)
     assert seen == {True, False}
+
+
+_LONG_ROW_MEMORY = """
+import resource, torch, gemsops
+n = 1 << 25
+x = torch.ones(1, n, dtype=torch.bfloat16)
+gemsops.layer_norm(torch.ones(2, 8), (8,))
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+y = gemsops.layer_norm(x, (n,))
+mean, rstd = gemsops.native_layer_norm(x, (n,))[1:]
+dx = gemsops.layer_norm_backward(y, x, (n,), mean, rstd,
+                                 output_mask=(True, False, False))[0]
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print((peak - base) / x.nbytes)
+"""
+
+
+def test_cpu_long_row_memory_is_the_outputs():
+    """A row of 2^25 bf16 elements on the CPU: the forward and backward
+    hold a few chunks of doubles a thread, not the whole row in doubles
+    (16 bytes an element a thread, plus w and b widened: a 2 GB row ran
+    the host out of memory where torch normalizes it). What grows is the
+    outputs: y, the statistics' call's y, dx (bf16), and the backward's
+    per-thread dW/dB partials where they are asked (16 bytes an element a
+    thread with rows, as torch's)."""
+    run = subprocess.run(
+        [sys.executable, "-c", _LONG_ROW_MEMORY],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "2"},
+    )
+    assert run.returncode == 0, run.stderr
+    grown = float(run.stdout.split()[-1])
+    # 3 outputs of x's size; whole-row buffers took it to 14 times
+    assert grown < 4.5, grown
