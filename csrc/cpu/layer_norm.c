@@ -196,14 +196,15 @@ row_stats(double mean0, double m2, double dsum, int64_t n, double eps, int rms,
 /* y[0..n) = (v - mean) * rstd * w + b, rounded once */
 static inline void
 store_normalized(void *y, gemsops_dtype dt, int64_t n, const double *v,
-                 double mean, double rstd, const double *w, const double *b){
-    GEMSOPS_STORE_ROW(y, dt, (v[c] - mean) * rstd * w[c] + b[c])}
+                 double mean, double rstd, const double *w, const double *b)
+{
+    GEMSOPS_STORE_ROW(y, dt, (v[c] - mean) * rstd * w[c] + b[c]);
+}
 
-GEMSOPS_SIMD_CLONES
-    static void fwd_row(const void *x, const void *res, void *h, void *y,
-                        gemsops_dtype dt, int64_t n, double *buf,
-                        const double *w, const double *b, double eps, int rms,
-                        double *mean_out, double *rstd_out)
+GEMSOPS_SIMD_CLONES static void
+fwd_row(const void *x, const void *res, void *h, void *y, gemsops_dtype dt,
+        int64_t n, double *buf, const double *w, const double *b, double eps,
+        int rms, double *mean_out, double *rstd_out)
 {
     const double sum = res ? add_residual(x, res, h, dt, n, buf, buf + n)
                            : load_sum(x, dt, n, buf);
@@ -391,9 +392,11 @@ add_param_terms(double *mine, int64_t db, int64_t n, const double *dyb,
 static inline void
 store_dx(void *dx, gemsops_dtype dt, int64_t n, const double *dyb,
          const double *w, const double *xh, const double *dhb, double c1,
-         double c2, double rstd){
+         double c2, double rstd)
+{
     GEMSOPS_STORE_ROW(dx, dt,
-                      rstd *(dyb[c] * w[c] - (xh[c] * c1 + c2)) + dhb[c])}
+                      rstd * (dyb[c] * w[c] - (xh[c] * c1 + c2)) + dhb[c]);
+}
 
 /* One row of the backward in two passes: (1) widen x and dy, xhat into
  * xh, dy into dyb, the row sums c1 = sum g * xhat, c2 = sum g (g = w * dy)
@@ -401,11 +404,10 @@ store_dx(void *dx, gemsops_dtype dt, int64_t n, const double *dyb,
  * dx = rstd * (g - (xhat * c1 + c2) / N), rounded into dx (when dx); for
  * RMSNorm (mean 0) without the c2 term; plus dh (widened into dhb, n
  * zeros when there is none). */
-GEMSOPS_SIMD_CLONES
-    static void bwd_row(const void *x, const void *dy, const void *dh,
-                        void *dx, gemsops_dtype dt, int64_t n, double *xh,
-                        double *dyb, double *dhb, const double *w, double mean,
-                        double rstd, int rms, double *mine)
+GEMSOPS_SIMD_CLONES static void
+bwd_row(const void *x, const void *dy, const void *dh, void *dx,
+        gemsops_dtype dt, int64_t n, double *xh, double *dyb, double *dhb,
+        const double *w, double mean, double rstd, int rms, double *mine)
 {
     double c1 = 0, c2 = 0;
     bwd_sums(x, dy, dt, n, xh, dyb, w, mean, rstd, &c1, &c2);
