@@ -9,7 +9,10 @@ throttle reasons every 50 ms. Printed per phase: the call's mean time from
 CUDA events over the phase's second half, and the median SM clock and
 power over the same half. Read only: nothing about the GPU is set.
 
-usage: python -m tools.mm_clocks [seconds] [M,N,K ...]"""
+usage: python -m tools.mm_clocks [seconds] [M,N,K ...] [--mainloops a,b]
+  --mainloops: gemsops forced to each of these mainloops (gemsops.
+  MAINLOOPS, data-parallel schedule) in phases of their own, beside the
+  planner's choice: which of our tiles spends the least energy a call."""
 
 import statistics
 import subprocess
@@ -62,8 +65,14 @@ def phase(fn, seconds):
 
 
 def main():
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 4.0
-    shapes = [tuple(map(int, s.split(","))) for s in sys.argv[2:]] or [
+    args = sys.argv[1:]
+    forced = []
+    if "--mainloops" in args:
+        i = args.index("--mainloops")
+        forced = args[i + 1].split(",")
+        del args[i : i + 2]
+    seconds = float(args[0]) if args else 4.0
+    shapes = [tuple(map(int, s.split(","))) for s in args[1:]] or [
         (4096, 4096, 4096),
         (8192, 8192, 8192),
     ]
@@ -73,14 +82,21 @@ def main():
         for dtype in (torch.float16, torch.bfloat16):
             a = torch.randn(m, k, device="cuda", dtype=dtype)
             b = torch.randn(k, n, device="cuda", dtype=dtype)
-            for who, fn in (
-                ("torch", lambda: a @ b),
-                ("gemsops", lambda: gemsops.matmul(a, b)),
-                ("torch", lambda: a @ b),
-                ("gemsops", lambda: gemsops.matmul(a, b)),
-            ):
-                us, win = phase(fn, seconds)
-                windows.append(((m, n, k), str(dtype)[6:], who, us, win))
+            sides = [("torch", "auto"), ("gemsops", "auto")] * 2
+            sides += [("gemsops", name) for name in forced]
+            for who, mainloop in sides:
+                if mainloop != "auto":
+                    gemsops.set_schedule("data-parallel", mainloop=mainloop)
+                if who == "torch":
+                    fn = lambda: a @ b  # noqa: E731
+                else:
+                    fn = lambda: gemsops.matmul(a, b)  # noqa: E731
+                try:
+                    us, win = phase(fn, seconds)
+                finally:
+                    gemsops.set_schedule()
+                tag = who if mainloop == "auto" else mainloop
+                windows.append(((m, n, k), str(dtype)[6:], tag, us, win))
                 time.sleep(1.0)  # a gap between phases in the samples
     time.sleep(0.2)
     smi.terminate()
@@ -98,14 +114,14 @@ def main():
         shape = f"{m}x{n}x{k}"
         s = [r for r in rows if t0 <= r[0] <= t1]
         if not s:
-            print(f"{shape} {dt:9s} {who:8s} {us:8.1f} us (no samples)")
+            print(f"{shape} {dt:9s} {who:16s} {us:8.1f} us (no samples)")
             continue
         clock = statistics.median(r[1] for r in s)
         watts = statistics.median(r[2] for r in s)
         reasons = sorted({r[3] for r in s})
         flops = 2 * m * n * k / (us * 1e-6) / 1e12
         print(
-            f"{shape} {dt:9s} {who:8s} {us:8.1f} us {flops:6.0f} TFLOP/s "
+            f"{shape} {dt:9s} {who:16s} {us:8.1f} us {flops:6.0f} TFLOP/s "
             f"SM {clock:6.0f} MHz {watts:6.0f} W ({len(s)} samples, "
             f"throttle {' '.join(reasons)})"
         )
