@@ -302,7 +302,7 @@ def test_weight_gradient_alone_saves_no_weight(path, device):
     was saved, and refused)."""
     torch.manual_seed(14)
     x = torch.randn(4, 8, device=device)
-    xd = x.double()
+    xd = x.double().cpu()  # torch's CUDA kernel saves its weight: the CPU's
 
     def norm(x, w):
         if path == "op":  # the custom op's autograd (autocast takes it)
@@ -314,14 +314,35 @@ def test_weight_gradient_alone_saves_no_weight(path, device):
         m = gemsops.nn.RMSNorm(8, device=device)
     assert m(x).shape == (4, 8)  # an inference parameter, no grad asked
     w = torch.randn(8, device=device, requires_grad=True)
-    wd = w.detach().double().requires_grad_()
+    wd = w.detach().double().cpu().requires_grad_()
     y, yd = norm(x, w), F.rms_norm(xd, (8,), wd)
     with torch.no_grad():
         w.mul_(2)
         wd.mul_(2)
     y.square().sum().backward()
     yd.square().sum().backward()
-    torch.testing.assert_close(w.grad.double(), wd.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        w.grad.double().cpu(), wd.grad, rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.parametrize("fn", ["rms_norm", "fused_add_rms_norm"])
+@pytest.mark.parametrize("wdtype", [torch.float8_e5m2, torch.float8_e4m3fn])
+def test_float8_weight_refused_as_torch(fn, wdtype):
+    """torch promotes no float8 type: its rms_norm refuses a float8 weight
+    (RuntimeError); gemsops cast it to fp32 and computed."""
+    x = torch.randn(2, 4)
+    w = torch.ones(4).to(wdtype)
+    with pytest.raises(RuntimeError, match="Float8"):
+        F.rms_norm(x, (4,), w)
+    call = {
+        "rms_norm": lambda: gemsops.rms_norm(x, (4,), w),
+        "fused_add_rms_norm": lambda: gemsops.fused_add_rms_norm(
+            x, x, (4,), w
+        ),
+    }[fn]
+    with pytest.raises(RuntimeError, match="Float8.*'weight'"):
+        call()
 
 
 @pytest.mark.parametrize("wdtype", [torch.int64, torch.bool])

@@ -516,6 +516,8 @@ def _bad_calls():
             ("prod_dim_range_neg", lambda P: P(x, -3)),
             ("prod_dim_range_0d", lambda P: P(torch.tensor(2.0), 1)),
             ("prod_dim_range_empty", lambda P: P(e, 2)),
+            ("prod_dim_past_int64", lambda P: P(x, 2**63)),
+            ("prod_dim_below_int64", lambda P: P(x, -(2**63) - 1)),
             ("prod_keepdim_none", lambda P: P(x, 1, None)),
             ("prod_keepdim_int", lambda P: P(x, 1, 1)),
             ("prod_keepdim_without_dim", lambda P: P(x, keepdim=True)),

@@ -77,6 +77,8 @@ def _normalize_dim(dim, ndim):
         dim = _index(dim)
     n = max(ndim, 1)
     if not -n <= dim < n:
+        if not -(2**63) <= dim < 2**63:  # torch's parser: not an int64
+            raise ValueError("prod(): Overflow when unpacking long long")
         raise IndexError(
             f"prod(): Dimension out of range (expected to be in "
             f"range of [{-n}, {n - 1}], but got {dim})"

@@ -78,6 +78,18 @@ def _prepare(input, normalized_shape, weight, fn):
     return input, shape, weight
 
 
+def _c10_name(dtype):
+    """torch's C++ name of a dtype, as its promotion errors give it
+    (float32: Float, float8_e5m2: Float8_e5m2)."""
+    names = {
+        torch.float32: "Float",
+        torch.float64: "Double",
+        torch.float16: "Half",
+        torch.bfloat16: "BFloat16",
+    }
+    return names.get(dtype, str(dtype)[6:].capitalize())
+
+
 def _weight_for(x, w):
     """torch's rms_norm takes a weight of any float dtype (the product is
     promoted, then cast to x's dtype); the kernels take x's dtype, or fp32
@@ -87,6 +99,12 @@ def _weight_for(x, w):
         return w
     if not w.is_floating_point():  # an integer or bool weight: x's dtype
         return w.to(x.dtype) if x.is_floating_point() else w
+    if w.dtype.itemsize == 1:  # the float8 types: torch promotes none
+        raise RuntimeError(
+            "rms_norm(): Promotion for Float8 Types is not supported, "
+            f"attempted to promote {_c10_name(x.dtype)} and "
+            f"{_c10_name(w.dtype)} (argument 'weight')"
+        )
     half = x.dtype in (torch.float16, torch.bfloat16)
     if half and w.dtype == torch.float32:
         return w
