@@ -17,6 +17,7 @@ from torch.overrides import handle_torch_function
 
 from .. import _C
 from .._dispatch import (
+    _strided,
     batched,
     eager,
     eager_apply,
@@ -219,8 +220,8 @@ def _fits(x, residual):
         isinstance(residual, torch.Tensor)
         and not x.is_nested
         and not residual.is_nested
-        and x.layout is torch.strided
-        and residual.layout is torch.strided
+        and x.layout is _strided
+        and residual.layout is _strided
         and residual.shape == x.shape
         and residual.dtype == x.dtype
         and residual.device == x.device

@@ -517,10 +517,14 @@ def _autocast_casts(a, b):
     )
 
 
-def _product(a, b):
+def _product(a, b, traced_as=None):
+    """mm or bmm of a and b; traced_as: the torch function the JIT tracer
+    records instead (matmul's, whose node takes any rank)."""
     if not eager((a, b)):
         if torch_only():  # forward-mode AD, functorch: torch's own
             return torch.mm(a, b) if a.dim() == 2 else torch.bmm(a, b)
+        if traced_as is not None and _tracing() is not None:
+            return traced_as(a, b)
         return _OPS[a.dim()](a, b)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
         return _matmul_function(a, b)
@@ -613,17 +617,17 @@ def matmul_as(name, input, other):
             f"{name}(): both arguments to matmul need to be at "
             f"least 1D, but they are {da}D and {db}D"
         )
-    if _tracing() is not None:
-        # torch's matmul records one node that takes any ranks; mm's and
-        # bmm's take their own alone, and the folds below take the shapes
-        # as numbers, which the JIT tracer would keep as constants (a
-        # trace run at other leading sizes came out in the traced call's
-        # shape)
-        return torch.matmul(input, other)
     if da == db and (da == 2 or da == 3 and input.shape[0] == other.shape[0]):
         if input.shape[-1] != other.shape[-2]:
             raise _shapes_error(name, input, other)
-        return _product(input, other)  # mm / bmm: no views needed
+        # mm / bmm: no views needed. Traced, torch's matmul: its node takes
+        # any ranks, mm's and bmm's their own alone
+        return _product(input, other, torch.matmul)
+    if _tracing() is not None:
+        # the folds below take the shapes as numbers, which the JIT tracer
+        # would keep as constants (a trace run at other leading sizes came
+        # out in the traced call's shape)
+        return torch.matmul(input, other)
     a = input.unsqueeze(0) if da == 1 else input  # [.., m, k]
     b = other.unsqueeze(-1) if db == 1 else other  # [.., k, n]
     if a.shape[-1] != b.shape[-2]:

@@ -18,6 +18,7 @@ from torch.overrides import handle_torch_function
 
 from .. import _C
 from .._dispatch import (
+    _strided,
     batched,
     cast_floating,
     define_op,
@@ -408,7 +409,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
             rms_norm, (input, weight), input, normalized_shape, weight, eps
         )
     if isinstance(input, torch.Tensor) and (
-        input.is_nested or input.layout is not torch.strided
+        input.is_nested or input.layout is not _strided
     ):
         # no kernel for nested or sparse tensors: torch's own computes
         # them (or refuses them with its exception)
