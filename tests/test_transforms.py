@@ -282,6 +282,61 @@ def test_jit_trace_of_n_d_products_runs_at_other_leading_sizes(device):
                 )
 
 
+def _script_modules(device):
+    """(gemsops module, its torch equivalent, input count) pairs sharing
+    parameters: torch.nn's modules script; ours compile to torch's
+    functions."""
+    ln, rn = gemsops.nn.LayerNorm(8), gemsops.nn.RMSNorm(8, eps=1e-3)
+    lin, lin0 = gemsops.nn.Linear(8, 3), gemsops.nn.Linear(8, 3, bias=False)
+    fl, fr = gemsops.nn.FusedAddLayerNorm(8), gemsops.nn.FusedAddRMSNorm(8)
+    with torch.no_grad():
+        for m in (ln, rn, fl, fr):
+            m.weight.normal_()
+        for m in (ln, fl):
+            m.bias.normal_()
+
+    def fused(norm):
+        def run(x, r):
+            h = x + r
+            return norm(h), h
+
+        return run
+
+    pairs = [
+        (ln, lambda x: F.layer_norm(x, (8,), ln.weight, ln.bias), 1),
+        (rn, lambda x: F.rms_norm(x, (8,), rn.weight, 1e-3), 1),
+        (lin, lambda x: F.linear(x, lin.weight, lin.bias), 1),
+        (lin0, lambda x: F.linear(x, lin0.weight), 1),
+        (fl, fused(lambda h: F.layer_norm(h, (8,), fl.weight, fl.bias)), 2),
+        (fr, fused(lambda h: F.rms_norm(h, (8,), fr.weight)), 2),
+    ]
+    return [(m.to(device), ref, n) for m, ref, n in pairs]
+
+
+def test_jit_script_of_the_modules(device, tmp_path):
+    """torch.jit.script compiles the nn modules (torch's own script), to
+    torch's functions: the scripted module, and one saved and loaded,
+    give torch's values and gradients at any rank."""
+    for i, (m, ref, n) in enumerate(_script_modules(device)):
+        scripted = torch.jit.script(m)
+        torch.jit.save(scripted, tmp_path / f"m{i}.pt")
+        loaded = torch.jit.load(tmp_path / f"m{i}.pt", map_location=device)
+        for shape in ((5, 8), (2, 3, 8), (8,)):
+            args = [
+                torch.randn(shape, device=device, requires_grad=True)
+                for _ in range(n)
+            ]
+            want = ref(*args)
+            out = want if isinstance(want, tuple) else (want,)
+            refs = torch.autograd.grad(sum(o.sum() for o in out), args)
+            for run in (scripted, loaded):
+                got = run(*args)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+                out = got if isinstance(got, tuple) else (got,)
+                grads = torch.autograd.grad(sum(o.sum() for o in out), args)
+                torch.testing.assert_close(grads, refs, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_meta_tensors(case):
     """Meta inputs give meta outputs of torch's shapes and dtypes (C has

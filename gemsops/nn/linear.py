@@ -1,4 +1,5 @@
 import torch
+import torch.nn.functional as F
 
 from ..ops.linear import linear
 from ..ops.matmul import SUPPORTED
@@ -10,9 +11,16 @@ class Linear(torch.nn.Linear):
     checkpoints load either way. Input of a dtype gemsops has no kernel for
     (float64, complex, integer: a model in .double() for gradcheck, say)
     takes torch's own product, as the global mode does, where the function
-    gemsops.linear refuses it."""
+    gemsops.linear refuses it. torch.jit.script compiles it to torch's
+    function."""
 
-    def forward(self, input):
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if torch.jit.is_scripting():
+            return F.linear(input, self.weight, self.bias)
+        return self._gemsops_forward(input)
+
+    @torch.jit.unused
+    def _gemsops_forward(self, input: torch.Tensor) -> torch.Tensor:
         if isinstance(input, torch.Tensor) and input.dtype not in SUPPORTED:
             return super().forward(input)
         return linear(input, self.weight, self.bias)
