@@ -179,6 +179,10 @@ def _addmm(bias, a, b, *, beta=1, alpha=1):
     )
     shape = (a.shape[0], b.shape[1])
     _need(torch.broadcast_shapes(bias.shape, shape) == shape)
+    if not a.shape[1] and not isinstance(alpha, torch.Tensor):
+        # an empty sum is left out, as torch's: a NaN or infinite alpha
+        # does not make 0 * alpha NaN (alpha != 0 has no other effect)
+        alpha = 1
     # the kernel's epilogue: alpha * a @ b + beta * bias before the one
     # rounding (beta 0: bias is not read, its NaNs do not spread)
     return _mm._mm(

@@ -1018,3 +1018,7 @@ def test_addmm_of_an_empty_sum_leaves_alpha_out(alpha, device):
     want = torch.addmm(i, a, b, alpha=alpha, beta=0.5)
     got = gemsops.addmm(i, a, b, alpha=alpha, beta=0.5)
     assert torch.equal(got, want)
+    # and torch.addmm under the global mode (its own kernel took 0 * alpha)
+    with gemsops.use_gemsops(devices=("cpu", "cuda")):
+        got = torch.addmm(i, a, b, alpha=alpha, beta=0.5)
+    assert torch.equal(got, want)

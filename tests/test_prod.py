@@ -27,6 +27,43 @@ def ref_prod(x, dim=None, keepdim=False):
     return xd.prod() if dim is None else xd.prod(dim, keepdim=keepdim)
 
 
+def test_numpy_names_axis_and_keepdims(device):
+    # torch's argument parser takes axis= for dim and keepdims= for keepdim
+    x = near_one((3, 4, 5), torch.float32, device=device)
+    for kw in (
+        {"axis": 1},
+        {"axis": -1, "keepdims": True},
+        {"dim": 0, "keepdims": False},
+        {"axis": 2, "keepdim": True},
+    ):
+        want = torch.prod(x, **kw)
+        got = gemsops.prod(x, **kw)
+        assert got.shape == want.shape, kw
+        assert_close(
+            got,
+            ref_prod(
+                x,
+                kw.get("dim", kw.get("axis")),
+                kw.get("keepdim", kw.get("keepdims", False)),
+            ),
+            torch.float32,
+            chain_len=5,
+        )
+    assert gemsops.prod(x, 1, keepdims=True).shape == (3, 1, 5)
+    # what torch refuses: a name given twice, axis=None, keepdims alone
+    for args, kw in (
+        ((1,), {"axis": 1}),
+        ((), {"dim": 1, "axis": 1}),
+        ((1, True), {"keepdims": True}),
+        ((), {"axis": None}),
+        ((), {"keepdims": True}),
+    ):
+        with pytest.raises(TypeError):
+            torch.prod(x, *args, **kw)
+        with pytest.raises(TypeError):
+            gemsops.prod(x, *args, **kw)
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("dim", [0, 1, 2, 3, -1, -4])
 @pytest.mark.parametrize("keepdim", [False, True])

@@ -287,9 +287,36 @@ class _KeepdimDefault:
 
 
 _KEEPDIM_DEFAULT = _KeepdimDefault()
+_NO_ALIAS = object()
 
 
-def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
+def _numpy_names(dim, keepdim, axis, keepdims):
+    """dim and keepdim from torch's NumPy-style names (axis=, keepdims=),
+    which its argument parser takes for any function: refused as torch
+    refuses them, given twice or without a dim."""
+    if axis is not _NO_ALIAS:
+        if dim is not None or axis is None:
+            raise TypeError("prod() got an unexpected keyword argument 'axis'")
+        dim = axis
+    if keepdims is not _NO_ALIAS:
+        if keepdim is not _KEEPDIM_DEFAULT or dim is None:
+            raise TypeError(
+                "prod() got an unexpected keyword argument 'keepdims'"
+            )
+        keepdim = keepdims
+    return dim, keepdim
+
+
+def prod(
+    input,
+    dim=None,
+    keepdim=_KEEPDIM_DEFAULT,
+    *,
+    dtype=None,
+    out=None,
+    axis=_NO_ALIAS,
+    keepdims=_NO_ALIAS,
+):
     """gemsops.prod(input, *, dtype=None) -> 0-d tensor;
     gemsops.prod(input, dim, keepdim=False, *, dtype=None, out=None).
 
@@ -297,7 +324,11 @@ def prod(input, dim=None, keepdim=_KEEPDIM_DEFAULT, *, dtype=None, out=None):
     input (unsigned ones too), else input's dtype. With dtype= the input is
     cast first, as torch does; integer and bool results are computed in
     int64 and truncated, which wraps as torch's narrower products do. out=
-    (with a dim, as torch's) sets the dtype the product is computed in."""
+    (with a dim, as torch's) sets the dtype the product is computed in.
+    NumPy's names axis= and keepdims= are taken for dim and keepdim, as
+    torch takes them."""
+    if axis is not _NO_ALIAS or keepdims is not _NO_ALIAS:
+        dim, keepdim = _numpy_names(dim, keepdim, axis, keepdims)
     if tensor_like(input, out):
         return handle_torch_function(
             prod, (input, out), input, dim, keepdim, dtype=dtype, out=out
