@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 import gemsops
 from gemsops.testing import assert_close, raised_type
@@ -1022,3 +1023,29 @@ def test_addmm_of_an_empty_sum_leaves_alpha_out(alpha, device):
     with gemsops.use_gemsops(devices=("cpu", "cuda")):
         got = torch.addmm(i, a, b, alpha=alpha, beta=0.5)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_out_as_torch(bias, device):
+    # F.linear takes out= (aten's linear.out): written in place, resized
+    # from another shape, refused under autograd and for another dtype
+    x = torch.randn(2, 3, 8, device=device)
+    w = torch.randn(5, 8, device=device)
+    b = torch.randn(5, device=device) if bias else None
+    want = F.linear(x, w, b)
+    out = torch.full((2, 3, 5), float("nan"), device=device)
+    assert gemsops.linear(x, w, b, out=out) is out
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    empty = torch.empty(0, device=device)
+    gemsops.linear(x, w, b, out=empty)
+    assert empty.shape == want.shape
+    torch.testing.assert_close(empty, want, rtol=1e-5, atol=1e-5)
+    with pytest.warns(UserWarning, match="An output with one or more"):
+        gemsops.linear(x, w, b, out=torch.empty(3, device=device))
+    assert gemsops.linear(x, w, b, out=None).shape == want.shape
+    wrong = torch.empty(2, 3, 5, dtype=torch.float64, device=device)
+    for args in ((x.requires_grad_(), w, b, out), (x.detach(), w, b, wrong)):
+        with pytest.raises(RuntimeError):
+            F.linear(*args[:3], out=args[3])
+        with pytest.raises(RuntimeError):
+            gemsops.linear(*args[:3], out=args[3])

@@ -648,10 +648,11 @@ class _BetaZero(torch.autograd.Function):
         return g, _grad_input(g, 0, shape).to(dtype)
 
 
-def linear(input, weight, bias=None):
+def linear(input, weight, bias=None, *, out=None):
     """torch.nn.functional.linear: input [*, in] @ weight[out, in]^T
-    (+ bias[out]). The batch dims fold into one product."""
-    if _linear_ok(input, weight, bias):
+    (+ bias[out]). The batch dims fold into one product. out= as torch's
+    (no autograd through it)."""
+    if out is None and _linear_ok(input, weight, bias):
         if _grad_enabled() and (
             input.requires_grad
             or weight.requires_grad
@@ -666,9 +667,16 @@ def linear(input, weight, bias=None):
                 return _unrows(rows, input.shape)
             return _linear_function(input, weight, bias)
         return _linear(input, weight, bias)
-    if tensor_like(input, weight, bias):
+    if tensor_like(input, weight, bias, out):
         return handle_torch_function(
-            linear, (input, weight, bias), input, weight, bias
+            linear, (input, weight, bias, out), input, weight, bias, out=out
+        )
+    if out is not None:
+        return _into(
+            "linear",
+            out,
+            (input, weight, bias),
+            lambda: linear(input, weight, bias),
         )
     if not isinstance(input, torch.Tensor):
         raise TypeError(
