@@ -680,6 +680,98 @@ def test_cuda_split_rows_many_slabs(shape, dtype):
         )
 
 
+# Rows of more 8192-column slabs than the GPU holds at once (two an SM,
+# and a ragged tail): the split exchange would wait on slabs that never
+# start (it raised), so they take the three launches that wait on no
+# other CTA. Every norm, its dx (with dh for the fused adds), dW and dB.
+# On the CPU: rows past 65536 elements, which go a chunk at a time.
+TWO_PASS_NORMS = ["layer_norm", "no_affine", "rms_norm", "add_ln", "add_rms"]
+
+
+def _norm_and_reference(op, x, res, pshape, w, b):
+    """(outputs, their float64 references) of op on x (and res): the
+    references from float64 leaves of x (or of h = x + res, rounded in x's
+    dtype, as the fused adds form it), w and b, returned with them."""
+    rms = op in ("rms_norm", "add_rms")
+    if op == "no_affine":
+        w = b = None
+    if rms:
+        b = None
+    if op.startswith("add"):
+        outs = (
+            gemsops.fused_add_rms_norm(x, res, pshape, w, 1e-6)
+            if rms
+            else gemsops.fused_add_layer_norm(x, res, pshape, w, b)
+        )
+        source = (x + res).detach()
+    else:
+        outs = (
+            (
+                gemsops.rms_norm(x, pshape, w, 1e-6)
+                if rms
+                else gemsops.layer_norm(x, pshape, w, b)
+            ),
+        )
+        source = x.detach()
+    leaves = [
+        None if t is None else t.detach().double().requires_grad_()
+        for t in (source, w, b)
+    ]
+    if rms:
+        y = torch.nn.functional.rms_norm(leaves[0], pshape, leaves[1], 1e-6)
+    else:
+        y = torch.nn.functional.layer_norm(
+            leaves[0], pshape, leaves[1], leaves[2], 1e-5
+        )
+    refs = (y, leaves[0]) if op.startswith("add") else (y,)
+    return outs, refs, leaves, (w, b)
+
+
+def _past_resident_slabs(device):
+    if device == "cpu":
+        return 2 * 65536
+    return 2 * torch.cuda.get_device_properties(0).multi_processor_count * 8192
+
+
+@pytest.mark.parametrize("dtype", [torch.float64] + FLOAT_DTYPES)
+@pytest.mark.parametrize("op", TWO_PASS_NORMS)
+def test_backward_rows_past_the_resident_slabs(op, dtype, device):
+    rows, n = 3, _past_resident_slabs(device) + 123
+    x, pshape, w, b = make((rows, n), 1, dtype, device, "both", True)
+    res = torch.randn_like(x).requires_grad_()
+    outs, refs, leaves, (w, b) = _norm_and_reference(op, x, res, pshape, w, b)
+    grads = [torch.randn_like(o) for o in outs]
+    torch.autograd.backward(outs, grads)
+    torch.autograd.backward(refs, [g.double() for g in grads])
+    for o, r in zip(outs, refs, strict=True):
+        assert_close(o, r, dtype)
+    assert_close(x.grad, leaves[0].grad, dtype, name="dx")
+    if op.startswith("add"):
+        assert torch.equal(res.grad, x.grad)
+    for name, t, leaf in (("dw", w, leaves[1]), ("db", b, leaves[2])):
+        if t is not None:
+            assert_close(t.grad, leaf.grad, dtype, name=name, reduce_len=rows)
+
+
+def test_backward_rows_past_the_resident_slabs_weight_only(device):
+    # no dx wanted: on CUDA the launch that walks the rows alone
+    rows, n = 5, _past_resident_slabs(device) + 9
+    x, pshape, w, b = make((rows, n), 1, torch.bfloat16, device, "both")
+    w.requires_grad_()
+    b.requires_grad_()
+    g = torch.randn_like(x)
+    gemsops.layer_norm(x, pshape, w, b).backward(g)
+    leaves = [t.detach().double().requires_grad_() for t in (w, b)]
+    ref = torch.nn.functional.layer_norm(
+        x.double(), pshape, leaves[0], leaves[1], 1e-5
+    )
+    ref.backward(g.double())
+    for name, t, leaf in (("dw", w, leaves[0]), ("db", b, leaves[1])):
+        assert_close(
+            t.grad, leaf.grad, torch.bfloat16, name=name, reduce_len=rows
+        )
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_backward_long_rows_with_zero_partials(dtype, device):
     # rows long enough to be split over CTAs on CUDA (they exchange their

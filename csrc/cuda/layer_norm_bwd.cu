@@ -21,7 +21,9 @@
 // exchange their (c1, c2) partials through global memory
 // (layer_norm_bwd_split.cuh): x and dy are still read once. Where the
 // exchange wait would stall every row, the lagged loop finishes each row
-// one step late (plan_for says when).
+// one step late (plan_for says when). Rows of more slabs than the device
+// holds at once take three launches that wait on no other CTA
+// (layer_norm_bwd_two_pass.cuh).
 //
 // Bytes: read x and dy once, write dx once (3 * N * sizeof(T) per row);
 // mean/rstd per row; dW/dB: 2 * N atomics per CTA (grid ~ #SMs *
@@ -48,6 +50,7 @@
 #include "layer_norm_bwd_plan.cuh"
 #include "layer_norm_bwd_row.cuh"
 #include "layer_norm_bwd_sum.cuh"
+#include "layer_norm_bwd_two_pass.cuh"
 #include "pdl.cuh"
 
 namespace gemsops {
@@ -344,7 +347,9 @@ int query_workspace(const gemsops_layer_norm_bwd_params *p, int64_t *bytes,
     if (plan<T, P>(p, &pl, st)) {
         return st->code;
     }
-    *bytes = pl.layout.total;
+    *bytes = pl.grid < pl.config.shape.split
+                 ? two_pass_bytes<acc_t<T>>(p->rows, p->cols)
+                 : pl.layout.total;
     return GEMSOPS_OK;
 }
 
@@ -374,23 +379,27 @@ int backward(const gemsops_layer_norm_bwd_params *p, int64_t *need,
     if (plan<T, P>(p, &pl, st)) {
         return st->code;
     }
-    if (pl.grid < pl.config.shape.split) {
-        return gemsops_fail(st, GEMSOPS_ERR_VALUE,
-                            "layer_norm_bwd: a row of %lld elements needs %d "
-                            "co-resident CTAs; device %d holds fewer",
-                            (long long)p->cols, pl.config.shape.split,
-                            p->device_id);
-    }
-    if (p->workspace_bytes < pl.layout.total && need) {
-        *need = pl.layout.total;
+    // a row of more slabs than are co-resident: the launches that wait on
+    // no other CTA (layer_norm_bwd_two_pass.cuh)
+    const bool two_pass = pl.grid < pl.config.shape.split;
+    const int64_t bytes = two_pass ? two_pass_bytes<acc_t<T>>(p->rows, p->cols)
+                                   : pl.layout.total;
+    if (p->workspace_bytes < bytes && need) {
+        *need = bytes;
         return GEMSOPS_OK;
     }
-    if (p->workspace_bytes < pl.layout.total) {
+    if (p->workspace_bytes < bytes) {
         return gemsops_fail(st, GEMSOPS_ERR_VALUE,
                             "layer_norm_bwd: workspace has %lld bytes, the "
                             "launch needs %lld",
-                            (long long)p->workspace_bytes,
-                            (long long)pl.layout.total);
+                            (long long)p->workspace_bytes, (long long)bytes);
+    }
+    if (two_pass) {
+        device_facts f;
+        if (get_device_facts(p->device_id, &f, st)) {
+            return st->code;
+        }
+        return launch_two_pass<T, P>(p, f, st);
     }
     return launch<T, P>(p, pl, st);
 }
