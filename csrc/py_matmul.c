@@ -363,7 +363,8 @@ PyDoc_STRVAR(
     "CUDA, Stream-K and staging launches only: workspace (uint8), flags\n"
     "(int32, zeroed\n"
     "once and kept per stream), epoch (this call's flag value, never reused\n"
-    "with those flags). With flags None, or a workspace or flags smaller\n"
+    "with those flags; 0: flags for this call alone, which it zeroes and\n"
+    "does not keep: a CUDA graph's memory). With flags None, or a workspace or flags smaller\n"
     "than the launch needs, it does not happen: the call returns (workspace\n"
     "bytes, flag count, stream handle) so the caller can supply the\n"
     "stream's buffers and call again; otherwise it returns None. spin_limit "
@@ -585,9 +586,16 @@ run_product(PyObject *const *args, Py_ssize_t nargs,
     struct gemsops_tensor fl;
     unsigned long long last_epoch = 0;
     /* flags a captured launch uses belong to the graph: no record of them
-     * (it would pin the graph's memory), and the launch zeroes them */
-    const int keep_flags =
-        cuda && p.flags != NULL && !gemsops_stream_capturing(p.stream);
+     * (it would pin the graph's memory), and the launch zeroes them. So
+     * do flags passed with epoch 0: the caller's for this launch alone
+     * (a CUDA graph trees warm-up allocates from the graph's pool without
+     * capturing), run at epoch 1 */
+    const int scratch_flags = p.epoch == 0;
+    if (scratch_flags) {
+        p.epoch = 1;
+    }
+    const int keep_flags = cuda && p.flags != NULL && !scratch_flags &&
+                           !gemsops_stream_capturing(p.stream);
     if (keep_flags) {
         /* flags seen before hold only epochs up to the last one stored */
         int has_fl;

@@ -261,6 +261,35 @@ def test_cuda_streamk_flags_holding_the_epoch_are_reset():
 
 
 @pytest.mark.cuda
+def test_cuda_streamk_flags_of_epoch_0_are_the_launchs_alone():
+    """epoch 0: flags for this launch alone (a CUDA graph trees warm-up's,
+    from the graph's pool): the launch zeroes them whatever they hold and
+    C keeps no record of them (a record holds a reference, which pinned
+    the graph's memory); every call is right, and the flags object is
+    freed once the caller drops it."""
+    import gc
+    import weakref
+
+    a = torch.randn(3 * 128, 40 * 64, device="cuda", dtype=torch.float16)
+    b = torch.randn(40 * 64, 2 * 128, device="cuda", dtype=torch.float16)
+    out = torch.empty(a.shape[0], b.shape[1], device="cuda", dtype=a.dtype)
+    need = _C.matmul(a, b, out, 2, 0, 0, 0, None, None, 0, 0, None)
+    assert need is not None, "a Stream-K launch must ask for flags"
+    nbytes, nflags, _ = need
+    ws = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    for fill in (1, 0, 2):
+        # 1: the epoch the launch runs at, as if every peer had published
+        flags = torch.full((nflags,), fill, dtype=torch.int32, device="cuda")
+        out.fill_(float("nan"))
+        assert _C.matmul(a, b, out, 2, 0, 0, 0, ws, flags, 0, 0, None) is None
+        assert_mm_close(out, a, b, torch.float16)
+        gone = weakref.ref(flags)
+        del flags
+        gc.collect()
+        assert gone() is None, "C kept a reference to epoch-0 flags"
+
+
+@pytest.mark.cuda
 def test_cuda_streamk_buffers_too_small_are_asked_for_again():
     """A workspace or flags smaller than the launch needs (a caller's kept
     buffers, offered before it knew the plan) launch nothing: C answers

@@ -108,19 +108,35 @@ struct no_epilogue {
 };
 
 // ---- the exact FFMA mainloop ----------------------------------------------
+// 128 x 128 tiles, k-steps of 8, 256 threads of 8 x 8 outputs: thread (ty,
+// tx) of a 16 x 16 grid owns rows ty*4..+3 and 64+ty*4..+3 and the same
+// columns of tx, so each k reads two float4 of A and two of B from shared
+// memory for 64 FMAs (a warp's B reads are 16 neighbouring float4, its A
+// reads two broadcasts). A k-step is 512 FMAs a thread against 8 global
+// loads, 8 shared stores and 32 16-byte shared loads. Operands take any
+// strides and any alignment: each element one bounds-checked load,
+// consecutive threads along the operand's unit stride; the next step's
+// loads are in flight (registers) while this step computes, and the two
+// shared-memory stages need one barrier a step.
 template <typename T>
 struct ffma_mainloop {
-    static constexpr int BM = 64, BN = 64, BK = 16, kAcc = 16, kMinCtas = 1;
+    // one CTA an SM: at two (128 registers) the Stream-K walk spilled,
+    // and the planner's schedules are those of one persistent CTA an SM
+    static constexpr int BM = 128, BN = 128, BK = 8, kAcc = 64, kMinCtas = 1;
     static constexpr int kRowAcc = 0;
     static constexpr int kThreads = 256, kConsumers = kThreads;
     static constexpr bool kWarpSpecialized = false, kStreamK = true;
     static constexpr bool kSplitK = false; // no cluster kernel
+    static constexpr int kLoads = BM * BK / kThreads; // a thread's, each operand
+    static_assert(BM == BN && BM * BK % kThreads == 0, "the load map");
     struct smem_t {
-        float a[BK][BM + 4];
-        float b[BK][BN + 4];
+        // [stage][k][m or n]; rows of 132 floats keep the float4 reads
+        // aligned and a K-contiguous operand's stores on distinct banks
+        alignas(16) float a[2][BK][BM + 4];
+        alignas(16) float b[2][BK][BN + 4];
     };
     static constexpr int kSmemBytes = sizeof(smem_t);
-    struct ring_t {}; // loads are synchronous: nothing runs ahead
+    struct ring_t {}; // the stages live within mac()
 
     static __device__ void begin(const driver_args &, int64_t, ring_t &,
                                  smem_t &)
@@ -134,6 +150,16 @@ struct ffma_mainloop {
                                  const float (&)[kAcc], smem_t &)
     {
         return false;
+    }
+
+    // (row or column, k) of load e of this thread in a step's panel:
+    // consecutive threads along the unit stride, k-major or not
+    static __device__ __forceinline__ void load_place(bool k_unit, int e,
+                                                      int &i, int &q)
+    {
+        const int idx = (int)threadIdx.x + e * kThreads;
+        i = k_unit ? idx / BK : idx % BM;
+        q = k_unit ? idx % BK : idx / BM;
     }
 
     static __device__ void mac(const driver_args &p, ring_t &, int64_t tile,
@@ -150,53 +176,86 @@ struct ffma_mainloop {
         for (int e = 0; e < kAcc; e++) {
             acc[e] = 0.f;
         }
-        const bool a_k_unit = p.a_cs == 1, b_n_unit = p.b_cs == 1;
-        for (int64_t kt = k0; kt < k1; kt++) {
+        const bool a_k_unit = p.a_cs == 1, b_k_unit = p.b_cs != 1;
+        float ra[kLoads], rb[kLoads];
+        const auto fetch = [&](int64_t kt) {
             const int64_t kb = kt * BK;
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int idx = threadIdx.x + e * kThreads;
-                // consecutive threads along each panel's unit stride
-                const int ai = a_k_unit ? idx / BK : idx % BM;
-                const int aq = a_k_unit ? idx % BK : idx / BM;
-                const int64_t gr = r0 + ai, gk = kb + aq;
-                sm.a[aq][ai] =
-                    (gr < p.s.m && gk < p.s.k)
-                        ? to_acc<float>(A[gr * p.a_rs + gk * p.a_cs])
-                        : 0.f;
-                const int bj = b_n_unit ? idx % BN : idx / BK;
-                const int bq = b_n_unit ? idx / BN : idx % BK;
-                const int64_t gc = c0 + bj, gk2 = kb + bq;
-                sm.b[bq][bj] =
-                    (gc < p.s.n && gk2 < p.s.k)
-                        ? to_acc<float>(B[gk2 * p.b_rs + gc * p.b_cs])
-                        : 0.f;
+            for (int e = 0; e < kLoads; e++) {
+                int i, q;
+                load_place(a_k_unit, e, i, q);
+                const int64_t gr = r0 + i, gk = kb + q;
+                ra[e] = gr < p.s.m && gk < p.s.k
+                            ? to_acc<float>(A[gr * p.a_rs + gk * p.a_cs])
+                            : 0.f;
+                load_place(b_k_unit, e, i, q);
+                const int64_t gc = c0 + i, gk2 = kb + q;
+                rb[e] = gc < p.s.n && gk2 < p.s.k
+                            ? to_acc<float>(B[gk2 * p.b_rs + gc * p.b_cs])
+                            : 0.f;
             }
-            __syncthreads();
+        };
+        const auto stash = [&](int st) {
+#pragma unroll
+            for (int e = 0; e < kLoads; e++) {
+                int i, q;
+                load_place(a_k_unit, e, i, q);
+                sm.a[st][q][i] = ra[e];
+                load_place(b_k_unit, e, i, q);
+                sm.b[st][q][i] = rb[e];
+            }
+        };
+        if (k0 >= k1) {
+            return;
+        }
+        fetch(k0);
+        stash(0);
+        __syncthreads();
+        int st = 0;
+        for (int64_t kt = k0; kt < k1; kt++) {
+            const bool more = kt + 1 < k1;
+            if (more) {
+                fetch(kt + 1); // in flight while this step computes
+            }
 #pragma unroll
             for (int q = 0; q < BK; q++) {
-                float a[4], b[4];
+                const float4 a0 = *reinterpret_cast<const float4 *>(
+                    &sm.a[st][q][ty * 4]);
+                const float4 a1 = *reinterpret_cast<const float4 *>(
+                    &sm.a[st][q][64 + ty * 4]);
+                const float4 b0 = *reinterpret_cast<const float4 *>(
+                    &sm.b[st][q][tx * 4]);
+                const float4 b1 = *reinterpret_cast<const float4 *>(
+                    &sm.b[st][q][64 + tx * 4]);
+                const float a[8] = {a0.x, a0.y, a0.z, a0.w,
+                                    a1.x, a1.y, a1.z, a1.w};
+                const float b[8] = {b0.x, b0.y, b0.z, b0.w,
+                                    b1.x, b1.y, b1.z, b1.w};
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    a[i] = sm.a[q][ty * 4 + i];
-                    b[i] = sm.b[q][tx * 4 + i];
-                }
+                for (int i = 0; i < 8; i++) {
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        acc[i * 4 + j] = fmaf(a[i], b[j], acc[i * 4 + j]);
+                    for (int j = 0; j < 8; j++) {
+                        acc[i * 8 + j] = fmaf(a[i], b[j], acc[i * 8 + j]);
                     }
                 }
             }
+            if (more) {
+                // the other stage: every thread read it before the last
+                // barrier
+                stash(st ^ 1);
+            }
             __syncthreads();
+            st ^= 1;
         }
     }
 
+    // acc[i * 8 + j]: row i (0..3: ty*4 + i; 4..7: 64 + ty*4 + i - 4),
+    // column j likewise of tx
     static __device__ __forceinline__ void coords(int e, int &r, int &c)
     {
-        r = (threadIdx.x / 16) * 4 + e / 4;
-        c = (threadIdx.x % 16) * 4 + e % 4;
+        const int i = e / 8, j = e % 8;
+        r = (i / 4) * 64 + (threadIdx.x / 16) * 4 + i % 4;
+        c = (j / 4) * 64 + (threadIdx.x % 16) * 4 + j % 4;
     }
 };
 

@@ -22,10 +22,10 @@
 //     against an N-contiguous B, where plan_skinny takes them; launch()
 //     hands such products over before planning tiles;
 //   ffma (matmul_mainloops.cuh): everything else (fp32 exact, any strides,
-//     any alignment): 64 x 64 tiles, 256 threads of 4 x 4 outputs, k-steps
-//     of 16 widened to fp32 in shared memory (each element one
-//     bounds-checked load, mapped so that the unit-stride direction is
-//     coalesced).
+//     any alignment): 128 x 128 tiles, 256 threads of 8 x 8 outputs,
+//     k-steps of 8 widened to fp32 in two shared-memory stages (each
+//     element one bounds-checked load, mapped so that the unit-stride
+//     direction is coalesced).
 //
 // Workspace (the caller's, sized by a first call that reports `need`):
 // staged operands, then the Stream-K partials, then the row sums' parts;
@@ -308,7 +308,9 @@ kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l, bool rows)
             return choice<T, mma_tc<T>>(32, m, l);
         }
         [[fallthrough]];
-    default: return choice<T, ffma_mainloop<T>>(16, GEMSOPS_MAINLOOP_FFMA, l);
+    default:
+        return choice<T, ffma_mainloop<T>>(ffma_mainloop<T>::BK,
+                                           GEMSOPS_MAINLOOP_FFMA, l);
     }
 }
 

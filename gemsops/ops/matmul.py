@@ -159,14 +159,16 @@ def _stream_buffers(device, need):
     Stream-K launch runs on: kept per stream in gemsops._workspace, since
     launches on one stream are ordered and may share them, launches on two
     may not. need is _C.matmul's (workspace bytes, flag count, stream
-    handle). Under CUDA-graph capture: fresh flags at epoch 1 that the
-    launch zeroes (C has never seen them), nothing kept."""
+    handle). Where allocations go to a CUDA graph's pool (a capture, or
+    the graph trees' warm-up): fresh flags at epoch 0, which the launch
+    zeroes and C does not keep (its record would pin the graph's memory),
+    nothing kept here."""
     nbytes, count, stream = need
     if _workspace.in_graph_pool(torch.device("cuda", device)):
         dev = torch.device("cuda", device)
         return (
             torch.empty(max(count, 1), dtype=torch.int32, device=dev),
-            1,
+            0,
             _workspace.scratch(nbytes, dev),
         )
     flags = _workspace.kept(
