@@ -241,11 +241,11 @@ int launch_two_pass(const gemsops_layer_norm_bwd_params *p,
         // the caller counts on a zero workspace at the next launch: all
         // of it where it was not known zero before this one
         const int64_t used = two_pass_bytes<A>(p->rows, p->cols);
-        GEMSOPS_CUDA_CHECK(st, cudaMemsetAsync(p->workspace, 0,
-                                               p->known_zero
-                                                   ? used
-                                                   : p->workspace_bytes,
-                                               stream));
+        GEMSOPS_CUDA_CHECK(st,
+                           cudaMemsetAsync(p->workspace, 0,
+                                           p->known_zero ? used
+                                                         : p->workspace_bytes,
+                                           stream));
     }
     return GEMSOPS_OK;
 }

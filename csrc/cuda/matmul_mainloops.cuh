@@ -127,7 +127,8 @@ struct ffma_mainloop {
     static constexpr int kThreads = 256, kConsumers = kThreads;
     static constexpr bool kWarpSpecialized = false, kStreamK = true;
     static constexpr bool kSplitK = false; // no cluster kernel
-    static constexpr int kLoads = BM * BK / kThreads; // a thread's, each operand
+    static constexpr int kLoads =
+        BM * BK / kThreads; // a thread's, each operand
     static_assert(BM == BN && BM * BK % kThreads == 0, "the load map");
     struct smem_t {
         // [stage][k][m or n]; rows of 132 floats keep the float4 reads
@@ -219,12 +220,12 @@ struct ffma_mainloop {
             }
 #pragma unroll
             for (int q = 0; q < BK; q++) {
-                const float4 a0 = *reinterpret_cast<const float4 *>(
-                    &sm.a[st][q][ty * 4]);
+                const float4 a0 =
+                    *reinterpret_cast<const float4 *>(&sm.a[st][q][ty * 4]);
                 const float4 a1 = *reinterpret_cast<const float4 *>(
                     &sm.a[st][q][64 + ty * 4]);
-                const float4 b0 = *reinterpret_cast<const float4 *>(
-                    &sm.b[st][q][tx * 4]);
+                const float4 b0 =
+                    *reinterpret_cast<const float4 *>(&sm.b[st][q][tx * 4]);
                 const float4 b1 = *reinterpret_cast<const float4 *>(
                     &sm.b[st][q][64 + tx * 4]);
                 const float a[8] = {a0.x, a0.y, a0.z, a0.w,
