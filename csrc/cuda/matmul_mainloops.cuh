@@ -127,8 +127,8 @@ struct ffma_mainloop {
     static constexpr int kThreads = 256, kConsumers = kThreads;
     static constexpr bool kWarpSpecialized = false, kStreamK = true;
     static constexpr bool kSplitK = false; // no cluster kernel
-    static constexpr int kLoads =
-        BM * BK / kThreads; // a thread's, each operand
+    // a thread's loads of each operand a k-step
+    static constexpr int kLoads = BM * BK / kThreads;
     static_assert(BM == BN && BM * BK % kThreads == 0, "the load map");
     struct smem_t {
         // [stage][k][m or n]; rows of 132 floats keep the float4 reads
