@@ -21,12 +21,6 @@ class FusedAddLayerNorm(torch.nn.LayerNorm):
                 h, self.normalized_shape, self.weight, self.bias, self.eps
             )
             return y, h
-        return self._gemsops_forward(x, residual)
-
-    @torch.jit.unused
-    def _gemsops_forward(
-        self, x: torch.Tensor, residual: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
         return fused_add_layer_norm(
             x,
             residual,
@@ -51,12 +45,6 @@ class FusedAddRMSNorm(torch.nn.RMSNorm):
             return F.rms_norm(
                 h, self.normalized_shape, self.weight, self.eps
             ), h
-        return self._gemsops_forward(x, residual)
-
-    @torch.jit.unused
-    def _gemsops_forward(
-        self, x: torch.Tensor, residual: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
         return fused_add_rms_norm(
             x, residual, self.normalized_shape, self.weight, self.eps
         )

@@ -15,10 +15,6 @@ class LayerNorm(torch.nn.LayerNorm):
             return F.layer_norm(
                 input, self.normalized_shape, self.weight, self.bias, self.eps
             )
-        return self._gemsops_forward(input)
-
-    @torch.jit.unused
-    def _gemsops_forward(self, input: torch.Tensor) -> torch.Tensor:
         return layer_norm(
             input, self.normalized_shape, self.weight, self.bias, self.eps
         )

@@ -17,10 +17,6 @@ class Linear(torch.nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():
             return F.linear(input, self.weight, self.bias)
-        return self._gemsops_forward(input)
-
-    @torch.jit.unused
-    def _gemsops_forward(self, input: torch.Tensor) -> torch.Tensor:
         if isinstance(input, torch.Tensor) and input.dtype not in SUPPORTED:
             return super().forward(input)
         return linear(input, self.weight, self.bias)

@@ -12,8 +12,4 @@ class RMSNorm(torch.nn.RMSNorm):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.jit.is_scripting():
             return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
-        return self._gemsops_forward(x)
-
-    @torch.jit.unused
-    def _gemsops_forward(self, x: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, self.normalized_shape, self.weight, self.eps)
