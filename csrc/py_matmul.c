@@ -204,7 +204,7 @@ parse_problem(PyObject *const *args, const struct product_form *form,
         parse_ll(args[4], fn, "two_tiles", 0, 1, &two) ||
         parse_ll(args[5], fn, "ctas", 0, 1LL << 20, &ctas) ||
         parse_ll(args[6], fn, "mainloop", GEMSOPS_MAINLOOP_AUTO,
-                 GEMSOPS_MAINLOOP_WGMMA_PINGPONG, &mainloop)) {
+                 GEMSOPS_MAINLOOP_WGMMA_96X64, &mainloop)) {
         return -1;
     }
     if (b->dtype != a->dtype || c->dtype != a->dtype) {
@@ -268,12 +268,13 @@ parse_problem(PyObject *const *args, const struct product_form *form,
     return 0;
 }
 
-static const char *const mainloop_names[] = {"auto",          "ffma",
-                                             "mma",           "wgmma-128",
-                                             "wgmma-256",     "wgmma-64",
-                                             "wgmma-192",     "skinny",
-                                             "wgmma-64x64",   "wgmma-192x192",
-                                             "wgmma-pingpong"};
+static const char *const mainloop_names[] =
+    {"auto",          "ffma",           "mma",
+     "wgmma-128",     "wgmma-256",      "wgmma-64",
+     "wgmma-192",     "skinny",         "wgmma-64x64",
+     "wgmma-192x192", "wgmma-pingpong", "wgmma-80x128",
+     "wgmma-96x128",  "wgmma-160x128",  "wgmma-80x64",
+     "wgmma-96x64"};
 
 static PyObject *
 schedule_tuple(const struct gemsops_sk_schedule *s, const char *mainloop,
@@ -298,7 +299,9 @@ PyDoc_STRVAR(
     "The Stream-K schedule a matmul launch with these arguments uses: the\n"
     "mainloop ('ffma', 'mma', 'wgmma-128', 'wgmma-256', 'wgmma-64',\n"
     "'wgmma-192', 'wgmma-64x64', 'wgmma-192x192', 'wgmma-pingpong',\n"
-    "'skinny': at most 16 "
+    "'wgmma-80x128', 'wgmma-96x128', 'wgmma-160x128', 'wgmma-80x64',\n"
+    "'wgmma-96x64': C^T = b^T a^T, the\n"
+    "schedule that product's, 'skinny': at most 16 "
     "rows against a "
     "row-major b, a tile a\n"
     "strip of C's columns; 'cpu'),\n"
@@ -353,6 +356,9 @@ PyDoc_STRVAR(
     "wgmma-256, 5 wgmma-64, 6 wgmma-192, 7 skinny (at most 16 rows against\n"
     "a row-major b, whatever their size), 8 wgmma-64x64, 9 wgmma-192x192, "
     "10 wgmma-pingpong (128 x 128 tiles whole, a warpgroup each; halves), "
+    "11-15 wgmma-80x128, -96x128, -160x128, -80x64, -96x64 (C^T = b^T a^T:\n"
+    "halves, a\n"
+    "K-contiguous, b N-contiguous, no epilogue; else wgmma-128), "
     "the most capable "
     "allowed (operands "
     "it cannot take "

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import gemsops
-from gemsops.ops.matmul import WGMMA_TILES
+from gemsops.ops.matmul import WGMMA_TILES, WGMMA_TRANSPOSED_TILES
 from gemsops.testing import (
     assert_close,
     assert_mm_close,
@@ -456,6 +456,112 @@ def test_wgmma_batched_broadcast_and_backward(mainloop):
     # dA = g . W^T (B K-contiguous), dW = X^T . g (A M-contiguous)
     assert_mm_close(x.grad, g, w.detach().t(), torch.float16, name="dA")
     assert_mm_close(w.grad, x.detach().t(), g, torch.float16, name="dW")
+
+
+# (m, n, k): ragged rows (the tiles' 80, 96 and 160), ragged columns past
+# 128, k past one 64-deep step and not a multiple of it, one row, one tile
+TRANSPOSED_SHAPES = [
+    (200, 136, 520),
+    (264, 392, 1000),
+    (1, 8, 8),
+    (161, 264, 72),
+    (480, 128, 64),
+    (1000, 1032, 336),
+]
+
+
+def into_poisoned(a, b, c):
+    """The kernel's product of a and b straight into c (prefilled with NaN
+    by the caller: an element it misses stays NaN)."""
+    gemsops.ops.matmul._launch_product(gemsops._C.matmul, a, b, c)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mainloop", WGMMA_TRANSPOSED_TILES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sched", ["data-parallel", "stream-k", "hybrid"])
+def test_transposed_tiles_write_every_element_of_c(mainloop, dtype, sched):
+    # the swapped product C^T = B^T A^T, written back as C: into a poisoned
+    # out, the same bits twice, Stream-K's fix-up on a grid of 5 CTAs
+    ctas = 5 if sched != "data-parallel" else 0
+    for m, n, k in TRANSPOSED_SHAPES:
+        a = rand(m, k, dtype=dtype, device="cuda")
+        b = rand(k, n, dtype=dtype, device="cuda")
+        name = f"{m}x{n}x{k} {mainloop} {sched}"
+        plan = plan_with(a, b, mainloop, sched, ctas)
+        rows, cols = map(int, mainloop[6:].split("x"))  # of C's tile
+        if is_sm90():
+            assert plan["mainloop"] == mainloop, name
+            assert (plan["bm"], plan["bn"]) == (cols, rows), name
+            assert plan["tiles"] == -(-n // cols) * -(-m // rows), name
+        outs = [
+            torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+            for _ in range(2)
+        ]
+        with schedule(sched, mainloop=mainloop, ctas=ctas):
+            for out in outs:
+                into_poisoned(a, b, out)
+        assert_mm_close(outs[0], a, b, dtype, name=name)
+        assert torch.equal(outs[0], outs[1]), name
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mainloop", WGMMA_TRANSPOSED_TILES)
+def test_transposed_tiles_batched_against_a_broadcast_b(mainloop):
+    # B's batch stride 0 is the swapped product's A stride; C's batches
+    # apart by m x n as ever
+    for sched in ["data-parallel", "stream-k"]:
+        a = rand(3, 136, 200, dtype=torch.bfloat16, device="cuda")
+        b = rand(1, 200, 264, dtype=torch.bfloat16, device="cuda")
+        out = torch.full(
+            (3, 136, 264), float("nan"), dtype=torch.bfloat16, device="cuda"
+        )
+        with schedule(sched, mainloop=mainloop, ctas=7):
+            into_poisoned(a, b.expand(3, -1, -1), out)
+        for i in range(3):
+            assert_mm_close(
+                out[i], a[i], b[0], torch.bfloat16, name=f"{sched} batch {i}"
+            )
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mainloop", WGMMA_TRANSPOSED_TILES)
+def test_transposed_tiles_leave_other_products_to_wgmma_128(mainloop):
+    # A M-contiguous, B K-contiguous, C's rows not 16-byte aligned: the
+    # 128 x 128 tiles; a bias (addmm) on any of them, or on the layout the
+    # swapped product takes: the right values
+    dt = torch.float16
+    cases = [
+        (rand(200, 136, dtype=dt, device="cuda").t(), cu(200, 264, dtype=dt)),
+        (cu(136, 200, dtype=dt), rand(264, 200, dtype=dt, device="cuda").t()),
+        (cu(136, 200, dtype=dt), cu(200, 260, dtype=dt)),
+    ]
+    for a, b in cases:
+        plan = plan_with(a, b, mainloop)
+        if is_sm90():
+            assert plan["mainloop"] in ("wgmma-128", "mma", "ffma"), plan
+        with schedule("auto", mainloop=mainloop):
+            got = gemsops.mm(a, b)
+            bias = cu(b.shape[1], dtype=dt)
+            fused = gemsops.addmm(bias, a, b)
+        assert_mm_close(got, a, b, dt)
+        want = a.double() @ b.double() + bias.double()
+        bound = a.double().abs() @ b.double().abs()
+        assert_epilogue_close(
+            fused, want, bound, bias.double().abs(), dt, a.shape[1]
+        )
+    a, b = cu(136, 200, dtype=dt), cu(200, 264, dtype=dt)
+    bias = cu(264, dtype=dt)
+    with schedule("auto", mainloop=mainloop):
+        fused = gemsops.addmm(bias, a, b, alpha=0.5)
+    assert_epilogue_close(
+        fused,
+        0.5 * (a.double() @ b.double()) + bias.double(),
+        0.5 * (a.double().abs() @ b.double().abs()),
+        bias.double().abs(),
+        dt,
+        200,
+    )
 
 
 # (m, n, k, pieces a tile): ragged edges in every dimension; the grid

@@ -55,7 +55,7 @@ int main(int argc, char **argv)
         p.dtype = GEMSOPS_BFLOAT16;
         p.mode = GEMSOPS_SK_AUTO;
         const wgmma_plan w =
-            wgmma_cheapest(&p, GEMSOPS_MAINLOOP_AUTO, 132, 8);
+            wgmma_cheapest(&p, GEMSOPS_MAINLOOP_AUTO, 132, 8, false);
         gemsops_sk_schedule s;
         gemsops_sk_plan(&s, p.m, p.n, p.k, 1, wgmma_bm(w.width),
                         wgmma_bn(w.width), 64, 8, 132, w.mode, 0);

@@ -1,6 +1,7 @@
 // The matmul planner's cost model: which wgmma tile (128 x 256, 128 x 192,
 // 128 x 128, 128 x 64, 64 x 64 or 192 x 192, BK = 128 bytes of k; 128 x
-// 128 also on the pingpong kernel) a problem runs, and whether its last
+// 128 also on the pingpong kernel; 128 x 80, 96 or 160 of the swapped
+// product C^T = B^T A^T) a problem runs, and whether its last
 // partial wave is split Stream-K or run as whole tiles, from the time each
 // is predicted to take.
 //
@@ -68,6 +69,18 @@ constexpr wgmma_tile_cost kWgmmaSquare = {192, 192, 1, 0.835, 3.0};
 // the other warpgroup's mainloop, so it costs less than the cooperative
 // kernel's.
 constexpr wgmma_tile_cost kWgmmaPingpong = {128, 128, 1, 0.42, 0.717};
+// The swapped product's tiles (C^T = B^T A^T, matmul_wgmma.cuh, CT): 128
+// or 64 columns x 80, 96 or 160 rows of C, costed as the BM-row tile of
+// that width on the swapped problem (n x m). Their k-iteration and tile
+// terms lie on the line through the 128 x 64 and 128 x 128 tiles' (80,
+// 96) and the 128 x 128 and 128 x 192 tiles' (160), in the width; the
+// 64-row ones are the 64 x 64 tile's k-iteration scaled by the width
+// (docs/performance.md, matmul).
+constexpr wgmma_tile_cost kWgmmaT80 = {128, 80, 1, 0.394, 0.44};
+constexpr wgmma_tile_cost kWgmmaT96 = {128, 96, 1, 0.413, 0.67};
+constexpr wgmma_tile_cost kWgmmaT160 = {128, 160, 1, 0.534, 1.44};
+constexpr wgmma_tile_cost kWgmmaT80x64 = {64, 80, 1, 0.2375, 0.5};
+constexpr wgmma_tile_cost kWgmmaT96x64 = {64, 96, 1, 0.285, 0.5};
 constexpr double kStreamKUsPerMb = 0.0615;
 // A Stream-K split is taken only when predicted to take at most this
 // fraction of the best data-parallel plan's time: the terms above miss
@@ -117,9 +130,22 @@ inline double wgmma_predicted_us(const gemsops_matmul_params *p, int64_t ctas,
 }
 
 // A wgmma mainloop value and its tile, both ways
+constexpr bool wgmma_transposed(gemsops_mainloop m)
+{
+    return m >= GEMSOPS_MAINLOOP_WGMMA_80X128 &&
+           m <= GEMSOPS_MAINLOOP_WGMMA_96X64;
+}
+// (the swapped product's: bn over C's rows)
 constexpr int wgmma_bn(gemsops_mainloop m)
 {
-    return m == GEMSOPS_MAINLOOP_WGMMA_256 ? 256
+    return m == GEMSOPS_MAINLOOP_WGMMA_80X128 ||
+                   m == GEMSOPS_MAINLOOP_WGMMA_80X64
+               ? 80
+           : m == GEMSOPS_MAINLOOP_WGMMA_96X128 ||
+                   m == GEMSOPS_MAINLOOP_WGMMA_96X64
+               ? 96
+           : m == GEMSOPS_MAINLOOP_WGMMA_160X128 ? 160
+           : m == GEMSOPS_MAINLOOP_WGMMA_256     ? 256
            : m == GEMSOPS_MAINLOOP_WGMMA_192 ||
                    m == GEMSOPS_MAINLOOP_WGMMA_192X192
                ? 192
@@ -130,9 +156,20 @@ constexpr int wgmma_bn(gemsops_mainloop m)
 }
 constexpr int wgmma_bm(gemsops_mainloop m)
 {
-    return m == GEMSOPS_MAINLOOP_WGMMA_64X64     ? 64
+    return m == GEMSOPS_MAINLOOP_WGMMA_64X64 ||
+                   m == GEMSOPS_MAINLOOP_WGMMA_80X64 ||
+                   m == GEMSOPS_MAINLOOP_WGMMA_96X64
+               ? 64
            : m == GEMSOPS_MAINLOOP_WGMMA_192X192 ? 192
                                                  : 128;
+}
+constexpr gemsops_mainloop wgmma_transposed_width(int bm, int bn)
+{
+    return bm == 64   ? (bn == 80 ? GEMSOPS_MAINLOOP_WGMMA_80X64
+                                  : GEMSOPS_MAINLOOP_WGMMA_96X64)
+           : bn == 80 ? GEMSOPS_MAINLOOP_WGMMA_80X128
+           : bn == 96 ? GEMSOPS_MAINLOOP_WGMMA_96X128
+                      : GEMSOPS_MAINLOOP_WGMMA_160X128;
 }
 constexpr gemsops_mainloop wgmma_width(int bm, int bn)
 {
@@ -174,16 +211,89 @@ inline bool pingpong_fits(const gemsops_matmul_params *p, int64_t ctas)
            tiles > ctas;
 }
 
+// The problem of the swapped product C^T = B^T A^T (operands as views:
+// A' = B^T, B' = A^T; C' = C^T, which the CT kernels write as C).
+inline gemsops_matmul_params transposed_product(const gemsops_matmul_params *p)
+{
+    gemsops_matmul_params q = *p;
+    q.a = p->b;
+    q.b = p->a;
+    q.m = p->n;
+    q.n = p->m;
+    q.a_bs = p->b_bs;
+    q.a_rs = p->b_cs;
+    q.a_cs = p->b_rs;
+    q.b_bs = p->a_bs;
+    q.b_rs = p->a_cs;
+    q.b_cs = p->a_rs;
+    return q;
+}
+
+// The swapped product's tiles, tried where `transposable` (the caller's
+// test of the operands: see GEMSOPS_MAINLOOP_WGMMA_80X128) and the
+// schedule is left to the model or whole tiles or Stream-K (they have no
+// split-k kernel); the 128-column ones not for at most 64 columns, where
+// they pay for columns TMA fills with zeros (as the 128-row tiles and
+// rows), the 64-column ones whole under auto (as the 64 x 64 tiles).
+inline void wgmma_cheapest_transposed(const gemsops_matmul_params *p,
+                                      gemsops_mainloop width, int64_t sms,
+                                      int group_m, wgmma_plan *best,
+                                      double *best_us)
+{
+    const wgmma_tile_cost *costs[5] = {&kWgmmaT80, &kWgmmaT96, &kWgmmaT160,
+                                       &kWgmmaT80x64, &kWgmmaT96x64};
+    if (p->mode == GEMSOPS_SK_SPLIT_K) {
+        return;
+    }
+    const gemsops_matmul_params t = transposed_product(p);
+    const gemsops_sk_mode modes[2] = {p->mode, GEMSOPS_SK_DATA_PARALLEL};
+    const int n_modes = p->mode == GEMSOPS_SK_AUTO ? 2 : 1;
+    const int64_t ctas = capped_ctas(p, sms);
+    for (const wgmma_tile_cost *c : costs) {
+        const gemsops_mainloop w = wgmma_transposed_width(c->bm, c->bn);
+        if (width != GEMSOPS_MAINLOOP_AUTO && w != width) {
+            continue;
+        }
+        if (width == GEMSOPS_MAINLOOP_AUTO && c->bm == 128 && p->n <= 64) {
+            continue;
+        }
+        for (int i = 0; i < n_modes; i++) {
+            if (i == 0 && n_modes > 1 && c->bm != 128) {
+                continue;
+            }
+            double us = wgmma_predicted_us(&t, ctas, group_m, *c, modes[i]);
+            if (i == 0 && n_modes > 1) {
+                us /= kStreamKMargin;
+            }
+            if (*best_us < 0 || us < *best_us) {
+                *best_us = us;
+                *best = {w, modes[i]};
+            }
+        }
+    }
+}
+
 // The tile (when `width` is GEMSOPS_MAINLOOP_AUTO) and, under the auto
 // schedule, whether the planner's Stream-K split, whole data-parallel waves
 // or split-k: whichever the model predicts fastest (the Stream-K split by
 // kStreamKMargin). sms: the SMs the launch may fill (a CTA count asked
 // for caps every tile's CTAs). Only 128-row tiles have row-sum kernels,
 // so a launch that asks for row sums takes the others only when forced.
+// transposable: the swapped product's tiles may run it (else a width of
+// theirs asked for means GEMSOPS_MAINLOOP_WGMMA_128).
 inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
                                  gemsops_mainloop width, int64_t sms,
-                                 int group_m)
+                                 int group_m, bool transposable)
 {
+    if (wgmma_transposed(width)) {
+        if (transposable) {
+            wgmma_plan best = {width, p->mode};
+            double best_us = -1.0;
+            wgmma_cheapest_transposed(p, width, sms, group_m, &best, &best_us);
+            return best;
+        }
+        width = GEMSOPS_MAINLOOP_WGMMA_128;
+    }
     const wgmma_tile_cost *costs[6] = {&kWgmmaWide,   &kWgmmaThreeQuarter,
                                        &kWgmmaNarrow, &kWgmmaSlim,
                                        &kWgmmaSmall,  &kWgmmaSquare};
@@ -259,7 +369,11 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
                                              GEMSOPS_SK_DATA_PARALLEL);
         if (best_us < 0 || us < best_us) {
             best = {GEMSOPS_MAINLOOP_WGMMA_PINGPONG, GEMSOPS_SK_DATA_PARALLEL};
+            best_us = us;
         }
+    }
+    if (width == GEMSOPS_MAINLOOP_AUTO && transposable) {
+        wgmma_cheapest_transposed(p, width, sms, group_m, &best, &best_us);
     }
     return best;
 }

@@ -340,7 +340,11 @@ struct tc_mainloop {
             int64_t bt, tm, tn;
             gemsops_sk_tile_coords(&p.s, tile, &bt, &tm, &tn);
             T *C = (T *)p.c + bt * p.s.m * p.s.n;
-            if (p.epilogue && p.bias != nullptr && p.bias_rs == 0) {
+            if constexpr (M::kTransposedC) { // (the planner: no epilogue)
+                M::store_transposed(C, &p.tc, (int)bt, p.s.m, p.s.n, tm * BM,
+                                    tn * BN, acc, sm, p.c_how);
+            }
+            else if (p.epilogue && p.bias != nullptr && p.bias_rs == 0) {
                 M::stage_bias_row(static_cast<const T *>(p.bias) +
                                       bt * p.bias_bs,
                                   p.bias_cs, tn * BN, p.s.n, p.beta, sm);
@@ -464,17 +468,24 @@ template <typename T>
 using mma_tc = tc_mainloop<mma_mainloop<T>, 2>;
 constexpr int wgmma_stages(int bm, int bn)
 {
-    return bm == 64    ? 12
+    return bm == 64    ? (bn == 64 ? 12 : 8)
            : bm == 192 ? 4
            : bn == 64  ? 8
-           : bn == 128 ? 6
-           : bn == 192 ? 5
+           : bn == 80  ? 7
+           : bn <= 128 ? 6
+           : bn <= 192 ? 5
                        : 4;
 }
 template <typename T, int BN, bool AM, bool BNM, bool ROWS = false,
           int BM = 128, int TEAMS = 1>
 using wgmma_tc = tc_mainloop<
     wgmma_mainloop<T, BN, wgmma_stages(BM, BN), AM, BNM, ROWS, BM, TEAMS>, 1>;
+// The swapped product's (C transposed): BM columns x BN rows of C, B' = A^T
+// K-major
+template <typename T, int BN, bool AM, int BM = 128>
+using wgmma_tc_transposed = tc_mainloop<
+    wgmma_mainloop<T, BN, wgmma_stages(BM, BN), AM, false, false, BM, 1, true>,
+    1>;
 
 } // namespace
 } // namespace gemsops

@@ -11,7 +11,10 @@
 //   wgmma (matmul_wgmma.cuh, sm_90a): fp16/bf16 with A and B each K- or
 //     MN-contiguous, whole aligned 16-byte chunks (fp32 as TF32, both
 //     K-contiguous): 128 x 64, x 128, x 192 or x 256 tiles, 64 x 64, 192 x
-//     192, and the pingpong 128 x 128; warpgroup MMA from a TMA-filled ring
+//     192, the pingpong 128 x 128, and tiles of 80, 96 or 160 rows x 128
+//     columns (80 or 96 x 64) of C through the swapped product C^T = B^T
+//     A^T (halves, A K-contiguous, B N-contiguous, no epilogue;
+//     transposed_product); warpgroup MMA from a TMA-filled ring
 //     (tensor maps encoded per launch, matmul_tensor_maps.cu). Operands TMA
 //     cannot describe are staged first (matmul_stage.cuh). The tile and
 //     the schedule: the cost model (matmul_cost.cuh);
@@ -130,6 +133,9 @@ struct kernel_choice {
     int bm, bn, bk, smem, threads;
     int partial_floats; // a Stream-K partial's size (the row sums' too)
     bool row_sums; // the kernel writes A's row sums (a ROWS wgmma kernel)
+    // the kernel computes C^T = B^T A^T (transposed_product's operands) and
+    // writes it as C; the schedule is of C^T
+    bool transposed;
     bool stream_k; // its tiles may be split Stream-K (else whole or split-k)
     gemsops_mainloop mainloop;
     gemsops_sk_mode sk_mode; // the schedule: p->mode, or the cost model's
@@ -193,6 +199,7 @@ kernel_choice choice(int bk, gemsops_mainloop m, tc_layout l)
     k.threads = L::kThreads;
     k.partial_floats = (L::kAcc + L::kRowAcc) * L::kConsumers;
     k.row_sums = L::kRowAcc > 0;
+    k.transposed = false;
     k.mainloop = m;
     k.layout = l;
     return k;
@@ -213,6 +220,18 @@ void tma_operands(const gemsops_matmul_params *p, const tc_layout &l, int bm,
                              p->batch, p->b_bs, 64,   es};
 }
 
+// The swapped product's tiles (GEMSOPS_MAINLOOP_WGMMA_80X128, ...): halves
+// with A K-contiguous and B N-contiguous, so that A' = B^T is M-contiguous
+// and B' = A^T K-contiguous (their one kernel layout); C's rows 16-byte
+// aligned for its TMA stores; no epilogue and no row sums.
+bool transposable(const gemsops_matmul_params *p, const tc_layout &tl)
+{
+    return (p->dtype == GEMSOPS_FLOAT16 || p->dtype == GEMSOPS_BFLOAT16) &&
+           tl.a_k && tl.b_n && p->bias == nullptr && p->alpha == 1.0f &&
+           p->row_sums == nullptr && p->n % 8 == 0 &&
+           (uintptr_t)p->c % 16 == 0;
+}
+
 bool wgmma_allowed(const gemsops_matmul_params *p, const device_facts &f)
 {
     return (p->mainloop == GEMSOPS_MAINLOOP_AUTO ||
@@ -231,7 +250,8 @@ gemsops_mainloop pick_mainloop(const gemsops_matmul_params *p,
     gemsops_mainloop want = p->mainloop;
     *mode = p->mode;
     if (wgmma_allowed(p, f) && (tl.a_k || tl.a_m) && (tl.b_k || tl.b_n)) {
-        const wgmma_plan w = wgmma_cheapest(p, want, f.sm_count, kGroupM);
+        const wgmma_plan w =
+            wgmma_cheapest(p, want, f.sm_count, kGroupM, transposable(p, tl));
         *mode = w.mode;
         return w.width;
     }
@@ -282,10 +302,36 @@ kernel_choice wgmma_choice(gemsops_mainloop m, const tc_layout &l, bool rows)
     }
 }
 
+// The swapped product's (l: its layouts, A' M-contiguous and B' K-contiguous,
+// as transposable() asks of the product)
+template <typename T, int BN, int BM = 128>
+kernel_choice wgmma_transposed_choice(gemsops_mainloop m, const tc_layout &l)
+{
+    if constexpr (std::is_same_v<T, float>) { // (halves alone reach here)
+        return wgmma_choice<T, 128>(GEMSOPS_MAINLOOP_WGMMA_128, l, false);
+    }
+    else {
+        kernel_choice k =
+            choice<T, wgmma_tc_transposed<T, BN, true, BM>>(64, m, l);
+        k.transposed = true;
+        return k;
+    }
+}
+
 template <typename T>
 kernel_choice choose_typed(gemsops_mainloop m, const tc_layout &l, bool rows)
 {
     switch (m) {
+    case GEMSOPS_MAINLOOP_WGMMA_80X128:
+        return wgmma_transposed_choice<T, 80>(m, l);
+    case GEMSOPS_MAINLOOP_WGMMA_96X128:
+        return wgmma_transposed_choice<T, 96>(m, l);
+    case GEMSOPS_MAINLOOP_WGMMA_160X128:
+        return wgmma_transposed_choice<T, 160>(m, l);
+    case GEMSOPS_MAINLOOP_WGMMA_80X64:
+        return wgmma_transposed_choice<T, 80, 64>(m, l);
+    case GEMSOPS_MAINLOOP_WGMMA_96X64:
+        return wgmma_transposed_choice<T, 96, 64>(m, l);
     case GEMSOPS_MAINLOOP_WGMMA_256: return wgmma_choice<T, 256>(m, l, rows);
     case GEMSOPS_MAINLOOP_WGMMA_192: return wgmma_choice<T, 192>(m, l, rows);
     case GEMSOPS_MAINLOOP_WGMMA_128: return wgmma_choice<T, 128>(m, l, rows);
@@ -346,8 +392,12 @@ int choose(const gemsops_matmul_params *p, const device_facts &f, bool encode,
     gemsops_mainloop m = pick_mainloop(p, f, tl, l, &mode);
     gemsops_matmul_params lower = *p;
     lower.mainloop = GEMSOPS_MAINLOOP_MMA;
+    // the operands the kernel reads: the swapped product's for its tiles
+    const gemsops_matmul_params t =
+        wgmma_transposed(m) ? transposed_product(p) : *p;
+    const tc_layout ttl = wgmma_transposed(m) ? tma_layout_of(&t) : tl;
     tma_operand oa, ob;
-    tma_operands(p, tl, wgmma_bm(m), wgmma_bn(m), &oa, &ob);
+    tma_operands(&t, ttl, wgmma_bm(m), wgmma_bn(m), &oa, &ob);
     if (m >= GEMSOPS_MAINLOOP_WGMMA_128 &&
         (tensor_map_encoder() == nullptr || !tma_describes(oa) ||
          !tma_describes(ob))) {
@@ -366,7 +416,7 @@ int choose(const gemsops_matmul_params *p, const device_facts &f, bool encode,
         }
     }
     const bool wgmma = m >= GEMSOPS_MAINLOOP_WGMMA_128;
-    if (choose_dtype(p->dtype, m, wgmma ? tl : l, p->row_sums != nullptr, k,
+    if (choose_dtype(p->dtype, m, wgmma ? ttl : l, p->row_sums != nullptr, k,
                      st) != GEMSOPS_OK) {
         return st->code;
     }
@@ -393,6 +443,9 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
     if (p->ctas_override > 0 && p->ctas_override < ctas) {
         ctas = p->ctas_override; // never more than fit at once
     }
+    // the product the kernel computes: C^T's for the swapped product's tiles
+    const int64_t m = k->transposed ? p->n : p->m,
+                  n = k->transposed ? p->m : p->n;
     // a mainloop without a Stream-K walk runs a Stream-K or hybrid schedule
     // asked for as whole tiles, and split-k too where it has no split-k
     // kernel
@@ -400,8 +453,8 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
         (k->sk_mode != GEMSOPS_SK_SPLIT_K || k->splitk.fn == nullptr)) {
         k->sk_mode = GEMSOPS_SK_DATA_PARALLEL;
     }
-    gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, k->bm, k->bn, k->bk,
-                    kGroupM, ctas, k->sk_mode, p->two_tiles);
+    gemsops_sk_plan(s, m, n, p->k, p->batch, k->bm, k->bn, k->bk, kGroupM,
+                    ctas, k->sk_mode, p->two_tiles);
     // split-k runs in clusters, a tile's pieces in one (the warp-specialized
     // kernels without row sums; elsewhere the split tiles' owners add them
     // up, as Stream-K's do), as many pieces as leave every tile's cluster
@@ -421,8 +474,8 @@ int plan(const gemsops_matmul_params *p, const device_facts &f, bool encode,
         s->split--;
     }
     if (s->split == 1) {
-        gemsops_sk_plan(s, p->m, p->n, p->k, p->batch, k->bm, k->bn, k->bk,
-                        kGroupM, ctas, GEMSOPS_SK_DATA_PARALLEL, 0);
+        gemsops_sk_plan(s, m, n, p->k, p->batch, k->bm, k->bn, k->bk, kGroupM,
+                        ctas, GEMSOPS_SK_DATA_PARALLEL, 0);
     }
     if (s->split > 0) {
         s->ctas = s->sk_ctas = s->tiles * s->split;
@@ -628,17 +681,19 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
         launch_staging(sg, f, (cudaStream_t)p->stream, st) != GEMSOPS_OK) {
         return st->code;
     }
+    // the operands the kernel reads (the swapped product's for its tiles)
+    const gemsops_matmul_params e = k.transposed ? transposed_product(&q) : q;
     a.ta = k.ta;
     a.tb = k.tb;
-    a.a = q.a;
-    a.b = q.b;
+    a.a = e.a;
+    a.b = e.b;
     a.c = p->c;
-    a.a_bs = q.a_bs;
-    a.a_rs = q.a_rs;
-    a.a_cs = q.a_cs;
-    a.b_bs = q.b_bs;
-    a.b_rs = q.b_rs;
-    a.b_cs = q.b_cs;
+    a.a_bs = e.a_bs;
+    a.a_rs = e.a_rs;
+    a.a_cs = e.a_cs;
+    a.b_bs = e.b_bs;
+    a.b_rs = e.b_rs;
+    a.b_cs = e.b_cs;
     a.a_m_unit = !k.layout.a_k; // wgmma reads an M-contiguous A in place
     a.b_k_unit = k.layout.b_k;
     a.epilogue = p->bias != nullptr || p->alpha != 1.0f;
@@ -658,13 +713,15 @@ int launch(const gemsops_matmul_params *p, gemsops_matmul_need *need,
             ? reinterpret_cast<unsigned long long *>(p->flags + counts_at)
             : nullptr;
     // 16-byte rows of C: the staged epilogue's TMA stores (with or without
-    // a bias); else, or where the driver refuses C's map, element stores
+    // a bias; the swapped product's in unswizzled boxes of 16 x 16); else,
+    // or where the driver refuses C's map, element stores
     const int64_t esize = (int64_t)gemsops_dtype_size(p->dtype);
     a.c_how = c_store::elements;
     if (p->n % (16 / esize) == 0 && (uintptr_t)p->c % 16 == 0 &&
         k.mainloop >= GEMSOPS_MAINLOOP_WGMMA_128) {
-        const tma_operand oc{p->c,     p->n,        p->m, p->n,
-                             p->batch, p->m * p->n, 16,   (int)esize};
+        const tma_operand oc{p->c, p->n,       p->m,
+                             p->n, p->batch,   p->m * p->n,
+                             16,   (int)esize, k.transposed ? 16 : 0};
         bool refused = true;
         if (tma_describes(oc) &&
             encode_operand(&a.tc, p->dtype, oc, &refused, st) != GEMSOPS_OK) {

@@ -51,7 +51,8 @@ bool tma_describes(const tma_operand &o)
            stride_ok(o.y_bytes()) && stride_ok(o.z_bytes());
 }
 
-// Boxes of 128 bytes x box_y, 128-byte swizzle, zero fill past the edges. The
+// Boxes of box_x() x box_y, 128-byte swizzle where a box's row is 128 bytes
+// (else none), zero fill past the edges. The
 // caller checked tma_describes and made the device's context current.
 // *refused: the driver refused this layout (counted, not an error).
 int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,
@@ -68,11 +69,12 @@ int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,
         dt == GEMSOPS_FLOAT16    ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
         : dt == GEMSOPS_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                  : CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
-    const CUresult r =
-        fn(map, type, 3, (void *)o.base, dims, strides, box, elem_strides,
-           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-           CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const CUresult r = fn(map, type, 3, (void *)o.base, dims, strides, box,
+                          elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                          o.swizzled() ? CU_TENSOR_MAP_SWIZZLE_128B
+                                       : CU_TENSOR_MAP_SWIZZLE_NONE,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     *refused = r == CUDA_ERROR_INVALID_VALUE;
     if (*refused) {
         g_tma_refusals.fetch_add(1, std::memory_order_relaxed);

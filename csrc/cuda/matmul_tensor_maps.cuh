@@ -32,6 +32,9 @@ struct tma_operand {
     const void *base;
     int64_t x, y, y_stride, batch, z_stride;
     int box_y, esize;
+    // elements of x a box: 0 means 128 bytes, a line of the 128-byte
+    // swizzle; any other count is unswizzled (the transposed C's boxes)
+    int box_x_elems = 0;
     bool one() const
     {
         return z_stride == 0 || batch == 1;
@@ -44,16 +47,20 @@ struct tma_operand {
     {
         return (one() ? y_stride * y : z_stride) * esize;
     }
-    // one box spans 128 bytes of x: a swizzle line
     int box_x() const
     {
-        return 128 / esize;
+        return box_x_elems > 0 ? box_x_elems : 128 / esize;
+    }
+    bool swizzled() const
+    {
+        return box_x_elems == 0;
     }
 };
 
 bool tma_describes(const tma_operand &o);
 
-// Boxes of 128 bytes x box_y, 128-byte swizzle, zero fill past the edges. The
+// Boxes of box_x() x box_y, 128-byte swizzle where a box's row is 128 bytes
+// (else none), zero fill past the edges. The
 // caller checked tma_describes and made the device's context current.
 // *refused: the driver refused this layout (counted, not an error).
 int encode_operand(CUtensorMap *map, gemsops_dtype dt, const tma_operand &o,

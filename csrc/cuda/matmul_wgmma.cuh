@@ -180,12 +180,24 @@ struct row_steps {
 // carries the tile's. (A wgmma against a
 // tile of ones would do it: the same wgmma may not sit behind a branch, or
 // ptxas serializes them all, so it would read A again in every k-step.)
+//
+// CT (C transposed): the launch computes the swapped product C^T = B^T A^T,
+// whose tiles are BM columns x BN rows of C: the wgmma's N, any multiple of
+// 8, runs over C's rows, so tiles 80, 96 or 160 rows tall fit the SM count
+// where the 64-column swizzle atoms of an N-contiguous B allow only widths
+// of 64 (docs/performance.md, matmul): 128 columns of C (BM = 128), or 64
+// (BM = 64, 80 or 96 rows) for C of few columns. A' = B^T, B' = A^T
+// (K-major: A K-contiguous); the epilogue writes each warp's block
+// transposed (store_transposed).
 template <typename T, int BN_, int STAGES, bool AM, bool BNM,
-          bool ROWS = false, int BM_ = 128, int TEAMS = 1>
+          bool ROWS = false, int BM_ = 128, int TEAMS = 1, bool CT = false>
 struct wgmma_mainloop {
-    static_assert(BN_ == 64 || BN_ == 128 || BN_ == 192 || BN_ == 256,
-                  "BN: 64, 128, 192 or 256");
-    static_assert(BM_ == 128 || (BM_ == 64 && BN_ == 64) ||
+    static_assert(BN_ == 64 || BN_ == 128 || BN_ == 192 || BN_ == 256 ||
+                      (CT && (BN_ == 80 || BN_ == 96 || BN_ == 160)),
+                  "BN: 64, 128, 192 or 256; 80, 96 or 160 transposed");
+    static_assert(!CT || (sizeof(T) == 2 && !BNM && !ROWS && TEAMS == 1),
+                  "C transposed: halves, B' K-major");
+    static_assert(BM_ == 128 || (BM_ == 64 && BN_ <= 96) ||
                       (BM_ == 192 && BN_ == 192),
                   "BM x BN");
     static_assert(sizeof(T) == 2 || !(AM || BNM), "TF32 operands: K-major");
@@ -202,7 +214,8 @@ struct wgmma_mainloop {
     static constexpr bool kStreamK = BM != 192 && TEAMS == 1;
     // pingpong: whole tiles alone (a Stream-K or split-k piece's fix-up
     // meets every consumer of the CTA, which its warpgroups are not)
-    static constexpr bool kSplitK = TEAMS == 1;
+    static constexpr bool kSplitK = TEAMS == 1 && !CT;
+    static constexpr bool kTransposedC = CT;
     static constexpr int kTeams = TEAMS;
     static_assert(!ROWS || (sizeof(T) == 2 && AM && BM == 128),
                   "row sums: half types, A M-contiguous, 128-row tiles");
@@ -232,10 +245,14 @@ struct wgmma_mainloop {
     // (BN = 192), a tile has one slice of columns (BN = 64, halves), or the
     // ring takes the room (BM = 64).
     static constexpr int kCols = 128 / kElem;
-    static constexpr int kSliceBytes = 16 * 128;
+    // CT: a slice holds kCtRows rows of C x a warp's 16 columns (32 bytes a
+    // row, unswizzled), two slices a tile (BN 80: 64 + 16 rows, 96: 64 + 32,
+    // 160: 80 + 80)
+    static constexpr int kCtRows = BN == 160 ? 80 : 64;
+    static constexpr int kSliceBytes = CT ? kCtRows * 32 : 16 * 128;
     static constexpr int kSmemLimit = 232448; // a CTA's opt-in on sm_90
     static constexpr int kBuffers =
-        BM >= 128 && (BN / kCols) % 2 == 0 &&
+        BM >= 128 && (CT || (BN / kCols) % 2 == 0) &&
                 kStages * kStageBytes + 1024 + TEAMS * BN * 4 + 256 +
                         kRowSumBytes + 2 * (kConsumers / 32) * kSliceBytes <=
                     kSmemLimit
@@ -716,6 +733,97 @@ struct wgmma_mainloop {
                 }
                 __syncwarp(); // the slice is rewritten by the next columns
             }
+        }
+    }
+
+    // CT: the tile at (r0, c0) of C^T[bt] (C is `rows` x `cols`, row
+    // stride cols; a tile's rows r0.. are C's columns) as it is, no
+    // epilogue. Warp w holds C^T's rows r0 + 16w .. + 15 (C's columns), all
+    // BN of its columns; per slice of kCtRows of them its lanes write their
+    // values transposed (C's row of kCtRows, 16 columns: 32 bytes), and the
+    // slice goes out `how`:
+    //   tma: boxes of 16 x 16 through C's map (unswizzled; the map clips at
+    //     C's edges), the warp going on while the copy engine reads them;
+    //   elements: half a warp a row of 16, bounds-checked.
+    static __device__ void store_transposed(T *C, const CUtensorMap *map,
+                                            int bt, int64_t cols, int64_t rows,
+                                            int64_t r0, int64_t c0,
+                                            const float (&acc)[kAcc + kRowAcc],
+                                            smem_t &sm, c_store how)
+    {
+        if constexpr (CT) {
+            uint16_t *d = reinterpret_cast<uint16_t *>(C);
+            const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+            const int64_t col0 =
+                r0 + warp * 16; // C's first column of the warp
+            const bool tma = how == c_store::tma;
+#pragma unroll
+            for (int cc = 0; cc < 2; cc++) {
+                const int first =
+                    cc * kCtRows; // the slice's first tile column
+                const int height = cc == 0 ? kCtRows : BN - kCtRows;
+                const unsigned sl = slice(sm, warp, tma ? cc % kBuffers : 0);
+#ifdef GEMSOPS_HAS_WGMMA
+                if (tma) { // the store that last read this slice is done
+                    if (lane == 0) {
+                        bulk_wait_read<kBuffers - 1>();
+                    }
+                    __syncwarp();
+                }
+#endif
+#pragma unroll
+                for (int e = first / 2; e < (first + height) / 2; e++) {
+                    int r, c;
+                    coords(e, r, c); // in the tile: r a column of C
+                    const unsigned at = sl + (c - first) * 32 + (r % 16) * 2;
+                    asm volatile("st.shared.u16 [%0], %1;" ::"r"(at),
+                                 "h"(half_bits(acc[e]))
+                                 : "memory");
+                }
+                if (tma) {
+#ifdef GEMSOPS_HAS_WGMMA
+                    fence_proxy_async_shared();
+                    __syncwarp();
+                    if (lane == 0) {
+                        for (int b = 0; b < height / 16; b++) {
+                            tma_store_3d(map, sl + b * 512, (int)col0,
+                                         (int)(c0 + first + 16 * b), bt);
+                        }
+                        bulk_commit();
+                    }
+#else
+                    (void)map, (void)bt;
+#endif
+                    continue;
+                }
+                __syncwarp();
+                for (int i = lane; i < height * 16; i += 32) {
+                    const int64_t gr = c0 + first + i / 16, gc = col0 + i % 16;
+                    if (gr < rows && gc < cols) {
+                        d[gr * cols + gc] =
+                            ld_shared_bits<uint16_t>(sl + i * 2);
+                    }
+                }
+                __syncwarp(); // the slice is rewritten by the next rows
+            }
+        }
+        else {
+            (void)C, (void)map, (void)bt, (void)cols, (void)rows, (void)r0,
+                (void)c0, (void)acc, (void)sm, (void)how;
+        }
+    }
+
+    // An accumulator rounded to T, as raw bits (halves)
+    static __device__ __forceinline__ unsigned short half_bits(float v)
+    {
+        if constexpr (std::is_same_v<T, __half>) {
+            return __half_as_ushort(__float2half_rn(v));
+        }
+        else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+            return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+        }
+        else {
+            return 0;
         }
     }
 

@@ -162,6 +162,11 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
     "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78," \
     "%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93," \
     "%94,%95"
+#define GEMSOPS_OPS_32_39 "%32,%33,%34,%35,%36,%37,%38,%39"
+#define GEMSOPS_OPS_40_47 "%40,%41,%42,%43,%44,%45,%46,%47"
+#define GEMSOPS_OPS_64_79                                          \
+    "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78," \
+    "%79"
 #define GEMSOPS_ACC8(i)                                         \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), \
         "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -210,6 +215,28 @@ __device__ __forceinline__ bool mbar_try_wait(unsigned bar, unsigned parity)
                  "}, %96, %97, p, 1, 1, %99, %100;\n}\n"                      \
                  : GEMSOPS_ACC64(0), GEMSOPS_ACC32(64)                        \
                  : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+// The widths of the swapped product's tiles (halves alone): 80, 96, 160
+#define GEMSOPS_WGMMA_N80(TYPE)                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"                \
+                 "wgmma.mma_async.sync.aligned.m64n80k16.f32." TYPE "." TYPE \
+                 " {" GEMSOPS_OPS_0_31 "," GEMSOPS_OPS_32_39                 \
+                 "}, %40, %41, p, 1, 1, %43, %44;\n}\n"                      \
+                 : GEMSOPS_ACC32(0), GEMSOPS_ACC8(32)                        \
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+#define GEMSOPS_WGMMA_N96(TYPE)                                               \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"                 \
+                 "wgmma.mma_async.sync.aligned.m64n96k16.f32." TYPE "." TYPE  \
+                 " {" GEMSOPS_OPS_0_31 "," GEMSOPS_OPS_32_39                  \
+                 "," GEMSOPS_OPS_40_47 "}, %48, %49, p, 1, 1, %51, %52;\n}\n" \
+                 : GEMSOPS_ACC32(0), GEMSOPS_ACC8(32), GEMSOPS_ACC8(40)       \
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
+#define GEMSOPS_WGMMA_N160(TYPE)                                              \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"                 \
+                 "wgmma.mma_async.sync.aligned.m64n160k16.f32." TYPE "." TYPE \
+                 " {" GEMSOPS_OPS_0_63 "," GEMSOPS_OPS_64_79                  \
+                 "}, %80, %81, p, 1, 1, %83, %84;\n}\n"                       \
+                 : GEMSOPS_ACC64(0), GEMSOPS_ACC8(64), GEMSOPS_ACC8(72)       \
+                 : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB))
 #define GEMSOPS_WGMMA_TF32_N256                                         \
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"          \
                  "wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32" \
@@ -235,6 +262,7 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
     constexpr bool f16 = std::is_same_v<T, __half>;
     if constexpr (std::is_same_v<T, float>) {
         static_assert(TA == 0 && TB == 0, "TF32 operands are K-major");
+        static_assert(N % 64 == 0, "TF32: widths of 64, 128, 192, 256");
         if constexpr (N == 64) {
             GEMSOPS_WGMMA_TF32_N64;
         }
@@ -247,6 +275,24 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
         else {
             GEMSOPS_WGMMA_TF32_N256;
         }
+    }
+    else if constexpr (N == 80 && f16) {
+        GEMSOPS_WGMMA_N80("f16");
+    }
+    else if constexpr (N == 80) {
+        GEMSOPS_WGMMA_N80("bf16");
+    }
+    else if constexpr (N == 96 && f16) {
+        GEMSOPS_WGMMA_N96("f16");
+    }
+    else if constexpr (N == 96) {
+        GEMSOPS_WGMMA_N96("bf16");
+    }
+    else if constexpr (N == 160 && f16) {
+        GEMSOPS_WGMMA_N160("f16");
+    }
+    else if constexpr (N == 160) {
+        GEMSOPS_WGMMA_N160("bf16");
     }
     else if constexpr (N == 64 && f16) {
         GEMSOPS_WGMMA_N64("f16");
@@ -274,6 +320,9 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
     }
 }
 #undef GEMSOPS_WGMMA_N256
+#undef GEMSOPS_WGMMA_N160
+#undef GEMSOPS_WGMMA_N96
+#undef GEMSOPS_WGMMA_N80
 #undef GEMSOPS_WGMMA_N192
 #undef GEMSOPS_WGMMA_N128
 #undef GEMSOPS_WGMMA_TF32_N256
@@ -287,6 +336,9 @@ __device__ __forceinline__ void wgmma_m64k32bytes(float *d, uint64_t da,
 #undef GEMSOPS_ACC8
 #undef GEMSOPS_OPS_64_127
 #undef GEMSOPS_OPS_64_95
+#undef GEMSOPS_OPS_64_79
+#undef GEMSOPS_OPS_40_47
+#undef GEMSOPS_OPS_32_39
 #undef GEMSOPS_OPS_0_63
 #endif
 

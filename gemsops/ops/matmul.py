@@ -18,7 +18,11 @@ the GPU and operands allow), or a cap: 'wgmma-256', 'wgmma-192',
 'wgmma-64x64', 'wgmma-192x192' (sm_90a, 64 x 64 and 192 x 192 tiles),
 'wgmma-pingpong' (sm_90a, halves: 128 x 128 tiles run whole, each consumer
 warpgroup on tiles of its own; fp32 and in-kernel row sums take
-'wgmma-128'), 'mma' (sm_80+),
+'wgmma-128'), 'wgmma-80x128', 'wgmma-96x128', 'wgmma-160x128',
+'wgmma-80x64', 'wgmma-96x64' (sm_90a, halves: tiles of 80, 96 or 160 rows
+x 128 or 64 columns through the swapped product C^T = B^T A^T, for A
+K-contiguous, B N-contiguous, C's rows 16-byte aligned, no bias; other
+products take 'wgmma-128'), 'mma' (sm_80+),
 'ffma' (exact fp32), or 'skinny' (products of at most 16 rows against a
 row-major B on their own kernels whatever their size; auto takes them
 for fp32 and for a large B); GEMSOPS_MATMUL_MAINLOOP sets it too. fp32 runs on
@@ -74,13 +78,28 @@ MAINLOOPS = {
     "wgmma-64x64": 8,
     "wgmma-192x192": 9,
     "wgmma-pingpong": 10,
+    "wgmma-80x128": 11,
+    "wgmma-96x128": 12,
+    "wgmma-160x128": 13,
+    "wgmma-80x64": 14,
+    "wgmma-96x64": 15,
 }
-# the wgmma tiles a mainloop cap can force (sm_90a): tests, tools
-# (pingpong is a kernel for 128 x 128 tiles, not a tile of its own)
+# the swapped product's tiles (sm_90a; one operand layout, no epilogue)
+WGMMA_TRANSPOSED_TILES = (
+    "wgmma-80x128",
+    "wgmma-96x128",
+    "wgmma-160x128",
+    "wgmma-80x64",
+    "wgmma-96x64",
+)
+# the wgmma tiles a mainloop cap can force for any operands (sm_90a): tests,
+# tools (pingpong is a kernel for 128 x 128 tiles, not a tile of its own)
 WGMMA_TILES = tuple(
     name
     for name in MAINLOOPS
-    if name.startswith("wgmma-") and name != "wgmma-pingpong"
+    if name.startswith("wgmma-")
+    and name != "wgmma-pingpong"
+    and name not in WGMMA_TRANSPOSED_TILES
 )
 SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -41,10 +41,21 @@ typedef enum gemsops_mainloop {
     /* one consumer warpgroup                                           */
     GEMSOPS_MAINLOOP_WGMMA_192X192 = 9, /* wgmma 192 x 192 tiles, sm_90a: */
     /* three consumer warpgroups                                        */
-    GEMSOPS_MAINLOOP_WGMMA_PINGPONG = 10 /* wgmma 128 x 128 tiles whole, */
+    GEMSOPS_MAINLOOP_WGMMA_PINGPONG = 10, /* wgmma 128 x 128 tiles whole, */
     /* sm_90a, halves: each consumer warpgroup a tile of its own, one's  */
     /* epilogue under the other's mainloop; fp32 and A's row sums take   */
     /* WGMMA_128                                                        */
+    /* Tiles of 80, 96 or 160 rows x 128 columns of C, or 80 or 96 rows x */
+    /* 64 columns, computed as the swapped product C^T = B^T A^T         */
+    /* (sm_90a): halves, A K-contiguous, B N-contiguous, C's rows        */
+    /* 16-byte aligned, no bias, alpha 1, no row sums; other products    */
+    /* take WGMMA_128. Their schedule (bm, bn, the tiles) is of C^T: bm  */
+    /* 128 or 64, bn 80, 96 or 160.                                      */
+    GEMSOPS_MAINLOOP_WGMMA_80X128 = 11,
+    GEMSOPS_MAINLOOP_WGMMA_96X128 = 12,
+    GEMSOPS_MAINLOOP_WGMMA_160X128 = 13,
+    GEMSOPS_MAINLOOP_WGMMA_80X64 = 14,
+    GEMSOPS_MAINLOOP_WGMMA_96X64 = 15
 } gemsops_mainloop;
 
 struct gemsops_matmul_params {
