@@ -78,10 +78,11 @@ constexpr wgmma_tile_cost kWgmmaPingpong = {128, 128, 1, 0.42, 0.717};
 // kernels alone, H100: benchmark/results/mm_plans_transposed_*.txt) its
 // predictions stand to its times about as the 128-row tiles' do (1.01 to
 // 1.09 of them, geomeans; the new tiles 0.66 to 1.00 before): x 1.42 (80),
-// 1.52 (96), 1.05 (160), 1.59 (80 x 64), 1.52 (96 x 64). The narrow ones' k-step is nearly the 128 x 128 tile's for
-// less work (a fixed cost a k-step: docs/performance.md, matmul), so the
-// model takes them almost nowhere; 160 x 128 wins where two waves of it
-// fit what 128 x 192 spreads over two and a bit (4864 x 1024: 248 tiles).
+// 1.52 (96), 1.05 (160), 1.59 (80 x 64), 1.52 (96 x 64). The narrow
+// ones' k-step is nearly the 128 x 128 tile's for less work (a fixed cost
+// a k-step: docs/performance.md, matmul), so the model takes them almost
+// nowhere; 160 x 128 wins where two waves of it fit what 128 x 192 spreads
+// over two and a bit (4864 x 1024: 248 tiles).
 constexpr wgmma_tile_cost kWgmmaT80 = {128, 80, 1, 0.559, 0.62};
 constexpr wgmma_tile_cost kWgmmaT96 = {128, 96, 1, 0.628, 1.02};
 constexpr wgmma_tile_cost kWgmmaT160 = {128, 160, 1, 0.561, 1.51};
