@@ -878,6 +878,40 @@ def test_back_to_back_launches_read_what_the_last_one_wrote(
         assert ((y.double() - ref).abs() <= tol).all()
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize("sched,ctas", [("data-parallel", 0), ("stream-k", 7)])
+def test_back_to_back_launches_overwrite_what_the_last_one_read(sched, ctas):
+    # two buffers in turn, no kernel between the products: each writes the
+    # buffer the launch just before it reads, so a launch that wrote C
+    # before that one had finished would change its input under it. The
+    # chain launched back to back must give the bits of the same chain with
+    # a sync after each product (a fixed schedule is bitwise repeatable).
+    dtype = torch.bfloat16
+    q, _ = torch.linalg.qr(rand(512, 512, dtype=torch.float64))
+    w = q.to("cuda", dtype)  # orthogonal: the chain's values stay O(1)
+    x = rand(768, 512, dtype=dtype, device="cuda")
+
+    def chain(sync):
+        bufs = [x.clone(), torch.empty_like(x)]
+        with schedule(sched, ctas=ctas):
+            for i in range(8):
+                gemsops.matmul(bufs[i % 2], w, out=bufs[(i + 1) % 2])
+                if sync:
+                    torch.cuda.synchronize()
+        return bufs[0]
+
+    first = gemsops.matmul(x, w)
+    ref = x.double() @ w.double()
+    bound = x.double().abs() @ w.double().abs()
+    assert (
+        (first.double() - ref).abs()
+        <= product_tolerance(ref, bound, 512, dtype)
+    ).all()
+    synced = chain(True)
+    assert torch.isfinite(synced).all() and synced.abs().max() > 0.1
+    assert torch.equal(chain(False), synced)
+
+
 def test_stream_k_splits_tiles_and_still_matches_data_parallel(device):
     # one tile, many k-iterations, 5 CTAs: every CTA holds a piece of it
     a, b = rand(60, 2000, device=device), rand(2000, 50, device=device)

@@ -1,0 +1,73 @@
+"""Time per product of a chain of products launched back to back, as a
+training step launches them: each shape's product called `calls` times in
+a row in a CUDA graph (no host time, no flush between), gemsops.matmul and
+torch.matmul alternating, best of `rounds`. A kernel launched as a
+programmatic dependent (sm_90) starts on each SM as the previous kernel's
+CTAs leave it, so what it does before it waits for that kernel (its
+set-up) hides under the other's tail; a flushed single call (mm_time,
+do_bench) shows none of it.
+
+usage: python -m tools.mm_chain M,N,K[:dtype[:layout]] ...
+  (tools/mm_probe.py's case syntax); prints `case gems Xus` and
+  `case torch Yus` (tools/ab_modules.sh's format, AB_TIMER)
+"""
+
+import sys
+
+import torch
+
+import gemsops
+from tools.mm_probe import operands
+
+
+def graph_us(fn, calls=50, rounds=5):
+    """Best mean time (us) of one of `calls` fn() calls replayed from a
+    CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+    best = float("inf")
+    for _ in range(rounds):
+        graph.replay()  # warm
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e3 / calls)
+    return best
+
+
+def main(cases):
+    if not cases:
+        print(__doc__)
+        return 2
+    for case in cases:
+        (m, n, k, dt, _), a, b, _ = operands(case)
+        torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
+        out_g = torch.empty(m, n, device="cuda", dtype=a.dtype)
+        out_t = torch.empty_like(out_g)
+        ref = a.double() @ b.double()
+        got = gemsops.matmul(a, b).double()
+        err = ((got - ref).norm() / ref.norm()).item()
+        if not err < 1e-2:
+            print(f"{m},{n},{k}:{dt} gemsops wrong: rel err {err:.2e}")
+            return 1
+        t_g = graph_us(lambda: gemsops.matmul(a, b, out=out_g))
+        t_t = graph_us(lambda: torch.matmul(a, b, out=out_t))
+        name = f"{m},{n},{k}:{dt}"
+        print(f"{name} gems {t_g:.2f}us", flush=True)
+        print(f"{name} torch {t_t:.2f}us", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
