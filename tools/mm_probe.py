@@ -51,6 +51,13 @@ def operands(case):
     return (m, n, k, dt, layout + (" +bias" if bias else "")), a, b, c
 
 
+def product_error(a, b):
+    """gemsops.matmul(a, b)'s error relative to a float64 product (norms)."""
+    got = gemsops.matmul(a, b).double()
+    ref = a.double() @ b.double()
+    return ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
 def profile_flushed(fn, reps, events=False):
     """torch.profiler over reps calls of fn(), L2 flushed by a zero_()
     before each call as do_bench does (the flush is a FillFunctor kernel);
