@@ -1,11 +1,9 @@
 """Time per product of a chain of products launched back to back, as a
 training step launches them: each shape's product called `calls` times in
-a row in a CUDA graph (no host time, no flush between), gemsops.matmul and
-torch.matmul alternating, best of `rounds`. A kernel launched as a
-programmatic dependent (sm_90) starts on each SM as the previous kernel's
-CTAs leave it, so what it does before it waits for that kernel (its
-set-up) hides under the other's tail; a flushed single call (mm_time,
-do_bench) shows none of it.
+a row in a CUDA graph (no host time, no flush between: the operands stay
+in L2), gemsops.matmul's chain, then torch.matmul's, best of `rounds`. A
+flushed single call (mm_time, do_bench) times neither the warm operands
+nor a launch that follows its own kind.
 
 usage: python -m tools.mm_chain M,N,K[:dtype[:layout]] ...
   (tools/mm_probe.py's case syntax); prints `case gems Xus` and
