@@ -14,8 +14,7 @@ import sys
 
 import torch
 
-import gemsops
-from tools.mm_probe import operands, product_error
+from tools.mm_probe import product_error, repeatable_products
 
 
 def graph_us(fn, calls=50, rounds=5):
@@ -49,19 +48,13 @@ def main(cases):
         print(__doc__)
         return 2
     for case in cases:
-        (m, n, k, dt, _), a, b, _ = operands(case)
-        torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
-        out_g = torch.empty(m, n, device="cuda", dtype=a.dtype)
-        out_t = torch.empty_like(out_g)
+        name, (a, b), gems, ref = repeatable_products(case)
         err = product_error(a, b)
         if not err < 1e-2:
-            print(f"{m},{n},{k}:{dt} gemsops wrong: rel err {err:.2e}")
+            print(f"{name} gemsops wrong: rel err {err:.2e}")
             return 1
-        t_g = graph_us(lambda: gemsops.matmul(a, b, out=out_g))
-        t_t = graph_us(lambda: torch.matmul(a, b, out=out_t))
-        name = f"{m},{n},{k}:{dt}"
-        print(f"{name} gems {t_g:.2f}us", flush=True)
-        print(f"{name} torch {t_t:.2f}us", flush=True)
+        print(f"{name} gems {graph_us(gems):.2f}us", flush=True)
+        print(f"{name} torch {graph_us(ref):.2f}us", flush=True)
     return 0
 
 

@@ -17,8 +17,7 @@ import tempfile
 
 import torch
 
-import gemsops
-from tools.mm_probe import operands
+from tools.mm_probe import repeatable_products
 
 
 def kernel_times(run, calls):
@@ -93,17 +92,10 @@ def main(cases, calls=20):
         print(__doc__)
         return 2
     for case in cases:
-        (m, n, k, dt, _), a, b, _ = operands(case)
-        torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
-        out_g = torch.empty(m, n, device="cuda", dtype=a.dtype)
-        out_t = torch.empty_like(out_g)
-        libs = {
-            "gems": lambda: gemsops.matmul(a, b, out=out_g),
-            "torch": lambda: torch.matmul(a, b, out=out_t),
-        }
-        for lib, fn in libs.items():
+        name, _, gems, ref = repeatable_products(case)
+        for lib, fn in (("gems", gems), ("torch", ref)):
             for how, kernels in chains(fn, calls).items():
-                print(f"{m},{n},{k}:{dt} {lib} {how}: {summary(kernels)}")
+                print(f"{name} {lib} {how}: {summary(kernels)}")
     return 0
 
 

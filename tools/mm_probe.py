@@ -51,6 +51,22 @@ def operands(case):
     return (m, n, k, dt, layout + (" +bias" if bias else "")), a, b, c
 
 
+def repeatable_products(case):
+    """A case's name, operands and two calls to repeat: gemsops' and
+    torch's product of them, each into an output of its own (out=), TF32
+    set as the case asks."""
+    (m, n, k, dt, _), a, b, _ = operands(case)
+    torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
+    out_g = torch.empty(m, n, device="cuda", dtype=a.dtype)
+    out_t = torch.empty_like(out_g)
+    return (
+        f"{m},{n},{k}:{dt}",
+        (a, b),
+        lambda: gemsops.matmul(a, b, out=out_g),
+        lambda: torch.matmul(a, b, out=out_t),
+    )
+
+
 def product_error(a, b):
     """gemsops.matmul(a, b)'s error relative to a float64 product (norms)."""
     got = gemsops.matmul(a, b).double()
