@@ -51,8 +51,8 @@ __global__ void __launch_bounds__(128 * WG, 1)
         reinterpret_cast<__nv_bfloat16 *>(smem)[i] =
             __float2bfloat16((float)(i % 13) * 0.01f);
     }
+    fence_proxy_async_shared(); // the stores above, visible to wgmma
     __syncthreads();
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     const unsigned base = (unsigned)__cvta_generic_to_shared(smem);
     const unsigned g = threadIdx.x / 128;
     const uint64_t da = wgmma_desc(base + g * kAtomBytes, 16, 1024);
