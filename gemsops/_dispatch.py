@@ -167,6 +167,16 @@ def eager_apply(function):
     return super(torch.autograd.Function, function).apply
 
 
+def autocast_enabled(device_type):
+    """torch.is_autocast_enabled(device_type) for any tensor's device type:
+    False where autocast has no state (meta tensors, for which torch raises
+    RuntimeError), as no autocast applies there."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:  # a device type with no autocast state
+        return False
+
+
 def cast_floating(value, device_type, dtype):
     if (
         isinstance(value, torch.Tensor)

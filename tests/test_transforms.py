@@ -362,6 +362,48 @@ def test_meta_modules():
         assert y.device.type == "meta" and y.shape[:2] == (2, 5)
 
 
+def _meta(*shape, dtype=torch.float32):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def test_meta_out_arguments():
+    """out= on meta tensors gives torch's meta results (meta tensors have
+    no autocast state to ask)."""
+    cases = [
+        (gemsops.mm, torch.mm, (_meta(2, 4), _meta(4, 3)), (2, 3)),
+        (gemsops.bmm, torch.bmm, (_meta(2, 2, 4), _meta(2, 4, 3)), (2, 2, 3)),
+        (gemsops.matmul, torch.matmul, (_meta(5, 4), _meta(4)), (5,)),
+        (
+            gemsops.addmm,
+            torch.addmm,
+            (_meta(3), _meta(2, 4), _meta(4, 3)),
+            (2, 3),
+        ),
+    ]
+    for ours, theirs, args, shape in cases:
+        got = ours(*args, out=_meta(*shape))
+        want = theirs(*args, out=_meta(*shape))
+        assert got.device.type == "meta"
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)
+    got = gemsops.prod(_meta(3, 4), 1, out=_meta(3, dtype=torch.float64))
+    assert (got.device.type, got.shape, got.dtype) == (
+        "meta",
+        (3,),
+        torch.float64,
+    )
+
+
+def test_meta_operands_of_two_dtypes_are_refused_by_name():
+    half, single = _meta(2, 4, dtype=torch.float16), _meta(4, 3)
+    for call in (
+        lambda: gemsops.mm(half, single),
+        lambda: gemsops.matmul(half, single),
+        lambda: gemsops.nn.Linear(4, 3, device="meta")(half),
+    ):
+        with pytest.raises(RuntimeError, match="same dtype"):
+            call()
+
+
 def test_layer_norm_backward_under_forward_ad(device):
     """gemsops.layer_norm_backward with dual inputs, and under torch.func's
     jvp and vjp: aten's formula at the given statistics, differentiated as

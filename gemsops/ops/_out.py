@@ -4,6 +4,8 @@ import warnings
 
 import torch
 
+from .._dispatch import autocast_enabled
+
 
 def into(fn, out, inputs, compute):
     """torch's out= rules for compute()'s result: out must be a tensor of
@@ -29,7 +31,7 @@ def into(fn, out, inputs, compute):
         (t.device.type for t in inputs if isinstance(t, torch.Tensor)),
         out.device.type,
     )
-    if torch.is_autocast_enabled(device):
+    if autocast_enabled(device):
         with torch.autocast(device, enabled=False):
             r = compute()
     else:

@@ -22,6 +22,7 @@ from .._dispatch import (
     _is_compiling,
     _strided,
     _tracing,
+    autocast_enabled,
     batched,
     define_op,
     eager,
@@ -264,7 +265,7 @@ def _traced_addmm_ok(input, mat1, mat2, alpha, beta):
     if not all(d in SUPPORTED for d in dtypes):
         return False
     same = dtypes[0] == dtypes[1] == dtypes[2]
-    return same or torch.is_autocast_enabled(mat1.device.type)
+    return same or autocast_enabled(mat1.device.type)
 
 
 def _folds(t):
@@ -721,10 +722,7 @@ def linear(input, weight, bias=None, *, out=None):
         and input.shape[-1] == weight.shape[1]
         and bias.dim() <= 1
         and _broadcasts(bias.shape, weight.shape[:1])
-        and (
-            bias.dtype == input.dtype
-            or torch.is_autocast_enabled(input.device.type)
-        )
+        and (bias.dtype == input.dtype or autocast_enabled(input.device.type))
     ):
         # the bias in the product's epilogue, rounded once, as torch's
         # addmm (traced code: compile, autocast). The JIT tracer records
@@ -756,7 +754,7 @@ def linear(input, weight, bias=None, *, out=None):
     if bias.dtype != y.dtype:
         # one dtype, as torch's addmm path (its matmul-and-add_ paths,
         # taken for some layouts, cast the bias: README, differences)
-        if not torch.is_autocast_enabled(y.device.type):
+        if not autocast_enabled(y.device.type):
             raise _bias_dtype_error(bias, y)
         bias = bias.to(y.dtype)  # as torch's linear under autocast
     out = y + bias

@@ -45,6 +45,7 @@ from .. import _C, _workspace
 from .._dispatch import (
     _strided,
     _tracing,
+    autocast_enabled,
     batched,
     define_op,
     eager,
@@ -530,7 +531,7 @@ def _torch_folds(a, b):
 def _autocast_casts(a, b):
     """Autocast will cast both to one dtype (the op's autocast rule)."""
     return (
-        torch.is_autocast_enabled(a.device.type)
+        autocast_enabled(a.device.type)
         and a.device.type == b.device.type
         and all(
             t.is_floating_point() and t.dtype != torch.float64 for t in (a, b)

@@ -17,6 +17,7 @@ from .. import _C, _workspace
 from .._dispatch import (
     MAX_DIMS,
     _strided,
+    autocast_enabled,
     batched,
     define_op,
     eager,
@@ -271,7 +272,7 @@ def _prod_not_eager(x, d, dtype_given):
     if (
         dtype_given
         and x.device.type in ("cpu", "cuda")
-        and torch.is_autocast_enabled(x.device.type)
+        and autocast_enabled(x.device.type)
     ):
         with torch.autocast(x.device.type, enabled=False):
             return _prod_op(x, d)
