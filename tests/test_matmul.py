@@ -1384,6 +1384,7 @@ def test_bounded_spin_mode_runs(device):
         (torch.int64, torch.float32),
         (torch.int32, torch.float16),
         (torch.bool, torch.bfloat16),
+        (torch.uint32, torch.float32),
         (torch.float32, torch.int64),
     ],
 )
@@ -1416,6 +1417,18 @@ def test_mixed_dtype_errors_match_torch(device, fn, ranks, dtypes, layout):
     assert named, ours.value
     if ours.type is NotImplementedError:  # the dtype without a kernel
         assert not named[0].is_floating_point, ours.value
+
+
+@pytest.mark.parametrize("fn", ["bmm", "matmul"])
+def test_cpu_bmm_of_a_float8_operand_is_not_implemented(fn):
+    # torch's CPU bmm has no float8 kernel and looks it up before it
+    # compares the dtypes
+    a = torch.ones(2, 3, 4, dtype=torch.float8_e4m3fn)
+    b = torch.ones(2, 4, 3)
+    with pytest.raises(NotImplementedError):
+        getattr(torch, fn)(a, b)
+    with pytest.raises(NotImplementedError, match="float8_e4m3fn"):
+        getattr(gemsops, fn)(a, b)
 
 
 def test_errors(device):

@@ -475,18 +475,34 @@ def _kernel_refused(fn, a, b):
     """The operand whose dtype torch looks up a kernel for before it
     compares the two dtypes, where that lookup finds none (torch raises
     NotImplementedError); None where torch compares first (RuntimeError).
-    Its bmm looks up its first operand (no integer or bool kernels on CUDA,
-    no bool on the CPU), its CUDA mv its matrix (no integer or bool); its mm
+    Its bmm looks up its first operand (no integer or bool kernels on CUDA;
+    on the CPU none for bool, the wide unsigned and float8), its CUDA mv its matrix (no integer or bool); its mm
     and dot compare first."""
     kernel = _torch_kernel(fn, a, b)
     if kernel is None:
         return None
     name, t = kernel
+    if t.device.type == "cpu":
+        return t if name == "bmm" and t.dtype in _CPU_NO_BMM else None
     if t.is_floating_point() or t.is_complex():
         return None
-    cuda = t.device.type == "cuda"
-    cpu_bool = t.device.type == "cpu" and t.dtype == torch.bool
-    return t if cuda or name == "bmm" and cpu_bool else None
+    return t if t.device.type == "cuda" else None
+
+
+# dtypes torch's CPU bmm has no kernel for (torch 2.11 to 2.13)
+_CPU_NO_BMM = frozenset(
+    getattr(torch, name)
+    for name in (
+        "bool",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float8_e4m3fn",
+        "float8_e5m2",
+        "float8_e4m3fnuz",
+        "float8_e5m2fnuz",
+    )
+)
 
 
 def _torch_kernel(fn, a, b):
