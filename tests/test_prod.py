@@ -52,13 +52,16 @@ def test_numpy_names_axis_and_keepdims(device):
     assert gemsops.prod(x, 1, keepdims=True).shape == (3, 1, 5)
     # what torch refuses: a name given twice, axis=None (RuntimeError from
     # torch 2.11's named-dimension lookup, TypeError from 2.13's parser),
-    # keepdims alone
+    # keepdims alone, a dim of None
     for args, kw in (
         ((1,), {"axis": 1}),
         ((), {"dim": 1, "axis": 1}),
         ((1, True), {"keepdims": True}),
         ((), {"axis": None}),
         ((), {"keepdims": True}),
+        ((None,), {}),
+        ((), {"dim": None}),
+        ((None, True), {}),
     ):
         with pytest.raises((TypeError, RuntimeError)):
             torch.prod(x, *args, **kw)

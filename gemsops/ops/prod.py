@@ -288,6 +288,17 @@ class _KeepdimDefault:
 
 
 _KEEPDIM_DEFAULT = _KeepdimDefault()
+
+
+class _NoDim:
+    """dim's default: no dim, told apart from a dim=None given, which torch
+    refuses (TypeError)."""
+
+    def __repr__(self):
+        return "None"
+
+
+_NO_DIM = _NoDim()
 _NO_ALIAS = object()
 
 
@@ -310,7 +321,7 @@ def _numpy_names(dim, keepdim, axis, keepdims):
 
 def prod(
     input,
-    dim=None,
+    dim=_NO_DIM,
     keepdim=_KEEPDIM_DEFAULT,
     *,
     dtype=None,
@@ -328,11 +339,21 @@ def prod(
     (with a dim, as torch's) sets the dtype the product is computed in.
     NumPy's names axis= and keepdims= are taken for dim and keepdim, as
     torch takes them."""
+    if dim is None:
+        raise TypeError("prod(): argument 'dim' must be int, not NoneType")
+    if dim is _NO_DIM:
+        dim = None
     if axis is not _NO_ALIAS or keepdims is not _NO_ALIAS:
         dim, keepdim = _numpy_names(dim, keepdim, axis, keepdims)
     if tensor_like(input, out):
         return handle_torch_function(
-            prod, (input, out), input, dim, keepdim, dtype=dtype, out=out
+            prod,
+            (input, out),
+            input,
+            _NO_DIM if dim is None else dim,
+            keepdim,
+            dtype=dtype,
+            out=out,
         )
     if out is not None:
         if dim is None:
