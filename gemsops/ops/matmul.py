@@ -476,8 +476,8 @@ def _kernel_refused(fn, a, b):
     compares the two dtypes, where that lookup finds none (torch raises
     NotImplementedError); None where torch compares first (RuntimeError).
     Its bmm looks up its first operand (no integer or bool kernels on CUDA;
-    on the CPU none for bool, the wide unsigned and float8), its CUDA mv its matrix (no integer or bool); its mm
-    and dot compare first."""
+    on the CPU none for bool, the wide unsigned and float8), its CUDA mv
+    its matrix (no integer or bool); its mm and dot compare first."""
     kernel = _torch_kernel(fn, a, b)
     if kernel is None:
         return None
