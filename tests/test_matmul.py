@@ -1684,6 +1684,39 @@ def test_out_dtype_as_torch(name, dtype, device):
             assert torch.equal(outs[0], outs[1]), name
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "name,shapes",
+    [
+        ("mm", [(37, 70), (70, 29)]),
+        ("mm", [(64, 0), (0, 65)]),
+        ("bmm", [(3, 37, 70), (3, 70, 29)]),
+        ("matmul", [(37, 70), (70, 29)]),
+        ("matmul", [(2, 37, 70), (2, 70, 29)]),
+    ],
+)
+def test_out_written_in_place(name, shapes, dtype, device, monkeypatch):
+    """An out= of the product's shape, dtype and device, dense and apart
+    from the operands, receives the kernel's product itself (no product
+    made apart and copied): every element written over a poisoned out
+    (k = 0 too), the bits of the call without out=, one version bump as
+    torch's out=."""
+    import gemsops.ops.matmul as mm_module
+
+    args = [rand(*s, dtype=dtype, device=device) for s in shapes]
+    want = getattr(gemsops, name)(*args)
+
+    def copied(*_):
+        raise AssertionError("out= took the copy")
+
+    monkeypatch.setattr(mm_module, "_into", copied)
+    out = torch.full_like(want, float("nan"))
+    version = out._version
+    assert getattr(gemsops, name)(*args, out=out) is out
+    assert torch.equal(out, want)
+    assert out._version == version + 1
+
+
 def test_out_aliasing_an_input(device):
     x = torch.randn(16, 16, device=device)
     ref = x.double() @ x.double()

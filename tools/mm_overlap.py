@@ -21,7 +21,7 @@ from tools.mm_probe import repeatable_products
 
 
 def kernel_times(run, calls):
-    """(start, end, name) in µs of the last GPU kernels and memsets run()
+    """(start, end, name) in µs of the last GPU kernels, memsets and copies
     launches, in order: 2 * calls of them (a product may launch two)."""
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CUDA]
@@ -35,15 +35,16 @@ def kernel_times(run, calls):
     kernels = sorted(
         (e["ts"], e["ts"] + e["dur"], e["name"])
         for e in events
-        if e.get("cat") in ("kernel", "gpu_memset") and e.get("ph") == "X"
+        if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")
+        and e.get("ph") == "X"
     )
     return kernels[-2 * calls :]
 
 
 def summary(events):
     """The products' kernels: their median duration, the median gap before
-    each from the GPU work before it (a kernel or memset), the span a
-    product; the count of other kernels and memsets among them."""
+    each from the GPU work before it (a kernel, memset or copy), the span a
+    product; the count of other kernels, memsets and copies among them."""
     busy = {}
     for s, e, n in events:
         busy[n] = busy.get(n, 0.0) + e - s
@@ -55,7 +56,7 @@ def summary(events):
     gaps = [b[0] - a[1] for a, b in zip(events, events[1:]) if b[0] in starts]
     span = (kernels[-1][1] - kernels[0][0]) / len(kernels)
     return (
-        f"{len(kernels)} products, {others} other kernels or memsets, "
+        f"{len(kernels)} products, {others} other kernels, memsets or copies, "
         f"duration {statistics.median(durs):.2f}, "
         f"gap {statistics.median(gaps):+.2f} (min {min(gaps):+.2f}), "
         f"span a call {span:.2f} µs"

@@ -584,6 +584,56 @@ def torch_out_dtype(fn, args, out_dtype, out, **kw):
     return fn(*args, out_dtype, **kw)
 
 
+def _writes_into(out, a, b, ranks):
+    """The product of a and b (both of a rank in ranks: 2, or 3 of one batch
+    size) may be written straight into out, as torch's out= writes it,
+    sparing the copy of a product made apart (ops/_out.py): out a dense
+    tensor of the product's shape, dtype and device, aligned as torch's
+    allocators align a new tensor (256 bytes on CUDA, 64 on the CPU),
+    sharing no memory with a or b (which torch lets out alias), and nothing
+    that takes the call elsewhere (grad, autocast, tracing, a subclass).
+    Anything else takes the copy, with its checks and torch's errors."""
+    return (
+        isinstance(out, torch.Tensor)
+        and isinstance(a, torch.Tensor)
+        and isinstance(b, torch.Tensor)
+        and a.dim() in ranks
+        and a.dtype in SUPPORTED
+        and a.dtype == b.dtype == out.dtype
+        and a.dim() == b.dim() == out.dim()
+        and (a.dim() == 2 or a.shape[0] == b.shape[0])
+        and a.shape[-1] == b.shape[-2]
+        and out.shape[:-1] == a.shape[:-1]
+        and out.shape[-1] == b.shape[-1]
+        and a.device == b.device == out.device
+        and out.is_contiguous()
+        and not out.is_neg()
+        and out.data_ptr() % (256 if out.is_cuda else 64) == 0
+        and not (
+            torch.is_grad_enabled()
+            and (a.requires_grad or b.requires_grad or out.requires_grad)
+        )
+        and eager((a, b, out))
+        and _apart(out, a)
+        and _apart(out, b)
+    )
+
+
+def _apart(out, t):
+    """out and t are in different storages (conservative: one storage is
+    taken as overlap, wherever the two lie in it)."""
+    return out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+
+
+def _product_into(fn, out, a, b):
+    """out <- a @ b through the kernels (_writes_into said yes): the checks
+    of fn's operands, one launch, and torch's version bump of out."""
+    a, b = _operands(fn, a, b)
+    _launch_product(_C.matmul, a, b, out)
+    torch.autograd.graph.increment_version(out)
+    return out
+
+
 def mm(input, mat2, out_dtype=None, *, out=None):
     """torch.mm: [m, k] x [k, n] -> [m, n]."""
     if tensor_like(input, mat2, out):
@@ -593,6 +643,8 @@ def mm(input, mat2, out_dtype=None, *, out=None):
     if out_dtype is not None:
         return torch_out_dtype(torch.mm, (input, mat2), out_dtype, out)
     if out is not None:
+        if _writes_into(out, input, mat2, (2,)):
+            return _product_into("mm", out, input, mat2)
         return _into("mm", out, (input, mat2), lambda: mm(input, mat2))
     return mm_as("mm", input, mat2)
 
@@ -619,6 +671,8 @@ def bmm(input, mat2, out_dtype=None, *, out=None):
     if out_dtype is not None:
         return torch_out_dtype(torch.bmm, (input, mat2), out_dtype, out)
     if out is not None:
+        if _writes_into(out, input, mat2, (3,)):
+            return _product_into("bmm", out, input, mat2)
         return _into("bmm", out, (input, mat2), lambda: bmm(input, mat2))
     input, mat2 = _operands("bmm", input, mat2)
     if input.dim() != 3 or mat2.dim() != 3:
@@ -639,6 +693,8 @@ def matmul(input, other, *, out=None):
             matmul, (input, other, out), input, other, out=out
         )
     if out is not None:
+        if _writes_into(out, input, other, (2, 3)):
+            return _product_into("matmul", out, input, other)
         return _into(
             "matmul", out, (input, other), lambda: matmul(input, other)
         )
