@@ -1717,6 +1717,19 @@ def test_out_written_in_place(name, shapes, dtype, device, monkeypatch):
     assert out._version == version + 1
 
 
+def test_out_an_inference_tensor(device):
+    # written inside inference mode; outside it, torch's RuntimeError
+    with torch.inference_mode():
+        a, b = rand(8, 9, device=device), rand(9, 7, device=device)
+        out = torch.empty(8, 7, device=device)
+        assert gemsops.mm(a, b, out=out) is out
+        assert torch.equal(out, gemsops.mm(a, b))
+    a, b = rand(8, 9, device=device), rand(9, 7, device=device)
+    for lib in (torch, gemsops):
+        with pytest.raises(RuntimeError, match="inference tensor"):
+            lib.mm(a, b, out=out)
+
+
 def test_out_aliasing_an_input(device):
     x = torch.randn(16, 16, device=device)
     ref = x.double() @ x.double()

@@ -608,6 +608,8 @@ def _writes_into(out, a, b, ranks):
         and a.device == b.device == out.device
         and out.is_contiguous()
         and not out.is_neg()
+        # written outside inference mode, an inference tensor raises (copy_)
+        and (not out.is_inference() or torch.is_inference_mode_enabled())
         and out.data_ptr() % (256 if out.is_cuda else 64) == 0
         and not (
             torch.is_grad_enabled()
