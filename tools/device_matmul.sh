@@ -12,6 +12,8 @@
 #   (tools/mm_probe.py); PLANS_SHAPES: shapes for tools/mm_plans.py (its
 #   GEMSOPS_PLANS_* settings apply; no plans stage without them);
 #   GEMSOPS_BENCH_CORPUS: the corpus's size;
+#   CHAIN_SHAPES: shapes for tools/mm_chain.py, timed with out= and
+#   without (GEMSOPS_CHAIN_OUT);
 #   BENCH_ARGS: pytest's arguments for the benchmark (-k tf32: fp32 only)
 set -o pipefail
 export PYTHONUNBUFFERED=1
@@ -60,6 +62,14 @@ if [ -n "${PLANS_SHAPES:-}" ]; then
     timeout "${PLANS_LIMIT:-300}" python3 tools/mm_plans.py $PLANS_SHAPES \
         > "$OUT/plans.txt" 2>&1
     echo "plans: exit $?, $(grep -c torch "$OUT/plans.txt") shapes"
+fi
+if [ -n "${CHAIN_SHAPES:-}" ]; then
+    # back to back in a CUDA graph, with out= and without
+    for o in 1 0; do
+        # shellcheck disable=SC2086
+        GEMSOPS_CHAIN_OUT=$o timeout 120 python3 -m tools.mm_chain $CHAIN_SHAPES \
+            2>&1 | sed "s/^/out=$o /" | tee -a "$OUT/chain.txt"
+    done
 fi
 if [ "${GPT:-1}" = 1 ]; then
     timeout 150 python3 benchmark/gpt_step.py --tokens 8x1024 --d 768 \

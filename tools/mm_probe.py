@@ -13,6 +13,7 @@ usage: python tools/mm_probe.py [M,N,K[:dtype[:layout[:bias]]] ...]
 With no shapes: a list covering large squares, wave-quantized and small
 ones, and K not a multiple of 8."""
 
+import os
 import sys
 
 import torch
@@ -54,13 +55,23 @@ def operands(case):
 def repeatable_products(case):
     """A case's name, operands and two calls to repeat: gemsops' and
     torch's product of them, each into an output of its own (out=), TF32
-    set as the case asks."""
+    set as the case asks. GEMSOPS_CHAIN_OUT=0: without out= (each call's
+    output new, from the caching allocator or a graph's pool, as a
+    training step's)."""
     (m, n, k, dt, _), a, b, _ = operands(case)
     torch.backends.cuda.matmul.allow_tf32 = dt == "tf32"
+    name = f"{m},{n},{k}:{dt}"
+    if os.environ.get("GEMSOPS_CHAIN_OUT", "1") == "0":
+        return (
+            name,
+            (a, b),
+            lambda: gemsops.matmul(a, b),
+            lambda: torch.matmul(a, b),
+        )
     out_g = torch.empty(m, n, device="cuda", dtype=a.dtype)
     out_t = torch.empty_like(out_g)
     return (
-        f"{m},{n},{k}:{dt}",
+        name,
         (a, b),
         lambda: gemsops.matmul(a, b, out=out_g),
         lambda: torch.matmul(a, b, out=out_t),
