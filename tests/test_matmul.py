@@ -1717,6 +1717,31 @@ def test_out_written_in_place(name, shapes, dtype, device, monkeypatch):
     assert out._version == version + 1
 
 
+def test_out_sharing_an_operands_memory_through_another_storage(device):
+    # one buffer behind two storages (DLPack): out inside a's span, on a's
+    # elements or in its gaps, is computed apart and copied, as before
+    base = torch.randn(1024, device=device)
+    for a_view, out_at in ((lambda t: t[:, :4], 16), (lambda t: t, 16)):
+        a = a_view(torch.from_dlpack(base[:512]).view(8, 64))
+        b = rand(a.shape[1], 4, device=device)
+        want = a.clone() @ b
+        out = torch.from_dlpack(base[out_at : out_at + 32]).view(8, 4)
+        assert gemsops.mm(a, b, out=out) is out
+        assert_close(out, want.double(), torch.float32, chain_len=64)
+
+
+def test_out_under_compile_without_graph_breaks():
+    a, b = rand(8, 9), rand(9, 7)
+    out = torch.empty(8, 7)
+    run = torch.compile(
+        lambda a, b, o: gemsops.mm(a, b, out=o),
+        backend="eager",
+        fullgraph=True,
+    )
+    assert run(a, b, out) is out
+    assert torch.equal(out, gemsops.mm(a, b))
+
+
 def test_out_an_inference_tensor(device):
     # written inside inference mode; outside it, torch's RuntimeError
     with torch.inference_mode():

@@ -587,16 +587,24 @@ def torch_out_dtype(fn, args, out_dtype, out, **kw):
 def _writes_into(out, a, b, ranks):
     """The product of a and b (both of a rank in ranks: 2, or 3 of one batch
     size) may be written straight into out, as torch's out= writes it,
-    sparing the copy of a product made apart (ops/_out.py): out a dense
-    tensor of the product's shape, dtype and device, aligned as torch's
-    allocators align a new tensor (256 bytes on CUDA, 64 on the CPU),
-    sharing no memory with a or b (which torch lets out alias), and nothing
-    that takes the call elsewhere (grad, autocast, tracing, a subclass).
-    Anything else takes the copy, with its checks and torch's errors."""
+    sparing the copy of a product made apart (ops/_out.py): nothing that
+    takes the call elsewhere (tracing, compiling, transforms, a subclass,
+    autocast, grad), out a dense tensor of the product's shape, dtype and
+    device, aligned as torch's allocators align a new tensor (256 bytes on
+    CUDA, 64 on the CPU), its bytes apart from the operands' (which torch
+    lets out alias). Anything else takes the copy, with its checks and
+    torch's errors."""
     return (
         isinstance(out, torch.Tensor)
         and isinstance(a, torch.Tensor)
         and isinstance(b, torch.Tensor)
+        # first: what follows reads data pointers, which fake, functional
+        # and transformed tensors lack and Dynamo does not trace
+        and eager((a, b, out))
+        and not (
+            torch.is_grad_enabled()
+            and (a.requires_grad or b.requires_grad or out.requires_grad)
+        )
         and a.dim() in ranks
         and a.dtype in SUPPORTED
         and a.dtype == b.dtype == out.dtype
@@ -611,20 +619,21 @@ def _writes_into(out, a, b, ranks):
         # written outside inference mode, an inference tensor raises (copy_)
         and (not out.is_inference() or torch.is_inference_mode_enabled())
         and out.data_ptr() % (256 if out.is_cuda else 64) == 0
-        and not (
-            torch.is_grad_enabled()
-            and (a.requires_grad or b.requires_grad or out.requires_grad)
-        )
-        and eager((a, b, out))
         and _apart(out, a)
         and _apart(out, b)
     )
 
 
 def _apart(out, t):
-    """out and t are in different storages (conservative: one storage is
-    taken as overlap, wherever the two lie in it)."""
-    return out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr()
+    """out's bytes (dense) lie outside the span of t's, wherever the two
+    tensors' storages came from (one buffer may back two storages)."""
+    if not out.numel() or not t.numel():
+        return True
+    lo = t.data_ptr()
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    hi = lo + (last + 1) * t.element_size()
+    out_lo = out.data_ptr()
+    return hi <= out_lo or out_lo + out.numel() * out.element_size() <= lo
 
 
 def _product_into(fn, out, a, b):
