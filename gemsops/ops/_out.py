@@ -61,6 +61,14 @@ def into(fn, out, inputs, compute):
     return out.copy_(r)
 
 
+def byte_span(t):
+    """[first, last + 1) of the bytes a non-empty strided tensor's elements
+    lie in (strides are never negative in torch)."""
+    lo = t.data_ptr()
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return lo, lo + (last + 1) * t.element_size()
+
+
 def refuse_partial_overlap(out, input):
     """torch's check of an out= against an input it reads elementwise
     (addmm's input): RuntimeError where the two share some memory but are
@@ -75,9 +83,7 @@ def refuse_partial_overlap(out, input):
         return
     if out.untyped_storage().data_ptr() != input.untyped_storage().data_ptr():
         return
-    a0, b0 = out.data_ptr(), input.data_ptr()
-    a1 = a0 + out.numel() * out.element_size()
-    b1 = b0 + input.numel() * input.element_size()
+    (a0, a1), (b0, b1) = byte_span(out), byte_span(input)
     if a0 == b0 and a1 == b1:
         partial = out.stride() != input.stride()
     else:

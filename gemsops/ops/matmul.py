@@ -58,6 +58,7 @@ from .._dispatch import (
     torch_only,
     unsafe_view,
 )
+from ._out import byte_span
 from ._out import into as _into
 
 SCHEDULES = {
@@ -629,11 +630,8 @@ def _apart(out, t):
     tensors' storages came from (one buffer may back two storages)."""
     if not out.numel() or not t.numel():
         return True
-    lo = t.data_ptr()
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-    hi = lo + (last + 1) * t.element_size()
-    out_lo = out.data_ptr()
-    return hi <= out_lo or out_lo + out.numel() * out.element_size() <= lo
+    (out_lo, out_hi), (lo, hi) = byte_span(out), byte_span(t)
+    return hi <= out_lo or out_hi <= lo
 
 
 def _product_into(fn, out, a, b):

@@ -279,26 +279,20 @@ def _prod_not_eager(x, d, dtype_given):
     return _prod_op(x, d)
 
 
-class _KeepdimDefault:
-    """keepdim's default, False, told apart from a keepdim given without a
-    dim, which torch refuses (it has no prod(input, keepdim=...))."""
+class _Default:
+    """A default told apart from the same value given, which torch refuses:
+    keepdim without a dim (it has no prod(input, keepdim=...)), dim=None.
+    Its repr is the value a signature shows."""
+
+    def __init__(self, shown):
+        self.shown = shown
 
     def __repr__(self):
-        return "False"
+        return self.shown
 
 
-_KEEPDIM_DEFAULT = _KeepdimDefault()
-
-
-class _NoDim:
-    """dim's default: no dim, told apart from a dim=None given, which torch
-    refuses (TypeError)."""
-
-    def __repr__(self):
-        return "None"
-
-
-_NO_DIM = _NoDim()
+_KEEPDIM_DEFAULT = _Default("False")
+_NO_DIM = _Default("None")
 _NO_ALIAS = object()
 
 
