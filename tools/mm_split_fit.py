@@ -9,7 +9,11 @@ measured plan's, per file, best pairs first, and the header's own pair.
 usage: python -m tools.mm_split_fit PLANS.txt [PLANS.txt ...]
        python -m tools.mm_split_fit --small-tile CAL.jsonl PLANS.txt [...]
        python -m tools.mm_split_fit --square-tile PLANS.txt [...]
+       python -m tools.mm_split_fit --t96x64 PLANS.txt [...]
 (bf16 lines; the planner for 132 SMs, one wgmma CTA an SM)
+
+--t80x128, --t96x128, --t80x64, --t96x64: the same for one of the swapped
+product's narrow tiles (kWgmmaT80 ...), the planner allowed to take them.
 
 --small-tile: the 64 x 64 tile's iter_us and tile_us (kWgmmaSmall) on a
 grid instead, the split-k pair held, each pair scored on the calibration
@@ -46,7 +50,8 @@ extern "C" size_t gemsops_dtype_size(gemsops_dtype d)
 using namespace gemsops;
 int main(int argc, char **argv)
 {
-    for (int i = 1; i + 2 < argc; i += 3) {
+    const bool transposable = argv[1][0] == '1';
+    for (int i = 2; i + 2 < argc; i += 3) {
         gemsops_matmul_params p{};
         p.m = atoll(argv[i]);
         p.n = atoll(argv[i + 1]);
@@ -55,12 +60,14 @@ int main(int argc, char **argv)
         p.dtype = GEMSOPS_BFLOAT16;
         p.mode = GEMSOPS_SK_AUTO;
         const wgmma_plan w =
-            wgmma_cheapest(&p, GEMSOPS_MAINLOOP_AUTO, 132, 8, false);
+            wgmma_cheapest(&p, GEMSOPS_MAINLOOP_AUTO, 132, 8, transposable);
+        const bool t = wgmma_transposed(w.width);
         gemsops_sk_schedule s;
-        gemsops_sk_plan(&s, p.m, p.n, p.k, 1, wgmma_bm(w.width),
-                        wgmma_bn(w.width), 64, 8, 132, w.mode, 0);
+        gemsops_sk_plan(&s, t ? p.n : p.m, t ? p.m : p.n, p.k, 1,
+                        wgmma_bm(w.width), wgmma_bn(w.width), 64, 8, 132,
+                        w.mode, 0);
         const char *sched = s.split ? "sp" : s.sk_tiles ? "hy" : "da";
-        if (wgmma_bm(w.width) == 128) {
+        if (wgmma_bm(w.width) == 128 && !t) {
             printf("%d/%s\n", wgmma_bn(w.width), sched);
         }
         else {
@@ -89,7 +96,7 @@ def constant(text, name):
     return float(re.search(rf"constexpr double {name} = ([\d.]+);", text)[1])
 
 
-def choices(text, shapes, tmp):
+def choices(text, shapes, tmp, transposable=False):
     (tmp / "matmul_cost.cuh").write_text(text)
     exe = tmp / "choose"
     subprocess.run(
@@ -107,7 +114,8 @@ def choices(text, shapes, tmp):
         ],
         check=True,
     )
-    args = [str(v) for key in shapes for v in key]
+    args = ["1" if transposable else "0"]
+    args += [str(v) for key in shapes for v in key]
     out = subprocess.run(
         [str(exe), *args], check=True, capture_output=True, text=True
     ).stdout.split()
@@ -141,8 +149,15 @@ def score_timed(picks, shapes):
 
 
 # the tiles whose two constants are fitted alone: header name, bm, bn, the
-# grids of iter_us and tile_us
+# grids of iter_us and tile_us; the swapped product's tiles (--t80x128 ...)
+# on a planner that may take them (A K- and B N-contiguous halves)
+SWAPPED_ITERS = [round(0.15 + 0.025 * i, 3) for i in range(21)]
+SWAPPED_TILES = [0.25 * i for i in range(0, 9)]
 TILE_FITS = {
+    "--t80x128": ("kWgmmaT80", 128, 80, SWAPPED_ITERS, SWAPPED_TILES),
+    "--t96x128": ("kWgmmaT96", 128, 96, SWAPPED_ITERS, SWAPPED_TILES),
+    "--t80x64": ("kWgmmaT80x64", 64, 80, SWAPPED_ITERS, SWAPPED_TILES),
+    "--t96x64": ("kWgmmaT96x64", 64, 96, SWAPPED_ITERS, SWAPPED_TILES),
     "--small-tile": (
         "kWgmmaSmall",
         64,
@@ -173,6 +188,7 @@ def fit_tile(flag, cal_path, plan_paths):
     shapes = {k: v for f in sets for k, v in f.items()}
     text = HEADER.read_text()
     pat = re.compile(rf"({name} = \{{{bm}, {bn}, 1, )[\d.e+]+, [\d.e+]+\}}")
+    swapped = flag.startswith("--t")
     label = f"{bn}x{bm}"
     results = []
     with tempfile.TemporaryDirectory() as d:
@@ -180,7 +196,7 @@ def fit_tile(flag, cal_path, plan_paths):
         (tmp / "h.cpp").write_text(HARNESS)
         for it, tl in list(itertools.product(its, tls)) + [(1e9, 0.0)]:
             t = pat.sub(rf"\g<1>{it}, {tl}}}", text)
-            picks = choices(t, shapes, tmp)
+            picks = choices(t, shapes, tmp, swapped)
             per = [score_timed(picks, f) for f in sets]
             total = math.prod(g for g, _ in per)
             n = sum(v.startswith(label) for v in picks.values())
@@ -200,7 +216,7 @@ def main(paths):
     if paths[:1] == ["--small-tile"]:
         fit_tile(paths[0], paths[1], paths[2:])
         return
-    if paths[:1] == ["--square-tile"]:
+    if paths[:1] and paths[0] in TILE_FITS and paths[0] != "--small-tile":
         fit_tile(paths[0], None, paths[1:])
         return
     files = [read_plans(p) for p in paths]

@@ -71,23 +71,21 @@ constexpr wgmma_tile_cost kWgmmaSquare = {192, 192, 1, 0.835, 3.0};
 constexpr wgmma_tile_cost kWgmmaPingpong = {128, 128, 1, 0.42, 0.717};
 // The swapped product's tiles (C^T = B^T A^T, matmul_wgmma.cuh, CT): 128
 // or 64 columns x 80, 96 or 160 rows of C, costed as the BM-row tile of
-// that width on the swapped problem (n x m). First set on the line through
-// the 128-row tiles' constants in the width (the 64-row ones: the 64 x 64
-// tile's k-iteration scaled by the width), then each scaled so that over
-// 17 shapes timed under every tile (tools/mm_plans.py, data-parallel,
-// kernels alone, H100: benchmark/results/mm_plans_transposed_*.txt) its
-// predictions stand to its times about as the 128-row tiles' do (1.01 to
-// 1.09 of them, geomeans; the new tiles 0.66 to 1.00 before): x 1.42 (80),
-// 1.52 (96), 1.05 (160), 1.59 (80 x 64), 1.52 (96 x 64). The narrow
-// ones' k-step is nearly the 128 x 128 tile's for less work (a fixed cost
-// a k-step: docs/performance.md, matmul), so the model takes them almost
-// nowhere; 160 x 128 wins where two waves of it fit what 128 x 192 spreads
-// over two and a bit (4864 x 1024: 248 tiles).
-constexpr wgmma_tile_cost kWgmmaT80 = {128, 80, 1, 0.559, 0.62};
-constexpr wgmma_tile_cost kWgmmaT96 = {128, 96, 1, 0.628, 1.02};
+// that width on the swapped problem (n x m). 160 x 128: set on the line
+// through the 128-row tiles' constants in the width, then scaled (x 1.05)
+// so that over 17 shapes timed under every tile
+// (benchmark/results/mm_plans_transposed_*.txt, tools/mm_plans.py, H100)
+// its predictions stand to its times as the 128-row tiles' do. The narrow
+// ones (80 and 96 rows): the pair whose choices, made by this planner
+// replayed over those timed plans (tools/mm_split_fit.py --t80x128, ...,
+// one tile at a time, the others held, two rounds), come nearest the best
+// plan timed. Where there was a tie, the pair nearer the tile's k-step
+// and fill as the times give them.
+constexpr wgmma_tile_cost kWgmmaT80 = {128, 80, 1, 0.35, 1.25};
+constexpr wgmma_tile_cost kWgmmaT96 = {128, 96, 1, 0.375, 0.8};
 constexpr wgmma_tile_cost kWgmmaT160 = {128, 160, 1, 0.561, 1.51};
-constexpr wgmma_tile_cost kWgmmaT80x64 = {64, 80, 1, 0.378, 0.80};
-constexpr wgmma_tile_cost kWgmmaT96x64 = {64, 96, 1, 0.433, 0.76};
+constexpr wgmma_tile_cost kWgmmaT80x64 = {64, 80, 1, 0.2, 1.5};
+constexpr wgmma_tile_cost kWgmmaT96x64 = {64, 96, 1, 0.325, 1.75};
 constexpr double kStreamKUsPerMb = 0.0615;
 // A Stream-K split is taken only when predicted to take at most this
 // fraction of the best data-parallel plan's time: the terms above miss

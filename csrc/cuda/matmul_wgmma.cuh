@@ -751,61 +751,73 @@ struct wgmma_mainloop {
                                             const float (&acc)[kAcc + kRowAcc],
                                             smem_t &sm, c_store how)
     {
+        store_transposed_slice<0>(C, map, bt, cols, rows, r0, c0, acc, sm,
+                                  how);
+        store_transposed_slice<1>(C, map, bt, cols, rows, r0, c0, acc, sm,
+                                  how);
+    }
+
+    // Slice CC of store_transposed, tile columns CC * kCtRows on. Its
+    // accumulators' indices are constants: an index the compiler cannot
+    // resolve puts acc on the stack, and the copy there reads the
+    // accumulators while wgmmas are in flight, which makes ptxas serialize
+    // every wgmma of the kernel (C7514).
+    template <int CC>
+    static __device__ void store_transposed_slice(
+        T *C, const CUtensorMap *map, int bt, int64_t cols, int64_t rows,
+        int64_t r0, int64_t c0, const float (&acc)[kAcc + kRowAcc], smem_t &sm,
+        c_store how)
+    {
         if constexpr (CT) {
+            constexpr int first = CC * kCtRows; // the slice's first column
+            constexpr int height = CC == 0 ? kCtRows : BN - kCtRows;
             uint16_t *d = reinterpret_cast<uint16_t *>(C);
             const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-            const int64_t col0 =
-                r0 + warp * 16; // C's first column of the warp
+            // C's first column of the warp
+            const int64_t col0 = r0 + warp * 16;
             const bool tma = how == c_store::tma;
-#pragma unroll
-            for (int cc = 0; cc < 2; cc++) {
-                const int first =
-                    cc * kCtRows; // the slice's first tile column
-                const int height = cc == 0 ? kCtRows : BN - kCtRows;
-                const unsigned sl = slice(sm, warp, tma ? cc % kBuffers : 0);
+            const unsigned sl = slice(sm, warp, tma ? CC % kBuffers : 0);
 #ifdef GEMSOPS_HAS_WGMMA
-                if (tma) { // the store that last read this slice is done
-                    if (lane == 0) {
-                        bulk_wait_read<kBuffers - 1>();
-                    }
-                    __syncwarp();
-                }
-#endif
-#pragma unroll
-                for (int e = first / 2; e < (first + height) / 2; e++) {
-                    int r, c;
-                    coords(e, r, c); // in the tile: r a column of C
-                    const unsigned at = sl + (c - first) * 32 + (r % 16) * 2;
-                    asm volatile("st.shared.u16 [%0], %1;" ::"r"(at),
-                                 "h"(half_bits(acc[e]))
-                                 : "memory");
-                }
-                if (tma) {
-#ifdef GEMSOPS_HAS_WGMMA
-                    fence_proxy_async_shared();
-                    __syncwarp();
-                    if (lane == 0) {
-                        for (int b = 0; b < height / 16; b++) {
-                            tma_store_3d(map, sl + b * 512, (int)col0,
-                                         (int)(c0 + first + 16 * b), bt);
-                        }
-                        bulk_commit();
-                    }
-#else
-                    (void)map, (void)bt;
-#endif
-                    continue;
+            if (tma) { // the store that last read this slice is done
+                if (lane == 0) {
+                    bulk_wait_read<kBuffers - 1>();
                 }
                 __syncwarp();
-                for (int i = lane; i < height * 16; i += 32) {
-                    const int64_t gr = c0 + first + i / 16, gc = col0 + i % 16;
-                    if (gr < rows && gc < cols) {
-                        d[gr * cols + gc] =
-                            ld_shared_bits<uint16_t>(sl + i * 2);
-                    }
-                }
-                __syncwarp(); // the slice is rewritten by the next rows
             }
+#endif
+#pragma unroll
+            for (int e = first / 2; e < (first + height) / 2; e++) {
+                int r, c;
+                coords(e, r, c); // in the tile: r a column of C
+                const unsigned at = sl + (c - first) * 32 + (r % 16) * 2;
+                asm volatile("st.shared.u16 [%0], %1;" ::"r"(at),
+                             "h"(half_bits(acc[e]))
+                             : "memory");
+            }
+            if (tma) {
+#ifdef GEMSOPS_HAS_WGMMA
+                fence_proxy_async_shared();
+                __syncwarp();
+                if (lane == 0) {
+                    for (int b = 0; b < height / 16; b++) {
+                        tma_store_3d(map, sl + b * 512, (int)col0,
+                                     (int)(c0 + first + 16 * b), bt);
+                    }
+                    bulk_commit();
+                }
+#else
+                (void)map, (void)bt;
+#endif
+                return;
+            }
+            __syncwarp();
+            for (int i = lane; i < height * 16; i += 32) {
+                const int64_t gr = c0 + first + i / 16, gc = col0 + i % 16;
+                if (gr < rows && gc < cols) {
+                    d[gr * cols + gc] = ld_shared_bits<uint16_t>(sl + i * 2);
+                }
+            }
+            __syncwarp(); // the slice is rewritten by the next rows
         }
         else {
             (void)C, (void)map, (void)bt, (void)cols, (void)rows, (void)r0,
