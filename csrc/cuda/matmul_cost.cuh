@@ -238,9 +238,10 @@ inline gemsops_matmul_params transposed_product(const gemsops_matmul_params *p)
 // The swapped product's tiles, tried where `transposable` (the caller's
 // test of the operands: see GEMSOPS_MAINLOOP_WGMMA_80X128) and the
 // schedule is left to the model or whole tiles or Stream-K (they have no
-// split-k kernel); the 128-column ones not for at most 64 columns, where
-// they pay for columns TMA fills with zeros (as the 128-row tiles and
-// rows), the 64-column ones whole under auto (as the 64 x 64 tiles).
+// split-k kernel); under auto none for at most 64 rows and the 128-column
+// ones not for at most 64 columns, where they pay for rows or columns TMA
+// fills with zeros (as the 128-row tiles and rows), the 64-column ones
+// whole under auto (as the 64 x 64 tiles).
 inline void wgmma_cheapest_transposed(const gemsops_matmul_params *p,
                                       gemsops_mainloop width, int64_t sms,
                                       int group_m, wgmma_plan *best,
@@ -249,6 +250,12 @@ inline void wgmma_cheapest_transposed(const gemsops_matmul_params *p,
     const wgmma_tile_cost *costs[5] = {&kWgmmaT80, &kWgmmaT96, &kWgmmaT160,
                                        &kWgmmaT80x64, &kWgmmaT96x64};
     if (p->mode == GEMSOPS_SK_SPLIT_K) {
+        return;
+    }
+    // none under auto for at most 64 rows of C: their 80 to 160 rows would
+    // be mostly TMA's zero fill, which the model does not see (the 64 x 64
+    // tiles read the same B without it, as wgmma_cheapest says)
+    if (width == GEMSOPS_MAINLOOP_AUTO && p->m <= 64) {
         return;
     }
     const gemsops_matmul_params t = transposed_product(p);
