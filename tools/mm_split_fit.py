@@ -13,7 +13,9 @@ usage: python -m tools.mm_split_fit PLANS.txt [PLANS.txt ...]
 (bf16 lines; the planner for 132 SMs, one wgmma CTA an SM)
 
 --t80x128, --t96x128, --t80x64, --t96x64: the same for one of the swapped
-product's narrow tiles (kWgmmaT80 ...), the planner allowed to take them.
+product's narrow tiles (kWgmmaT80 ...). Every mode replays the planner as
+it runs on the timed products (torch.matmul's row-major operands), the
+swapped product's tiles among its choices.
 
 --small-tile: the 64 x 64 tile's iter_us and tile_us (kWgmmaSmall) on a
 grid instead, the split-k pair held, each pair scored on the calibration
@@ -50,8 +52,7 @@ extern "C" size_t gemsops_dtype_size(gemsops_dtype d)
 using namespace gemsops;
 int main(int argc, char **argv)
 {
-    const bool transposable = argv[1][0] == '1';
-    for (int i = 2; i + 2 < argc; i += 3) {
+    for (int i = 1; i + 2 < argc; i += 3) {
         gemsops_matmul_params p{};
         p.m = atoll(argv[i]);
         p.n = atoll(argv[i + 1]);
@@ -59,8 +60,10 @@ int main(int argc, char **argv)
         p.batch = 1;
         p.dtype = GEMSOPS_BFLOAT16;
         p.mode = GEMSOPS_SK_AUTO;
+        // the timed products are torch.matmul's on row-major operands,
+        // which the swapped product's tiles may take
         const wgmma_plan w =
-            wgmma_cheapest(&p, GEMSOPS_MAINLOOP_AUTO, 132, 8, transposable);
+            wgmma_cheapest(&p, GEMSOPS_MAINLOOP_AUTO, 132, 8, true);
         const bool t = wgmma_transposed(w.width);
         gemsops_sk_schedule s;
         gemsops_sk_plan(&s, t ? p.n : p.m, t ? p.m : p.n, p.k, 1,
@@ -96,7 +99,7 @@ def constant(text, name):
     return float(re.search(rf"constexpr double {name} = ([\d.]+);", text)[1])
 
 
-def choices(text, shapes, tmp, transposable=False):
+def choices(text, shapes, tmp):
     (tmp / "matmul_cost.cuh").write_text(text)
     exe = tmp / "choose"
     subprocess.run(
@@ -114,8 +117,7 @@ def choices(text, shapes, tmp, transposable=False):
         ],
         check=True,
     )
-    args = ["1" if transposable else "0"]
-    args += [str(v) for key in shapes for v in key]
+    args = [str(v) for key in shapes for v in key]
     out = subprocess.run(
         [str(exe), *args], check=True, capture_output=True, text=True
     ).stdout.split()
@@ -149,8 +151,7 @@ def score_timed(picks, shapes):
 
 
 # the tiles whose two constants are fitted alone: header name, bm, bn, the
-# grids of iter_us and tile_us; the swapped product's tiles (--t80x128 ...)
-# on a planner that may take them (A K- and B N-contiguous halves)
+# grids of iter_us and tile_us
 SWAPPED_ITERS = [round(0.15 + 0.025 * i, 3) for i in range(21)]
 SWAPPED_TILES = [0.25 * i for i in range(0, 9)]
 TILE_FITS = {
@@ -188,7 +189,6 @@ def fit_tile(flag, cal_path, plan_paths):
     shapes = {k: v for f in sets for k, v in f.items()}
     text = HEADER.read_text()
     pat = re.compile(rf"({name} = \{{{bm}, {bn}, 1, )[\d.e+]+, [\d.e+]+\}}")
-    swapped = flag.startswith("--t")
     label = f"{bn}x{bm}"
     results = []
     with tempfile.TemporaryDirectory() as d:
@@ -196,7 +196,7 @@ def fit_tile(flag, cal_path, plan_paths):
         (tmp / "h.cpp").write_text(HARNESS)
         for it, tl in list(itertools.product(its, tls)) + [(1e9, 0.0)]:
             t = pat.sub(rf"\g<1>{it}, {tl}}}", text)
-            picks = choices(t, shapes, tmp, swapped)
+            picks = choices(t, shapes, tmp)
             per = [score_timed(picks, f) for f in sets]
             total = math.prod(g for g, _ in per)
             n = sum(v.startswith(label) for v in picks.values())
