@@ -133,3 +133,64 @@ def test_matmul_expanded_operand_with_inf(device, dtype):
     ref = (a.to(dtype).double() @ b.to(dtype).double()).to(dtype)
     assert torch.equal(got.isnan(), ref.isnan())
     assert torch.equal(got.isinf(), ref.isinf())
+
+
+def _misaligned(shape, dtype):
+    """A CPU tensor of shape whose address is one byte past an element
+    boundary (torch.frombuffer of a buffer at an odd offset), filled with
+    fresh random values."""
+    size = torch.empty((), dtype=dtype).element_size()
+    n = max(1, torch.Size(shape).numel())
+    # frombuffer holds a reference to the buffer
+    raw = bytearray(size * n + 1)
+    t = torch.frombuffer(memoryview(raw)[1:], dtype=dtype).view(shape)
+    t.copy_(torch.randn(shape).to(dtype))
+    assert t.data_ptr() % size != 0
+    return t
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_operands_compute_as_torch(dtype):
+    # torch computes tensors at an address off their element size; C
+    # refuses them, and the ops compute from aligned copies
+    a, b = _misaligned((5, 7), dtype), _misaligned((7, 6), dtype)
+    bias = _misaligned((6,), dtype)
+    ref = a.double() @ b.double()
+    assert_close(gemsops.mm(a, b), ref, dtype, reduce_len=7)
+    assert_close(
+        gemsops.addmm(bias, a, b), ref + bias.double(), dtype, reduce_len=7
+    )
+    out = _misaligned((5, 6), dtype).fill_(float("nan"))
+    gemsops.matmul(a, b, out=out)
+    assert_close(out, ref, dtype, reduce_len=7)
+    w = _misaligned((6, 7), dtype)
+    got = gemsops.linear(a, w, bias)
+    assert_close(
+        got, a.double() @ w.double().T + bias.double(), dtype, reduce_len=7
+    )
+    assert_close(gemsops.prod(a, 1), a.double().prod(1), dtype, reduce_len=7)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_misaligned_norm_inputs_compute_as_torch(dtype):
+    x, res = _misaligned((6, 16), dtype), _misaligned((6, 16), dtype)
+    w, b = _misaligned((16,), dtype), _misaligned((16,), dtype)
+    dy = _misaligned((6, 16), dtype)
+    ref = [t.double().requires_grad_(True) for t in (x, w, b)]
+    xs, ws, bs = (t.requires_grad_(True) for t in (x, w, b))
+    y = gemsops.layer_norm(xs, (16,), ws, bs)
+    grads = torch.autograd.grad(y, (xs, ws, bs), dy)
+    ry = F.layer_norm(ref[0], (16,), ref[1], ref[2])
+    rgrads = torch.autograd.grad(ry, ref, dy.double())
+    assert_close(y, ry, dtype)
+    for g, r in zip(grads, rgrads):
+        assert_close(g, r, dtype, reduce_len=6)
+    y = gemsops.rms_norm(xs, (16,), ws)
+    assert_close(y, F.rms_norm(ref[0], (16,), ref[1]), dtype)
+    y, h = gemsops.fused_add_layer_norm(xs.detach(), res, (16,), w, b)
+    rh = x.double() + res.double()
+    assert_close(h, rh, dtype)
+    assert_close(y, F.layer_norm(rh, (16,), w.double(), b.double()), dtype)
+    g = torch.autograd.grad(gemsops.prod(xs, 1), xs, dy[:, 0])[0]
+    rg = torch.autograd.grad(ref[0].prod(1), ref[0], dy[:, 0].double())[0]
+    assert_close(g, rg, dtype, reduce_len=16)

@@ -6,6 +6,7 @@ out."""
 import torch
 
 from .. import _workspace
+from ._aligned import aligned, misaligned
 
 # backward: device -> stream handle of the kept workspace last used there
 # (C answers "another stream" with the handle to ask _workspace for). A
@@ -38,7 +39,19 @@ def launch_backward(c_bwd, c_workspace, args, plan, wanted):
     """One backward launch through C's kept-workspace protocol (the
     LayerNorm and RMSNorm entry points share it and the kept buffer):
     c_bwd(*args, workspace[, stream]); c_workspace(*plan) sizes a
-    workspace of its own. x is args[1]."""
+    workspace of its own. x is args[1]. A misaligned input (C refuses it)
+    is launched again from an aligned copy."""
+    try:
+        _launch_backward(c_bwd, c_workspace, args, plan, wanted)
+    except ValueError:
+        if not misaligned(*args):
+            raise
+        _launch_backward(
+            c_bwd, c_workspace, aligned(*args), aligned(*plan), wanted
+        )
+
+
+def _launch_backward(c_bwd, c_workspace, args, plan, wanted):
     x = args[1]
     if x.numel() == 0 or not x.is_cuda or not wanted:
         # C checks the arguments as for any call (and computes on the CPU)

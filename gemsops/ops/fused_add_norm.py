@@ -28,6 +28,7 @@ from .._dispatch import (
 )
 from . import layer_norm as ln
 from . import rms_norm as rn
+from ._aligned import aligned, misaligned
 from ._norm_args import (
     as_rows,
     eps_arg,
@@ -62,7 +63,13 @@ def _forward(x, res, shape, weight, bias, eps, rms, want_stats=True):
         sd = stats_dtype(x.dtype)
         mean = None if rms else x.new_empty(st, dtype=sd)
         rstd = x.new_empty(st, dtype=sd)
-    _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd)
+    try:
+        _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd)
+    except ValueError:
+        if not misaligned(x, res, weight, bias):
+            raise
+        x, res, weight, bias = aligned(x, res, weight, bias)
+        _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd)
     return y, h, mean, rstd
 
 

@@ -58,6 +58,7 @@ from .._dispatch import (
     torch_only,
     unsafe_view,
 )
+from ._aligned import aligned, misaligned
 from ._out import byte_span
 from ._out import into as _into
 
@@ -261,15 +262,15 @@ def _launch_product(call, a, b, c, bias=None, alpha=1, beta=1, row_sums=None):
     offer = None
     if row_sums is not None and a.is_cuda:
         offer = _offered_buffers(a)
-    if offer is None:
-        need = call(
-            a, b, c, mode, two, ctas, loop, None, None, 0, spin, err, *epi
-        )
-    else:
-        ws, flags, epoch = offer
+    ws, flags, epoch = (None, None, 0) if offer is None else offer
+    try:
         need = call(
             a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err, *epi
         )
+    except ValueError:
+        if not misaligned(a, b, c, bias, row_sums):
+            raise
+        return _launch_realigned(call, a, b, c, bias, alpha, beta, row_sums)
     if need is not None:
         flags, epoch, ws = _stream_buffers(a.get_device(), need)
         call(a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err, *epi)
@@ -279,6 +280,18 @@ def _launch_product(call, a, b, c, bias=None, alpha=1, beta=1, row_sums=None):
             "matmul(): a Stream-K owner waited more than "
             f"spin_limit={spin} polls for a peer's partial"
         )
+    return c
+
+
+def _launch_realigned(call, a, b, c, bias, alpha, beta, row_sums):
+    """_launch_product on aligned copies of whichever operands C refused
+    as misaligned; an output copied is written back."""
+    a2, b2, c2, bias2, sums2 = aligned(a, b, c, bias, row_sums)
+    _launch_product(call, a2, b2, c2, bias2, alpha, beta, sums2)
+    if c2 is not c:
+        c.copy_(c2)
+    if sums2 is not row_sums:
+        row_sums.copy_(sums2)
     return c
 
 

@@ -30,6 +30,7 @@ from .._dispatch import (
     torch_only,
     unsafe_view,
 )
+from ._aligned import aligned, misaligned
 from ._norm_args import (
     as_rows,
     check_one_device,
@@ -123,7 +124,13 @@ def _forward(x, shape, weight, eps, want_rstd=True, rstd_shape=None):
         if rstd_shape is None:
             rstd_shape = math.prod(x.shape[: x.dim() - nd])
         rstd = x.new_empty(rstd_shape, dtype=stats_dtype(x.dtype))
-    _C.rms_norm_fwd(x, weight, nd, eps, out, rstd)
+    try:
+        _C.rms_norm_fwd(x, weight, nd, eps, out, rstd)
+    except ValueError:
+        if not misaligned(x, weight):
+            raise
+        x, weight = aligned(x, weight)
+        _C.rms_norm_fwd(x, weight, nd, eps, out, rstd)
     return out, rstd
 
 
