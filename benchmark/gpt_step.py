@@ -18,11 +18,12 @@ the LayerNorm that reads its sum are one gemsops.nn.FusedAddLayerNorm
 Inductor lowers it, gemsops' as its gemsops::addmm op). Rounds alternate
 the two models; the figure is the median step time of each, and torch's
 over gemsops' (above 1: gemsops' step is faster). --json FILE appends the
-result."""
+result (with GEMSOPS_COMMIT, if set, as its commit)."""
 
 import argparse
 import copy
 import json
+import os
 import statistics
 import time
 
@@ -249,6 +250,8 @@ def main():
             "ratio": ratio,
             "rel_diff": err,
         }
+        if os.environ.get("GEMSOPS_COMMIT"):
+            rec["commit"] = os.environ["GEMSOPS_COMMIT"]
         with open(a.json, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
