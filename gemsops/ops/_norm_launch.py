@@ -41,43 +41,40 @@ def launch_backward(c_bwd, c_workspace, args, plan, wanted):
     c_bwd(*args, workspace[, stream]); c_workspace(*plan) sizes a
     workspace of its own. x is args[1]. A misaligned input (C refuses it)
     is launched again from an aligned copy."""
+    x = args[1]
     try:
-        _launch_backward(c_bwd, c_workspace, args, plan, wanted)
+        if x.numel() == 0 or not x.is_cuda or not wanted:
+            # C checks the arguments as for any call (and computes on the
+            # CPU)
+            c_bwd(*args, None)
+            return
+        device = x.get_device()
+        if _workspace.in_graph_pool(x.device):
+            # a captured launch gets its own workspace and zeroes it itself
+            c_bwd(*args, _workspace.scratch(c_workspace(*plan), x.device))
+            return
+        stream = _bwd_stream.get(device, -1)
+        slot = _workspace.lookup("ln_bwd", device, stream)
+        try:
+            need = c_bwd(*args, slot and slot.buf, stream)
+            if need is not None:  # first use, larger, or another stream
+                nbytes, stream = need
+                slot = _workspace.kept(
+                    "ln_bwd", device, stream, nbytes, minimum=4096
+                )
+                _bwd_stream[device] = stream
+                c_bwd(*args, slot.buf, stream)
+        except BaseException:
+            # a failed launch may leave accumulators non-zero: start afresh
+            _bwd_stream.pop(device, None)
+            _workspace.forget("ln_bwd", device)
+            raise
+        return
     except ValueError:
         if not misaligned(*args):
             raise
-        _launch_backward(
-            c_bwd, c_workspace, aligned(*args), aligned(*plan), wanted
-        )
-
-
-def _launch_backward(c_bwd, c_workspace, args, plan, wanted):
-    x = args[1]
-    if x.numel() == 0 or not x.is_cuda or not wanted:
-        # C checks the arguments as for any call (and computes on the CPU)
-        c_bwd(*args, None)
-        return
-    device = x.get_device()
-    if _workspace.in_graph_pool(x.device):
-        # a captured launch gets its own workspace and zeroes it itself
-        c_bwd(*args, _workspace.scratch(c_workspace(*plan), x.device))
-        return
-    stream = _bwd_stream.get(device, -1)
-    slot = _workspace.lookup("ln_bwd", device, stream)
-    try:
-        need = c_bwd(*args, slot and slot.buf, stream)
-        if need is not None:  # first use, larger, or another stream
-            nbytes, stream = need
-            slot = _workspace.kept(
-                "ln_bwd", device, stream, nbytes, minimum=4096
-            )
-            _bwd_stream[device] = stream
-            c_bwd(*args, slot.buf, stream)
-    except BaseException:
-        # a failed launch may leave accumulators non-zero: start afresh
-        _bwd_stream.pop(device, None)
-        _workspace.forget("ln_bwd", device)
-        raise
+    args, plan = aligned(*args), aligned(*plan)
+    launch_backward(c_bwd, c_workspace, args, plan, wanted)
 
 
 def bias_grad_apart(x, weight, bias):

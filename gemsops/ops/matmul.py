@@ -268,9 +268,12 @@ def _launch_product(call, a, b, c, bias=None, alpha=1, beta=1, row_sums=None):
             a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err, *epi
         )
     except ValueError:
-        if not misaligned(a, b, c, bias, row_sums):
+        # c and row_sums are the caller's allocations or an out= that
+        # _writes_into found aligned: only the operands can be misaligned
+        if not misaligned(a, b, bias):
             raise
-        return _launch_realigned(call, a, b, c, bias, alpha, beta, row_sums)
+        a, b, bias = aligned(a, b, bias)
+        return _launch_product(call, a, b, c, bias, alpha, beta, row_sums)
     if need is not None:
         flags, epoch, ws = _stream_buffers(a.get_device(), need)
         call(a, b, c, mode, two, ctas, loop, ws, flags, epoch, spin, err, *epi)
@@ -280,18 +283,6 @@ def _launch_product(call, a, b, c, bias=None, alpha=1, beta=1, row_sums=None):
             "matmul(): a Stream-K owner waited more than "
             f"spin_limit={spin} polls for a peer's partial"
         )
-    return c
-
-
-def _launch_realigned(call, a, b, c, bias, alpha, beta, row_sums):
-    """_launch_product on aligned copies of whichever operands C refused
-    as misaligned; an output copied is written back."""
-    a2, b2, c2, bias2, sums2 = aligned(a, b, c, bias, row_sums)
-    _launch_product(call, a2, b2, c2, bias2, alpha, beta, sums2)
-    if c2 is not c:
-        c.copy_(c2)
-    if sums2 is not row_sums:
-        row_sums.copy_(sums2)
     return c
 
 
