@@ -191,6 +191,21 @@ def test_misaligned_norm_inputs_compute_as_torch(dtype):
     rh = x.double() + res.double()
     assert_close(h, rh, dtype)
     assert_close(y, F.layer_norm(rh, (16,), w.double(), b.double()), dtype)
+    # the gradients of y and h as autograd passes them on: misaligned too
+    dh = _misaligned((6, 16), dtype)
+    for fused, norm in (
+        (gemsops.fused_add_layer_norm, F.layer_norm),
+        (gemsops.fused_add_rms_norm, F.rms_norm),
+    ):
+        y, h = fused(xs, res, (16,), ws)
+        gx, gw = torch.autograd.grad((y, h), (xs, ws), (dy, dh))
+        rh = ref[0] + res.double()
+        ry = norm(rh, (16,), ref[1])
+        rx, rw = torch.autograd.grad(
+            (ry, rh), (ref[0], ref[1]), (dy.double(), dh.double())
+        )
+        assert_close(gx, rx, dtype, reduce_len=16)
+        assert_close(gw, rw, dtype, reduce_len=6)
     g = torch.autograd.grad(gemsops.prod(xs, 1), xs, dy[:, 0])[0]
     rg = torch.autograd.grad(ref[0].prod(1), ref[0], dy[:, 0].double())[0]
     assert_close(g, rg, dtype, reduce_len=16)

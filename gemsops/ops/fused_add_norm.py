@@ -183,7 +183,15 @@ def _backward(gy, gh, h, shape, weight, bias, mean, rstd, rms, wanted):
     dx, dw, db = grad_outputs(h, shape, weight, want_dx, want_dw, want_db)
 
     def c_bwd(*args):  # launch_backward's calling convention
-        return _C.add_norm_bwd(args[0], gh, *args[1:5], rms, *args[5:])
+        try:
+            return _C.add_norm_bwd(args[0], gh, *args[1:5], rms, *args[5:])
+        except ValueError:
+            # launch_backward realigns args; gh is not among them
+            if not misaligned(gh):
+                raise
+        return _C.add_norm_bwd(
+            args[0], *aligned(gh), *args[1:5], rms, *args[5:]
+        )
 
     args = (gy, h, weight, nd, det, mean, rstd, dx, dw, db)
     plan = (h, weight, nd, det, want_dx, want_dw, want_db)
