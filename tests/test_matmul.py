@@ -824,6 +824,13 @@ def test_auto_takes_pingpong_for_many_tiles_over_short_k():
     with tf32(True):
         af, bf = a.float(), b.float()
         assert plan_with(af, bf, "auto")["mainloop"] != "wgmma-pingpong"
+    # over long k the cooperative tiles (a GPT MLP's 768-wide products)
+    long_k = (
+        cu(8192, 3072, dtype=torch.bfloat16),
+        cu(3072, 768, dtype=torch.bfloat16),
+    )
+    assert plan_with(*long_k, "auto")["mainloop"] != "wgmma-pingpong"
+    assert_mm_close(gemsops.mm(*long_k), *long_k, torch.bfloat16)
 
 
 @pytest.mark.cuda

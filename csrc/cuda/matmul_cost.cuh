@@ -69,6 +69,7 @@ constexpr wgmma_tile_cost kWgmmaSquare = {192, 192, 1, 0.835, 3.0};
 // the other warpgroup's mainloop, so it costs less than the cooperative
 // kernel's.
 constexpr wgmma_tile_cost kWgmmaPingpong = {128, 128, 1, 0.42, 0.717};
+constexpr int64_t kPingpongMaxK = 1536;
 // The swapped product's tiles (C^T = B^T A^T, matmul_wgmma.cuh, CT): 128
 // or 64 columns x 80, 96 or 160 rows of C, costed as the BM-row tile of
 // that width on the swapped problem (n x m). 160 x 128: set on the line
@@ -376,8 +377,14 @@ inline wgmma_plan wgmma_cheapest(const gemsops_matmul_params *p,
             }
         }
     }
+    // pingpong over short k alone (at most kPingpongMaxK): over longer k
+    // the model's two-way tie with the cooperative tiles went to pingpong
+    // where those ran faster (the 128 x 192 tiles at 8192 x 768 x 3072:
+    // 53.1 us against 61.4); replayed over the corpus's timed plans the
+    // bound moves nothing else of note (docs/performance.md, the planner)
     const int64_t ctas = capped_ctas(p, sms);
-    if (width == GEMSOPS_MAINLOOP_AUTO && pingpong_fits(p, ctas)) {
+    if (width == GEMSOPS_MAINLOOP_AUTO && pingpong_fits(p, ctas) &&
+        p->k <= kPingpongMaxK) {
         const double us = wgmma_predicted_us(p, ctas, group_m, kWgmmaPingpong,
                                              GEMSOPS_SK_DATA_PARALLEL);
         if (best_us < 0 || us < best_us) {
