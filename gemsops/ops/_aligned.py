@@ -20,3 +20,15 @@ def aligned(*ts):
     """ts with each misaligned tensor replaced by an aligned copy (a new
     allocation; a copy of an expanded tensor is dense)."""
     return tuple(t.clone() if _off(t) else t for t in ts)
+
+
+def call_aligned(call, *inputs):
+    """call(*inputs); where C refuses it and one of inputs is misaligned,
+    call(*aligned(*inputs)). Outputs stay out of inputs: a copy of one
+    would take the result."""
+    try:
+        return call(*inputs)
+    except ValueError:
+        if not misaligned(*inputs):
+            raise
+    return call(*aligned(*inputs))

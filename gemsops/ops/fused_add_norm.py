@@ -28,7 +28,7 @@ from .._dispatch import (
 )
 from . import layer_norm as ln
 from . import rms_norm as rn
-from ._aligned import aligned, misaligned
+from ._aligned import call_aligned
 from ._norm_args import (
     as_rows,
     eps_arg,
@@ -63,13 +63,13 @@ def _forward(x, res, shape, weight, bias, eps, rms, want_stats=True):
         sd = stats_dtype(x.dtype)
         mean = None if rms else x.new_empty(st, dtype=sd)
         rstd = x.new_empty(st, dtype=sd)
-    try:
-        _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd)
-    except ValueError:
-        if not misaligned(x, res, weight, bias):
-            raise
-        x, res, weight, bias = aligned(x, res, weight, bias)
-        _C.add_norm_fwd(x, res, weight, bias, nd, eps, rms, y, h, mean, rstd)
+    call_aligned(
+        lambda *xrwb: _C.add_norm_fwd(*xrwb, nd, eps, rms, y, h, mean, rstd),
+        x,
+        res,
+        weight,
+        bias,
+    )
     return y, h, mean, rstd
 
 
@@ -182,18 +182,14 @@ def _backward(gy, gh, h, shape, weight, bias, mean, rstd, rms, wanted):
         gh = as_rows(plain(gh), nd)
     dx, dw, db = grad_outputs(h, shape, weight, want_dx, want_dw, want_db)
 
-    def c_bwd(*args):  # launch_backward's calling convention
-        try:
-            return _C.add_norm_bwd(args[0], gh, *args[1:5], rms, *args[5:])
-        except ValueError:
-            # launch_backward realigns args; gh is not among them
-            if not misaligned(gh):
-                raise
+    # launch_backward's calling convention, gh among the args (which it
+    # realigns where C refuses one)
+    def c_bwd(gy, h, weight, nd, det, mean, rstd, dx, dw, db, gh, *launch):
         return _C.add_norm_bwd(
-            args[0], *aligned(gh), *args[1:5], rms, *args[5:]
+            gy, gh, h, weight, nd, det, rms, mean, rstd, dx, dw, db, *launch
         )
 
-    args = (gy, h, weight, nd, det, mean, rstd, dx, dw, db)
+    args = (gy, h, weight, nd, det, mean, rstd, dx, dw, db, gh)
     plan = (h, weight, nd, det, want_dx, want_dw, want_db)
     launch_backward(
         c_bwd,

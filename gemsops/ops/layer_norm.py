@@ -25,7 +25,7 @@ from .._dispatch import (
     torch_only,
     unsafe_view,
 )
-from ._aligned import aligned, misaligned
+from ._aligned import call_aligned
 from ._norm_args import (
     as_rows,
     check_one_device,
@@ -77,13 +77,12 @@ def _forward(x, shape, weight, bias, eps, want_stats=True, stats_shape=None):
         mean = x.new_empty(stats_shape, dtype=sd)
         rstd = x.new_empty(stats_shape, dtype=sd)
     # for no elements C checks the arguments and computes nothing
-    try:
-        _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd)
-    except ValueError:
-        if not misaligned(x, weight, bias):
-            raise
-        x, weight, bias = aligned(x, weight, bias)
-        _C.layer_norm_fwd(x, weight, bias, nd, eps, out, mean, rstd)
+    call_aligned(
+        lambda x, w, b: _C.layer_norm_fwd(x, w, b, nd, eps, out, mean, rstd),
+        x,
+        weight,
+        bias,
+    )
     if want_stats and x.numel() == 0:
         # as torch: the mean of no values 0, the rstd NaN
         mean.zero_()

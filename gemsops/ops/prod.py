@@ -29,7 +29,7 @@ from .._dispatch import (
     torch_only,
     unsafe_view,
 )
-from ._aligned import aligned, misaligned
+from ._aligned import call_aligned
 from ._out import into as _into
 
 
@@ -115,13 +115,8 @@ def _forward(x, dim):
     out = torch.empty(
         _kept_shape(x, dim), dtype=_out_dtype(x.dtype), device=x.device
     )
-    try:
-        _C.prod(x, dim, out, _scratch("prod", _C.prod_workspace, x, dim))
-    except ValueError:
-        if not misaligned(x):
-            raise
-        (x,) = aligned(x)
-        _C.prod(x, dim, out, _scratch("prod", _C.prod_workspace, x, dim))
+    ws = _scratch("prod", _C.prod_workspace, x, dim)
+    call_aligned(lambda x: _C.prod(x, dim, out, ws), x)
     return out
 
 
@@ -131,14 +126,9 @@ def _backward(x, dim, grad):
     grad = plain(grad)
     grad_in = torch.empty_like(x, memory_format=torch.contiguous_format)
     ws = _scratch("prod_bwd", _C.prod_bwd_workspace, x, dim)
-    grad = grad.contiguous()
-    try:
-        _C.prod_bwd(x, dim, grad, grad_in, ws)
-    except ValueError:
-        if not misaligned(x, grad):
-            raise
-        x, grad = aligned(x, grad)
-        _C.prod_bwd(x, dim, grad, grad_in, ws)
+    call_aligned(
+        lambda x, g: _C.prod_bwd(x, dim, g, grad_in, ws), x, grad.contiguous()
+    )
     return grad_in
 
 

@@ -30,7 +30,7 @@ from .._dispatch import (
     torch_only,
     unsafe_view,
 )
-from ._aligned import aligned, misaligned
+from ._aligned import call_aligned
 from ._norm_args import (
     as_rows,
     check_one_device,
@@ -124,13 +124,9 @@ def _forward(x, shape, weight, eps, want_rstd=True, rstd_shape=None):
         if rstd_shape is None:
             rstd_shape = math.prod(x.shape[: x.dim() - nd])
         rstd = x.new_empty(rstd_shape, dtype=stats_dtype(x.dtype))
-    try:
-        _C.rms_norm_fwd(x, weight, nd, eps, out, rstd)
-    except ValueError:
-        if not misaligned(x, weight):
-            raise
-        x, weight = aligned(x, weight)
-        _C.rms_norm_fwd(x, weight, nd, eps, out, rstd)
+    call_aligned(
+        lambda x, w: _C.rms_norm_fwd(x, w, nd, eps, out, rstd), x, weight
+    )
     return out, rstd
 
 
