@@ -1,0 +1,116 @@
+"""Where a norm forward's time goes in the benchmark's loop: each provider's
+call captured in a CUDA graph, replayed after the flush as the benchmark
+times it, under the profiler. For each: the event-timed median (the
+benchmark's number), the median of its kernels' own durations in the same
+replays, and the median gap from the flush's last kernel to the call's
+first. Nsight Compute's one call after a flush (tools/norm_ncu.py) put the
+register kernel level with the best peer where the benchmark has it behind
+(docs/performance.md, LayerNorm forward, Open questions); this says whether
+the loop's extra time is in the kernel or before it.
+
+usage: python -m tools.norm_loop case ...
+  case = op,M,N,dtype as tools/norm_launch_shapes' (ln, rms, addln, addrms)
+  NORM_LOOP_FLUSH=zero|read (default zero: triton's cache.zero_())"""
+
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+
+def replays(fn, args, flush, reps=60):
+    """(event-timed median µs, [(kernel names, start, end) a replay])."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn(*args)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        fn(*args)
+    torch.cuda.synchronize()
+    for _ in range(5):
+        flush()
+        graph.replay()
+    events = []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+            events.append((start, end))
+        torch.cuda.synchronize()
+    timed = statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)["traceEvents"]
+    return timed, sorted(
+        (e["ts"], e["ts"] + e["dur"], e["name"])
+        for e in trace
+        if e.get("cat") == "kernel"
+    )
+
+
+def split(kernels, flush_names):
+    """Per replay: (gap from the flush's end, the call's kernel µs)."""
+    gaps, spans, flush_end, start, last = [], [], None, None, None
+    for ts, te, name in kernels + [(None, None, None)]:
+        is_flush = name is not None and any(f in name for f in flush_names)
+        if (name is None or is_flush) and start is not None:
+            gaps.append(start - flush_end)
+            spans.append(last - start)
+            start = None
+        if is_flush:
+            flush_end = te
+        elif name is not None and flush_end is not None:
+            start = ts if start is None else start
+            last = te
+    return statistics.median(gaps), statistics.median(spans)
+
+
+def main(argv):
+    if not argv:
+        print(__doc__)
+        return 2
+    import torch
+
+    from benchmark import performance_utils as pu
+    from tools.norm_launch_shapes import case_args, providers
+
+    how = os.environ.get("NORM_LOOP_FLUSH", "zero")
+    zero_buf = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    flush, names = {
+        "zero": (zero_buf.zero_, ("FillFunctor",)),
+        "read": (pu._read_flush, ("reduce", "Reduce")),
+    }[how]
+    for spec in argv:
+        op, m, n, dt = spec.split(",")
+        args = case_args(op, int(m), int(n), getattr(torch, dt))
+        for name, fn in providers(op).items():
+            context = contextlib.nullcontext
+            if isinstance(fn, tuple):  # (fn, context), as FlagGems' use_gems
+                fn, context = fn
+            with context():
+                timed, kernels = replays(fn, args, flush)
+            gap, span = split(kernels, names)
+            print(
+                f"{how} {spec:24s} {name:9s} timed {timed:8.2f} us, kernels "
+                f"{span:8.2f}, after the flush {gap:6.2f}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
