@@ -316,6 +316,41 @@ def test_addmm_and_linear_refuse_as_torch(device):
         gemsops.linear(a, torch.randn(2, 7, 5, device=device))
 
 
+@pytest.mark.parametrize("form", ["beta, input, alpha", "beta, input"])
+def test_addmm_deprecated_positional_forms_as_torch(form, device):
+    """torch's deprecated addmm(beta, input, alpha, mat1, mat2) and
+    addmm(beta, input, mat1, mat2): the same sum, torch's warning, and
+    out= kept; beta or alpha also given as a keyword, or a form torch has
+    not, is torch's TypeError."""
+    torch.manual_seed(2)
+    inp = torch.randn(3, 7, device=device)
+    a, b = torch.randn(3, 5, device=device), torch.randn(5, 7, device=device)
+    beta, alpha = 0.5, -2.0
+    args = (beta, inp, alpha, a, b) if form.endswith("alpha") else None
+    if args is None:
+        args, alpha = (beta, inp, a, b), 1
+    ref = torch.addmm(
+        inp.double(), a.double(), b.double(), beta=beta, alpha=alpha
+    )
+    with pytest.warns(UserWarning, match="addmm is deprecated"):
+        out = gemsops.addmm(*args)
+    assert_close(out, ref, torch.float32, chain_len=5)
+    into = torch.full((3, 7), math.nan, device=device)
+    with pytest.warns(UserWarning, match="addmm is deprecated"):
+        assert gemsops.addmm(*args, out=into) is into
+    assert_close(into, ref, torch.float32, chain_len=5)
+    for bad_kw in ({"beta": 2.0}, {"alpha": 3.0}):
+        with pytest.raises(TypeError):
+            torch.addmm(*args, **bad_kw)
+        with pytest.raises(TypeError, match="invalid combination"):
+            gemsops.addmm(*args, **bad_kw)
+    for bad in ((beta, inp, a), (beta, inp, a, b, b), (inp, a, b, None, b)):
+        with pytest.raises(TypeError):
+            torch.addmm(*bad)
+        with pytest.raises(TypeError):
+            gemsops.addmm(*bad)
+
+
 @pytest.mark.parametrize(
     "value", [1j, 1e39, -1e300, 2**70, "2", None, math.inf, 100.0, True, 3]
 )

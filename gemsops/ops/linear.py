@@ -10,6 +10,8 @@ gemsops' kernels on transposed views without copies."""
 
 import functools
 import math
+import numbers
+import warnings
 
 import numpy as _np
 import torch
@@ -488,10 +490,25 @@ def _coefficient(name, value, like):
     return value
 
 
-def addmm(input, mat1, mat2, out_dtype=None, *, beta=1, alpha=1, out=None):
+def addmm(
+    input, mat1, mat2, out_dtype=None, *deprecated, beta=1, alpha=1, out=None
+):
     """torch.addmm: beta * input + alpha * (mat1 @ mat2), input broadcast
     to [m, n]; with beta == 0 input is not read, with alpha == 0 the
-    product is not used (their NaNs do not spread)."""
+    product is not used (their NaNs do not spread). torch's deprecated
+    positional forms, addmm(beta, input, alpha, mat1, mat2) and
+    addmm(beta, input, mat1, mat2), are taken as torch takes them, with
+    its warning."""
+    if isinstance(input, numbers.Number):
+        input, mat1, mat2, beta, alpha = _deprecated_addmm_form(
+            (input, mat1, mat2, out_dtype, *deprecated), beta, alpha
+        )
+        out_dtype = None
+    elif deprecated:
+        raise TypeError(
+            "addmm() takes from 3 to 4 positional arguments but "
+            f"{4 + len(deprecated)} were given"
+        )
     if tensor_like(input, mat1, mat2, out):
         return handle_torch_function(
             addmm,
@@ -605,6 +622,37 @@ def _input_dtype_error(input, like):
     return RuntimeError(
         f"addmm(): expected input of dtype {like.dtype}, got {input.dtype}"
     )
+
+
+_DEPRECATED_ADDMM = (
+    "This overload of addmm is deprecated: addmm(Number beta, Tensor "
+    "input, Number alpha, Tensor mat1, Tensor mat2) and addmm(Number beta, "
+    "Tensor input, Tensor mat1, Tensor mat2); use addmm(Tensor input, "
+    "Tensor mat1, Tensor mat2, *, Number beta=1, Number alpha=1)"
+)
+
+
+def _deprecated_addmm_form(args, beta, alpha):
+    """(input, mat1, mat2, beta, alpha) of torch's deprecated positional
+    forms: beta, input, alpha, mat1, mat2 or beta, input, mat1, mat2. As
+    torch's, beta and alpha are not also taken as keywords."""
+    if len(args) == 5 and isinstance(args[2], numbers.Number):
+        form = (args[1], args[3], args[4], args[0], args[2])
+    elif len(args) == 4 and isinstance(args[3], torch.Tensor):
+        form = (args[1], args[2], args[3], args[0], 1)
+    else:
+        form = None
+    if form is None or beta != 1 or alpha != 1:
+        given = ", ".join(type(a).__name__ for a in args if a is not None)
+        raise TypeError(
+            f"addmm() received an invalid combination of arguments: "
+            f"({given}); expected (Tensor input, Tensor mat1, Tensor mat2, "
+            "*, Number beta=1, Number alpha=1), or the deprecated "
+            "(Number beta, Tensor input, Number alpha, Tensor mat1, Tensor "
+            "mat2) or (Number beta, Tensor input, Tensor mat1, Tensor mat2)"
+        )
+    warnings.warn(_DEPRECATED_ADDMM, UserWarning, stacklevel=3)
+    return form
 
 
 def _addmm_not_tensor(*args):
