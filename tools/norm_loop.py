@@ -6,7 +6,9 @@ replays, and the median gap from the flush's last kernel to the call's
 first. Nsight Compute's one call after a flush (tools/norm_ncu.py) put the
 register kernel level with the best peer where the benchmark has it behind
 (docs/performance.md, LayerNorm forward, Open questions); this says whether
-the loop's extra time is in the kernel or before it.
+the loop's extra time is in the kernel or before it. gemsops is timed
+first and again last (gemsops2), each in a graph of its own whose pool
+puts the output elsewhere.
 
 usage: python -m tools.norm_loop case ...
   case = op,M,N,dtype as tools/norm_launch_shapes' (ln, rms, addln, addrms)
@@ -21,7 +23,8 @@ import tempfile
 
 
 def replays(fn, args, flush, reps=60):
-    """(event-timed median µs, [(kernel names, start, end) a replay])."""
+    """(event-timed median µs, [(start, end, kernel name)], the output's
+    offset from the input in MiB)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -33,8 +36,12 @@ def replays(fn, args, flush, reps=60):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream):
-        fn(*args)
+        out = fn(*args)
     torch.cuda.synchronize()
+    y = out[0] if isinstance(out, tuple) else out
+    # where the graph's pool put the output, against the input: DRAM
+    # channels and banks follow the address
+    offset = (y.data_ptr() - args[0].data_ptr()) / 2**20
     for _ in range(5):
         flush()
         graph.replay()
@@ -55,11 +62,12 @@ def replays(fn, args, flush, reps=60):
         prof.export_chrome_trace(path)
         with open(path) as f:
             trace = json.load(f)["traceEvents"]
-    return timed, sorted(
+    kernels = sorted(
         (e["ts"], e["ts"] + e["dur"], e["name"])
         for e in trace
         if e.get("cat") == "kernel"
     )
+    return timed, kernels, offset
 
 
 def split(kernels, flush_names):
@@ -97,16 +105,20 @@ def main(argv):
     for spec in argv:
         op, m, n, dt = spec.split(",")
         args = case_args(op, int(m), int(n), getattr(torch, dt))
-        for name, fn in providers(op).items():
+        found = list(providers(op).items())
+        # gemsops once more, last: a graph of its own, its output elsewhere
+        found.append(("gemsops2", found[0][1]))
+        for name, fn in found:
             context = contextlib.nullcontext
             if isinstance(fn, tuple):  # (fn, context), as FlagGems' use_gems
                 fn, context = fn
             with context():
-                timed, kernels = replays(fn, args, flush)
+                timed, kernels, offset = replays(fn, args, flush)
             gap, span = split(kernels, names)
             print(
                 f"{how} {spec:24s} {name:9s} timed {timed:8.2f} us, kernels "
-                f"{span:8.2f}, after the flush {gap:6.2f}",
+                f"{span:8.2f}, after the flush {gap:6.2f}; y at x "
+                f"{offset:+.0f} MiB",
                 flush=True,
             )
     return 0
