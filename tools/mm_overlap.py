@@ -9,15 +9,13 @@ usage: python -m tools.mm_overlap M,N,K[:dtype[:layout]] ...
   (tools/mm_probe.py's case syntax)
 """
 
-import json
-import os
 import statistics
 import sys
-import tempfile
 
 import torch
 
 from tools.mm_probe import repeatable_products
+from tools.profiler_trace import gpu_events
 
 
 def kernel_times(run, calls):
@@ -28,16 +26,7 @@ def kernel_times(run, calls):
     ) as prof:
         run()
         torch.cuda.synchronize()
-    path = os.path.join(tempfile.mkdtemp(), "trace.json")
-    prof.export_chrome_trace(path)
-    with open(path) as f:
-        events = json.load(f)["traceEvents"]
-    kernels = sorted(
-        (e["ts"], e["ts"] + e["dur"], e["name"])
-        for e in events
-        if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy")
-        and e.get("ph") == "X"
-    )
+    kernels = gpu_events(prof, ("kernel", "gpu_memset", "gpu_memcpy"))
     return kernels[-2 * calls :]
 
 

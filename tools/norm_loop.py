@@ -14,12 +14,14 @@ usage: python -m tools.norm_loop case ...
   case = op,M,N,dtype as tools/norm_launch_shapes' (ln, rms, addln, addrms)
   NORM_LOOP_FLUSH=zero|read (default zero: triton's cache.zero_())"""
 
-import contextlib
-import json
 import os
 import statistics
 import sys
-import tempfile
+
+from tools.profiler_trace import gpu_events
+
+# the flush's kernels, by a part of their names
+FLUSH_KERNELS = {"zero": ("FillFunctor",), "read": ("reduce", "Reduce")}
 
 
 def replays(fn, args, flush, reps=60):
@@ -57,17 +59,7 @@ def replays(fn, args, flush, reps=60):
             events.append((start, end))
         torch.cuda.synchronize()
     timed = statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            trace = json.load(f)["traceEvents"]
-    kernels = sorted(
-        (e["ts"], e["ts"] + e["dur"], e["name"])
-        for e in trace
-        if e.get("cat") == "kernel"
-    )
-    return timed, kernels, offset
+    return timed, gpu_events(prof), offset
 
 
 def split(kernels, flush_names):
@@ -93,28 +85,22 @@ def main(argv):
         return 2
     import torch
 
-    from benchmark import performance_utils as pu
-    from tools.norm_launch_shapes import case_args, providers
+    from tools.norm_launch_shapes import case_args
+    from tools.norm_ncu import flush_named, provider_calls
 
     how = os.environ.get("NORM_LOOP_FLUSH", "zero")
-    zero_buf = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    flush, names = {
-        "zero": (zero_buf.zero_, ("FillFunctor",)),
-        "read": (pu._read_flush, ("reduce", "Reduce")),
-    }[how]
+    if how not in FLUSH_KERNELS:
+        raise SystemExit(f"norm_loop: NORM_LOOP_FLUSH={how!r}: zero or read")
+    flush = flush_named(how)
     for spec in argv:
         op, m, n, dt = spec.split(",")
         args = case_args(op, int(m), int(n), getattr(torch, dt))
-        found = list(providers(op).items())
+        found = list(provider_calls(op))
         # gemsops once more, last: a graph of its own, its output elsewhere
         found.append(("gemsops2", found[0][1]))
         for name, fn in found:
-            context = contextlib.nullcontext
-            if isinstance(fn, tuple):  # (fn, context), as FlagGems' use_gems
-                fn, context = fn
-            with context():
-                timed, kernels, offset = replays(fn, args, flush)
-            gap, span = split(kernels, names)
+            timed, kernels, offset = replays(fn, args, flush)
+            gap, span = split(kernels, FLUSH_KERNELS[how])
             print(
                 f"{how} {spec:24s} {name:9s} timed {timed:8.2f} us, kernels "
                 f"{span:8.2f}, after the flush {gap:6.2f}; y at x "

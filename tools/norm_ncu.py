@@ -15,7 +15,30 @@ import os
 import sys
 
 
-def with_context(fn, context):
+def flush_named(how):
+    """The benchmark's flush: zero (triton's cache.zero_() of 256 MB), read
+    or clean (benchmark/performance_utils.py)."""
+    import torch
+
+    from benchmark import performance_utils as pu
+
+    if how == "zero":
+        return torch.empty(256 * 2**20, dtype=torch.int8, device="cuda").zero_
+    return {"read": pu._read_flush, "clean": pu._clean_flush}[how]
+
+
+def provider_calls(op):
+    """(name, call) of each provider of op (tools/norm_launch_shapes'), a
+    provider's context (FlagGems' use_gems) entered around each call."""
+    from tools.norm_launch_shapes import providers
+
+    for name, fn in providers(op).items():
+        if isinstance(fn, tuple):
+            fn = _within(*fn)
+        yield name, fn
+
+
+def _within(fn, context):
     def call(*args):
         with context():
             return fn(*args)
@@ -29,24 +52,15 @@ def main(argv):
         return 2
     import torch
 
-    from benchmark import performance_utils as pu
-    from tools.norm_launch_shapes import case_args, providers
+    from tools.norm_launch_shapes import case_args
 
-    how = os.environ.get("NORM_NCU_FLUSH", "zero")
-    zero_buf = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    flush = {
-        "zero": zero_buf.zero_,
-        "read": pu._read_flush,
-        "clean": pu._clean_flush,
-    }[how]
+    flush = flush_named(os.environ.get("NORM_NCU_FLUSH", "zero"))
     for spec in argv:
         op, m, n, dt = spec.split(",")
         args = case_args(op, int(m), int(n), getattr(torch, dt))
-        for name, fn in providers(op).items():
+        for name, fn in provider_calls(op):
             if name == "torch":
                 continue
-            if isinstance(fn, tuple):  # (fn, context), as FlagGems' use_gems
-                fn = with_context(*fn)
             for _ in range(3):  # compile and autotune outside the ranges
                 fn(*args)
             torch.cuda.synchronize()
