@@ -42,6 +42,21 @@ def sampler():
     )
 
 
+def parse_samples(smi):
+    """[(wall time, SM MHz, watts, throttle reasons)] from a finished
+    sampler's output."""
+    rows = []
+    for line in smi.stdout.read().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            t = time.mktime(time.strptime(parts[0][:19], "%Y/%m/%d %H:%M:%S"))
+            t += float("0." + parts[0].split(".")[1]) if "." in parts[0] else 0
+            rows.append((t, float(parts[1]), float(parts[2]), parts[3]))
+        except (IndexError, ValueError):
+            continue
+    return rows
+
+
 def phase(fn, seconds):
     """(mean us a call over the second half, its [t0, t1] wall window)."""
     end = time.monotonic() + seconds
@@ -100,15 +115,7 @@ def main():
                 time.sleep(1.0)  # a gap between phases in the samples
     time.sleep(0.2)
     smi.terminate()
-    rows = []
-    for line in smi.stdout.read().splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            t = time.mktime(time.strptime(parts[0][:19], "%Y/%m/%d %H:%M:%S"))
-            t += float("0." + parts[0].split(".")[1]) if "." in parts[0] else 0
-            rows.append((t, float(parts[1]), float(parts[2]), parts[3]))
-        except (IndexError, ValueError):
-            continue
+    rows = parse_samples(smi)
     print(f"# {torch.cuda.get_device_name()}, {seconds} s a phase")
     for (m, n, k), dt, who, us, (t0, t1) in windows:
         shape = f"{m}x{n}x{k}"
