@@ -153,7 +153,11 @@ def gpu_name(doc):
 
 def timing(doc):
     t = "graph replays" if doc.get("graph") else "eager"
-    return t + (", read flush" if flush_of(doc) == "read" else "")
+    t += ", read flush" if flush_of(doc) == "read" else ""
+    # files without "rounds" were timed once, in the order torch, gemsops,
+    # the peers (docs/performance.md, Method)
+    rounds = doc.get("rounds", 1)
+    return t + (f", best of {rounds} rounds" if rounds > 1 else "")
 
 
 def geomean(values):
