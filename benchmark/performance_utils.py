@@ -359,10 +359,8 @@ class Benchmark:
                 ops = {"torch": self.torch_op, "gems": self.gems_op}
                 ops.update(self.peers)
                 timed = self._timed_rounds(ops, args)
-                (t_torch, g_torch), (t_gems, g_gems) = (
-                    timed.pop("torch"),
-                    timed.pop("gems"),
-                )
+                t_torch, g_torch = timed.pop("torch")
+                t_gems, g_gems = timed.pop("gems")
                 nbytes = (
                     self.bytes_func(dtype, shape) if self.bytes_func else 0
                 )

@@ -21,13 +21,17 @@ import sys
 import time
 
 
-def settle(how, flush):
+def settle(how):
     import torch
 
     if how == "sleep":
         torch.cuda.synchronize()
         time.sleep(1.0)
     elif how == "busy":
+        from benchmark.performance_utils import FLUSH
+        from tools.norm_ncu import flush_named
+
+        flush = flush_named(FLUSH)
         end = time.monotonic() + 1.0
         while time.monotonic() < end:
             for _ in range(20):
@@ -49,7 +53,6 @@ def main(argv):
 
     from benchmark.performance_utils import FLUSH, Benchmark
     from tools.norm_launch_shapes import case_args, providers
-    from tools.norm_ncu import flush_named
 
     how = os.environ.get("NORM_ORDER_SETTLE", "")
     clocks = os.environ.get("NORM_ORDER_CLOCKS") == "1"
@@ -66,7 +69,7 @@ def main(argv):
         names = ["torch", "gemsops"]
         names += [k for k in found if k not in names]
         times = {k: [] for k in names}
-        settle(how, flush_named(FLUSH))
+        settle(how)
         for r, order in enumerate((names, names[::-1], names)):
             for k in order:
                 t0 = time.time()
@@ -75,9 +78,11 @@ def main(argv):
                 except Exception:  # a peer refusing a case
                     times[k].append(float("nan"))
                 windows.append((spec, r + 1, k, t0, time.time()))
+        # a refusing peer's NaN left out of the best
         peers = [v for k, v in times.items() if k != "gemsops"]
         ratios = [
-            min(v[i] for v in peers) / times["gemsops"][i] for i in range(3)
+            min(v[i] for v in peers if v[i] == v[i]) / times["gemsops"][i]
+            for i in range(3)
         ]
         line = " ".join(
             f"{k} " + "/".join(f"{t:.2f}" for t in v) for k, v in times.items()
